@@ -1,0 +1,133 @@
+"""The `specq` command: a thin layer that parses, calls the Python API, and prints.
+
+Bad input exits with code 2 and one line on stderr; SPECQ_DEBUG=1 shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import SpecqError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints the whole usage)
+        raise SpecqError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got '{text}'")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specq", description="Lossless speculative decoding with quantized models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text, speculatively when a draft is available")
+    g.add_argument("prompt", help="the prompt text, or @FILE to read it from a file")
+    g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
+    g.add_argument("--draft", default=None,
+                   help="draft model ref (default: the best draft shipped for the target)")
+    g.add_argument("--gamma", type=_positive_int, default=4, help="draft tokens per step (default 4)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    g.add_argument("--temperature", type=_float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=_nonnegative_int, default=0)
+    g.add_argument("--top-p", type=_float, default=1.0)
+    g.add_argument("--seed", type=_nonnegative_int, default=0)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    g.add_argument("--no-speculative", action="store_true", help="plain decoding with the target only")
+    g.add_argument("--no-warmup", action="store_true", help="time the first call too")
+    g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=cmd_generate)
+    return parser
+
+
+def _read_prompt(text: str) -> str:
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecqError(f"cannot read prompt file '{text[1:]}': {e.strerror or e}") from None
+    return text
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from . import api
+    from .models import default_draft_ref, load
+    from .report import print_generation
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompt = _read_prompt(args.prompt)
+    if not prompt.strip():
+        raise SpecqError("the prompt is empty")
+    target = load(args.target)
+    draft_ref = None if args.no_speculative else (args.draft or default_draft_ref(args.target))
+    draft = load(draft_ref) if draft_ref else None
+    options = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   seed=args.seed, chat=args.chat, stop=args.stop)
+    if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
+        api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
+    out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
+    if args.json:
+        print(json.dumps(out.to_dict()))
+    else:
+        note = None if draft or args.no_speculative else "no draft available for this target: plain decoding"
+        print_generation(out, note)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except SpecqError as e:
+        print(f"specq: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specq: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug, not bad input: still one line unless debugging
+        if os.environ.get("SPECQ_DEBUG"):
+            raise
+        print(f"specq: internal error: {type(e).__name__}: {e} (SPECQ_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The decoding loop: propose -> verify in one target pass -> accept -> roll back.
+
+Plain decoding is the same loop with no drafter (gamma 0): one target pass per token. The loop
+knows nothing about which drafter or quantization it runs with.
+
+Cache invariant: the target's KV cache holds every token of `seq` except the last one, which is
+fed (with the draft tokens after it) to the next verify pass.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .drafters.base import EMPTY
+from .models import Model
+from .sampling import SamplingConfig, probabilities, sample, verify_greedy, verify_sampling
+from .stats import DecodeStats
+from .stopping import StopChecker
+
+
+@torch.inference_mode()
+def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = 4,
+           sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
+           stop_strings: list[str] | None = None,
+           generator: torch.Generator | None = None) -> tuple[list[int], str, DecodeStats]:
+    """Generate from `target`, speculatively when a drafter is given.
+    Returns (new token ids, finish reason 'eos' | 'stop' | 'length', stats)."""
+    generator = generator or torch.Generator().manual_seed(0)
+    gamma = gamma if drafter is not None else 0
+    stats = DecodeStats(gamma=gamma, prompt_tokens=len(prompt_ids))
+    stopper = StopChecker(target.tokenizer, target.eos_ids, stop_strings, max_new_tokens)
+    capacity = len(prompt_ids) + max_new_tokens + gamma + 1
+
+    # Prefill both models; the target's last logits give the first new token.
+    started = time.perf_counter()
+    prompt = torch.tensor(prompt_ids, dtype=torch.long)
+    cache = target.net.new_cache(capacity)
+    logits = target.net(prompt, cache, last_only=True)
+    first = int(logits.argmax(-1)) if sampling.greedy else int(sample(probabilities(logits, sampling), generator))
+    if drafter is not None:
+        drafter.start(prompt, capacity)
+    stats.prefill_s = time.perf_counter() - started
+
+    seq = list(prompt_ids) + [first]
+    generated = [first]
+    stop = stopper.first_stop(generated, 0)
+    started = time.perf_counter()
+    while stop is None:
+        # 1. Propose: never draft past the token budget.
+        g = min(gamma, max_new_tokens - len(generated) - 1)
+        t0 = time.perf_counter()
+        proposal = drafter.propose(seq, g, sampling, generator) if g > 0 else EMPTY
+        t1 = time.perf_counter()
+
+        # 2. Verify: one target pass over the last token and the g draft tokens.
+        logits = target.net(torch.cat([torch.tensor(seq[-1:]), proposal.tokens]), cache)
+        if sampling.greedy:
+            n, next_token = verify_greedy(proposal.tokens, logits)
+        else:
+            p = probabilities(logits, sampling)
+            n, next_token = verify_sampling(proposal.tokens, proposal.probs, p, generator)
+        t2 = time.perf_counter()
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        stats.record_step(g, n)
+
+        # 3. Accept n draft tokens plus the target's own next token; roll both caches back.
+        new = proposal.tokens[:n].tolist() + [next_token]
+        cache.crop(len(seq) + n)
+        seq += new
+        generated += new
+        if drafter is not None:
+            drafter.rollback(len(seq) - 1)
+        stop = stopper.first_stop(generated, len(generated) - len(new))
+
+    keep, reason = stop
+    stats.decode_s = time.perf_counter() - started
+    stats.new_tokens = keep
+    return generated[:keep], reason, stats

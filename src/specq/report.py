@@ -1,0 +1,43 @@
+"""Human-readable output for the terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_generation(out, note: str | None = None, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(out.text, markup=False, highlight=False)
+    s = out.stats
+    table = Table(show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("target", out.target),
+        ("draft", out.draft or "none (plain decoding)"),
+        ("prompt / new tokens", f"{s.prompt_tokens} / {s.new_tokens} ({out.finish_reason})"),
+        ("prefill / decode", f"{s.prefill_s * 1000:.0f} ms / {s.decode_s * 1000:.0f} ms"),
+        ("draft / verify / other", f"{s.draft_s * 1000:.0f} / {s.verify_s * 1000:.0f} / {s.other_s * 1000:.0f} ms"),
+        ("tokens/s (end to end)", _fmt(s.tokens_per_s, ".1f")),
+        ("target passes (steps)", str(s.steps)),
+    ]
+    if s.gamma:
+        rows += [
+            ("gamma", str(s.gamma)),
+            ("drafted / accepted", f"{s.drafted} / {s.accepted}"),
+            ("acceptance rate", _fmt(s.acceptance_rate)),
+            ("tau (mean accepted length, bonus incl.)", _fmt(s.tau, ".2f")),
+            ("per-position U_i (unconditional)", " ".join(_fmt(x, ".2f") for x in s.per_position_unconditional)),
+            ("per-position a_i (conditional)", " ".join(_fmt(x, ".2f") for x in s.per_position_conditional)),
+            ("draft cost share", _fmt(s.draft_share, ".2f")),
+        ]
+    for k, v in rows:
+        table.add_row(k, v)
+    if note:
+        table.caption = note
+    console.print(table)

@@ -1,0 +1,93 @@
+"""Logits processing and the speculative acceptance kernel.
+
+The kernel is exact (Leviathan et al. 2023; Chen et al. 2023): draft token x ~ q is accepted with
+probability min(1, p(x)/q(x)); at the first rejection the replacement is drawn from
+normalize(max(0, p - q)); after a fully accepted draft a bonus token is drawn from p. The emitted
+token then follows p exactly. p and q are the *processed* distributions (temperature, top-k,
+top-p applied to both), so the output follows what the target alone would sample.
+Greedy (temperature 0) is the limit: accept while the draft token is the target's argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0  # 1.0 means off
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and self.temperature <= 100):
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: Tensor, cfg: SamplingConfig) -> Tensor:
+    """Rows of logits [n, V] -> processed probabilities [n, V] (float32)."""
+    logits = logits.float() / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = logits.topk(cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_p.cumsum(dim=-1) - sorted_p
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, mass_before >= cfg.top_p)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One token id per row of probs."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def acceptance_probability(p_x: Tensor, q_x: Tensor) -> Tensor:
+    """min(1, p(x)/q(x)) for the drafted tokens x."""
+    return torch.where(q_x > 0, (p_x / q_x).clamp(max=1.0), torch.ones_like(p_x))
+
+
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """normalize(max(0, p - q)): where the replacement token comes from after a rejection.
+    When p == q nothing can be rejected; fall back to p so the function is total."""
+    r = (p - q).clamp(min=0.0)
+    total = r.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp(min=1e-30), p)
+
+
+def verify_greedy(draft_tokens: Tensor, target_logits: Tensor) -> tuple[int, int]:
+    """draft_tokens [g], target_logits [g+1, V] -> (accepted count, next token)."""
+    best = target_logits.argmax(dim=-1)
+    g = draft_tokens.shape[0]
+    n = int((draft_tokens == best[:g]).int().cumprod(0).sum()) if g else 0
+    return n, int(best[n])
+
+
+def verify_sampling(draft_tokens: Tensor, q: Tensor, p: Tensor,
+                    generator: torch.Generator) -> tuple[int, int]:
+    """draft_tokens [g] drawn from q [g, V]; target p [g+1, V] -> (accepted count, next token)."""
+    g = draft_tokens.shape[0]
+    if g:
+        rows = torch.arange(g)
+        accept_p = acceptance_probability(p[rows, draft_tokens], q[rows, draft_tokens])
+        u = torch.rand(g, generator=generator)
+        n = int((u < accept_p).int().cumprod(0).sum())
+    else:
+        n = 0
+    if n == g:
+        return n, int(sample(p[g], generator))
+    return n, int(sample(residual(p[n], q[n]), generator))
