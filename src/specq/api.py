@@ -70,7 +70,7 @@ def validate(target: Model, draft: Model | None, gamma: int, max_new_tokens: int
 def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int = 4,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
-             drafter=None) -> Generation:
+             ignore_eos: bool = False, drafter=None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling."""
     try:
@@ -85,7 +85,7 @@ def generate(target: Model, prompt: str | list[int], draft: Model | None = None,
         drafter = drafter or SequenceDrafter(draft, target.vocab_size)
     validate(target, draft if drafter is not None else None, gamma, max_new_tokens, len(prompt_ids))
     ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, sampling=sampling,
-                                max_new_tokens=max_new_tokens, stop_strings=stop,
+                                max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                                 generator=torch.Generator().manual_seed(seed))
     text = target.tokenizer.decode(ids, skip_special_tokens=True)
     if reason == "stop":

@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     g.add_argument("--no-speculative", action="store_true", help="plain decoding with the target only")
+    g.add_argument("--ignore-eos", action="store_true", help="run to --max-new-tokens (benchmarks)")
     g.add_argument("--no-warmup", action="store_true", help="time the first call too")
     g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -99,7 +100,7 @@ def cmd_generate(args) -> int:
     draft_ref = None if args.no_speculative else (args.draft or default_draft_ref(args.target))
     draft = load(draft_ref) if draft_ref else None
     options = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, chat=args.chat, stop=args.stop)
+                   seed=args.seed, chat=args.chat, stop=args.stop, ignore_eos=args.ignore_eos)
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)

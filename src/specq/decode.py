@@ -23,14 +23,16 @@ from .stopping import StopChecker
 @torch.inference_mode()
 def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = 4,
            sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
-           stop_strings: list[str] | None = None,
+           stop_strings: list[str] | None = None, ignore_eos: bool = False,
            generator: torch.Generator | None = None) -> tuple[list[int], str, DecodeStats]:
     """Generate from `target`, speculatively when a drafter is given.
-    Returns (new token ids, finish reason 'eos' | 'stop' | 'length', stats)."""
+    Returns (new token ids, finish reason 'eos' | 'stop' | 'length', stats). `ignore_eos` runs to
+    max_new_tokens (as in vLLM), for benchmarks at a fixed output length."""
     generator = generator or torch.Generator().manual_seed(0)
     gamma = gamma if drafter is not None else 0
     stats = DecodeStats(gamma=gamma, prompt_tokens=len(prompt_ids))
-    stopper = StopChecker(target.tokenizer, target.eos_ids, stop_strings, max_new_tokens)
+    eos_ids = frozenset() if ignore_eos else target.eos_ids
+    stopper = StopChecker(target.tokenizer, eos_ids, stop_strings, max_new_tokens)
     capacity = len(prompt_ids) + max_new_tokens + gamma + 1
 
     # Prefill both models; the target's last logits give the first new token.

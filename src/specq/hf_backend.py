@@ -6,6 +6,8 @@ here with transformers' own DynamicCache, rolled back with `crop`.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
@@ -47,7 +49,9 @@ class HFCausalLM(nn.Module):
         if cache is None:
             return self.hf(ids[None]).logits[0].float()
         positions = torch.arange(cache.length, cache.length + n)[None]
-        out = self.hf(ids[None], past_key_values=cache.inner, use_cache=True,
-                      position_ids=positions, logits_to_keep=1 if last_only else 0)
+        with warnings.catch_warnings():  # transformers 5.2x renames past_key_values to cache
+            warnings.simplefilter("ignore", FutureWarning)
+            out = self.hf(ids[None], past_key_values=cache.inner, use_cache=True,
+                          position_ids=positions, logits_to_keep=1 if last_only else 0)
         cache.length += n
         return out.logits[0].float()

@@ -92,3 +92,20 @@ class DecodeStats:
                      "per_position_conditional", "tokens_per_s", "decode_tokens_per_s", "draft_share"):
             d[name] = getattr(self, name)
         return d
+
+
+def bootstrap_ci(values, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): percentile bootstrap CI of the mean over independent units (prompts,
+    text chunks), never over correlated tokens of one sequence. Fewer than 2 values: no spread."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    data = np.asarray([v for v in values if v is not None], dtype=float)
+    if data.size == 0:
+        return (float("nan"),) * 3
+    mean = float(data.mean())
+    if data.size < 2 or np.all(data == data[0]):
+        return mean, mean, mean
+    res = bootstrap((data,), np.mean, n_resamples=resamples, confidence_level=confidence,
+                    method="percentile", rng=np.random.default_rng(seed))
+    return mean, float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -1,0 +1,70 @@
+"""How far apart two models' next-token distributions are, and what that predicts.
+
+For next-token distributions p (model A) and q (model B) at every position of held-out text:
+KL(A||B), KL(B||A), Jensen-Shannon, total variation, top-1 agreement, and
+beta = sum_x min(p, q) = 1 - TV, the exact expected acceptance of one speculative step when
+B drafts for A (Leviathan et al. 2023). Greedy acceptance is top-1 agreement. Means come with
+bootstrap CIs over text chunks (tokens within a chunk are correlated).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .models import Model
+from .stats import bootstrap_ci
+
+METRICS = ("kl_ab", "kl_ba", "js", "tv", "top1", "beta")
+
+
+def token_divergences(logits_a: Tensor, logits_b: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
+    """Per-position metrics for two [n, V] logit tensors (truncated to their shared vocabulary)."""
+    v = min(logits_a.shape[-1], logits_b.shape[-1])
+    la = torch.log_softmax(logits_a[..., :v].double() / temperature, dim=-1)
+    lb = torch.log_softmax(logits_b[..., :v].double() / temperature, dim=-1)
+    pa, pb = la.exp(), lb.exp()
+    m = 0.5 * (pa + pb)
+    lm = m.clamp_min(1e-300).log()
+    kl = lambda p, lp, lq: torch.where(p > 0, p * (lp - lq), torch.zeros_like(p)).sum(-1)  # noqa: E731
+    tv = 0.5 * (pa - pb).abs().sum(-1)
+    return {
+        "kl_ab": kl(pa, la, lb),
+        "kl_ba": kl(pb, lb, la),
+        "js": 0.5 * kl(pa, la, lm) + 0.5 * kl(pb, lb, lm),
+        "tv": tv,
+        "top1": (la.argmax(-1) == lb.argmax(-1)).double(),
+        "beta": torch.minimum(pa, pb).sum(-1),
+    }
+
+
+def _nll(logits: Tensor, next_ids: Tensor) -> Tensor:
+    return -torch.log_softmax(logits.double(), dim=-1).gather(-1, next_ids[:, None]).squeeze(-1)
+
+
+@torch.inference_mode()
+def compare(a: Model, b: Model, chunks: list[list[int]], temperature: float = 1.0,
+            resamples: int = 2000, seed: int = 0, progress=None) -> dict:
+    """Divergence of B from A over token chunks, plus each model's perplexity on them.
+    Returns {metric: {"mean", "low", "high"}} and "ppl_a", "ppl_b" the same way."""
+    per_chunk: dict[str, list[float]] = {k: [] for k in (*METRICS, "nll_a", "nll_b")}
+    tokens = 0
+    for chunk in chunks:
+        ids = torch.tensor(chunk, dtype=torch.long)
+        la, lb = a.net(ids, None)[:-1], b.net(ids, None)[:-1]
+        for name, values in token_divergences(la, lb, temperature).items():
+            per_chunk[name].append(float(values.mean()))
+        per_chunk["nll_a"].append(float(_nll(la, ids[1:]).mean()))
+        per_chunk["nll_b"].append(float(_nll(lb, ids[1:]).mean()))
+        tokens += len(chunk) - 1
+        if progress:
+            progress()
+    out = {"tokens": tokens, "chunks": len(chunks), "temperature": temperature}
+    for name in METRICS:
+        out[name] = dict(zip(("mean", "low", "high"), bootstrap_ci(per_chunk[name], resamples=resamples, seed=seed)))
+    for side in ("a", "b"):
+        mean, low, high = bootstrap_ci(per_chunk[f"nll_{side}"], resamples=resamples, seed=seed)
+        out[f"ppl_{side}"] = {"mean": math.exp(mean), "low": math.exp(low), "high": math.exp(high)}
+    return out

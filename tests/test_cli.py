@@ -1,0 +1,83 @@
+"""Every bad input: one line on stderr, exit code 2, no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from specq.cli import main
+from specq.models import save_native
+
+from conftest import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = tiny_model(scale=3.0)
+    save_native(target, root / "target")
+    other = tiny_model(seed=4)
+    other.tokenizer = tiny_tokenizer(32, prefix="u")
+    save_native(other, root / "foreign")
+    return root
+
+
+def _run(args, capsys):
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+BAD = [
+    (["generate", "hi", "--target", "no-such-model"], "unknown model"),
+    (["generate", "hi", "--gamma", "0"], "--gamma"),
+    (["generate", "hi", "--gamma", "-3"], "--gamma"),
+    (["generate", "hi", "--gamma", "many"], "--gamma"),
+    (["generate", "hi", "--max-new-tokens", "-5"], "--max-new-tokens"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--temperature", "nan"], "temperature"),
+    (["generate", "hi", "--top-p", "1.5"], "top_p"),
+    (["generate", "hi", "--top-k", "-2"], "--top-k"),
+    (["generate", "   "], "empty"),
+    (["generate", "@/no/such/file.txt"], "cannot read"),
+    (["generate", "hi", "--target", "/no/such/model.gguf"], "not found"),
+    (["frobnicate"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_input_one_line_exit_2(args, needle, capsys):
+    code, out, err = _run(args, capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_absurd_length_and_incompatible_vocab(tiny_dirs, capsys):
+    t = str(tiny_dirs / "target")
+    code, _, err = _run(["generate", "t1 t2", "--target", t, "--max-new-tokens", "100000"], capsys)
+    assert code == 2 and "context" in err and err.count("\n") == 1
+    code, _, err = _run(["generate", "t1 t2", "--target", t, "--draft", str(tiny_dirs / "foreign")], capsys)
+    assert code == 2 and "different vocabularies" in err and err.count("\n") == 1
+    code, _, err = _run(["generate", "t1", "--target", str(tiny_dirs)], capsys)  # a dir, not a model
+    assert code == 2 and "config.json" in err
+
+
+def test_generate_json_from_saved_dirs(tiny_dirs, capsys):
+    import json
+
+    t = str(tiny_dirs / "target")
+    code, out, _ = _run(["generate", "t1 t2", "--target", t, "--draft", t, "--gamma", "3",
+                         "--max-new-tokens", "12", "--json"], capsys)
+    assert code == 0
+    result = json.loads(out)
+    assert len(result["token_ids"]) == 12
+    assert result["stats"]["acceptance_rate"] == 1.0  # the draft is the target itself
+    code, out2, _ = _run(["generate", "t1 t2", "--target", t, "--no-speculative", "--max-new-tokens", "12",
+                          "--json"], capsys)
+    assert json.loads(out2)["token_ids"] == result["token_ids"]
+
+
+def test_real_exit_code_subprocess():
+    proc = subprocess.run([sys.executable, "-m", "specq.cli", "generate", "hi", "--gamma", "0"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1

@@ -1,0 +1,142 @@
+"""Speculative output is the target's own: greedy token for token, sampling in distribution."""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specq import generate
+from specq.hf_backend import HFCausalLM
+from specq.models import Model
+from specq.sampling import SamplingConfig, probabilities
+
+from conftest import perturbed, tiny_model, tiny_tokenizer
+
+PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("noise", [0.05, 0.5])
+def test_greedy_equality_native(gamma, noise):
+    target = tiny_model(scale=3.0)
+    draft = perturbed(target, noise)
+    for prompt in PROMPTS:
+        base = generate(target, prompt, max_new_tokens=40)
+        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40)
+        assert spec.token_ids == base.token_ids
+        assert len(spec.token_ids) == 40
+        s = spec.stats
+        assert 0 <= s.accepted <= s.drafted
+        if noise < 0.1:
+            assert s.accepted > 0  # both accept and reject paths ran
+
+
+def test_greedy_equality_other_draft_architecture():
+    """A draft with other depth and width, and a vocabulary padded with unused rows."""
+    target = tiny_model(vocab=32, scale=3.0)
+    draft = tiny_model(vocab=40, layers=1, hidden=16, seed=5, ref="other")
+    draft.tokenizer = target.tokenizer
+    for prompt in PROMPTS:
+        base = generate(target, prompt, max_new_tokens=30)
+        assert generate(target, prompt, draft, gamma=3, max_new_tokens=30).token_ids == base.token_ids
+
+
+def _hf_model(seed: int, hidden: int = 32, layers: int = 2) -> Model:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=32, hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    hf = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(30)
+    return Model(ref=f"qwen2-{seed}", net=HFCausalLM(hf), tokenizer=tiny_tokenizer(32), eos_ids=frozenset(),
+                 source="random")
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_equality_transformers_backend(gamma):
+    """A non-Llama target runs through transformers' own cache and stays lossless."""
+    target = _hf_model(0)
+    draft = tiny_model(scale=3.0, seed=2)  # native draft, transformers target
+    for prompt in PROMPTS:
+        base = generate(target, prompt, max_new_tokens=24)
+        assert generate(target, prompt, draft, gamma=gamma, max_new_tokens=24).token_ids == base.token_ids
+
+
+def test_metrics_add_up():
+    target = tiny_model(scale=3.0)
+    out = generate(target, [1, 2, 3], perturbed(target, 0.05), gamma=4, max_new_tokens=50)
+    s = out.stats
+    assert s.new_tokens == len(out.token_ids) == 50
+    assert 0 <= s.accepted <= s.drafted
+    assert s.tau == pytest.approx(s.emitted / s.steps)
+    assert s.emitted == s.accepted + s.steps
+    assert s.new_tokens == 1 + s.emitted  # first token from prefill; no stop cut this run
+    assert s.draft_s + s.verify_s + s.other_s == pytest.approx(s.decode_s)
+    assert s.draft_share + s.verify_s / s.decode_s + s.other_s / s.decode_s == pytest.approx(1.0)
+    assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+    u, a = s.per_position_unconditional, s.per_position_conditional
+    assert all(0 <= x <= 1 for x in u + a if x is not None)
+    assert u[0] == pytest.approx(a[0])
+    assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted
+    plain = generate(target, [1, 2, 3], max_new_tokens=50).stats
+    assert plain.tau == 1.0 and plain.steps == 49 and plain.drafted == 0
+
+
+def test_stops_never_emit_past_eos_or_stop_string():
+    target = tiny_model(scale=3.0)
+    base = generate(target, [1, 2, 3], max_new_tokens=30).token_ids
+    eos = base[10]
+    first = base.index(eos)
+    stopper = tiny_model(scale=3.0, eos=(eos,))
+    draft = perturbed(stopper, 0.05)
+    for d in (None, draft):
+        out = generate(stopper, [1, 2, 3], d, gamma=4, max_new_tokens=30)
+        assert out.token_ids == base[: first + 1] and out.finish_reason == "eos"
+    word = target.tokenizer.decode([base[5]])
+    cut = next(i for i, t in enumerate(base) if t == base[5])
+    for d in (None, draft):
+        out = generate(target, [1, 2, 3], d, gamma=4, max_new_tokens=30, stop=[word])
+        assert out.token_ids == base[: cut + 1] and out.finish_reason == "stop"
+        assert word not in out.text.split()
+
+
+def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: SamplingConfig) -> dict:
+    """P(t1..tn) under the target's processed distribution, by enumeration."""
+    v = target.vocab_size
+    probs = {}
+    for seq in itertools.product(range(v), repeat=n):
+        with torch.no_grad():
+            logits = target.net(torch.tensor(prompt + list(seq)), None)[len(prompt) - 1:]
+        p = probabilities(logits, cfg)
+        probs[seq] = float(torch.prod(torch.stack([p[i, t] for i, t in enumerate(seq)])))
+    return probs
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)])
+def test_sampling_distribution_matches_target(cfg):
+    """Seeded runs of speculative sampling vs the target's computed joint distribution of the
+    first three new tokens (two of which come from verify passes): chi-square, deterministic."""
+    prompt = [1, 2]
+    target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
+    draft = tiny_model(vocab=5, hidden=16, scale=1.5, seed=12)  # a poor draft: many rejections
+    exact = _exact_sequence_distribution(target, prompt, 3, cfg)
+    runs = 3000
+    counts = dict.fromkeys(exact, 0)
+    rejected = 0
+    for seed in range(runs):
+        out = generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=cfg.temperature,
+                       top_k=cfg.top_k, top_p=cfg.top_p, seed=seed)
+        counts[tuple(out.token_ids)] += 1
+        rejected += out.stats.drafted - out.stats.accepted
+    assert rejected > runs // 4
+    cells = [(counts[k], exact[k] * runs) for k in exact]
+    assert sum(c for c, e in cells if e == 0) == 0  # never a token the target cannot produce
+    big = [(c, e) for c, e in cells if e >= 5]
+    small = [(c, e) for c, e in cells if 0 < e < 5]
+    observed = [c for c, _ in big] + ([sum(c for c, _ in small)] if small else [])
+    expected = [e for _, e in big] + ([sum(e for _, e in small)] if small else [])
+    scale = sum(observed) / sum(expected)
+    result = chisquare(observed, [e * scale for e in expected])
+    assert result.pvalue > 0.001, result
