@@ -71,6 +71,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
+
+    q = sub.add_parser("quantize", help="quantize a model once and save it (safetensors + quant config)")
+    q.add_argument("model", help="model ref (float weights)")
+    q.add_argument("spec", help="e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn")
+    q.add_argument("--out", required=True, help="output directory (written atomically)")
+    q.add_argument("--calib-samples", type=_positive_int, default=32, help="GPTQ/AWQ calibration windows")
+    q.add_argument("--calib-len", type=_positive_int, default=512, help="tokens per calibration window")
+    q.add_argument("--threads", type=_positive_int, default=None)
+    q.set_defaults(func=cmd_quantize)
+
+    c = sub.add_parser("compare", help="divergence of model B from model A, and predicted acceptance")
+    c.add_argument("a", help="model ref A (e.g. the target: smollm2-135m)")
+    c.add_argument("b", help="model ref B (e.g. smollm2-135m@int4-g128-gptq, or a draft)")
+    c.add_argument("--chunks", type=_positive_int, default=16, help="held-out text chunks")
+    c.add_argument("--chunk-len", type=_positive_int, default=256, help="tokens per chunk")
+    c.add_argument("--chat-prompts", type=_nonnegative_int, default=8,
+                   help="held-out chat prompts answered greedily by A, scored by both")
+    c.add_argument("--temperature", type=_float, default=1.0)
+    c.add_argument("--threads", type=_positive_int, default=None)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_compare)
     return parser
 
 
@@ -109,6 +130,52 @@ def cmd_generate(args) -> int:
     else:
         note = None if draft or args.no_speculative else "no draft available for this target: plain decoding"
         print_generation(out, note)
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    import torch
+
+    from . import precision
+    from .models import load, split_ref
+    from .quant import weight_bytes
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = precision.parse(args.spec)
+    if spec.is_float:
+        raise SpecqError(f"'{args.spec}' is a float precision: nothing to quantize")
+    if split_ref(args.model)[1] != "fp32":
+        raise SpecqError("give the float model to quantize, without an @spec")
+    model = load(args.model)
+    precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples, args.calib_len)
+    precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out)
+    size = weight_bytes(model.net)
+    print(f"saved {args.model}@{spec} to {args.out}: weights {size.stored / 2**20:.1f} MiB stored, "
+          f"{size.executed / 2**20:.1f} MiB executed")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    import torch
+
+    from .divergence import compare, held_out_chunks
+    from .models import check_compatible, load
+    from .report import print_comparison
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not 0 < args.temperature <= 100:
+        raise SpecqError(f"--temperature must be in (0, 100], got {args.temperature}")
+    a, b = load(args.a), load(args.b)
+    check_compatible(b, a)
+    chunks = held_out_chunks(a, args.chunks, args.chunk_len, args.chat_prompts)
+    result = compare(a, b, chunks, temperature=args.temperature)
+    result.update(a=args.a, b=args.b)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_comparison(result)
     return 0
 
 

@@ -68,3 +68,23 @@ def compare(a: Model, b: Model, chunks: list[list[int]], temperature: float = 1.
         mean, low, high = bootstrap_ci(per_chunk[f"nll_{side}"], resamples=resamples, seed=seed)
         out[f"ppl_{side}"] = {"mean": math.exp(mean), "low": math.exp(low), "high": math.exp(high)}
     return out
+
+
+def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_tokens: int = 96) -> list[list[int]]:
+    """Held-out Shakespeare chunks, plus held-out chat prompts with A's own greedy answers (the
+    text a speculative run actually verifies)."""
+    from .api import encode_prompt, generate
+    from .data import chat_prompts, shakespeare_texts, split
+
+    _, held = split(shakespeare_texts())
+    chunks: list[list[int]] = []
+    for text in held:
+        ids = a.tokenizer(text)["input_ids"]
+        chunks += [ids[i: i + chunk_len] for i in range(0, len(ids) - chunk_len + 1, chunk_len * 7)]
+        if len(chunks) >= n_text:
+            break
+    chunks = chunks[:n_text]
+    for prompt in chat_prompts("held_out")[:n_chat]:
+        ids = encode_prompt(a, prompt, chat=True)
+        chunks.append(ids + generate(a, ids, max_new_tokens=answer_tokens).token_ids)
+    return chunks

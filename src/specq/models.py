@@ -20,13 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import atomic
+from . import atomic, precision
 from .errors import SpecqError
 from .hf_backend import HFCausalLM
 from .llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
-
-FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 @dataclass
 class Model:
@@ -189,47 +186,82 @@ def _load_from_hub(name: str, dtype: torch.dtype):
 
 def split_ref(ref: str) -> tuple[str, str]:
     """`name@spec` -> (name, spec); the spec defaults to fp32."""
-    name, _, spec = ref.partition("@")
-    return name, (spec or "fp32")
+    name, sep, spec = ref.rpartition("@")
+    return (name, spec or "fp32") if sep else (ref, "fp32")
+
+
+def _resolve(name: str) -> Path | str:
+    """A local directory holding the model, or the hub id itself."""
+    path = Path(name).expanduser()
+    if name in BUILTINS:
+        return BUILTINS[name]()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SpecqError(f"GGUF file not found: {path}")
+        return _gguf_dir(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecqError(f"'{path}' is not a Hugging Face model directory (no config.json)")
+        return path
+    if path.exists():
+        raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
+    if "/" in name and not name.startswith((".", "/", "~")):
+        return name
+    raise SpecqError(f"unknown model '{name}': not a built-in ({', '.join(BUILTINS)}), "
+                     "a local directory, a .gguf file or a hub id (org/name)")
 
 
 def load(ref: str) -> Model:
     """Load a model reference: `smollm2-135m`, `./dir`, `file.gguf`, `org/name` (online), each
-    optionally with `@precision` (fp32, bf16, fp16)."""
-    name, precision = split_ref(ref.strip())
+    optionally with `@spec`: a float precision (fp32, bf16, fp16) or a quantization spec
+    (`int8`, `int4-g128-gptq`, ...; see `specq.quant.spec`). Quantized weights are cached."""
+    name, spec_text = split_ref(ref.strip())
     if not name:
-        raise SpecqError("empty model reference")
-    if precision not in FLOAT_DTYPES:
-        raise SpecqError(f"unknown precision '{precision}' in '{ref}': use one of {', '.join(FLOAT_DTYPES)}")
-    dtype = FLOAT_DTYPES[precision]
+        raise SpecqError(f"empty model reference '{ref}'")
+    spec = precision.parse(spec_text)
     started = time.perf_counter()
-    path = Path(name).expanduser()
-    if name in BUILTINS:
-        source = BUILTINS[name]()
-        net, tok, eos = _load_hf_dir(source, dtype, local_only=True)
-    elif path.suffix == ".gguf":
-        if not path.is_file():
-            raise SpecqError(f"GGUF file not found: {path}")
-        source = _gguf_dir(path)
-        net, tok, eos = _load_hf_dir(source, dtype, local_only=True)
-    elif path.is_dir():
-        if not (path / "config.json").is_file():
-            raise SpecqError(f"'{path}' is not a Hugging Face model directory (no config.json)")
-        source = path
-        net, tok, eos = _load_hf_dir(path, dtype, local_only=True)
-    elif path.exists():
-        raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
-    elif "/" in name and not name.startswith((".", "/", "~")):
-        source = f"hub:{name}"
-        net, tok, eos = _load_from_hub(name, dtype)
+    source = _resolve(name)
+    if isinstance(source, str):  # a hub id
+        if not spec.is_float:
+            raise SpecqError(f"quantize hub model '{name}' from a local copy (save it to a directory first)")
+        net, tok, eos = _load_from_hub(name, spec.dtype)
+        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=f"hub:{name}",
+                     precision=str(spec), info={"load_s": time.perf_counter() - started})
+    if precision.is_quantized_dir(source):
+        net, saved_spec = precision.load_quantized_dir(source)
+        if spec_text != "fp32" and str(spec) != saved_spec:
+            raise SpecqError(f"'{name}' holds {saved_spec} weights, not {spec}")
+        tok, eos = _tokenizer_and_eos(source)
+        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(source),
+                     precision=saved_spec, info={"load_s": time.perf_counter() - started})
+    if spec.is_float:
+        net, tok, eos = _load_hf_dir(source, spec.dtype, local_only=True)
     else:
-        raise SpecqError(f"unknown model '{name}': not a built-in ({', '.join(BUILTINS)}), "
-                         "a local directory, a .gguf file or a hub id (org/name)")
-    eos_ids = set(eos)
-    if getattr(tok, "eos_token_id", None) is not None:
-        eos_ids.add(tok.eos_token_id)
-    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=frozenset(eos_ids), source=str(source),
-                 precision=precision, info={"load_s": time.perf_counter() - started})
+        cached = precision.cached_quantized_dir(cache_dir(), name, Path(source), spec)
+        if precision.is_quantized_dir(cached):
+            net, _ = precision.load_quantized_dir(cached)
+            tok, eos = _tokenizer_and_eos(source)
+        else:
+            net, tok, eos = _load_hf_dir(source, torch.float32, local_only=True)
+            precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")
+            precision.quantize_net(net, tok, spec)
+            precision.save_quantized_dir(net, spec, tok, _eos_set(eos, tok), cached)
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(source),
+                 precision=str(spec), info={"load_s": time.perf_counter() - started})
+
+
+def _tokenizer_and_eos(path: Path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return tok, _generation_eos(path, AutoConfig.from_pretrained(path, local_files_only=True), True)
+
+
+def _eos_set(eos: list[int], tokenizer) -> frozenset[int]:
+    ids = set(eos)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
 
 
 def check_compatible(draft: Model, target: Model) -> None:

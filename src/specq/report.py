@@ -41,3 +41,18 @@ def print_generation(out, note: str | None = None, console: Console | None = Non
     if note:
         table.caption = note
     console.print(table)
+
+
+def print_comparison(result: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"B = {result['b']} vs A = {result['a']}  ({result['tokens']} tokens, "
+                        f"{result['chunks']} chunks, T={result['temperature']})")
+    for col in ("metric", "mean", "95% CI"):
+        table.add_column(col)
+    names = {"kl_ab": "KL(A||B)", "kl_ba": "KL(B||A)", "js": "Jensen-Shannon", "tv": "total variation",
+             "top1": "top-1 agreement (greedy acceptance)", "beta": "beta = sum min(p,q) = 1 - TV",
+             "ppl_a": "perplexity A", "ppl_b": "perplexity B"}
+    for key, label in names.items():
+        r = result[key]
+        table.add_row(label, f"{r['mean']:.4f}", f"[{r['low']:.4f}, {r['high']:.4f}]")
+    console.print(table)
