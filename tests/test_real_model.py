@@ -37,3 +37,11 @@ def test_greedy_speculative_equals_target(real_target, draft, prompt, chat):
         spec = specq.generate(real_target, prompt, draft, gamma=gamma, max_new_tokens=64, chat=chat)
         assert spec.token_ids == base.token_ids, f"gamma={gamma}"
         assert spec.text == base.text
+
+
+def test_quantized_real_target_stays_lossless(draft):
+    target = specq.load("smollm2-135m@int4-g64-rtn")  # packed int4 kernel
+    prompt = "Give me three tips for learning a new language."
+    base = specq.generate(target, prompt, max_new_tokens=48, chat=True)
+    spec = specq.generate(target, prompt, draft, gamma=4, max_new_tokens=48, chat=True)
+    assert spec.token_ids == base.token_ids
