@@ -109,7 +109,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api
-    from .models import default_draft_ref, load
+    from .models import load, select_draft
     from .report import print_generation
 
     if args.threads:
@@ -118,7 +118,11 @@ def cmd_generate(args) -> int:
     if not prompt.strip():
         raise SpecqError("the prompt is empty")
     target = load(args.target)
-    draft_ref = None if args.no_speculative else (args.draft or default_draft_ref(args.target))
+    draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
+    if args.no_speculative:
+        draft_ref = None
+    if note and not args.json:
+        print(f"specq: {note}", file=sys.stderr)
     draft = load(draft_ref) if draft_ref else None
     options = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, chat=args.chat, stop=args.stop, ignore_eos=args.ignore_eos)
@@ -128,8 +132,7 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps(out.to_dict()))
     else:
-        note = None if draft or args.no_speculative else "no draft available for this target: plain decoding"
-        print_generation(out, note)
+        print_generation(out)
     return 0
 
 

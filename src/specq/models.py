@@ -82,16 +82,32 @@ def _shipped_draft_dir() -> Path:
 
 
 BUILTINS = {"smollm2-135m": _smollm2_dir, "smollm2-135m-draft": _shipped_draft_dir}
-DEFAULT_DRAFTS = {"smollm2-135m": "smollm2-135m-draft"}
+
+
+def draft_dirs() -> list[Path]:
+    """Draft registries: the shipped one, then the user's (calibrated drafts)."""
+    return [ASSETS / "drafts", cache_dir() / "drafts"]
+
+
+def select_draft(target_ref: str) -> tuple[str | None, str | None]:
+    """(draft ref, note) for a target ref from the registries: calibrated for the target's exact
+    precision, else the nearest precision (the note says so), else (None, note)."""
+    from . import registry
+
+    name, spec = split_ref(target_ref)
+    spec = str(precision.parse(spec))
+    found = registry.select(draft_dirs(), name, spec)
+    if found is None:
+        return None, f"no draft known for {name}: plain decoding"
+    path, entry, exact = found
+    if exact:
+        return str(path), f"draft {entry.draft} (calibrated for {name}@{spec})"
+    return str(path), f"no draft calibrated for {name}@{spec}; using {entry.draft} (calibrated for {entry.precision})"
 
 
 def default_draft_ref(target_ref: str) -> str | None:
-    """The best draft shipped for a built-in target, or None (plain decoding)."""
-    name, _ = split_ref(target_ref)
-    draft = DEFAULT_DRAFTS.get(name)
-    if draft and (ASSETS / "drafts" / draft / "config.json").exists():
-        return draft
-    return None
+    """The registry's draft for this target ref, or None."""
+    return select_draft(target_ref)[0]
 
 
 # ---------------------------------------------------------------------------------- loading

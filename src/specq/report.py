@@ -10,7 +10,7 @@ def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_generation(out, note: str | None = None, console: Console | None = None) -> None:
+def print_generation(out, console: Console | None = None) -> None:
     console = console or Console()
     console.print(out.text, markup=False, highlight=False)
     s = out.stats
@@ -38,8 +38,6 @@ def print_generation(out, note: str | None = None, console: Console | None = Non
         ]
     for k, v in rows:
         table.add_row(k, v)
-    if note:
-        table.caption = note
     console.print(table)
 
 

@@ -1,0 +1,77 @@
+"""Which draft to use for a target at a given precision.
+
+A drafts directory holds `manifest.json`: entries mapping (target, target precision) to a draft
+model directory (relative to the manifest) calibrated for that precision. specq reads two: the
+drafts shipped in the package, and the user's (`$SPECQ_CACHE/drafts`, where `specq calibrate`
+writes). Selection: the exact precision if any draft has it, else the nearest precision (by
+weight bits) with a warning. The manifest is rewritten atomically, so a crash mid-write leaves
+the old one intact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import atomic
+from .errors import SpecqError
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Entry:
+    target: str  # base target name, e.g. "smollm2-135m"
+    precision: str  # target precision spec it was calibrated on, e.g. "int4-g64-gptq"
+    draft: str  # draft directory, relative to the manifest's directory
+    info: dict = field(default_factory=dict, compare=False)
+
+
+def precision_bits(spec: str) -> float:
+    """Weight bits of a precision spec, for 'nearest precision' (fp32 32, bf16 16, int4 4, ...)."""
+    if spec in ("fp32", "bf16", "fp16"):
+        return {"fp32": 32, "bf16": 16, "fp16": 16}[spec]
+    m = re.match(r"int(\d)", spec)
+    if not m:
+        raise SpecqError(f"unknown precision '{spec}' in the draft registry")
+    return int(m.group(1))
+
+
+def read(directory: Path | str, required: bool = False) -> list[Entry]:
+    """The entries of a drafts directory; none if it has no manifest, unless `required`."""
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        if required:
+            raise SpecqError(f"no draft registry at {path}")
+        return []
+    try:
+        raw = json.loads(path.read_text())
+        return [Entry(**e) for e in raw["drafts"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SpecqError(f"draft registry {path} is corrupt ({type(e).__name__}: {e}); fix or delete it") from None
+
+
+def add(directory: Path | str, entry: Entry) -> None:
+    """Add or replace the entry for (target, precision, draft)."""
+    entries = [e for e in read(directory) if (e.target, e.precision, e.draft) != (entry.target, entry.precision, entry.draft)]
+    entries.append(entry)
+    text = json.dumps({"drafts": [asdict(e) for e in entries]}, indent=1) + "\n"
+    atomic.write_text(Path(directory) / MANIFEST, text)
+
+
+def select(directories: list[Path], target: str, precision: str) -> tuple[Path, Entry, bool] | None:
+    """(draft dir, entry, exact?) for the target at this precision, or None if none is known.
+    Later directories win ties (the user's calibrated drafts over the shipped ones)."""
+    candidates = [(Path(d) / e.draft, e) for d in directories for e in read(d)
+                  if e.target == target and (Path(d) / e.draft / "config.json").exists()]
+    if not candidates:
+        return None
+    exact = [c for c in candidates if c[1].precision == precision]
+    if exact:
+        path, entry = exact[-1]
+        return path, entry, True
+    bits = precision_bits(precision)
+    path, entry = min(reversed(candidates), key=lambda c: abs(precision_bits(c[1].precision) - bits))
+    return path, entry, False

@@ -1,0 +1,45 @@
+"""Draft registry: exact precision, then nearest; corrupt or missing manifests are clear errors."""
+
+import pytest
+
+from specq import registry
+from specq.errors import SpecqError
+
+
+def _draft(root, name):
+    (root / name).mkdir(parents=True)
+    (root / name / "config.json").write_text("{}")
+
+
+def test_exact_then_nearest(tmp_path):
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    _draft(shipped, "base")
+    _draft(user, "cal-int4")
+    _draft(user, "cal-int8")
+    registry.add(shipped, registry.Entry("m", "fp32", "base"))
+    registry.add(user, registry.Entry("m", "int4-g64-gptq", "cal-int4"))
+    registry.add(user, registry.Entry("m", "int8", "cal-int8"))
+    dirs = [shipped, user]
+    path, entry, exact = registry.select(dirs, "m", "int4-g64-gptq")
+    assert exact and path == user / "cal-int4"
+    path, entry, exact = registry.select(dirs, "m", "int3-g64-gptq")  # nearest: int4
+    assert not exact and entry.draft == "cal-int4"
+    path, entry, exact = registry.select(dirs, "m", "bf16")  # nearest to 16 bits: int8 (8) vs fp32 (32)
+    assert not exact and entry.draft == "cal-int8"
+    assert registry.select(dirs, "other-model", "fp32") is None
+
+
+def test_add_replaces_and_skips_missing_dirs(tmp_path):
+    registry.add(tmp_path, registry.Entry("m", "int8", "gone"))
+    assert registry.select([tmp_path], "m", "int8") is None  # the draft directory does not exist
+    registry.add(tmp_path, registry.Entry("m", "int8", "gone", {"beta": 0.9}))
+    assert len(registry.read(tmp_path)) == 1
+
+
+def test_corrupt_or_missing_manifest(tmp_path):
+    (tmp_path / registry.MANIFEST).write_text('{"drafts": [{"target": "m"')
+    with pytest.raises(SpecqError, match="corrupt"):
+        registry.read(tmp_path)
+    with pytest.raises(SpecqError, match="no draft registry"):
+        registry.read(tmp_path / "nowhere", required=True)
+    assert registry.read(tmp_path / "nowhere") == []
