@@ -1,0 +1,164 @@
+"""Execution modules that replace `nn.Linear` after quantization.
+
+Every module keeps the portable storage as persistent buffers (what `save_quantized` writes):
+`qweight` (codes bit-packed by `pack.pack_bits`, row-major [out, in]; symmetric codes in two's
+complement), `scales` (bf16 [out, in/group]), `zeros` (uint8 [out, in/group], asymmetric only)
+and an optional float `bias`. Subclasses add the executed form:
+
+* `DequantizedLinear`: the weight dequantized once to a float tensor. With the model's dtype it
+  is the *simulated* reference used to measure output distributions; in bf16 it is how weights
+  without a fast CPU kernel (5-7 bits, grouped or asymmetric int8, shapes a kernel rejects) run.
+* `Int8Linear`: aten `_weight_int8pack_mm` (per-channel symmetric; shares memory with `qweight`).
+* `Int4Linear`: aten `_weight_int4pack_mm_for_cpu` (group size 32/64/128/256, out % 16 == 0).
+  2- and 3-bit codes run on it too: they are points of the 4-bit grid with the same scales and
+  zero points, so this is exact, and 4x smaller and faster than a dequantized bf16 weight.
+
+The packed kernels need bf16 activations (fp32 ones hit a slow path), so they cast the input
+to bf16 and the output back to the input's dtype. Their kernel tensors are plain attributes,
+not buffers, so `model.to(dtype)` cannot turn them into formats the kernels reject. They are
+CPU kernels: move the model before quantizing, not after.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .pack import pack_bits, unpack_bits
+from .rtn import QuantizedWeight
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+INT4_INNER_K_TILES = 8  # required argument; the CPU packing gives the same layout for any value
+
+
+def from_storage(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bits: int, group_size: int,
+                 shape: tuple[int, int]) -> QuantizedWeight:
+    """Rebuild a `QuantizedWeight` from the stored buffers (inverse of `QuantLinear.__init__`)."""
+    codes = unpack_bits(qweight, bits, shape[0] * shape[1], signed=zeros is None).view(shape)
+    return QuantizedWeight(codes, scales.to(torch.bfloat16), zeros, bits, group_size)
+
+
+class QuantLinear(nn.Module):
+    """Portable storage plus byte accounting; `kernel` says how `forward` executes."""
+
+    kernel: str
+
+    def __init__(self, qw: QuantizedWeight, bias: Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = qw.codes.shape
+        self.bits, self.group_size = qw.bits, qw.group_size
+        self.register_buffer("qweight", pack_bits(qw.codes & ((1 << qw.bits) - 1), qw.bits))
+        self.register_buffer("scales", qw.scales)
+        self.register_buffer("zeros", qw.zeros)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zeros is None
+
+    def quantized(self) -> QuantizedWeight:
+        """The codes/scales/zeros back from storage."""
+        return from_storage(self.qweight, self.scales, self.zeros, self.bits, self.group_size,
+                            (self.out_features, self.in_features))
+
+    def stored_bytes(self) -> int:
+        return sum(t.nbytes for t in (self.qweight, self.scales, self.zeros, self.bias) if t is not None)
+
+    def executed_bytes(self) -> int:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+                f"group_size={self.group_size}, symmetric={self.symmetric}, kernel={self.kernel!r}")
+
+
+class DequantizedLinear(QuantLinear):
+    def __init__(self, qw: QuantizedWeight, bias: Tensor | None, dtype: torch.dtype, kernel: str):
+        super().__init__(qw, bias)
+        self.register_buffer("weight", qw.dequantize().to(dtype), persistent=False)
+        self.kernel = kernel
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.to(self.weight.dtype)
+        return F.linear(x.to(self.weight.dtype), self.weight, bias).to(x.dtype)
+
+    def executed_bytes(self) -> int:
+        return self.weight.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+
+class Int8Linear(QuantLinear):
+    def __init__(self, qw: QuantizedWeight, bias: Tensor | None):
+        super().__init__(qw, bias)
+        self._weight = self.qweight.view(torch.int8).view(self.out_features, self.in_features)
+        self._scales = self.scales.view(-1)
+        self.kernel = "int8 packed kernel (_weight_int8pack_mm)"
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(
+            x.reshape(-1, self.in_features).to(torch.bfloat16), self._weight, self._scales)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def executed_bytes(self) -> int:
+        return self.stored_bytes()
+
+
+class Int4Linear(QuantLinear):
+    def __init__(self, qw: QuantizedWeight, bias: Tensor | None):
+        super().__init__(qw, bias)
+        # The kernel computes w = (u - 8) * scale + zero with unsigned u in [0, 15]; codes of
+        # 2-4 bits (signed in [-7, 7] or unsigned in [0, 15]) all map into that range.
+        scale = qw.scales.float()
+        if qw.zeros is None:
+            unsigned, zero = qw.codes.to(torch.int32) + 8, torch.zeros_like(scale)
+        else:
+            unsigned, zero = qw.codes.to(torch.int32), (8 - qw.zeros.float()) * scale
+        self._weight = torch._convert_weight_to_int4pack_for_cpu(unsigned.contiguous(), INT4_INNER_K_TILES)
+        self._scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        codes = "" if self.bits == 4 else f"int{self.bits} codes on the "
+        self.kernel = f"{codes}int4 packed kernel (_weight_int4pack_mm_for_cpu, group {self.group_size})"
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, self.in_features).to(torch.bfloat16), self._weight, self.group_size,
+            self._scales_zeros)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def executed_bytes(self) -> int:
+        bias = 0 if self.bias is None else self.bias.nbytes
+        return self._weight.nbytes + self._scales_zeros.nbytes + bias
+
+
+def kernel_blocker(qw: QuantizedWeight) -> str | None:
+    """Why no packed kernel can run this weight (None when one can)."""
+    out, n_in = qw.codes.shape
+    if qw.bits == 8:
+        if not qw.symmetric or qw.group_size != n_in:
+            return "the int8 kernel is per-channel symmetric"
+        if n_in % 16:  # the kernel crashes on other widths
+            return f"the int8 kernel needs in_features % 16 == 0, got {n_in}"
+        return None
+    if qw.bits <= 4:
+        if qw.group_size not in INT4_GROUP_SIZES:
+            return f"the int4 kernel needs group size in {INT4_GROUP_SIZES}, got {qw.group_size}"
+        if out % 16:
+            return f"the int4 kernel needs out_features % 16 == 0, got {out}"
+        return None
+    return "no fast kernel"
+
+
+def make_quant_linear(qw: QuantizedWeight, bias: Tensor | None, packed: bool,
+                      dtype: torch.dtype) -> QuantLinear:
+    """The module that executes `qw`: simulated in `dtype` unless `packed`, else the fastest
+    packed kernel that accepts it, else dequantized to bf16."""
+    name = f"int{qw.bits}"
+    if not packed:
+        return DequantizedLinear(qw, bias, dtype, f"{name} simulated ({str(dtype).removeprefix('torch.')} weights)")
+    blocker = kernel_blocker(qw)
+    if blocker is None:
+        return Int8Linear(qw, bias) if qw.bits == 8 else Int4Linear(qw, bias)
+    return DequantizedLinear(qw, bias, torch.bfloat16, f"{name} dequantized to bf16 ({blocker})")

@@ -1,0 +1,112 @@
+"""Group-wise integer grids and round-to-nearest (RTN) quantization.
+
+The one representation every method produces (`QuantizedWeight`):
+
+* symmetric: signed codes q in [-(2^(b-1)-1), 2^(b-1)-1], w = q * scale. The grid is the
+  restricted symmetric one (it never uses -2^(b-1)), so +-absmax and 0 are exact; at 8 bits the
+  codes are exactly the int8 weights of the packed int8 kernel.
+* asymmetric: unsigned codes u in [0, 2^b-1] with an integer zero point z per group,
+  w = (u - z) * scale. The range always contains 0 (as in the GPTQ reference).
+
+Scales are rounded up to bf16 *before* codes are computed, so the simulated weights, the packed
+kernels (which take bf16 scales) and saved checkpoints all use exactly the same grid, and the
+grid still covers the group (no extra clipping; RTN error stays within half a step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """Codes [out, in] (int16), bf16 scales [out, in/group], uint8 zero points (asymmetric only)."""
+
+    codes: Tensor
+    scales: Tensor
+    zeros: Tensor | None
+    bits: int
+    group_size: int
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zeros is None
+
+    def dequantize(self) -> Tensor:
+        """The float32 weight these codes stand for."""
+        out, n_in = self.codes.shape
+        codes = self.codes.float().view(out, -1, self.group_size)
+        if self.zeros is not None:
+            codes = codes - self.zeros.float().unsqueeze(-1)
+        return (codes * self.scales.float().unsqueeze(-1)).view(out, n_in)
+
+
+def max_code(bits: int, symmetric: bool) -> int:
+    """Largest code: 2^(b-1)-1 for the symmetric grid, 2^b-1 for the unsigned one."""
+    return (1 << (bits - 1)) - 1 if symmetric else (1 << bits) - 1
+
+
+def fit_grid(w: Tensor, bits: int, symmetric: bool) -> tuple[Tensor, Tensor | None]:
+    """Scale (bf16-representable float32) and zero point (float integer, asymmetric only) for the
+    groups along the last dimension of `w`, each of shape [..., 1]."""
+    qmax = max_code(bits, symmetric)
+    if symmetric:
+        span = w.abs().amax(-1, keepdim=True)
+        scale = _to_bf16(span / qmax)
+        return scale, None
+    lo = w.amin(-1, keepdim=True).clamp(max=0)
+    hi = w.amax(-1, keepdim=True).clamp(min=0)
+    scale = _to_bf16((hi - lo) / qmax)
+    zero = (-lo / scale).round().clamp(0, qmax)
+    return scale, zero
+
+
+def _to_bf16(scale: Tensor) -> Tensor:
+    """Round positive scales up to the next bf16 value; an all-zero group gets scale 1."""
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    rounded = scale.to(torch.bfloat16)
+    up = (rounded.view(torch.int16) + 1).view(torch.bfloat16)  # next bf16 above a positive value
+    return torch.where(rounded.float() < scale, up, rounded).float()
+
+
+def quantize_codes(w: Tensor, scale: Tensor, zero: Tensor | None, bits: int) -> Tensor:
+    """Nearest grid codes (float tensor of integers) of `w` under `scale`/`zero`."""
+    if zero is None:
+        qmax = max_code(bits, True)
+        return (w / scale).round().clamp(-qmax, qmax)
+    return ((w / scale).round() + zero).clamp(0, max_code(bits, False))
+
+
+def dequantize_codes(codes: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
+    return (codes - zero if zero is not None else codes) * scale
+
+
+def fake_quantize(w: Tensor, bits: int, symmetric: bool) -> Tensor:
+    """RTN of the groups along the last dimension, returned dequantized (for error searches)."""
+    scale, zero = fit_grid(w, bits, symmetric)
+    return dequantize_codes(quantize_codes(w, scale, zero, bits), scale, zero)
+
+
+def quantize_rtn(weight: Tensor, bits: int, group_size: int, symmetric: bool) -> QuantizedWeight:
+    """Round every weight to the nearest point of its group's min/max (or absmax) grid."""
+    out, n_in = weight.shape
+    w = weight.detach().float().view(out, n_in // group_size, group_size)
+    scale, zero = fit_grid(w, bits, symmetric)
+    codes = quantize_codes(w, scale, zero, bits).view(out, n_in)
+    return make_quantized(codes, scale.squeeze(-1), None if zero is None else zero.squeeze(-1),
+                          bits, group_size)
+
+
+def make_quantized(codes: Tensor, scales: Tensor, zeros: Tensor | None, bits: int,
+                   group_size: int) -> QuantizedWeight:
+    """Pack float-valued codes/scales/zeros [out, n_groups] into the storage dtypes."""
+    return QuantizedWeight(
+        codes=codes.to(torch.int16),
+        scales=scales.to(torch.bfloat16).contiguous(),
+        zeros=None if zeros is None else zeros.to(torch.uint8).contiguous(),
+        bits=bits,
+        group_size=group_size,
+    )
