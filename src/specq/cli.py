@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="run to --max-new-tokens (benchmarks)")
     g.add_argument("--no-warmup", action="store_true", help="time the first call too")
     g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile the decode/verify steps (about a minute per new shape, paid in the warm-up)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
@@ -124,16 +126,37 @@ def cmd_generate(args) -> int:
     if note and not args.json:
         print(f"specq: {note}", file=sys.stderr)
     draft = load(draft_ref) if draft_ref else None
+    models = [m for m in (target, draft) if m is not None]
+    if args.compile:
+        _compile(models, args)
     options = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, chat=args.chat, stop=args.stop, ignore_eos=args.ignore_eos)
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
+    compile_s = sum(m.net.compile_s for m in models) if args.compile else None
     if args.json:
-        print(json.dumps(out.to_dict()))
+        print(json.dumps(out.to_dict() | {"compile_s": compile_s}))
     else:
         print_generation(out)
+        if compile_s is not None:
+            print(f"torch.compile: {compile_s:.1f} s compiling step shapes (excluded from the timings above"
+                  f"{'' if not args.no_warmup else ' only where the warm-up paid it'})")
     return 0
+
+
+def _compile(models, args) -> None:
+    from .llama import Llama
+
+    for m in models:
+        if not isinstance(m.net, Llama):
+            raise SpecqError(f"--compile needs Llama-architecture models; '{m.ref}' runs through transformers")
+        m.net.compile(capacity=_bucket(args.max_new_tokens + 512))
+
+
+def _bucket(n: int) -> int:
+    """Round a cache capacity up to a power of two, so compiled shapes repeat across prompts."""
+    return 1 << (n - 1).bit_length()
 
 
 def cmd_quantize(args) -> int:

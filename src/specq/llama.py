@@ -8,11 +8,16 @@ by moving an integer. Weights load from any Hugging Face Llama state dict.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
 
 
 @dataclass
@@ -102,6 +107,15 @@ class KVCache:
         self.length = length
 
 
+class StaticView(NamedTuple):
+    """The cache as plain tensors for the compiled step: attention runs over the whole buffer
+    and the causal mask hides slots past each query, so every shape is fixed."""
+
+    k: Tensor
+    v: Tensor
+    positions: Tensor
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -137,6 +151,11 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is None:  # training: the whole sequence at once
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        elif isinstance(cache, StaticView):  # compiled: fixed shapes, positions as a tensor
+            cache.k[layer].index_copy_(2, cache.positions, k)
+            cache.v[layer].index_copy_(2, cache.positions, v)
+            out = F.scaled_dot_product_attention(q, cache.k[layer], cache.v[layer], attn_mask=mask,
+                                                 enable_gqa=True)
         else:
             start, end = cache.length, cache.length + n
             cache.k[layer, :, :, start:end] = k
@@ -188,6 +207,8 @@ class Llama(nn.Module):
         return self.norm.weight.dtype
 
     def new_cache(self, capacity: int) -> KVCache:
+        if self.compiled_step is not None:  # one buffer shape, so compiled steps are reused
+            capacity = max(capacity + MAX_COMPILED_TOKENS, self.compile_capacity)
         self._ensure_rope(capacity)
         return KVCache(self.config, capacity, self.dtype)
 
@@ -212,16 +233,56 @@ class Llama(nn.Module):
         if cache is not None and end > cache.capacity:
             raise ValueError(f"KV cache full: {end} positions needed, capacity {cache.capacity}")
         self._ensure_rope(end)
+        if cache is not None and self.compiled_step is not None and n <= MAX_COMPILED_TOKENS:
+            logits = self._compiled_forward(ids, cache)
+            cache.length = end
+            return logits[n - 1:] if last_only else logits
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
         mask = None if n == 1 or cache is None else cache.causal[start:end, :end]
+        logits = self._layers_and_head(ids, cos, sin, cache, mask, last_only)
+        if cache is not None:
+            cache.length = end
+        return logits
+
+    def _layers_and_head(self, ids, cos, sin, cache, mask, last_only: bool) -> Tensor:
         x = self.tok_embeddings(ids).unsqueeze(0)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, mask)
-        if cache is not None:
-            cache.length = end
         if last_only:
             x = x[:, -1:]
         return self.output(self.norm(x))[0].float()
+
+    def _static_step(self, ids: Tensor, view: StaticView, mask: Tensor) -> Tensor:
+        cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
+        return self._layers_and_head(ids, cos, sin, view, mask, False)
+
+    # ------------------------------------------------------------------ optional torch.compile
+    compiled_step = None
+    compile_s = 0.0  # time spent compiling new shapes so far (reported by the CLI)
+
+    def compile(self, capacity: int = 1024, backend: str = "inductor") -> None:
+        """Compile cached steps of up to MAX_COMPILED_TOKENS tokens with torch.compile. Inputs are
+        padded to 1, 2, 4, 8 or 16 tokens (padding lands past the cache length, where it is masked
+        and later overwritten), so at most five graphs exist; each costs a compilation (about a
+        minute on 2 cores) on first use. Caches keep one `capacity` so graphs are reused."""
+        self.compiled_step = torch.compile(self._static_step, dynamic=False, backend=backend)
+        self.compile_capacity = capacity
+        self._compiled_sizes: set[int] = set()
+
+    def _compiled_forward(self, ids: Tensor, cache: KVCache) -> Tensor:
+        n = ids.shape[0]
+        size = 1 << (n - 1).bit_length()
+        if cache.length + size > cache.capacity:
+            raise ValueError(f"KV cache full: {cache.length + size} positions needed, capacity {cache.capacity}")
+        self._ensure_rope(cache.length + size)
+        padded = torch.cat([ids, ids.new_zeros(size - n)]) if size > n else ids
+        positions = torch.arange(cache.length, cache.length + size)
+        started = time.perf_counter()
+        logits = self.compiled_step(padded, StaticView(cache.k, cache.v, positions), cache.causal[positions])
+        if size not in self._compiled_sizes:
+            self._compiled_sizes.add(size)
+            self.compile_s += time.perf_counter() - started
+        return logits[:n]
 
 
 def hf_to_native_state_dict(sd: dict[str, Tensor], config: LlamaConfig) -> dict[str, Tensor]:

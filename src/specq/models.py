@@ -254,10 +254,14 @@ def load(ref: str) -> Model:
         net, tok, eos = _load_hf_dir(source, spec.dtype, local_only=True)
     else:
         cached = precision.cached_quantized_dir(cache_dir(), name, Path(source), spec)
+        net = None
         if precision.is_quantized_dir(cached):
-            net, _ = precision.load_quantized_dir(cached)
-            tok, eos = _tokenizer_and_eos(source)
-        else:
+            try:
+                net, _ = precision.load_quantized_dir(cached)
+                tok, eos = _tokenizer_and_eos(source)
+            except SpecqError as e:  # written by an older specq: quantize again
+                precision.announce(f"ignoring a stale quantization cache ({e})")
+        if net is None:
             net, tok, eos = _load_hf_dir(source, torch.float32, local_only=True)
             precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")
             precision.quantize_net(net, tok, spec)
