@@ -62,3 +62,29 @@ def test_rollback_hf_cache():
     hf, _ = _hf_pair()
     wrapped = HFCausalLM(hf)
     _rollback_matches_fresh(wrapped, lambda: wrapped.new_cache(64))
+
+
+def test_verify_pass_is_bit_identical_to_steps_on_packed_int4():
+    """Row-by-row attention makes a quantized model's verify pass compute every hidden state
+    exactly as one-token steps do (packed int4 kernels are row-invariant; fused attention is
+    not), so greedy speculative output cannot drift from plain decoding."""
+    from specq.quant import quantize_model
+
+    from conftest import tiny_model
+
+    net = tiny_model(vocab=64, hidden=256, layers=2, scale=3.0).net  # head_dim 64, as in SmolLM2
+    quantize_model(net, "int4-g32-rtn", progress=False)
+    hidden = []
+    net.norm.register_forward_hook(lambda m, i, o: hidden.append(o[0].clone()))
+    ids = torch.randint(0, 64, (130,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache = net.new_cache(160)
+        net(ids[:120], cache)
+        hidden.clear()
+        for i in range(120, 126):
+            net(ids[i:i + 1], cache)
+        steps = torch.cat(hidden)
+        hidden.clear()
+        cache.crop(120)
+        net(ids[120:126], cache)
+    assert torch.equal(hidden[0], steps)

@@ -18,6 +18,11 @@ from torch import Tensor, nn
 
 
 MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
+# Fused attention over n query rows rounds differently from n one-row calls (~1e-7), and the
+# bf16 casts in front of packed int4/int8 kernels can amplify that into a flipped greedy token.
+# Verify passes (up to this many tokens) therefore attend row by row, exactly like decode steps,
+# which makes a quantized target's verify logits bit-identical to its one-token steps.
+ROW_BY_ROW_MAX = 16
 
 
 @dataclass
@@ -160,8 +165,13 @@ class Attention(nn.Module):
             start, end = cache.length, cache.length + n
             cache.k[layer, :, :, start:end] = k
             cache.v[layer, :, :, start:end] = v
-            keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            if n == 1 or n > ROW_BY_ROW_MAX:
+                keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            else:  # a verify pass: each row exactly as a one-token step computes it
+                out = torch.cat([F.scaled_dot_product_attention(
+                    q[:, :, i:i + 1], cache.k[layer, :, :, :start + i + 1], cache.v[layer, :, :, :start + i + 1],
+                    enable_gqa=True) for i in range(n)], dim=2)
         return self.wo(out.transpose(1, 2).reshape(1, n, self.q_size))
 
 
