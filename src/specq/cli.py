@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from .bench.cli import add_bench_parser, add_report_parser
 from .errors import SpecqError
 
 
@@ -94,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=_positive_int, default=None)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
+
+    add_bench_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -1,0 +1,12 @@
+"""specq bench: measure speculative decoding over a sweep, resumably, and report it.
+
+    config.py     TOML + flags -> validated sweep -> cells
+    prompts.py    prompt sets (chat, GSM8K, corpus continuations, a user file)
+    runner.py     stages (baseline, speculative, HF peer), warm-up, timing, the store
+    store.py      the JSONL results store (atomic appends, torn-line tolerant, resumable)
+    quality.py    GSM8K exact match, token-for-token lossless-ness
+    aggregate.py  per-prompt values, bootstrap CIs, speedups, prediction, flags
+    tables.py     rows -> tables of strings (terminal.py prints them, report.py writes them)
+    report.py     Markdown + self-contained HTML with plots
+    cli.py        `specq bench` and `specq report`
+"""

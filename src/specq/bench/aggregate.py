@@ -1,0 +1,241 @@
+"""From stored cells to table rows: per-prompt values, bootstrap CIs, speedups, the analytic
+prediction, quality, and flags.
+
+Prompts are the independent units: repeats of a prompt are pooled into one value per prompt,
+then the CI is over prompts (never over the correlated tokens of one output). Speedup is per
+prompt (speculative tokens/s over the same target's baseline tokens/s on the same prompt),
+then averaged. A greedy speculative output that differs from the baseline's is a correctness
+failure: it is listed in every row that holds it, never averaged away.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ..stats import DecodeStats, bootstrap_ci
+from . import quality, store
+from .config import cell_key, related
+
+MIN_STEPS = 6  # fewer speculation cycles per prompt: the numbers are warm-up dominated
+SET_PARAMS = ("set", "prompts_sha", "n_prompts")
+KIND_ORDER = {"baseline": 0, "speculative": 1, "peer": 2}
+
+
+def merge(items: list[dict]) -> DecodeStats:
+    """Sum the counters and times of several runs (repeats, or prompts) into one DecodeStats."""
+    out = DecodeStats(gamma=max(d["gamma"] for d in items))
+    for f in fields(DecodeStats):
+        if f.name == "gamma":
+            continue
+        for d in items:
+            value = d[f.name]
+            if isinstance(value, list):
+                total = getattr(out, f.name)
+                total += [0] * (len(value) - len(total))
+                for i, v in enumerate(value):
+                    total[i] += v
+            else:
+                setattr(out, f.name, getattr(out, f.name) + value)
+    return out
+
+
+@dataclass
+class Unit:
+    """One prompt of a cell: its runs (repeats), and the matching baseline and peer runs."""
+
+    set: str
+    prompt: int
+    runs: list[dict]
+    base_runs: list[dict]
+    peer_runs: list[dict]
+
+    @property
+    def stats(self) -> DecodeStats:
+        return merge([r["stats"] for r in self.runs])
+
+    def tokens_per_s(self, runs: list[dict]) -> float | None:
+        return merge([r["stats"] for r in runs]).tokens_per_s if runs else None
+
+    def ratio(self, other: list[dict]) -> float | None:
+        mine, theirs = self.tokens_per_s(self.runs), self.tokens_per_s(other)
+        return mine / theirs if mine and theirs else None
+
+    def em(self) -> float | None:
+        ref = self.runs[0].get("reference")
+        if ref is None:
+            return None
+        return sum(quality.exact_match(r["text"], ref) for r in self.runs) / len(self.runs)
+
+
+def _by_prompt(cell: dict | None) -> dict[tuple[str, int], list[dict]]:
+    out: dict[tuple[str, int], list[dict]] = {}
+    for r in (cell or {}).get("runs", []):
+        out.setdefault((r["set"], r["prompt"]), []).append(r)
+    return out
+
+
+def summarize(records: list[dict], *, resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+              by_set: bool = False) -> list[dict]:
+    """One row per configuration: per prompt set (`by_set`) or pooled over the sets."""
+    cells = store.cells(records)
+    groups: dict[tuple, list[dict]] = {}
+    for cell in cells.values():
+        params = cell["cell"]
+        if params["kind"] == "peer":
+            continue  # joined into the speculative rows
+        group = {k: v for k, v in params.items() if by_set or k not in SET_PARAMS}
+        groups.setdefault(tuple(sorted(group.items())), []).append(cell)
+    ci = lambda values: _ci(values, confidence, resamples, seed)  # noqa: E731
+    rows = [_row(members, cells, ci) for members in groups.values()]
+    _mark_best_gamma(rows)
+    rows.sort(key=lambda r: (r["target"], r["max_new_tokens"], r["temperature"], r["threads"], r["set"],
+                             KIND_ORDER[r["kind"]], r["draft"] or "", r["gamma"] or 0))
+    return rows
+
+
+def _ci(values, confidence: float, resamples: int, seed: int) -> list[float] | None:
+    data = [v for v in values if v is not None and math.isfinite(v)]
+    return list(bootstrap_ci(data, confidence, resamples, seed)) if data else None
+
+
+def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
+    first = members[0]
+    params = first["cell"]
+    speculative = params["kind"] == "speculative"
+    units: list[Unit] = []
+    peer_skipped = None
+    for cell in sorted(members, key=lambda c: c["cell"]["set"]):
+        base = cells.get(cell_key(related(cell["cell"], "baseline"))) if speculative else None
+        peer = cells.get(cell_key(related(cell["cell"], "peer"))) if speculative else None
+        peer_skipped = peer_skipped or (peer or {}).get("skipped")
+        base_runs, peer_runs = _by_prompt(base), _by_prompt(peer)
+        for pid, runs in _by_prompt(cell).items():
+            units.append(Unit(pid[0], pid[1], runs, base_runs.get(pid, []), peer_runs.get(pid, [])))
+    per_prompt = [u.stats for u in units]
+    pooled = merge([r["stats"] for u in units for r in u.runs])
+    gamma = params["gamma"] or 0
+    row = {
+        "kind": params["kind"], "target": params["target"], "target_precision": first["target"]["precision"],
+        "draft": params["draft"], "draft_precision": (first["draft"] or {}).get("precision"),
+        "gamma": params["gamma"], "max_new_tokens": params["max_new_tokens"],
+        "temperature": params["temperature"], "threads": params["threads"],
+        "set": "+".join(sorted({c["cell"]["set"] for c in members})), "prompts": len(units),
+        "repeats": params["repeats"],
+        "tokens_per_s": ci([s.tokens_per_s for s in per_prompt]),
+        "em": ci([u.em() for u in units]), "em_prompts": sum(u.em() is not None for u in units),
+        "steps_per_prompt": sum(s.steps for s in per_prompt) / max(1, len(units)) / params["repeats"],
+        "profile": _profile(members, pooled),
+        # speculative only:
+        "acceptance_rate": None, "tau": None, "U": [], "a": [], "draft_share": None, "speedup": None,
+        "predicted_speedup": None, "warmup_dominated": False, "greedy": params["temperature"] == 0,
+        "mismatches": [], "unchecked": 0, "peer_tokens_per_s": None, "vs_peer": None,
+        "peer_identical": [0, 0], "peer_skipped": None,
+    }
+    if not speculative:
+        return row
+    base_pooled = [r["stats"] for u in units for r in u.base_runs]
+    mismatches, unchecked = _mismatches(units) if row["greedy"] else ([], 0)
+    return {
+        **row,
+        "acceptance_rate": ci([s.acceptance_rate for s in per_prompt]),
+        "tau": ci([s.tau for s in per_prompt]),
+        "U": [ci([s.per_position_unconditional[i] for s in per_prompt]) for i in range(gamma)],
+        "a": [ci([s.per_position_conditional[i] for s in per_prompt]) for i in range(gamma)],
+        "draft_share": ci([s.draft_share for s in per_prompt]),
+        "speedup": ci([u.ratio(u.base_runs) for u in units]),
+        "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled else None,
+        "warmup_dominated": row["steps_per_prompt"] < MIN_STEPS,
+        "mismatches": mismatches, "unchecked": unchecked,
+        "peer_tokens_per_s": ci([u.tokens_per_s(u.peer_runs) for u in units]),
+        "vs_peer": ci([u.ratio(u.peer_runs) for u in units]),
+        "peer_identical": [sum(_same(u.peer_runs, u.base_runs) for u in units if u.peer_runs),
+                           sum(bool(u.peer_runs and u.base_runs) for u in units)],
+        "peer_skipped": peer_skipped,
+    }
+
+
+def _same(runs: list[dict], base_runs: list[dict]) -> bool:
+    return bool(runs and base_runs) and all(r["token_ids"] == base_runs[0]["token_ids"] for r in runs)
+
+
+def _mismatches(units: list[Unit]) -> tuple[list[dict], int]:
+    """Every greedy run whose tokens differ from the baseline's, and how many prompts had no baseline."""
+    found, unchecked = [], 0
+    for u in units:
+        if not u.base_runs:
+            unchecked += 1
+            continue
+        expected = u.base_runs[0]["token_ids"]
+        for r in u.runs:
+            position = quality.first_mismatch(r["token_ids"], expected)
+            if position is not None:
+                found.append({"set": u.set, "prompt": u.prompt, "repeat": r["repeat"], "position": position})
+    return found, unchecked
+
+
+def predict(spec: DecodeStats, base: DecodeStats) -> float | None:
+    """Analytic speedup from measured parts: E[tokens per step] / (step cost / baseline token cost),
+    with E = 1 + sum_i prod_{j<=i} a_j (conditional acceptance a_j, bonus token included), step
+    cost = gamma * (draft time per draft token) + verify time per pass, and the baseline's
+    forward time per token. It leaves out prefill and loop overhead: the gap to the measured
+    speedup is what they cost."""
+    if not (spec.steps and spec.drafted and base.steps and base.verify_s > 0):
+        return None
+    expected, reach = 1.0, 1.0
+    for a in spec.per_position_conditional:
+        reach *= a or 0.0
+        expected += reach
+    step_cost = spec.gamma * spec.draft_s / spec.drafted + spec.verify_s / spec.steps
+    return expected / (step_cost / (base.verify_s / base.steps))
+
+
+def _profile(members: list[dict], pooled: DecodeStats) -> dict:
+    """Milliseconds per forward for each model and phase, and where a decode step's time goes."""
+    prefill = {side: [x for c in members for x in c.get("prefill_ms", {}).get(side, [])]
+               for side in ("target", "draft")}
+    ms = lambda total, n: total * 1000 / n if n else None  # noqa: E731
+    out = {"target_prefill_ms": _mean(prefill["target"]), "draft_prefill_ms": _mean(prefill["draft"]),
+           "target_forward_ms": ms(pooled.verify_s, pooled.steps),  # a verify pass (plain: one token)
+           "draft_step_ms": ms(pooled.draft_s, pooled.drafted),  # one draft forward
+           "other_per_step_ms": ms(pooled.other_s, pooled.steps),
+           "step_ms": ms(pooled.decode_s, pooled.steps)}
+    if pooled.decode_s > 0:
+        out.update(draft_share=pooled.draft_s / pooled.decode_s, verify_share=pooled.verify_s / pooled.decode_s,
+                   other_share=pooled.other_s / pooled.decode_s)
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _mark_best_gamma(rows: list[dict]) -> None:
+    """Flag the fastest gamma of each configuration that sweeps gamma."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        r["best_gamma"] = r["gamma_swept"] = False
+        if r["kind"] == "speculative":
+            key = (r["target"], r["draft"], r["max_new_tokens"], r["temperature"], r["threads"], r["set"])
+            groups.setdefault(key, []).append(r)
+    for group in groups.values():
+        if len({r["gamma"] for r in group}) > 1:
+            for r in group:
+                r["gamma_swept"] = True
+            best = max(group, key=lambda r: r["speedup"][0] if r["speedup"] else -math.inf)
+            best["best_gamma"] = True
+
+
+def run_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("type") == "run"]
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """One line per correctness failure (greedy speculative output != baseline output)."""
+    out = []
+    for r in rows:
+        for m in r.get("mismatches", []):
+            out.append(f"{r['target']} + {r['draft']} gamma={r['gamma']} n={r['max_new_tokens']}: "
+                       f"{m['set']} prompt {m['prompt']} repeat {m['repeat']} differs from the baseline "
+                       f"at token {m['position']}")
+    return out

@@ -1,0 +1,289 @@
+"""A benchmark sweep: TOML file and/or flags -> validated `BenchConfig` -> the list of `Cell`s.
+
+Every key of the TOML file is also a flag (`max_new_tokens` <-> `--max-new-tokens`); flags win.
+A bad value raises a one-line SpecqError naming its key, before any model is loaded. A cell is
+one configuration on one prompt set; its key hashes everything that changes its numbers, so a
+re-run skips finished cells and an edited sweep only runs what is new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import precision
+from ..errors import SpecqError
+from ..models import BUILTINS, default_draft_ref, split_ref
+from .prompts import SETS, Prompt
+
+REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
+
+
+def registry_draft(target_ref: str) -> str | None:
+    """The draft the registry picks for a target ref at its precision (None: it has none)."""
+    return default_draft_ref(target_ref)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    targets: list[str] = dataclasses.field(default_factory=lambda: ["smollm2-135m"])
+    target_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with targets
+    drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
+    draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
+    gamma: list[int] = dataclasses.field(default_factory=lambda: [4])
+    max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
+    temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
+    prompt_sets: list[str] = dataclasses.field(default_factory=lambda: ["chat"])
+    prompts: int = 8  # per prompt set
+    prompt_file: str | None = None  # for the "file" prompt set
+    prompt_field: str = "text"
+    prompt_file_chat: bool = True
+    repeats: int = 1
+    threads: list[int] = dataclasses.field(default_factory=list)  # empty: torch's current count
+    seed: int = 0
+    ignore_eos: bool = True  # fixed output length: every cell times the same number of tokens
+    peer: bool = False  # also time transformers' assisted generation on the same pair
+    profile: bool = False  # print ms per forward per model and phase
+    resamples: int = 2000
+    confidence: float = 0.95
+    results: str = "bench-results.jsonl"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def target_refs(self) -> list[str]:
+        return _cross(self.targets, self.target_quant)
+
+    def draft_entries(self) -> list[str]:
+        return _cross(self.drafts, self.draft_quant)
+
+
+HELP = {
+    "targets": "target model refs, optionally name@spec",
+    "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, ...)",
+    "drafts": "draft model refs, or 'registry' (the adaptive choice for each target)",
+    "draft_quant": "precisions / quant specs crossed with every draft",
+    "gamma": "draft tokens per step",
+    "max_new_tokens": "output lengths",
+    "temperature": "0 = greedy (outputs checked against the baseline token for token)",
+    "prompt_sets": "chat, gsm8k, corpus (Shakespeare continuations), file (--prompt-file)",
+    "prompts": "prompts per set",
+    "prompt_file": "the user prompt file of the 'file' set (.jsonl, or plain text split on blank lines)",
+    "prompt_field": "the JSONL field holding the prompt (default text)",
+    "prompt_file_chat": "apply the chat template to the file's prompts (default true)",
+    "repeats": "timed generations per prompt (pooled per prompt)",
+    "threads": "torch CPU thread counts (default: torch's current count)",
+    "seed": "sampling seed",
+    "ignore_eos": "run every output to max_new_tokens (default true)",
+    "peer": "also time transformers' assisted generation on the same float pair",
+    "profile": "print ms per forward for each model and phase",
+    "resamples": "bootstrap resamples per CI",
+    "confidence": "CI confidence level",
+    "results": "the JSONL results store (appended cell by cell; re-runs resume)",
+}
+KEYS = tuple(f.name for f in dataclasses.fields(BenchConfig))
+LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": str, "gamma": int,
+             "max_new_tokens": int, "temperature": float, "prompt_sets": str, "threads": int}
+
+
+def _cross(refs: list[str], specs: list[str]) -> list[str]:
+    """Canonical refs `name@spec`: each ref at each spec (or at its own spec when none given)."""
+    out = []
+    for ref in refs:
+        if ref == REGISTRY:
+            out += [REGISTRY if not specs else f"{REGISTRY}@{s}" for s in specs or [None]]
+            continue
+        name, spec = split_ref(ref)
+        for s in specs or [spec]:
+            out.append(f"{name}@{precision.parse(s)}")
+    return list(dict.fromkeys(out))
+
+
+def load_config(path: str | None, overrides: dict | None = None) -> BenchConfig:
+    """The sweep from a TOML file (optional) with flag overrides (None values ignored)."""
+    raw: dict = {}
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise SpecqError(f"bench config file not found: {file}")
+        try:
+            raw = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise SpecqError(f"bench config {file}: invalid TOML: {e}") from None
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    config = validate(raw)
+    check_models_exist(config)
+    return config
+
+
+def validate(raw: dict) -> BenchConfig:
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise SpecqError(f"bench config: unknown key '{unknown[0]}' (valid keys: {', '.join(KEYS)})")
+    values = {}
+    for key, value in raw.items():
+        if key in LIST_KEYS:
+            value = _list(key, value, LIST_KEYS[key])
+        values[key] = value
+    config = BenchConfig(**values)
+    for key in ("prompts", "repeats", "resamples"):
+        _check(key, _is(getattr(config, key), int) and getattr(config, key) >= 1, "must be an integer >= 1")
+    _check("seed", _is(config.seed, int) and config.seed >= 0, "must be an integer >= 0")
+    for key in ("prompt_file_chat", "ignore_eos", "peer", "profile"):
+        _check(key, _is(getattr(config, key), bool), "must be true or false")
+    for key in ("prompt_field", "results"):
+        _check(key, isinstance(getattr(config, key), str) and getattr(config, key), "must be a non-empty string")
+    _check("prompt_file", config.prompt_file is None or isinstance(config.prompt_file, str), "must be a path")
+    _check("confidence", _is(config.confidence, float) and 0.5 <= config.confidence < 1, "must be in [0.5, 1)")
+    for key in ("gamma", "max_new_tokens", "threads"):
+        _check(key, all(v >= 1 for v in getattr(config, key)), "every value must be >= 1")
+    _check("temperature", all(math.isfinite(t) and t >= 0 for t in config.temperature), "must be finite and >= 0")
+    for key in ("targets", "drafts", "gamma", "max_new_tokens", "temperature", "prompt_sets"):
+        _check(key, bool(getattr(config, key)), "must not be empty")
+    for s in config.prompt_sets:
+        _check("prompt_sets", s in SETS, f"unknown prompt set '{s}' (valid: {', '.join(SETS)})")
+    if "file" in config.prompt_sets:
+        _check("prompt_file", config.prompt_file is not None, "is required by the 'file' prompt set")
+        _check("prompt_file", Path(config.prompt_file).is_file(), f"file not found: {config.prompt_file}")
+    _check_specs("targets", config.targets, config.target_quant)
+    _check_specs("drafts", config.drafts, config.draft_quant)
+    if not config.threads:
+        import torch
+
+        config = dataclasses.replace(config, threads=[torch.get_num_threads()])
+    return config
+
+
+def _check(key: str, ok: bool, why: str) -> None:
+    if not ok:
+        raise SpecqError(f"bench config '{key}': {why}")
+
+
+def _is(value, kind: type) -> bool:
+    """Type check where a bool is not a number and an int is a float (TOML writes 0 for 0.0)."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, kind) or (kind is float and isinstance(value, int))
+
+
+def _list(key: str, value, kind: type) -> list:
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        _check(key, _is(v, kind), f"expected {kind.__name__} values, got {v!r}")
+    return list(dict.fromkeys(float(v) if kind is float else v for v in items))
+
+
+def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
+    for spec in specs:
+        try:
+            precision.parse(spec)
+        except SpecqError as e:
+            raise SpecqError(f"bench config '{key[:-1]}_quant': {e}") from None
+    for ref in refs:
+        try:
+            precision.parse(split_ref(ref)[1])
+        except SpecqError as e:
+            raise SpecqError(f"bench config '{key}': {e}") from None
+        if specs and "@" in ref:
+            raise SpecqError(f"bench config '{key}': '{ref}' has its own @spec; drop it or drop '{key[:-1]}_quant'")
+
+
+def check_models_exist(config: BenchConfig) -> None:
+    """Local model paths exist and bare names are built-ins (hub ids are left to load), so a typo
+    fails before the sweep starts rather than after its first stage."""
+    for key, refs in (("targets", config.targets), ("drafts", config.drafts)):
+        for ref in refs:
+            name = split_ref(ref)[0]
+            path_like = name.startswith((".", "/", "~")) or name.endswith(".gguf")
+            hub_id = "/" in name and not path_like
+            if (key == "drafts" and name == REGISTRY) or name in BUILTINS or hub_id or (
+                    name and Path(name).expanduser().exists()):
+                continue
+            raise SpecqError(f"bench config '{key}': model '{name}' not found (not a built-in "
+                             f"({', '.join(BUILTINS)}), an existing path or a hub id org/name)")
+
+
+# ---------------------------------------------------------------------------------- cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # baseline | speculative | peer
+    target: str
+    draft: str | None
+    gamma: int | None
+    max_new_tokens: int
+    temperature: float
+    threads: int
+    set: str
+    prompts_sha: str  # the prompt texts themselves: a changed prompt file is a new cell
+    n_prompts: int
+    repeats: int
+    seed: int
+    ignore_eos: bool
+
+    def params(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def key(self) -> str:
+        return cell_key(self.params())
+
+
+def cell_key(params: dict) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def related(params: dict, kind: str) -> dict:
+    """The params of the baseline (or peer) cell a speculative cell is compared with."""
+    if kind == "baseline":
+        return {**params, "kind": "baseline", "draft": None, "gamma": None}
+    return {**params, "kind": kind}
+
+
+def prompts_sha(prompts: list[Prompt]) -> str:
+    return hashlib.sha256(json.dumps([[p.text, p.chat] for p in prompts]).encode()).hexdigest()[:16]
+
+
+def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=registry_draft
+         ) -> tuple[list[Cell], list[str]]:
+    """All cells in run order (per target: baselines, then each draft's speculative and peer
+    cells, so each model is loaded once), and notes on what is left out and why."""
+    cells: list[Cell] = []
+    notes: list[str] = []
+    for target in config.target_refs():
+        common = [dict(max_new_tokens=n, temperature=t, threads=th, set=s, prompts_sha=prompts_sha(prompt_sets[s]),
+                       n_prompts=len(prompt_sets[s]), repeats=config.repeats, seed=config.seed,
+                       ignore_eos=config.ignore_eos)
+                  for th in config.threads for n in config.max_new_tokens for t in config.temperature
+                  for s in config.prompt_sets]
+        cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, **c) for c in common]
+        for draft in _drafts_for(target, config, registry, notes):
+            for kind in ("speculative", "peer") if config.peer else ("speculative",):
+                for g in config.gamma:
+                    cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, **c) for c in common
+                              if kind == "speculative" or c["temperature"] == 0]
+    if config.peer and any(t > 0 for t in config.temperature):
+        notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")
+    return list(dict.fromkeys(cells)), notes
+
+
+def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) -> list[str]:
+    out = []
+    for entry in config.draft_entries():
+        if entry.split("@")[0] != REGISTRY:
+            out.append(entry)
+            continue
+        chosen = registry(target)
+        if chosen is None:
+            notes.append(f"the registry has no draft for {target}: its 'registry' cells are skipped")
+            continue
+        notes.append(f"registry draft for {target}: {chosen}")
+        name, spec = split_ref(chosen)
+        out.append(f"{name}@{precision.parse(entry.partition('@')[2] or spec)}")
+    return list(dict.fromkeys(out))

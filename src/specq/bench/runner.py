@@ -1,0 +1,243 @@
+"""Run a sweep: stage 1 baselines (the target alone), stage 2 speculative cells, and the peer
+baseline (transformers' assisted generation) when asked. Quality and aggregates are computed
+later from what is stored (`aggregate.py`), so a report never needs the models.
+
+Why the numbers can be trusted: every model pair gets an untimed warm-up generation before its
+first timed one; the thread count is set per cell and recorded; each cell is appended to the
+store the moment it finishes (a killed sweep resumes with nothing lost or duplicated); the run
+record holds the config, machine and library versions, and each cell the hashes of its models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import platform
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from .. import api, models, precision
+from ..models import Model
+from . import store
+from .config import BenchConfig, Cell, plan, registry_draft
+from .prompts import Prompt, load_set
+
+WARMUP_TOKENS = 8
+
+
+def environment() -> dict:
+    import transformers
+
+    import specq
+
+    return {"machine": platform.machine(), "processor": platform.processor(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "specq": specq.__version__}
+
+
+def model_hash(model: Model) -> str:
+    """sha256 of the state dict's names, dtypes, shapes and bytes (about a second per 500 MB)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.net.state_dict().items()):
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def load_prompt_sets(config: BenchConfig) -> dict[str, list[Prompt]]:
+    return {s: load_set(s, config.prompts, config.prompt_file, config.prompt_field, config.prompt_file_chat)
+            for s in config.prompt_sets}
+
+
+class _Models:
+    """Models loaded on demand and kept while the sweep needs them (cells come target-major)."""
+
+    def __init__(self, load: Callable[[str], Model]):
+        self.load = load
+        self.loaded: dict[str, tuple[Model, dict]] = {}
+        self.hf: dict[str, object] = {}
+
+    def get(self, ref: str) -> tuple[Model, dict]:
+        if ref not in self.loaded:
+            model = self.load(ref)
+            self.loaded[ref] = (model, {"ref": ref, "precision": model.precision, "source": model.source,
+                                        "sha256": model_hash(model)})
+        return self.loaded[ref]
+
+    def keep_only(self, refs: set[str]) -> None:
+        for ref in set(self.loaded) - refs:
+            del self.loaded[ref]
+        for ref in set(self.hf) - refs:
+            del self.hf[ref]
+
+    def hf_model(self, model: Model):
+        """The same weights as a transformers model (for the peer baseline)."""
+        if model.ref not in self.hf:
+            from transformers import AutoModelForCausalLM
+            from transformers.utils import logging as hf_logging
+
+            dtype = precision.parse(model.precision).dtype
+            hf_logging.disable_progress_bar()  # one progress bar (the sweep's) on the terminal
+            try:
+                self.hf[model.ref] = AutoModelForCausalLM.from_pretrained(model.source, dtype=dtype).eval()
+            finally:
+                hf_logging.enable_progress_bar()
+        return self.hf[model.ref]
+
+
+def peer_skip_reason(model: Model) -> str | None:
+    """Why transformers cannot run this model as is (None: it can)."""
+    if not precision.parse(model.precision).is_float:
+        return f"{model.ref} is quantized"
+    source = Path(model.source)
+    if not (source / "config.json").is_file() or precision.is_quantized_dir(source):
+        return f"{model.ref} is not a Hugging Face directory"
+    return None
+
+
+def run(config: BenchConfig, *, load: Callable[[str], Model] = models.load, generate=api.generate,
+        prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
+        console=None, progress: bool = True) -> list[dict]:
+    """Run every cell of the sweep that the store does not hold yet; return the stored run records
+    and this sweep's cells.
+    `load`, `generate` and `prompt_sets` are injectable (tests use tiny models)."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    prompt_sets = prompt_sets if prompt_sets is not None else load_prompt_sets(config)
+    cells, notes = plan(config, prompt_sets, registry)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    store.repair(config.results)
+    done = store.cells(store.read(config.results))
+    pending = [c for c in cells if c.key not in done]
+    if len(pending) < len(cells):
+        console.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
+    if pending:
+        run_id = uuid.uuid4().hex[:12]
+        store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
+                                      "config": config.to_dict(), "environment": environment(),
+                                      "argv": sys.argv})
+        _run_cells(pending, prompt_sets, config, run_id, _Models(load), generate, console, progress)
+    wanted = {c.key for c in cells}  # the store may also hold other sweeps' cells
+    return [r for r in store.read(config.results) if r.get("type") != "cell" or r["key"] in wanted]
+
+
+def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: str, pool: _Models, generate,
+               console, progress: bool) -> None:
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    total = sum(c.n_prompts * c.repeats for c in pending)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    warmed: set[tuple] = set()
+    with Progress(*columns, console=console, disable=not progress) as bar:
+        task = bar.add_task("bench", total=total)
+        for i, cell in enumerate(pending):
+            later = {c.target for c in pending[i:]} | {c.draft for c in pending[i:] if c.draft}
+            pool.keep_only(later)  # free models no later cell needs
+            label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
+            bar.update(task, description=f"{label} {cell.set} n={cell.max_new_tokens}")
+            record = _run_cell(cell, prompt_sets[cell.set], pool, generate, warmed,
+                               lambda: bar.advance(task))
+            record.update(run_id=run_id, finished=_now())
+            store.append(config.results, record)
+
+
+def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set, advance) -> dict:
+    torch.set_num_threads(cell.threads)
+    target, target_info = pool.get(cell.target)
+    draft, draft_info = pool.get(cell.draft) if cell.draft else (None, None)
+    record = {"type": "cell", "key": cell.key, "cell": cell.params(), "target": target_info, "draft": draft_info,
+              "threads_used": torch.get_num_threads()}
+    if cell.kind == "peer":
+        reason = peer_skip_reason(target) or peer_skip_reason(draft)
+        if reason:
+            for _ in range(cell.n_prompts * cell.repeats):
+                advance()
+            return {**record, "skipped": reason}
+    ids = [api.encode_prompt(target, p.text, p.chat) for p in prompts]
+    if cell.kind == "peer":
+        hf_target, hf_draft = pool.hf_model(target), pool.hf_model(draft)
+
+        def one(prompt_ids: list[int], n: int):
+            return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos, target.eos_ids)
+    else:
+        def one(prompt_ids: list[int], n: int):
+            return generate(target, prompt_ids, draft, gamma=cell.gamma or 1, max_new_tokens=n,
+                            temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos)
+
+    pair = (cell.kind, cell.target, cell.draft, cell.threads)
+    if pair not in warmed:  # first calls pay for allocation and lazy init: never time them
+        one(ids[0], min(WARMUP_TOKENS, cell.max_new_tokens))
+        warmed.add(pair)
+    runs, prefill = [], {"target": [], "draft": []}
+    for prompt, prompt_ids in zip(prompts, ids):
+        if cell.kind != "peer":
+            prefill["target"].append(prefill_ms(target, prompt_ids))
+            if draft is not None:
+                prefill["draft"].append(prefill_ms(draft, prompt_ids))
+        for repeat in range(cell.repeats):
+            out = one(prompt_ids, cell.max_new_tokens)
+            runs.append({"set": prompt.set, "prompt": prompt.index, "repeat": repeat, "reference": prompt.reference,
+                         "token_ids": out.token_ids, "text": answer_text(target, out.token_ids),
+                         "finish_reason": out.finish_reason, "stats": dataclasses.asdict(out.stats)})
+            advance()
+    return {**record, "runs": runs, "prefill_ms": prefill}
+
+
+def answer_text(target: Model, token_ids: list[int]) -> str:
+    """The text up to the first end-of-sequence token (runs at a fixed length go past it)."""
+    cut = next((i for i, t in enumerate(token_ids) if t in target.eos_ids), len(token_ids))
+    return target.tokenizer.decode(token_ids[:cut], skip_special_tokens=True)
+
+
+@torch.inference_mode()
+def prefill_ms(model: Model, prompt_ids: list[int]) -> float:
+    """One prompt forward of one model alone (the decode loop times both models' prefill together)."""
+    cache = model.net.new_cache(len(prompt_ids) + 1)
+    started = time.perf_counter()
+    model.net(torch.tensor(prompt_ids, dtype=torch.long), cache, last_only=True)
+    return (time.perf_counter() - started) * 1000
+
+
+def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int, ignore_eos: bool, eos_ids):
+    """transformers' assisted generation, greedy, `gamma` assistant tokens per step (constant),
+    timed as a whole call; returns an object shaped like `api.Generation` for the store."""
+    from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    from ..stats import DecodeStats
+
+    eos = None if ignore_eos else sorted(eos_ids) or None
+    cfg = GenerationConfig(max_new_tokens=n, min_new_tokens=n if ignore_eos else 0, do_sample=False,
+                           eos_token_id=eos, pad_token_id=(eos or [0])[0])
+    hf_draft.generation_config.num_assistant_tokens = gamma
+    hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # assisted generation warns about its own internal calls
+    try:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = hf_target.generate(torch.tensor([prompt_ids]), generation_config=cfg, assistant_model=hf_draft)
+        elapsed = time.perf_counter() - started
+    finally:
+        hf_logging.set_verbosity(level)
+    token_ids = out[0, len(prompt_ids):].tolist()
+    stats = DecodeStats(gamma=gamma, prompt_tokens=len(prompt_ids), new_tokens=len(token_ids), decode_s=elapsed)
+    reason = "eos" if token_ids and token_ids[-1] in eos_ids and not ignore_eos else "length"
+    return api.Generation(text="", token_ids=token_ids, prompt_ids=prompt_ids, finish_reason=reason, stats=stats,
+                          target="hf", draft="hf")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,139 @@
+"""Summary rows -> tables of strings, rendered by the terminal (rich) and the report (Markdown,
+HTML) alike, so every view shows the same numbers under the same names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .aggregate import MIN_STEPS
+
+TAU = "tau (bonus incl.)"
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    failed: list[bool] = field(default_factory=list)  # rows holding a correctness failure: red
+    caption: str = ""
+
+    def add(self, cells: list[str], failed: bool = False) -> None:
+        self.rows.append(cells)
+        self.failed.append(failed)
+
+
+def ci(value, spec: str = ".2f") -> str:
+    """'mean [low, high]', or the mean alone when there is no spread."""
+    if not value:
+        return "-"
+    mean, low, high = value
+    if low == high:
+        return format(mean, spec)
+    return f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def num(value, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def exactness(row: dict) -> str:
+    if row["kind"] != "speculative":
+        return ""
+    if not row["greedy"]:
+        return "n/a (sampling)"
+    if row["mismatches"]:
+        return f"FAIL: {len(row['mismatches'])} differ"
+    checked = row["prompts"] - row["unchecked"]
+    return f"{checked}/{row['prompts']} identical" if checked else "no baseline"
+
+
+def notes(row: dict) -> str:
+    out = []
+    if row["best_gamma"]:
+        out.append("best gamma")
+    if row["warmup_dominated"]:
+        out.append(f"warm-up dominated ({row['steps_per_prompt']:.1f} < {MIN_STEPS} steps/prompt)")
+    if row["peer_skipped"]:
+        out.append(f"no HF peer: {row['peer_skipped']}")
+    same, compared = row["peer_identical"]
+    if same < compared:  # transformers' float kernels may break near-ties differently: informative only
+        out.append(f"HF output differs on {compared - same}/{compared} prompts")
+    return "; ".join(out)
+
+
+def mean(value, spec: str = ".2f") -> str:
+    return num(value[0] if value else None, spec)
+
+
+def summary(rows: list[dict], confidence: float, best_only: bool = False, compact: bool = False) -> Table:
+    """The main table; `best_only` keeps, for a gamma sweep, the best gamma of each configuration;
+    `compact` (the terminal) gives a CI for the speedup only, means elsewhere."""
+    c = mean if compact else ci
+    hidden = [r for r in rows if best_only and r["gamma_swept"] and not r["best_gamma"] and not r["mismatches"]]
+    shown = [r for r in rows if not any(r is h for h in hidden)]
+    vary = {k: len({r[k] for r in rows}) > 1 for k in ("temperature", "threads", "set")}
+    peer = any(r["peer_tokens_per_s"] for r in rows)
+    em = any(r["em"] for r in rows)
+    headers = ["target", "draft", "gamma", "new tokens"]
+    headers += [h for h, k in (("T", "temperature"), ("threads", "threads"), ("prompt set", "set")) if vary[k]]
+    headers += ["prompts", "accept rate", TAU, "tok/s", "speedup", "predicted", "draft share"]
+    headers += ["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer + ["vs baseline output", "notes"]
+    table = Table("specq bench", headers)
+    for r in shown:
+        cells = [r["target"], r["draft"] or "(target alone)", num(r["gamma"], "d"), str(r["max_new_tokens"])]
+        cells += [str(r[k]) for k in ("temperature", "threads", "set") if vary[k]]
+        cells += [str(r["prompts"]), c(r["acceptance_rate"]), c(r["tau"]), c(r["tokens_per_s"], ".1f"),
+                  ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)",
+                  num(r["predicted_speedup"]), c(r["draft_share"])]
+        cells += [c(r["em"])] * em + [c(r["peer_tokens_per_s"], ".1f"), c(r["vs_peer"])] * peer
+        cells += [exactness(r), notes(r)]
+        table.add(cells, failed=bool(r["mismatches"]))
+    table.caption = ("speedup: " * compact + f"mean [{confidence:.0%} bootstrap CI over prompts]; {TAU} = "
+                     "tokens per target pass, the target's own token included; speedup = tokens/s over the "
+                     "same target's baseline, per prompt, then mean; predicted = analytic "
+                     "(measured a_i and costs, no prefill or loop overhead)"
+                     + (f"; gamma swept: best gamma per configuration shown ({len(hidden)} more rows in the "
+                        "report)" if hidden else ""))
+    return table
+
+
+def per_position(rows: list[dict]) -> Table:
+    """U_i = P(accepted length >= i) and a_i = P(token i accepted | 1..i-1 accepted)."""
+    spec = [r for r in rows if r["kind"] == "speculative"]
+    width = max((len(r["U"]) for r in spec), default=0)
+    table = Table("per-position acceptance", ["target", "draft", "gamma", "new tokens", "convention"]
+                  + [str(i + 1) for i in range(width)])
+    for r in spec:
+        for name, values in (("U_i (unconditional)", r["U"]), ("a_i (conditional)", r["a"])):
+            table.add([r["target"], r["draft"], str(r["gamma"]), str(r["max_new_tokens"]), name]
+                      + [num(v[0] if v else None) for v in values] + [""] * (width - len(values)))
+    return table
+
+
+def profile(rows: list[dict]) -> Table:
+    """Milliseconds per forward for each model and phase, and the split of a decode step."""
+    table = Table("profile (ms per forward)", ["target", "draft", "gamma", "new tokens", "target prefill",
+                                               "draft prefill", "target pass (verify / plain step)",
+                                               "draft step", "other per step", "step", "draft / verify / other"])
+    for r in rows:
+        p = r["profile"]
+        split = (f"{p['draft_share']:.0%} / {p['verify_share']:.0%} / {p['other_share']:.0%}"
+                 if "draft_share" in p else "-")
+        table.add([r["target"], r["draft"] or "(target alone)", num(r["gamma"], "d"), str(r["max_new_tokens"]),
+                   num(p["target_prefill_ms"], ".1f"), num(p["draft_prefill_ms"], ".1f"),
+                   num(p["target_forward_ms"], ".2f"), num(p["draft_step_ms"], ".2f"),
+                   num(p["other_per_step_ms"], ".2f"), num(p["step_ms"], ".2f"), split])
+    return table
+
+
+def quality(rows: list[dict]) -> Table:
+    """Task quality per target precision (baseline outputs) and lossless-ness per pair."""
+    table = Table("quality per precision", ["target", "precision", "draft", "gamma", "new tokens", "GSM8K EM",
+                                            "prompts scored", "vs baseline output"])
+    for r in rows:
+        if r["kind"] == "baseline" or r["mismatches"] or r["em"]:
+            table.add([r["target"], r["target_precision"], r["draft"] or "(target alone)", num(r["gamma"], "d"),
+                       str(r["max_new_tokens"]), ci(r["em"]), str(r["em_prompts"]), exactness(r)],
+                      failed=bool(r["mismatches"]))
+    return table

@@ -1,0 +1,311 @@
+"""specq bench: CIs, resume after a kill, lossless-ness check, config errors, report, CLI.
+Tiny random models are injected, so the whole file runs in seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from specq import api
+from specq.bench import aggregate, quality, runner, store, tables, terminal
+from specq.bench.cli import add_bench_parser, add_report_parser
+from specq.bench.config import KEYS, HELP, load_config, plan, validate
+from specq.bench.prompts import Prompt
+from specq.bench.report import write_report
+from specq.cli import _Parser
+from specq.errors import SpecqError
+from specq.models import save_native
+from specq.stats import bootstrap_ci
+
+from conftest import perturbed, tiny_model
+
+PRESETS = Path(__file__).parent.parent / "benchmarks" / "presets"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model(scale=3.0, ref="tiny@fp32")
+    return {"tiny@fp32": target, "draft@fp32": perturbed(target, 0.05, ref="draft@fp32")}
+
+
+def prompt_sets() -> dict[str, list[Prompt]]:
+    words = lambda i: " ".join(f"t{(5 * i + j) % 31 + 1}" for j in range(5))  # noqa: E731
+    return {"chat": [Prompt("chat", i, words(i), False) for i in range(3)],
+            "gsm8k": [Prompt("gsm8k", i, words(i + 7), False, "12") for i in range(2)]}
+
+
+def sweep(path: Path, **extra):
+    return validate({"targets": ["tiny"], "drafts": ["draft"], "gamma": [1, 3], "max_new_tokens": [12],
+                     "prompt_sets": ["chat", "gsm8k"], "threads": [1], "results": str(path), "resamples": 200,
+                     **extra})
+
+
+def bench(config, pair, **kwargs):
+    return runner.run(config, load=lambda ref: pair[ref], prompt_sets=prompt_sets(), progress=False,
+                      console=Console(quiet=True), **kwargs)
+
+
+def summary(records) -> list[dict]:
+    return aggregate.summarize(records, resamples=200)
+
+
+TIMING = ("tokens_per_s", "speedup", "predicted_speedup", "draft_share", "profile", "peer_tokens_per_s", "vs_peer",
+          "best_gamma")  # the best gamma is the fastest one
+
+
+def deterministic(rows: list[dict]) -> list[dict]:
+    """The rows without anything measured in seconds."""
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+# ---------------------------------------------------------------------------------- statistics
+
+
+def test_bootstrap_ci_covers_the_true_mean_at_about_the_nominal_rate():
+    rng = np.random.default_rng(0)
+    trials, hits = 300, 0
+    for i in range(trials):
+        data = rng.exponential(2.0, size=30)  # skewed, true mean 2.0
+        _, low, high = bootstrap_ci(data, confidence=0.9, resamples=400, seed=i)
+        hits += low <= 2.0 <= high
+    assert 0.82 <= hits / trials <= 0.96  # percentile bootstrap at n=30 runs a little under nominal
+    assert bootstrap_ci([1.0, 2.0, 4.0], resamples=300, seed=5) == bootstrap_ci([1.0, 2.0, 4.0], resamples=300, seed=5)
+
+
+def test_summary_cis_follow_the_configured_confidence(pair, tmp_path):
+    records = bench(sweep(tmp_path / "r.jsonl"), pair)
+    narrow = aggregate.summarize(records, confidence=0.6, resamples=300)
+    wide = aggregate.summarize(records, confidence=0.99, resamples=300)
+    for a, b in zip(narrow, wide):
+        m, lo, hi = a["tokens_per_s"]
+        assert b["tokens_per_s"][0] == m and b["tokens_per_s"][1] <= lo and b["tokens_per_s"][2] >= hi
+
+
+def test_analytic_prediction_from_measured_parts():
+    from specq.stats import DecodeStats
+
+    spec = DecodeStats(gamma=2, steps=10, drafted=20, draft_s=0.2, verify_s=1.0)
+    spec.reached_at, spec.accepted_at, spec.drafted_at = [10, 5], [5, 5], [10, 10]  # a = [0.5, 1.0]
+    base = DecodeStats(steps=10, verify_s=1.0)  # 0.1 s per target token
+    # E[tokens/step] = 1 + 0.5 + 0.5 = 2; step cost = 2 * 0.01 + 0.1 = 0.12 s = 1.2 target tokens
+    assert aggregate.predict(spec, base) == pytest.approx(2 / 1.2)
+
+
+# ---------------------------------------------------------------------------------- store and resume
+
+
+def test_resume_after_a_killed_run_matches_an_uninterrupted_run(pair, tmp_path):
+    whole = bench(sweep(tmp_path / "whole.jsonl"), pair)
+    cells = len(store.cells(whole))
+    assert cells == 6  # 2 sets x (baseline + 2 gammas)
+
+    calls = 0
+
+    def dies(*args, **kwargs):  # Ctrl-C in the middle of the third cell
+        nonlocal calls
+        calls += 1
+        if calls == 9:
+            raise KeyboardInterrupt
+        return api.generate(*args, **kwargs)
+
+    path = tmp_path / "killed.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        bench(sweep(path), pair, generate=dies)
+    done = len(store.cells(store.read(path)))
+    assert 0 < done < cells
+    with open(path, "ab") as f:  # and a line torn by the kill
+        f.write(b'{"type": "cell", "key": "x", "runs": [{"tok')
+
+    resumed = bench(sweep(path), pair)
+    keys = [r["key"] for r in store.read(path) if r["type"] == "cell"]
+    assert len(keys) == len(set(keys)) == cells
+    assert deterministic(summary(resumed)) == deterministic(summary(whole))
+
+    counted = 0
+
+    def counting(*args, **kwargs):
+        nonlocal counted
+        counted += 1
+        return api.generate(*args, **kwargs)
+
+    lines = path.read_text().count("\n")
+    bench(sweep(path), pair, generate=counting)  # all done: nothing runs, nothing is appended
+    assert counted == 0 and path.read_text().count("\n") == lines
+
+
+def test_store_ignores_a_torn_last_line_only(tmp_path):
+    path = tmp_path / "s.jsonl"
+    store.append(path, {"type": "cell", "key": "a"})
+    path.write_bytes(path.read_bytes() + b'{"type": "ce')
+    assert [r["key"] for r in store.read(path)] == ["a"]
+    store.repair(path)
+    store.append(path, {"type": "cell", "key": "b"})
+    assert [r["key"] for r in store.read(path)] == ["a", "b"]
+    path.write_bytes(b'{"broken\n' + path.read_bytes())
+    with pytest.raises(SpecqError, match="line 1"):
+        store.read(path)
+
+
+# ---------------------------------------------------------------------------------- correctness
+
+
+def test_a_corrupted_speculative_output_is_a_reported_correctness_failure(pair, tmp_path):
+    def corrupting(target, prompt, draft=None, **kwargs):
+        out = api.generate(target, prompt, draft, **kwargs)
+        if draft is not None and kwargs["gamma"] == 3:
+            out.token_ids[-2] = (out.token_ids[-2] + 1) % target.vocab_size
+        return out
+
+    records = bench(sweep(tmp_path / "r.jsonl"), pair, generate=corrupting)
+    rows = summary(records)
+    bad = [r for r in rows if r["mismatches"]]
+    assert [r["gamma"] for r in bad] == [3] and len(bad[0]["mismatches"]) == bad[0]["prompts"] == 5
+    assert all(m["position"] == 10 for m in bad[0]["mismatches"])
+    assert all(not r["mismatches"] for r in rows if r["gamma"] == 1)
+
+    failures = aggregate.failures(rows)
+    assert len(failures) == 5 and "differs from the baseline at token 10" in failures[0]
+    table = tables.summary(rows, 0.95, best_only=True)  # a failing gamma is shown even when not the best
+    shown = [cells for cells, failed in zip(table.rows, table.failed) if failed]
+    assert len(shown) == 1 and "FAIL: 5 differ" in shown[0]
+    console = Console(record=True, width=300)
+    terminal.print_failures(failures, console)
+    assert "CORRECTNESS FAILURE" in console.export_text()
+
+
+def test_sampling_cells_are_not_checked_token_for_token(pair, tmp_path):
+    rows = summary(bench(sweep(tmp_path / "r.jsonl", temperature=[0.8], gamma=[2]), pair))
+    spec = [r for r in rows if r["kind"] == "speculative"]
+    assert spec and all(not r["greedy"] and tables.exactness(r) == "n/a (sampling)" for r in spec)
+
+
+def test_gsm8k_answers_are_extracted_and_normalised():
+    assert quality.reference_answer("so 3 * 4 = 12 apples\n#### 1,200") == "1200"
+    assert quality.extract_answer("The total is $18.00.") == "18"
+    assert quality.extract_answer("first 3, then 4.5, so #### 7.") == "7"
+    assert quality.extract_answer("no number here") is None
+    assert quality.exact_match("She has 12 apples left.", "12")
+    assert not quality.exact_match("12 apples, then 13", "12")
+    assert quality.first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert quality.first_mismatch([1, 5, 3], [1, 2, 3]) == 1
+    assert quality.first_mismatch([1, 2], [1, 2, 3]) == 2
+
+
+# ---------------------------------------------------------------------------------- config
+
+
+BAD_CONFIGS = [
+    ("gama = [4]", "'gama'"),
+    ("target_quant = ['int9']", "'target_quant'"),
+    ("targets = ['smollm2-135m@int4-g0']", "'targets'"),
+    ("gamma = ['four']", "'gamma'"),
+    ("gamma = [0]", "'gamma'"),
+    ("temperature = [-1.0]", "'temperature'"),
+    ("prompt_sets = ['poems']", "'prompt_sets'"),
+    ("prompt_sets = ['file']\nprompt_file = '/no/such/prompts.jsonl'", "'prompt_file'"),
+    ("targets = ['./no/such/model']", "'targets'"),
+    ("peer = 'yes'", "'peer'"),
+    ("prompts = 0", "'prompts'"),
+    ("confidence = 1.5", "'confidence'"),
+    ("gamma = [", "invalid TOML"),
+]
+
+
+@pytest.mark.parametrize("text,needle", BAD_CONFIGS)
+def test_a_bad_config_is_one_line_naming_the_key(text, needle, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SpecqError) as e:
+        load_config(str(path))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_config_file_and_flag_overrides(tmp_path):
+    with pytest.raises(SpecqError, match="not found"):
+        load_config(str(tmp_path / "none.toml"))
+    path = tmp_path / "ok.toml"
+    path.write_text("gamma = [2, 4]\nmax_new_tokens = 32\ntarget_quant = ['fp32', 'int4-g64-rtn']\n")
+    config = load_config(str(path), {"gamma": [3], "repeats": None})
+    assert config.gamma == [3] and config.max_new_tokens == [32] and config.repeats == 1
+    assert config.target_refs() == ["smollm2-135m@fp32", "smollm2-135m@int4-g64-rtn"]
+    assert set(HELP) == set(KEYS)
+
+
+def test_plan_resolves_the_registry_and_dedupes_drafts():
+    sets = {"chat": prompt_sets()["chat"]}
+    config = validate({"drafts": ["smollm2-135m-draft", "registry"], "peer": True, "temperature": [0, 0.7]})
+    cells, notes = plan(config, sets, registry=lambda target: "smollm2-135m-draft")
+    kinds = [c.kind for c in cells]
+    assert kinds.count("baseline") == 2 and kinds.count("speculative") == 2 and kinds.count("peer") == 1
+    assert len({c.key for c in cells}) == len(cells)
+    cells, notes = plan(config, sets, registry=lambda target: None)  # no shipped draft yet
+    assert {c.draft for c in cells} == {None, "smollm2-135m-draft@fp32"}
+    assert any("registry has no draft" in n for n in notes)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("demo", 2 * 2 * (1 + 1 + 1)),  # 2 targets x 2 sets x (baseline + speculative + peer), drafts deduped
+    ("full", 5 * 3 * 3 * (1 + 3 * 8 * 2)),  # 5 targets x 3 lengths x 3 sets x (baseline + 3 drafts x 8 gammas x 2)
+])
+def test_presets_are_valid(name, expected):
+    config = load_config(str(PRESETS / f"{name}.toml"))
+    sets = {s: prompt_sets()["chat"] for s in config.prompt_sets}
+    cells, _ = plan(config, sets, registry=lambda target: "smollm2-135m-draft")
+    assert len(cells) == expected
+
+
+# ---------------------------------------------------------------------------------- report and CLI
+
+
+def test_report_is_markdown_and_self_contained_html(pair, tmp_path):
+    bench(sweep(tmp_path / "r.jsonl", max_new_tokens=[8, 16]), pair)
+    md, html = write_report(tmp_path / "r.jsonl")
+    text, page = md.read_text(), html.read_text()
+    assert "tau (bonus incl.)" in text and "U_i (unconditional)" in text and "sha256" in text
+    assert page.count("data:image/png;base64,") >= 4  # per position, vs gamma, vs length, per precision
+    assert "<script" not in page and "<link" not in page and "src='http" not in page and 'src="http' not in page
+    with pytest.raises(SpecqError, match="not found"):
+        write_report(tmp_path / "none.jsonl")
+
+
+def _cli(argv: list[str]) -> int:
+    parser = _Parser(prog="specq")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_bench_parser(sub)
+    add_report_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich: one table row per line
+    target = tiny_model(scale=3.0)
+    save_native(target, tmp_path / "target")
+    save_native(perturbed(target, 0.05), tmp_path / "draft")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"text": f"t{i} t{i + 1} t{i + 2}"}) + "\n" for i in range(1, 4)))
+    results = tmp_path / "out.jsonl"
+    argv = ["bench", "--targets", str(tmp_path / "target"), "--drafts", str(tmp_path / "draft"), "--gamma", "2",
+            "--max-new-tokens", "10", "--prompt-sets", "file", "--prompt-file", str(prompts),
+            "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile", "--resamples", "100",
+            "--results", str(results)]
+    assert _cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "HF assisted tok/s" in out and "profile" in out and "3/3 identical" in out
+    records = store.read(results)
+    peer = [c for c in store.cells(records).values() if c["cell"]["kind"] == "peer"]
+    assert len(peer) == 1 and len(peer[0]["runs"]) == 3 and "skipped" not in peer[0]
+    run = aggregate.run_records(records)[0]
+    assert run["config"]["gamma"] == [2] and run["environment"]["torch"]
+    assert all(len(c["target"]["sha256"]) == 16 for c in store.cells(records).values())
+
+    assert _cli(argv) == 0  # a re-run resumes: nothing left to do
+    assert len(store.read(results)) == len(records)
+    assert _cli(["report", str(results)]) == 0
+    assert (tmp_path / "out.md").is_file() and (tmp_path / "out.html").is_file()
+    with pytest.raises(SpecqError, match="'gamma'"):
+        _cli(argv[:5] + ["--gamma", "0"] + argv[7:])
