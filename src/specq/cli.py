@@ -96,6 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
 
+    k = sub.add_parser("calibrate", help="fine-tune a draft on a (quantized) target's own outputs")
+    k.add_argument("draft", help="the draft to calibrate (a local model directory or built-in name)")
+    k.add_argument("--target", required=True, help="target ref with its precision, e.g. smollm2-135m@int4-g64-gptq")
+    k.add_argument("--prompts", type=_positive_int, default=48, help="training prompts the target answers")
+    k.add_argument("--held-out", type=_positive_int, default=8, help="held-out prompts for before/after acceptance")
+    k.add_argument("--steps", type=_positive_int, default=300, help="fine-tuning steps")
+    k.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    k.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
+    k.add_argument("--lr", type=_float, default=5e-4)
+    k.add_argument("--gamma", type=_positive_int, default=4)
+    k.add_argument("--out", default=None, help="output directory (default: $SPECQ_CACHE/drafts/...)")
+    k.add_argument("--threads", type=_positive_int, default=None)
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=cmd_calibrate)
+
     add_bench_parser(sub)
     add_report_parser(sub)
     return parser
@@ -206,6 +221,36 @@ def cmd_compare(args) -> int:
         print(json.dumps(result))
     else:
         print_comparison(result)
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    import torch
+
+    from .calibrate import CalibrationSettings, calibrate
+    from .distill import tv_weight
+    from .models import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        tv_weight(args.loss)
+    except ValueError as e:
+        raise SpecqError(str(e)) from None
+    if not 0 < args.lr < 1:
+        raise SpecqError(f"--lr must be in (0, 1), got {args.lr}")
+    settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out, max_new_tokens=args.max_new_tokens,
+                                   steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
+    target, draft = load(args.target), load(args.draft)
+    report = calibrate(target, draft, settings, out=args.out)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for when in ("before", "after"):
+            a, t = report[when]["acceptance_rate"], report[when]["tau"]
+            print(f"{when:6s} acceptance {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
+                  f"  (gamma {args.gamma}, greedy, {args.held_out} held-out prompts, 95% CI)")
+        print(f"saved {report['draft']} and registered it for {report['target']}")
     return 0
 
 
