@@ -1,0 +1,352 @@
+"""Distil a small draft model from a target, for speculative decoding.
+
+The target's next-token distributions are computed once and stored as top-k log-probs (plus
+the implied tail mass): on a CPU a 135M-parameter teacher forward costs about twice a
+16M-parameter student's forward+backward, so recomputing it every epoch would triple training
+time. Continuations the target writes itself come with their distributions for free
+(`output_logits` of `generate`).
+
+Losses on the (top-k + tail) coarse-grained distributions p (target) and q (draft):
+forward KL(p || q), and total variation 0.5 * sum |p - q| = 1 - sum min(p, q), which is
+exactly one minus the expected acceptance rate of a drafted token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from .llama import Llama, LlamaConfig, hf_to_native_state_dict
+
+TOP_K = 64
+
+
+@dataclass
+class TeacherSet:
+    """Token sequences with the target's top-k next-token log-probs.
+
+    Record i: `ids[i]` (int64 [n]); `top_ids[i]`/`top_logp[i]` ([m, k], int32/float16) are the
+    target's distributions after positions start[i] .. start[i] + m - 1 of `ids[i]`.
+    """
+
+    ids: list[Tensor]
+    start: list[int]
+    top_ids: list[Tensor]
+    top_logp: list[Tensor]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __add__(self, other: "TeacherSet") -> "TeacherSet":
+        return TeacherSet(self.ids + other.ids, self.start + other.start,
+                          self.top_ids + other.top_ids, self.top_logp + other.top_logp)
+
+    def positions(self) -> int:
+        return sum(t.shape[0] for t in self.top_ids)
+
+    def save(self, path: Path | str) -> None:
+        atomic_save(self.__dict__, path)
+
+    @classmethod
+    def load(cls, path: Path | str) -> "TeacherSet":
+        return cls(**torch.load(path, weights_only=True))
+
+
+def atomic_save(obj, path: Path | str) -> None:
+    """torch.save to a temp file in the same folder, then os.replace: never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    values, idx = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return idx.to(torch.int32), values.to(torch.float16)
+
+
+# ------------------------------------------------------------------------------ teacher data
+
+
+def chunk_tokens(tokenizer, texts: list[str], seq_len: int) -> list[Tensor]:
+    """Tokenize the texts and cut each into consecutive windows of `seq_len` tokens."""
+    out = []
+    for text in texts:
+        ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        out.extend(ids[i:i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len))
+    return out
+
+
+@torch.no_grad()
+def teacher_on_text(target_hf, sequences: list[Tensor], k: int = TOP_K, batch: int = 8) -> TeacherSet:
+    """The target's top-k distributions at every position of equal-length token windows."""
+    data = TeacherSet([], [], [], [])
+    for i in tqdm(range(0, len(sequences), batch), desc="teacher on text", unit="batch"):
+        ids = torch.stack(sequences[i:i + batch])
+        top_ids, top_logp = _topk(target_hf(ids).logits, k)
+        for j in range(ids.shape[0]):
+            data += TeacherSet([ids[j]], [0], [top_ids[j]], [top_logp[j]])
+    return data
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """The prompt in the chat template, exactly as `specq.generate(..., chat=True)` encodes it."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                        add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@torch.no_grad()
+def teacher_continuations(target_hf, tokenizer, prompts: list[str], *, max_new_tokens: int = 192,
+                          temperature: float = 0.0, k: int = TOP_K, batch: int = 16,
+                          seed: int = 0) -> TeacherSet:
+    """Let the target answer chat prompts (greedy, or sampled at `temperature`), keeping its
+    raw next-token distribution at every generated position: the draft learns on the target's
+    own outputs, which is what it will be asked to predict."""
+    torch.manual_seed(seed)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_ids = target_hf.generation_config.eos_token_id
+    eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids]) | {tokenizer.eos_token_id}
+    data = TeacherSet([], [], [], [])
+    for i in tqdm(range(0, len(prompts), batch), desc=f"continuations T={temperature}", unit="batch"):
+        encoded = [chat_ids(tokenizer, p) for p in prompts[i:i + batch]]
+        width = max(map(len, encoded))
+        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # left padding
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 \
+            else {"do_sample": False}
+        out = target_hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 pad_token_id=pad, output_logits=True, return_dict_in_generate=True,
+                                 **sampling)
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1)  # [b, steps, vocab], raw (before temperature)
+        for j, prompt_ids in enumerate(encoded):
+            toks = new[j].tolist()
+            n = next((t + 1 for t, tok in enumerate(toks) if tok in eos), len(toks))
+            top_ids, top_logp = _topk(logits[j, :n], k)
+            data += TeacherSet([torch.tensor(prompt_ids + toks[:n])], [len(prompt_ids) - 1], [top_ids], [top_logp])
+    return data
+
+
+# ------------------------------------------------------------------------------ the draft
+
+
+def init_draft(config: LlamaConfig, target_embedding: Tensor | None = None, from_dir: str | Path | None = None,
+               seed: int = 0):
+    """A new draft (a transformers LlamaForCausalLM, for batched training), randomly
+    initialised, or from an existing draft directory. With `target_embedding`, the embedding
+    (tied to the output head) starts as the PCA projection of the target's: tokens the target
+    treats alike start alike, which the draft would otherwise spend many steps learning."""
+    from transformers import LlamaForCausalLM
+
+    if from_dir is not None:
+        return LlamaForCausalLM.from_pretrained(from_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config.to_hf()).float()
+    if target_embedding is not None:
+        model.get_input_embeddings().weight.data.copy_(pca_embedding(target_embedding, config.hidden_size))
+    return model
+
+
+def pca_embedding(embedding: Tensor, width: int) -> Tensor:
+    """Project [vocab, d] onto its top `width` principal directions, rescaled to the same
+    per-coordinate spread the rows had."""
+    e = embedding.float()
+    centered = e - e.mean(0)
+    _, _, v = torch.linalg.svd(centered, full_matrices=False)
+    projected = centered @ v[:width].T
+    return projected * (e.std() / projected.std())
+
+
+def to_native(draft_hf, dtype: torch.dtype = torch.float32) -> Llama:
+    """The trained draft as specq's native module (for speculative decoding and saving)."""
+    config = LlamaConfig.from_hf(draft_hf.config)
+    net = Llama(config)
+    net.load_state_dict(hf_to_native_state_dict(draft_hf.state_dict(), config))
+    return net.to(dtype).eval()
+
+
+# ------------------------------------------------------------------------------ losses
+
+
+def _batch(data: TeacherSet, rows: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Right-padded ids, the flat (row * width + position) index of every teacher position, and
+    the matching teacher top-k ids and log-probs."""
+    width = max(data.ids[r].shape[0] for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    flat = []
+    for b, r in enumerate(rows):
+        ids[b, :data.ids[r].shape[0]] = data.ids[r]
+        m = data.top_ids[r].shape[0]
+        flat.append(b * width + data.start[r] + torch.arange(m))
+    top_ids = torch.cat([data.top_ids[r] for r in rows]).long()
+    top_logp = torch.cat([data.top_logp[r] for r in rows]).float()
+    return ids, torch.cat(flat), top_ids, top_logp
+
+
+def _draft_logp(draft_hf, ids: Tensor, flat: Tensor) -> Tensor:
+    """Draft log-probs only at the teacher positions (the vocab projection dominates the cost)."""
+    hidden = draft_hf.model(input_ids=ids).last_hidden_state
+    hidden = hidden.reshape(-1, hidden.shape[-1])[flat]
+    return torch.log_softmax(draft_hf.lm_head(hidden).float(), dim=-1)
+
+
+def divergences(logq: Tensor, top_ids: Tensor, top_logp: Tensor) -> dict[str, Tensor]:
+    """Per-position KL(p||q), TV(p, q) on the top-k + tail partition; beta as sum over the
+    top-k of min(p, q) (a lower bound of the true acceptance); top-1 agreement."""
+    p = top_logp.exp()
+    logq_top = logq.gather(-1, top_ids)
+    q = logq_top.exp()
+    p_tail = (1 - p.sum(-1)).clamp_min(0)
+    q_tail = (1 - q.sum(-1)).clamp_min(1e-8)
+    kl = (p * (top_logp - logq_top)).sum(-1) + torch.xlogy(p_tail, p_tail) - p_tail * q_tail.log()
+    tv = 0.5 * ((p - q).abs().sum(-1) + (p_tail - q_tail).abs())
+    beta = torch.minimum(p, q).sum(-1)
+    top1 = (logq.argmax(-1) == top_ids[:, 0]).float()
+    return {"kl": kl, "tv": tv, "beta": beta, "top1": top1}
+
+
+def tv_weight(loss: str) -> float:
+    """'kl' -> 0, 'tv' -> 1, 'mix:W' -> W (the loss is (1 - W) * KL + W * TV)."""
+    if loss == "kl":
+        return 0.0
+    if loss == "tv":
+        return 1.0
+    if loss.startswith("mix:"):
+        w = float(loss[4:])
+        if 0 <= w <= 1:
+            return w
+    raise ValueError(f"loss must be 'kl', 'tv' or 'mix:W' with 0 <= W <= 1, got {loss!r}")
+
+
+@torch.no_grad()
+def evaluate(draft_hf, data: TeacherSet, batch: int = 8) -> dict[str, float]:
+    """Position-weighted mean KL, TV, beta and top-1 agreement on `data`."""
+    was_training = draft_hf.training
+    draft_hf.eval()
+    sums, n = {}, 0
+    for i in range(0, len(data), batch):
+        ids, flat, top_ids, top_logp = _batch(data, list(range(i, min(i + batch, len(data)))))
+        for key, v in divergences(_draft_logp(draft_hf, ids, flat), top_ids, top_logp).items():
+            sums[key] = sums.get(key, 0.0) + v.sum().item()
+        n += flat.numel()
+    draft_hf.train(was_training)
+    return {key: v / n for key, v in sums.items()}
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def _lr_at(progress: float, lr: float, warmup: float = 0.03) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if progress < warmup:
+        return lr * progress / warmup
+    t = min(1.0, (progress - warmup) / (1 - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _order(n: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+
+
+def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, time_budget_s: float | None = None,
+            loss: str = "kl", lr: float = 2e-3, batch: int = 8, checkpoint_dir: Path | str | None = None,
+            checkpoint_every: int = 100, resume: bool = True, eval_every: int = 200, seed: int = 0,
+            progress: bool = True) -> dict:
+    """Train `draft_hf` towards the target distributions in `train`; return the final held-out
+    metrics and the history.
+
+    The learning-rate schedule follows max(step / steps, elapsed / time_budget_s), so a run cut
+    short by its time budget still ends with a decayed rate; without a budget a run (and any
+    resumed run) is exactly reproducible. Checkpoints (model, optimizer, step, data position,
+    RNG state, history) go to `checkpoint_dir/last.pt` every `checkpoint_every` steps.
+    """
+    w = tv_weight(loss)
+    optimizer = torch.optim.AdamW(draft_hf.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "history": []}
+    ckpt = Path(checkpoint_dir) / "last.pt" if checkpoint_dir is not None else None
+    if checkpoint_dir is not None:
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    if resume and ckpt is not None and ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        draft_hf.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["torch_rng"])
+        state = saved["state"]
+
+    def save() -> None:
+        if ckpt is not None:
+            atomic_save({"model": draft_hf.state_dict(), "optimizer": optimizer.state_dict(),
+                         "torch_rng": torch.get_rng_state(), "state": state,
+                         "loss": loss, "lr": lr, "batch": batch, "seed": seed}, ckpt)
+
+    def log(entry: dict) -> None:
+        state["history"].append(entry)
+        if checkpoint_dir is not None:
+            with open(Path(checkpoint_dir) / "history.jsonl", "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    draft_hf.train()
+    order = _order(len(train), seed, state["epoch"])
+    bar = tqdm(total=steps, initial=state["step"], disable=not progress, unit="step", desc="distill")
+    started = time.perf_counter() - state["elapsed"]
+    shown: dict[str, str] = {}
+    while state["step"] < steps:
+        state["elapsed"] = time.perf_counter() - started
+        done = state["step"] / steps
+        if time_budget_s is not None:
+            if state["elapsed"] >= time_budget_s:
+                break
+            done = max(done, state["elapsed"] / time_budget_s)
+        rows = []
+        while len(rows) < batch:
+            if state["pos"] >= len(order):
+                state["epoch"], state["pos"] = state["epoch"] + 1, 0
+                order = _order(len(train), seed, state["epoch"])
+            rows.append(order[state["pos"]])
+            state["pos"] += 1
+        ids, flat, top_ids, top_logp = _batch(train, rows)
+        d = divergences(_draft_logp(draft_hf, ids, flat), top_ids, top_logp)
+        value = ((1 - w) * d["kl"] + w * d["tv"]).mean()
+        optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(draft_hf.parameters(), 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(done, lr)
+        optimizer.step()
+        state["step"] += 1
+        bar.update(1)
+        shown.update(loss=f"{value.item():.3f}", train_beta=f"{d['beta'].mean().item():.3f}")
+        if eval_every and state["step"] % eval_every == 0:
+            metrics = evaluate(draft_hf, held_out)
+            log({"step": state["step"], "elapsed_s": round(time.perf_counter() - started, 1), "loss": value.item(),
+                 **{f"held_out_{k}": v for k, v in metrics.items()}})
+            shown.update(beta=f"{metrics['beta']:.3f}", top1=f"{metrics['top1']:.3f}")
+        bar.set_postfix(shown, refresh=False)
+        if state["step"] % checkpoint_every == 0:
+            state["elapsed"] = time.perf_counter() - started
+            save()
+    bar.close()
+    state["elapsed"] = time.perf_counter() - started
+    final = evaluate(draft_hf, held_out)
+    log({"step": state["step"], "elapsed_s": round(state["elapsed"], 1), "final": True,
+         **{f"held_out_{k}": v for k, v in final.items()}})
+    save()
+    return {"held_out": final, "steps": state["step"], "elapsed_s": state["elapsed"], "history": state["history"]}
