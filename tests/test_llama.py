@@ -88,3 +88,18 @@ def test_verify_pass_is_bit_identical_to_steps_on_packed_int4():
         cache.crop(120)
         net(ids[120:126], cache)
     assert torch.equal(hidden[0], steps)
+
+
+def test_atomic_writes_publish_normal_permissions(tmp_path):
+    import os
+    import stat
+
+    from specq import atomic
+
+    atomic.write_text(tmp_path / "a.txt", "x")
+    atomic.write_dir(tmp_path / "d", lambda d: (d / "f").write_text("y"))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(os.stat(tmp_path / "a.txt").st_mode) == 0o644 & ~mask
+    assert stat.S_IMODE(os.stat(tmp_path / "d").st_mode) == 0o755 & ~mask
+    assert stat.S_IMODE(os.stat(tmp_path / "d" / "f").st_mode) == 0o644 & ~mask

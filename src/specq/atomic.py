@@ -9,6 +9,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish_permissions(path: Path) -> None:
+    """mkstemp/mkdtemp create 0600/0700 entries; give results the usual 0644/0755 (less umask)."""
+    mask = _umask()
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            os.chmod(root, 0o755 & ~mask)
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o644 & ~mask)
+    else:
+        os.chmod(path, 0o644 & ~mask)
+
+
 def write_text(path: Path | str, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -18,6 +36,7 @@ def write_text(path: Path | str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        _publish_permissions(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -31,6 +50,7 @@ def write_dir(target: Path | str, write: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         write(tmp)
+        _publish_permissions(tmp)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
             os.replace(target, old / "x")
