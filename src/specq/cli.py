@@ -138,8 +138,6 @@ def cmd_generate(args) -> int:
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
         draft_ref = None
-    if note and not args.json:
-        print(f"specq: {note}", file=sys.stderr)
     draft = load(draft_ref) if draft_ref else None
     models = [m for m in (target, draft) if m is not None]
     if args.compile:
@@ -151,9 +149,11 @@ def cmd_generate(args) -> int:
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
     compile_s = sum(m.net.compile_s for m in models) if args.compile else None
     if args.json:
-        print(json.dumps(out.to_dict() | {"compile_s": compile_s}))
+        print(json.dumps(out.to_dict() | {"compile_s": compile_s, "draft_note": note}))
     else:
         print_generation(out)
+        if note:
+            print(f"note: {note}")
         if compile_s is not None:
             print(f"torch.compile: {compile_s:.1f} s compiling step shapes (excluded from the timings above"
                   f"{'' if not args.no_warmup else ' only where the warm-up paid it'})")
