@@ -55,7 +55,7 @@ def truncated_draft(target: specq.Model, layers: int = 4) -> specq.Model:
                        eos_ids=target.eos_ids, source=f"truncated target ({layers} layers)")
 
 
-def hf_generate(model, ids, n, assistant=None, gamma=4):
+def hf_generate(model, ids, n, assistant=None, gamma=4, confidence=0.0):
     from transformers import GenerationConfig
 
     cfg = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
@@ -64,6 +64,7 @@ def hf_generate(model, ids, n, assistant=None, gamma=4):
     if assistant is not None:
         assistant.generation_config.num_assistant_tokens = gamma
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        assistant.generation_config.assistant_confidence_threshold = confidence or None
         kwargs["assistant_model"] = assistant
     started = time.perf_counter()
     with torch.inference_mode():
@@ -76,6 +77,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--draft-confidence", type=float, default=0.0,
+                    help="early draft stop below this draft probability, for both specq (draft_confidence) and "
+                         "transformers (assistant_confidence_threshold); 0 = off (transformers 5.2x default)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
@@ -92,9 +96,9 @@ def main() -> None:
     rows = {name: {} for name in ("hf-plain", "hf-assisted", "specq-plain", "specq-spec")}
     runs = {
         "hf-plain": lambda ids, n: hf_generate(hf_target, ids, n),
-        "hf-assisted": lambda ids, n: hf_generate(hf_target, ids, n, hf_draft, args.gamma),
+        "hf-assisted": lambda ids, n: hf_generate(hf_target, ids, n, hf_draft, args.gamma, args.draft_confidence),
         "specq-plain": lambda ids, n: _specq(target, None, ids, n, args.gamma),
-        "specq-spec": lambda ids, n: _specq(target, draft, ids, n, args.gamma),
+        "specq-spec": lambda ids, n: _specq(target, draft, ids, n, args.gamma, args.draft_confidence),
     }
     for name, run in runs.items():  # warm-up, untimed
         run(prompts[0], 8)
@@ -120,7 +124,8 @@ def main() -> None:
     print(f"\nmachine: {platform.machine()} {platform.processor() or ''}, torch {torch.__version__}, "
           f"threads {args.threads}, specq {specq.__version__}")
     print(f"target: smollm2-135m fp32 | draft: {draft.ref} ({draft.source}) | gamma {args.gamma} | "
-          f"greedy, chat prompts: {len(prompts)}, repeats {args.repeats}\n")
+          f"greedy, chat prompts: {len(prompts)}, repeats {args.repeats}, draft confidence stop "
+          f"{args.draft_confidence} (both specq and transformers)\n")
     print("| new tokens | hf plain tok/s | hf assisted tok/s | specq plain tok/s | specq spec tok/s "
           "| specq spec / hf assisted | specq plain / hf plain | specq spec / specq plain | tau | accept rate |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -142,9 +147,10 @@ def main() -> None:
                                                        for (n, i), v in d.items()}, indent=1))
 
 
-def _specq(target, draft, ids, n, gamma):
+def _specq(target, draft, ids, n, gamma, draft_confidence=0.0):
     started = time.perf_counter()  # the whole call, as for transformers
-    out = specq.generate(target, ids, draft, gamma=gamma, max_new_tokens=n, ignore_eos=True)
+    out = specq.generate(target, ids, draft, gamma=gamma, max_new_tokens=n, ignore_eos=True,
+                         draft_confidence=draft_confidence)
     elapsed = time.perf_counter() - started
     if draft is None:
         return out.token_ids, elapsed

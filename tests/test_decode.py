@@ -19,12 +19,13 @@ PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 8, 9, 10, 11]]
 
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
 @pytest.mark.parametrize("noise", [0.05, 0.5])
-def test_greedy_equality_native(gamma, noise):
+@pytest.mark.parametrize("confidence", [0.0, 0.6])
+def test_greedy_equality_native(gamma, noise, confidence):
     target = tiny_model(scale=3.0)
     draft = perturbed(target, noise)
     for prompt in PROMPTS:
         base = generate(target, prompt, max_new_tokens=40)
-        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40)
+        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40, draft_confidence=confidence)
         assert spec.token_ids == base.token_ids
         assert len(spec.token_ids) == 40
         s = spec.stats
@@ -66,8 +67,9 @@ def test_greedy_equality_transformers_backend(gamma):
 
 def test_metrics_add_up():
     target = tiny_model(scale=3.0)
-    out = generate(target, [1, 2, 3], perturbed(target, 0.05), gamma=4, max_new_tokens=50)
+    out = generate(target, [1, 2, 3], perturbed(target, 0.05), gamma=4, max_new_tokens=50, draft_confidence=0.9)
     s = out.stats
+    assert s.drafted < 4 * s.steps  # the confidence stop shortened some proposals
     assert s.new_tokens == len(out.token_ids) == 50
     assert 0 <= s.accepted <= s.drafted
     assert s.tau == pytest.approx(s.emitted / s.steps)
@@ -114,8 +116,10 @@ def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: 
     return probs
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)])
-def test_sampling_distribution_matches_target(cfg):
+@pytest.mark.parametrize("cfg,confidence", [(SamplingConfig(temperature=1.0), 0.0),
+                                            (SamplingConfig(temperature=0.7, top_k=3, top_p=0.9), 0.0),
+                                            (SamplingConfig(temperature=1.0), 0.5)])
+def test_sampling_distribution_matches_target(cfg, confidence):
     """Seeded runs of speculative sampling vs the target's computed joint distribution of the
     first three new tokens (two of which come from verify passes): chi-square, deterministic."""
     prompt = [1, 2]
@@ -127,7 +131,7 @@ def test_sampling_distribution_matches_target(cfg):
     rejected = 0
     for seed in range(runs):
         out = generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=cfg.temperature,
-                       top_k=cfg.top_k, top_p=cfg.top_p, seed=seed)
+                       top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, draft_confidence=confidence)
         counts[tuple(out.token_ids)] += 1
         rejected += out.stats.drafted - out.stats.accepted
     assert rejected > runs // 4

@@ -70,7 +70,7 @@ def validate(target: Model, draft: Model | None, gamma: int, max_new_tokens: int
 def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int = 4,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
-             ignore_eos: bool = False, drafter=None) -> Generation:
+             ignore_eos: bool = False, draft_confidence: float = 0.0, drafter=None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling."""
     try:
@@ -82,7 +82,9 @@ def generate(target: Model, prompt: str | list[int], draft: Model | None = None,
         raise SpecqError("the prompt is empty")
     if draft is not None:
         check_compatible(draft, target)
-        drafter = drafter or SequenceDrafter(draft, target.vocab_size)
+        if not 0 <= draft_confidence < 1:
+            raise SpecqError(f"draft_confidence must be in [0, 1), got {draft_confidence}")
+        drafter = drafter or SequenceDrafter(draft, target.vocab_size, draft_confidence)
     validate(target, draft if drafter is not None else None, gamma, max_new_tokens, len(prompt_ids))
     ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, sampling=sampling,
                                 max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,

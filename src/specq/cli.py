@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft model ref (default: the best draft shipped for the target)")
     g.add_argument("--gamma", type=_positive_int, default=4, help="draft tokens per step (default 4)")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    g.add_argument("--draft-confidence", type=_float, default=0.0,
+                   help="end a draft early below this draft probability (0 = always gamma tokens)")
     g.add_argument("--temperature", type=_float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=_nonnegative_int, default=0)
     g.add_argument("--top-p", type=_float, default=1.0)
@@ -143,7 +145,8 @@ def cmd_generate(args) -> int:
     if args.compile:
         _compile(models, args)
     options = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, chat=args.chat, stop=args.stop, ignore_eos=args.ignore_eos)
+                   seed=args.seed, chat=args.chat, stop=args.stop, ignore_eos=args.ignore_eos,
+                   draft_confidence=args.draft_confidence)
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)

@@ -66,7 +66,7 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = 4
         t2 = time.perf_counter()
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
-        stats.record_step(g, n)
+        stats.record_step(len(proposal.tokens), n)
 
         # 3. Accept n draft tokens plus the target's own next token; roll both caches back.
         new = proposal.tokens[:n].tolist() + [next_token]
