@@ -39,6 +39,13 @@ class Generation:
                 "target": self.target, "draft": self.draft, "stats": self.stats.to_dict()}
 
 
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """A one-turn user prompt in the tokenizer's chat template, ready for the assistant's answer."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                        add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
     if not prompt or not prompt.strip():
         raise SpecqError("the prompt is empty")
@@ -46,9 +53,7 @@ def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
     if chat:
         if not getattr(tok, "chat_template", None):
             raise SpecqError(f"model '{model.ref}' has no chat template; drop --chat")
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                      add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        ids = chat_ids(tok, prompt)
     else:
         ids = tok(prompt, add_special_tokens=True)["input_ids"]
     if not ids:

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def _umask() -> int:
@@ -27,13 +28,14 @@ def _publish_permissions(path: Path) -> None:
         os.chmod(path, 0o644 & ~mask)
 
 
-def write_text(path: Path | str, text: str) -> None:
+def write_file(path: Path | str, write: Callable[[BinaryIO], None]) -> None:
+    """Call write(binary file) on a temp file beside `path`, fsync, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         _publish_permissions(Path(tmp))
@@ -41,6 +43,10 @@ def write_text(path: Path | str, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path | str, text: str) -> None:
+    write_file(path, lambda f: f.write(text.encode()))
 
 
 def write_dir(target: Path | str, write: Callable[[Path], None]) -> None:

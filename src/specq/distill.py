@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from . import atomic
+from .api import chat_ids
 from .llama import Llama, LlamaConfig, hf_to_native_state_dict
 
 TOP_K = 64
@@ -62,19 +62,8 @@ class TeacherSet:
 
 
 def atomic_save(obj, path: Path | str) -> None:
-    """torch.save to a temp file in the same folder, then os.replace: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """torch.save, never half-written (see `specq.atomic`)."""
+    atomic.write_file(path, lambda f: torch.save(obj, f))
 
 
 def _topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -104,13 +93,6 @@ def teacher_on_text(target_hf, sequences: list[Tensor], k: int = TOP_K, batch: i
         for j in range(ids.shape[0]):
             data += TeacherSet([ids[j]], [0], [top_ids[j]], [top_logp[j]])
     return data
-
-
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt in the chat template, exactly as `specq.generate(..., chat=True)` encodes it."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                        add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 @torch.no_grad()
