@@ -46,6 +46,13 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+def answer_ids(tokenizer, prompt: str) -> list[int]:
+    """A prompt as a model is asked to answer it: in its chat template if it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        return chat_ids(tokenizer, prompt)
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
 def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
     if not prompt or not prompt.strip():
         raise SpecqError("the prompt is empty")

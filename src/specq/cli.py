@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 from .bench.cli import add_bench_parser, add_report_parser
@@ -108,6 +109,41 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--threads", type=_positive_int, default=None)
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=cmd_calibrate)
+
+    d = sub.add_parser("distill", help="train a draft for a target (text + the target's own answers)")
+    d.add_argument("--target", default="smollm2-135m", help="target ref, any precision (default: smollm2-135m)")
+    d.add_argument("--out", required=True, help="output directory of the draft (registered beside it)")
+    start = d.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="base", default=None, help="continue from this draft (a local directory)")
+    start.add_argument("--arch", default="small", help="shape of a new draft: small (6x256), tiny, or LxWIDTH")
+    d.add_argument("--work", default=None, help="cache and checkpoints (default: OUT.work beside OUT)")
+    d.add_argument("--resume", action="store_true", help="continue the unfinished run in --work")
+    d.add_argument("--texts", nargs="*", default=["shakespeare"],
+                   help="text sources: shakespeare, or .txt / .jsonl files ('text' field); none: --texts")
+    d.add_argument("--prompts", nargs="*", default=["chat"],
+                   help="prompt sources the target answers: chat, synthetic:N, or files (one per line / .jsonl "
+                        "'prompt' field); none: --prompts")
+    d.add_argument("--temperatures", nargs="+", type=_float, default=[0.0],
+                   help="one target answer per prompt per temperature (0 = greedy)")
+    d.add_argument("--new-tokens", type=_positive_int, default=128, help="length of the target's answers")
+    d.add_argument("--text-windows", type=_positive_int, default=160, help="training windows of text")
+    d.add_argument("--seq-len", type=_int_at_least(16), default=256, help="tokens per text window")
+    d.add_argument("--steps", type=_positive_int, default=2000)
+    d.add_argument("--minutes", type=_float, default=None, help="time budget of the training stage")
+    d.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
+    d.add_argument("--lr", type=_float, default=2e-3)
+    d.add_argument("--batch", type=_positive_int, default=8)
+    d.add_argument("--eval-every", type=_positive_int, default=100, help="steps between held-out evaluations")
+    d.add_argument("--checkpoint-every", type=_positive_int, default=50)
+    d.add_argument("--gen-batch", type=_positive_int, default=48, help="prompts answered at once (one shard)")
+    d.add_argument("--accept-prompts", type=_nonnegative_int, default=10,
+                   help="held-out chat prompts for the final speculative runs (0: skip)")
+    d.add_argument("--gamma", type=_positive_int, default=4)
+    d.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="dtype of the saved draft")
+    d.add_argument("--seed", type=_nonnegative_int, default=0)
+    d.add_argument("--threads", type=_positive_int, default=None)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_distill)
 
     add_bench_parser(sub)
     add_report_parser(sub)
@@ -253,9 +289,63 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_distill(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .distill import tv_weight
+    from .models import load
+    from .train import DistillSettings, architecture, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        tv_weight(args.loss)
+    except ValueError as e:
+        raise SpecqError(str(e)) from None
+    if not 0 < args.lr < 1:
+        raise SpecqError(f"--lr must be in (0, 1), got {args.lr}")
+    if args.minutes is not None and args.minutes <= 0:
+        raise SpecqError(f"--minutes must be positive, got {args.minutes}")
+    if any(t < 0 for t in args.temperatures):
+        raise SpecqError("--temperatures must be >= 0")
+    if not args.texts and not args.prompts:
+        raise SpecqError("no training data: give --texts and/or --prompts")
+    if args.base is None:
+        architecture(args.arch, 1)  # validate before loading anything
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
+    settings = DistillSettings(
+        texts=tuple(args.texts), prompts=tuple(args.prompts), temperatures=tuple(args.temperatures),
+        new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len, steps=args.steps,
+        minutes=args.minutes, loss=args.loss, lr=args.lr, batch=args.batch, eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
+        gamma=args.gamma, seed=args.seed, extra={"command": "specq " + shlex.join(args.argv)})
+    target = load(args.target)
+    base = load(args.base) if args.base else None
+    report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume,
+                 dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "history"}))
+        return 0
+    h = report["held_out"]
+    print(f"held-out (teacher-forced): beta {h['beta']:.3f}  top-1 {h['top1']:.3f}  KL {h['kl']:.3f}")
+    if report["speculative"]:
+        a, t = report["speculative"]["acceptance_rate"], report["speculative"]["tau"]
+        print(f"speculative (greedy, gamma {args.gamma}, {args.accept_prompts} held-out chat prompts): acceptance "
+              f"{a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}] (bonus token included)")
+    c = report["step_ms"]
+    print(f"step: draft {c['draft']:.1f} ms / target {c['target']:.1f} ms = {c['ratio']:.3f}")
+    print(f"saved {out} ({report['parameters'] / 1e6:.1f}M parameters, {report['dtype']}), registered for "
+          f"{report['target']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.argv = sys.argv[1:] if argv is None else list(argv)
         return args.func(args)
     except SpecqError as e:
         print(f"specq: error: {e}", file=sys.stderr)

@@ -284,3 +284,146 @@ CHAT_PROMPTS: list[str] = [
     "Argue for and against school uniforms in two short paragraphs.",
     "Write instructions for washing hands properly.",
 ]
+
+
+def synthetic_chat_prompts(n: int, seed: int = 0) -> list[str]:
+    """`n` distinct training prompts made from templates x topics (a fixed seed gives a fixed
+    list). Drafts need many more chat answers than a hand-written list holds; none of these
+    equals a held-out prompt, and none is a GSM8K problem (those are benchmark prompts)."""
+    import random
+
+    rng = random.Random(seed)
+    held_out = set(chat_prompts("held_out"))
+    makers = [_topic_prompt, _topic_prompt, _topic_prompt, _story_prompt, _code_prompt, _math_prompt, _rewrite_prompt]
+    out: dict[str, None] = {}
+    while len(out) < n:
+        prompt = rng.choice(makers)(rng)
+        if prompt not in held_out:
+            out[prompt] = None
+    return list(out)
+
+
+def _topic_prompt(rng) -> str:
+    return rng.choice(_TOPIC_TEMPLATES).format(topic=rng.choice(_TOPICS), n=rng.choice([3, 4, 5, 6, 7, 8, 10]),
+                                               who=rng.choice(_AUDIENCES))
+
+
+def _story_prompt(rng) -> str:
+    return rng.choice(_STORY_TEMPLATES).format(hero=rng.choice(_HEROES), place=rng.choice(_PLACES),
+                                               thing=rng.choice(_THINGS), mood=rng.choice(_MOODS))
+
+
+def _code_prompt(rng) -> str:
+    return rng.choice(_CODE_TEMPLATES).format(lang=rng.choice(["Python", "Python", "JavaScript", "Java", "C", "Go",
+                                                               "Rust", "TypeScript"]),
+                                              task=rng.choice(_CODE_TASKS))
+
+
+def _math_prompt(rng) -> str:
+    a, b, c = rng.randint(2, 60), rng.randint(2, 25), rng.randint(2, 12)
+    name = rng.choice(["Ava", "Liam", "Noah", "Mia", "Omar", "Priya", "Jonas", "Kenji", "Rosa", "Ella", "Yusuf", "Leo"])
+    item = rng.choice(["stickers", "marbles", "books", "cupcakes", "stamps", "shells", "cards", "pencils", "tickets"])
+    return rng.choice(_MATH_TEMPLATES).format(name=name, item=item, a=a, b=b, c=c, price=round(rng.uniform(0.5, 20), 2))
+
+
+def _rewrite_prompt(rng) -> str:
+    return rng.choice(_REWRITE_TEMPLATES).format(thing=rng.choice(_THINGS), topic=rng.choice(_TOPICS),
+                                                 who=rng.choice(_AUDIENCES), place=rng.choice(_PLACES))
+
+
+_TOPICS = [
+    "photosynthesis", "black holes", "the water cycle", "volcanoes", "earthquakes", "the immune system", "vaccines",
+    "climate change", "renewable energy", "solar panels", "wind turbines", "electric cars", "the internet",
+    "machine learning", "neural networks", "cryptography", "blockchain", "compound interest", "inflation",
+    "supply and demand", "the stock market", "taxes", "the Roman Empire", "ancient Egypt", "the Renaissance",
+    "the Industrial Revolution", "the French Revolution", "the Cold War", "democracy", "the printing press",
+    "the human brain", "sleep", "nutrition", "exercise", "meditation", "stress", "time management",
+    "public speaking", "learning a language", "playing the piano", "chess", "gardening", "composting",
+    "baking bread", "coffee", "tea", "chocolate", "bees", "dolphins", "octopuses", "elephants", "penguins",
+    "rainforests", "deserts", "coral reefs", "the ocean tides", "the moon", "Mars", "the solar system",
+    "stars", "gravity", "magnets", "electricity", "light", "sound", "rainbows", "clouds", "snow", "lightning",
+    "bridges", "skyscrapers", "airplanes", "trains", "bicycles", "rockets", "satellites", "smartphones",
+    "batteries", "3D printing", "robots", "recycling", "plastic pollution", "honey", "the Olympic Games",
+    "football", "marathons", "friendship", "kindness", "job interviews", "writing a resume", "saving money",
+    "budgeting", "starting a small business", "remote work", "teamwork", "leadership", "negotiation",
+    "critical thinking", "the scientific method", "statistics", "probability", "fractions", "prime numbers",
+    "geometry", "algebra", "calculus", "DNA", "evolution", "dinosaurs", "fossils", "mushrooms", "trees",
+    "the human heart", "the lungs", "bones", "vitamins", "allergies", "dogs as pets", "cats as pets",
+    "birds migrating", "maps", "time zones", "calendars", "money", "banks", "libraries", "museums",
+    "photography", "painting", "poetry", "novels", "movies", "music theory", "jazz", "opera", "video games",
+    "social media", "online privacy", "passwords", "email etiquette", "open source software", "databases",
+    "operating systems", "computer memory", "cloud computing", "the history of computers", "the telephone",
+    "Shakespeare's plays", "Greek mythology", "the pyramids", "castles", "knights", "pirates", "explorers",
+]
+_AUDIENCES = ["a child", "a beginner", "a high school student", "a busy parent", "a retired teacher",
+              "someone who has never heard of it", "a new employee", "a curious teenager"]
+_TOPIC_TEMPLATES = [
+    "Explain {topic} in simple terms.", "What is {topic}?", "Explain {topic} to {who}.",
+    "Give me {n} interesting facts about {topic}.", "What are the main ideas behind {topic}?",
+    "Write a short paragraph about {topic}.", "List {n} common misconceptions about {topic}.",
+    "Why is {topic} important?", "What are the pros and cons of {topic}?", "How would you teach {topic} to {who}?",
+    "Summarize the history of {topic} in a few sentences.", "What questions do people often ask about {topic}?",
+    "Write {n} quiz questions about {topic}, with answers.", "Tell me something surprising about {topic}.",
+    "How does {topic} affect everyday life?", "Describe {topic} in three sentences.",
+    "What should {who} know about {topic}?", "Give me a step-by-step introduction to {topic}.",
+    "Write a short blog post about {topic}.", "Compare {topic} with something from everyday life.",
+    "What are {n} key terms related to {topic}? Define each briefly.", "Write an outline for a talk about {topic}.",
+]
+_HEROES = ["a robot", "a young witch", "an old fisherman", "a talking fox", "a lonely astronaut", "a shy dragon",
+           "a detective", "a baker", "a lighthouse keeper", "a clever girl", "a lost puppy", "a knight",
+           "a grandmother", "a time traveler", "a street musician", "a little cloud", "a pirate captain",
+           "a school teacher", "a mermaid", "an inventor"]
+_PLACES = ["a small village", "a busy city", "the desert", "a snowy mountain", "an island", "a space station",
+           "an old library", "a forest", "a train station", "the bottom of the sea", "a castle", "a farm",
+           "a night market", "a school", "a hospital", "a museum", "a circus", "a bakery"]
+_THINGS = ["a magic map", "a golden key", "a broken clock", "a mysterious letter", "a red umbrella", "a tiny door",
+           "a music box", "a strange seed", "a silver coin", "an old photograph", "a paper boat", "a lantern",
+           "a lost shoe", "a secret recipe", "a talking mirror"]
+_MOODS = ["funny", "sad", "hopeful", "spooky", "exciting", "gentle", "surprising", "heartwarming"]
+_STORY_TEMPLATES = [
+    "Write a short story about {hero} in {place}.", "Write a {mood} story about {hero} who finds {thing}.",
+    "Tell me a bedtime story about {hero}.", "Write a poem about {hero} and {thing}.",
+    "Describe {place} at night.", "Write the opening paragraph of a {mood} novel set in {place}.",
+    "Write a short dialogue between {hero} and a stranger in {place}.", "Write a haiku about {place}.",
+    "Write a {mood} poem about {place}.", "Write a fable about {hero}, with a moral at the end.",
+    "Write a diary entry by {hero} who just found {thing}.", "Write a short scene where {hero} loses {thing}.",
+    "Write a limerick about {hero}.", "Describe {thing} as if it were alive.",
+]
+_CODE_TASKS = [
+    "reverses a string", "checks whether a number is even", "counts the vowels in a string",
+    "returns the factorial of n", "merges two sorted lists", "finds the second largest number in a list",
+    "removes all spaces from a string", "computes the average of a list of numbers", "checks whether a year is a leap year",
+    "converts kilometers to miles", "finds the most common word in a text", "flattens a nested list",
+    "checks whether two strings are anagrams", "returns the greatest common divisor of two numbers",
+    "prints a triangle of stars", "validates an email address", "sums the digits of a number",
+    "rotates a list by k positions", "counts the lines in a file", "implements binary search",
+    "implements bubble sort", "converts a number to binary", "capitalizes every word in a sentence",
+    "finds all even numbers in a list", "returns the n-th prime number", "parses a date string",
+]
+_CODE_TEMPLATES = [
+    "Write a {lang} function that {task}.", "How do I write code in {lang} that {task}?",
+    "Write a {lang} program that {task}, and explain how it works.", "Show me a simple {lang} example that {task}.",
+    "Write a function that {task}. Use {lang}.", "Explain, step by step, a {lang} function that {task}.",
+]
+_MATH_TEMPLATES = [
+    "{name} has {a} {item}. She gives away {b} and then buys {c} more. How many {item} does she have now?",
+    "{name} buys {c} packs of {item} at ${price} each. How much does {name} spend?",
+    "{name} collects {b} {item} every day. How many {item} does {name} have after {c} days?",
+    "There are {a} {item} shared equally among {c} children. How many does each child get, and how many are left?",
+    "{name} had {a} {item}, lost {b}, and then doubled what was left. How many {item} does {name} have?",
+    "A box holds {c} {item}. How many boxes are needed for {a} {item}?",
+    "{name} reads {b} pages a day. How many days does it take to read a book of {a}0 pages?",
+    "A shop sells {item} for ${price} each. {name} pays with a $50 bill for {c} of them. What is the change?",
+    "A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
+    "{name} is {c} years old. Her mother is {b} years older than three times her age. How old is her mother?",
+    "What is {a} percent of {b}00?", "A train travels at {a} km per hour for {c} hours. How far does it go?",
+]
+_REWRITE_TEMPLATES = [
+    "Write a polite email asking a neighbor to return {thing}.", "Write a product description for {thing}.",
+    "Write an advertisement for a tour of {place}.", "Write a short speech about {topic} for {who}.",
+    "Write a tweet about {topic}.", "Write a formal letter complaining about a broken {thing}.",
+    "Write a thank-you note to {who} who helped you learn about {topic}.",
+    "Write a to-do list for a weekend trip to {place}.", "Summarize the benefits of {topic} in one paragraph.",
+    "Write a job advertisement for a guide at {place}.", "Give me step-by-step instructions for visiting {place}.",
+    "Write a short review of a book about {topic}.", "Write three catchy titles for an article about {topic}.",
+]

@@ -24,8 +24,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from . import atomic
-from .api import chat_ids
-from .llama import Llama, LlamaConfig, hf_to_native_state_dict
+from .api import answer_ids
+from .llama import Llama, LlamaConfig, hf_to_native_state_dict, native_to_hf_state_dict
 
 TOP_K = 64
 
@@ -103,12 +103,12 @@ def teacher_continuations(target_hf, tokenizer, prompts: list[str], *, max_new_t
     raw next-token distribution at every generated position: the draft learns on the target's
     own outputs, which is what it will be asked to predict."""
     torch.manual_seed(seed)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)  # masked
     eos_ids = target_hf.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids]) | {tokenizer.eos_token_id}
     data = TeacherSet([], [], [], [])
     for i in tqdm(range(0, len(prompts), batch), desc=f"continuations T={temperature}", unit="batch"):
-        encoded = [chat_ids(tokenizer, p) for p in prompts[i:i + batch]]
+        encoded = [answer_ids(tokenizer, p) for p in prompts[i:i + batch]]
         width = max(map(len, encoded))
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # left padding
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
@@ -125,6 +125,30 @@ def teacher_continuations(target_hf, tokenizer, prompts: list[str], *, max_new_t
             top_ids, top_logp = _topk(logits[j, :n], k)
             data += TeacherSet([torch.tensor(prompt_ids + toks[:n])], [len(prompt_ids) - 1], [top_ids], [top_logp])
     return data
+
+
+def float_teacher(net: torch.nn.Module):
+    """The target as a float transformers model, for batched teacher passes (`generate` with
+    padding). Quantized layers are dequantized: the same weight values, so the distributions
+    differ from the packed kernels' only by activation rounding (bf16 there, fp32 here)."""
+    from transformers import LlamaForCausalLM
+
+    from .quant.modules import QuantLinear
+
+    if not isinstance(net, Llama):
+        return net.hf  # hf_backend.HFCausalLM
+    sd = {name: tensor.float() for name, tensor in net.state_dict().items()}
+    for name, module in net.named_modules():
+        if isinstance(module, QuantLinear):
+            sd = {k: v for k, v in sd.items() if not k.startswith(name + ".")}
+            sd[name + ".weight"] = module.quantized().dequantize().float()
+    float_net = Llama(net.config)
+    float_net.load_state_dict(sd)
+    teacher = LlamaForCausalLM(net.config.to_hf()).float().eval()
+    missing, unexpected = teacher.load_state_dict(native_to_hf_state_dict(float_net), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(f"teacher conversion lost weights: {missing + unexpected}")
+    return teacher
 
 
 # ------------------------------------------------------------------------------ the draft

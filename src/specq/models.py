@@ -305,7 +305,13 @@ def check_compatible(draft: Model, target: Model) -> None:
 
 
 def save_native(model: Model, out: Path | str) -> None:
-    """Save a native Llama in the Hugging Face layout (loadable by specq and transformers)."""
+    """Save a native Llama in the Hugging Face layout (loadable by specq and transformers),
+    atomically."""
+    atomic.write_dir(Path(out), lambda tmp: write_native(model, tmp))
+
+
+def write_native(model: Model, directory: Path) -> None:
+    """Write config, weights, tokenizer and generation config of a native Llama into `directory`."""
     from safetensors.torch import save_file
 
     from .llama import native_to_hf_state_dict
@@ -313,11 +319,7 @@ def save_native(model: Model, out: Path | str) -> None:
     net = model.net
     if not isinstance(net, Llama):
         raise SpecqError("only native Llama models can be saved this way")
-
-    def write(tmp: Path) -> None:
-        net.config.to_hf().save_pretrained(tmp)
-        save_file(native_to_hf_state_dict(net), tmp / "model.safetensors", metadata={"format": "pt"})
-        model.tokenizer.save_pretrained(tmp)
-        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(model.eos_ids)}))
-
-    atomic.write_dir(Path(out), write)
+    net.config.to_hf().save_pretrained(directory)
+    save_file(native_to_hf_state_dict(net), directory / "model.safetensors", metadata={"format": "pt"})
+    model.tokenizer.save_pretrained(directory)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(model.eos_ids)}))

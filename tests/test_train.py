@@ -1,0 +1,76 @@
+"""`specq distill` end to end on a tiny (quantized) target: data, training, export, registry, errors."""
+
+import json
+import random
+
+import pytest
+
+import specq
+from specq import registry
+from specq.cli import main
+from specq.models import save_native
+
+from conftest import tiny_model
+
+FAST = ["--steps", "6", "--new-tokens", "8", "--text-windows", "4", "--seq-len", "16", "--accept-prompts", "2",
+        "--eval-every", "3", "--checkpoint-every", "2", "--gen-batch", "3", "--batch", "2", "--arch", "2x32"]
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    save_native(tiny_model(vocab=64, hidden=64, scale=3.0), tmp_path / "target")
+    rng = random.Random(0)
+    docs = [" ".join(f"t{rng.randrange(64)}" for _ in range(60)) for _ in range(10)]
+    (tmp_path / "text.txt").write_text("\n\n".join(docs))
+    (tmp_path / "prompts.txt").write_text("\n".join(" ".join(f"t{rng.randrange(64)}" for _ in range(5))
+                                                     for _ in range(5)))
+    return tmp_path
+
+
+def test_distill_trains_saves_and_registers(files, capsys):
+    out = files / "drafts" / "mine"
+    args = ["distill", "--target", f"{files / 'target'}@int4-g32-rtn", "--out", str(out), "--texts",
+            str(files / "text.txt"), "--prompts", str(files / "prompts.txt"), "--temperatures", "0", "0.8", "--json"]
+    assert main(args + FAST) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["steps"] == 6 and report["train_positions"] > 0 and 0 <= report["held_out"]["beta"] <= 1
+    assert report["speculative"]["prompts"] == 2 and report["step_ms"]["ratio"] > 0
+    saved = json.loads((out / "distill.json").read_text())
+    assert saved["settings"]["command"].startswith("specq distill")
+    assert not (files / "drafts" / "mine.work" / "ckpt").exists()  # finished runs leave no checkpoint
+    path, entry, exact = registry.select([out.parent], str(files / "target"), "int4-g32-rtn")
+    assert exact and path == out
+    target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
+    base = specq.generate(target, [1, 2, 3], max_new_tokens=16)
+    assert specq.generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=16).token_ids == base.token_ids
+    # the teacher data is cached: a second run (from the first draft) computes none of it
+    again = ["distill", "--target", f"{files / 'target'}@int4-g32-rtn", "--out", str(files / "drafts" / "two"),
+             "--work", str(files / "drafts" / "mine.work"), "--from", str(out), "--texts", str(files / "text.txt"),
+             "--prompts", str(files / "prompts.txt"), "--temperatures", "0", "0.8"]
+    assert main(again + [a for a in FAST if a not in ("--arch", "2x32")]) == 0
+    assert "shard" not in capsys.readouterr().err
+
+
+def test_unfinished_run_needs_resume(files, capsys):
+    work = files / "work"
+    (work / "ckpt").mkdir(parents=True)
+    (work / "ckpt" / "last.pt").write_bytes(b"x")
+    args = ["distill", "--target", str(files / "target"), "--out", str(files / "d"), "--work", str(work)]
+    assert main(args + FAST) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--arch", "3x30"], "--arch"),
+    (["--prompts", "synthetic:0"], "synthetic:N"),
+    (["--prompts", "/no/such/file"], "neither"),
+    (["--loss", "l2"], "loss"),
+    (["--texts", "--prompts"], "no training data"),
+    (["--temperatures", "-1"], "temperatures"),
+])
+def test_bad_distill_input_is_one_line(files, capsys, bad, message):
+    args = ["distill", "--target", str(files / "target"), "--out", str(files / "d")] + FAST + bad
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
