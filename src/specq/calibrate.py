@@ -13,12 +13,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from . import registry
-from .api import encode_prompt, generate
+from .api import generate
 from .data import chat_prompts
-from .distill import TOP_K, TeacherSet, _topk, distill, init_draft, to_native
+from .distill import distill, float_teacher, init_draft, teacher_continuations, to_native
 from .errors import SpecqError
 from .models import Model, cache_dir, check_compatible, save_native, split_ref
 from .stats import bootstrap_ci
@@ -35,21 +34,6 @@ class CalibrationSettings:
     lr: float = 5e-4
     batch: int = 8
     gamma: int = 4
-
-
-@torch.inference_mode()
-def target_teacher(target: Model, prompts: list[str], max_new_tokens: int, temperature: float,
-                   seed: int = 0) -> TeacherSet:
-    """The target's answers to chat prompts, with its top-k next-token distributions."""
-    data = TeacherSet([], [], [], [])
-    for i, prompt in enumerate(prompts):
-        ids = encode_prompt(target, prompt, chat=has_chat(target))
-        answer = generate(target, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i).token_ids
-        full = torch.tensor(ids + answer)
-        logits = target.net(full, None)[len(ids) - 1: len(full) - 1]
-        top_ids, top_logp = _topk(logits, TOP_K)
-        data += TeacherSet([full], [len(ids) - 1], [top_ids], [top_logp])
-    return data
 
 
 def acceptance(target: Model, draft: Model, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
@@ -86,8 +70,12 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     train_prompts = chat_prompts("train")[: settings.prompts]
     held_prompts = chat_prompts("held_out")[: settings.held_out]
     before = acceptance(target, draft, held_prompts, settings.gamma, settings.max_new_tokens)
-    train = target_teacher(target, train_prompts, settings.max_new_tokens, settings.temperature)
-    held = target_teacher(target, held_prompts, settings.max_new_tokens, 0.0, seed=10_000)
+    teacher = float_teacher(target.net)  # batched answers; the same weights as the target
+    train = teacher_continuations(teacher, target.tokenizer, train_prompts, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, progress=progress)
+    held = teacher_continuations(teacher, target.tokenizer, held_prompts, max_new_tokens=settings.max_new_tokens,
+                                 progress=progress)
+    del teacher
     draft_hf = init_draft(None, from_dir=source)
     checkpoints = out.parent / f".{out.name}.ckpt"  # an interrupted run resumes from here
     result = distill(draft_hf, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,

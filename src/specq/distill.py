@@ -98,7 +98,7 @@ def teacher_on_text(target_hf, sequences: list[Tensor], k: int = TOP_K, batch: i
 @torch.no_grad()
 def teacher_continuations(target_hf, tokenizer, prompts: list[str], *, max_new_tokens: int = 192,
                           temperature: float = 0.0, k: int = TOP_K, batch: int = 16,
-                          seed: int = 0) -> TeacherSet:
+                          seed: int = 0, progress: bool = True) -> TeacherSet:
     """Let the target answer chat prompts (greedy, or sampled at `temperature`), keeping its
     raw next-token distribution at every generated position: the draft learns on the target's
     own outputs, which is what it will be asked to predict."""
@@ -107,7 +107,8 @@ def teacher_continuations(target_hf, tokenizer, prompts: list[str], *, max_new_t
     eos_ids = target_hf.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids]) | {tokenizer.eos_token_id}
     data = TeacherSet([], [], [], [])
-    for i in tqdm(range(0, len(prompts), batch), desc=f"continuations T={temperature}", unit="batch"):
+    for i in tqdm(range(0, len(prompts), batch), desc=f"continuations T={temperature}", unit="batch",
+                  disable=not progress):
         encoded = [answer_ids(tokenizer, p) for p in prompts[i:i + batch]]
         width = max(map(len, encoded))
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # left padding

@@ -78,7 +78,7 @@ def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_t
 
     _, held = split(shakespeare_texts())
     chunks: list[list[int]] = []
-    for text in held:
+    for text in held if n_text else []:
         ids = a.tokenizer(text)["input_ids"]
         chunks += [ids[i: i + chunk_len] for i in range(0, len(ids) - chunk_len + 1, chunk_len * 7)]
         if len(chunks) >= n_text:
