@@ -43,3 +43,27 @@ def test_corrupt_or_missing_manifest(tmp_path):
     with pytest.raises(SpecqError, match="no draft registry"):
         registry.read(tmp_path / "nowhere", required=True)
     assert registry.read(tmp_path / "nowhere") == []
+
+
+def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch):
+    import specq
+    from specq.models import save_native
+
+    from conftest import perturbed, tiny_model
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    target = tiny_model(vocab=64, hidden=64, scale=3.0)
+    save_native(target, tmp_path / "target")
+    drafts = tmp_path / "cache" / "drafts"
+    for name, spec in (("for-fp32", "fp32"), ("for-int4", "int4-g32-rtn")):
+        save_native(perturbed(target, 0.3, ref=name), drafts / name)
+        registry.add(drafts, registry.Entry(str(tmp_path / "target"), spec, name))
+    pool = specq.ModelPool(str(tmp_path / "target"))
+    assert pool.models("int4-g32-rtn")[1].source.endswith("for-int4")
+    assert pool.models("fp32")[1].source.endswith("for-fp32")
+    quantized = specq.load(f"{tmp_path / 'target'}@int4-g32-rtn")
+    plain = specq.generate(quantized, [1, 2, 3], max_new_tokens=16)
+    out = pool.generate([1, 2, 3], precision="int4-g32-rtn", gamma=3, max_new_tokens=16)
+    assert out.token_ids == plain.token_ids and out.draft.endswith("for-int4")
+    with pytest.warns(UserWarning, match="no draft calibrated"):  # int8: the nearest is the int4 draft
+        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft.endswith("for-int4")
