@@ -12,7 +12,8 @@ For the target at fp32 and quantized with GPTQ and RTN at 8/4/3/2 bits, one row 
 
     python benchmarks/calibration_experiment.py --draft smollm2-135m-draft --out experiment.json
 
-Rows are written as they finish (atomically); a rerun skips finished rows.
+Rows are written as they finish (atomically); a rerun skips finished rows. To use two cores,
+split --specs over two processes with different --out files and merge with --table A.json B.json.
 """
 
 from __future__ import annotations
@@ -86,7 +87,15 @@ def main() -> None:
     ap.add_argument("--text-chunks", type=int, default=8)
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--table", nargs="+", default=None, metavar="RESULTS",
+                    help="only print the table of these result files (e.g. of runs split over processes)")
     args = ap.parse_args()
+    if args.table:
+        rows = {}
+        for path in args.table:
+            rows.update(json.loads(Path(path).read_text())["rows"])
+        print(table({spec: rows[spec] for spec in SPECS if spec in rows} | rows))
+        return
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     work = Path(args.work) if args.work else out.with_suffix(".drafts")
