@@ -53,19 +53,30 @@ def draft_row(target, draft, prompts, chunks, args) -> dict:
             "kl_draft_target": predicted["kl_ba"]}
 
 
+def target_part(spec: str, fp32, fp32_chunks, args, cache: Path) -> tuple[dict, list[list[int]]]:
+    """How far the target at `spec` moved from fp32, and its own held-out answers (the contexts
+    for the draft predictions). Independent of the draft: cached in `cache`."""
+    saved = json.loads(cache.read_text()) if cache.exists() else {}
+    if spec not in saved:
+        target = fp32 if spec == "fp32" else specq.load(f"{args.target}@{spec}")
+        moved = compare(fp32, target, fp32_chunks, resamples=args.resamples)
+        saved[spec] = {"moved": moved, "chunks": held_out_chunks(target, 0, 0, args.prompts, answer_tokens=args.tokens)}
+        atomic.write_text(cache, json.dumps(saved))
+    return saved[spec]["moved"], saved[spec]["chunks"]
+
+
 def run_spec(spec: str, fp32, base_draft, fp32_chunks, args, work: Path) -> dict:
     started = time.perf_counter()
+    moved, own_chunks = target_part(spec, fp32, fp32_chunks, args, work / "targets.json")
     target = fp32 if spec == "fp32" else specq.load(f"{args.target}@{spec}")
-    moved = compare(fp32, target, fp32_chunks, resamples=args.resamples)
     prompts = chat_prompts("held_out")[:args.prompts]
-    own_chunks = held_out_chunks(target, 0, 0, args.prompts, answer_tokens=args.tokens)
     row = {"spec": spec, "js_vs_fp32": moved["js"], "beta_vs_fp32": moved["beta"], "top1_vs_fp32": moved["top1"],
            "ppl": moved["ppl_b"], "distilled": draft_row(target, base_draft, prompts, own_chunks, args)}
     if spec != "fp32":
         settings = CalibrationSettings(prompts=args.calib_prompts, held_out=args.prompts, max_new_tokens=args.tokens,
                                        steps=args.calib_steps, gamma=args.gamma)
         out = work / f"draft-for-{spec}"
-        report = calibrate(target, base_draft, settings, out=out, progress=False)
+        report = calibrate(target, base_draft, settings, out=out, progress=False, measure=False)  # measured below
         row["calibrated"] = draft_row(target, specq.load(str(out)), prompts, own_chunks, args)
         row["calibration"] = {"settings": report["settings"], "train_positions": report["train_positions"]}
     row["seconds"] = round(time.perf_counter() - started, 1)
@@ -80,13 +91,15 @@ def main() -> None:
     ap.add_argument("--out", default="calibration_experiment.json")
     ap.add_argument("--work", default=None, help="calibrated drafts (default: OUT's stem + .drafts)")
     ap.add_argument("--prompts", type=int, default=6, help="held-out chat prompts per measurement")
-    ap.add_argument("--tokens", type=int, default=96, help="new tokens per speculative run")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per speculative run")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--calib-prompts", type=int, default=48)
-    ap.add_argument("--calib-steps", type=int, default=100)
+    ap.add_argument("--calib-steps", type=int, default=60)
     ap.add_argument("--text-chunks", type=int, default=8)
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--targets-only", action="store_true",
+                    help="only compute the draft-independent part (JS vs fp32, the targets' own answers)")
     ap.add_argument("--table", nargs="+", default=None, metavar="RESULTS",
                     help="only print the table of these result files (e.g. of runs split over processes)")
     args = ap.parse_args()
@@ -100,8 +113,18 @@ def main() -> None:
     out = Path(args.out)
     work = Path(args.work) if args.work else out.with_suffix(".drafts")
     done = json.loads(out.read_text()) if out.exists() else {"config": vars(args), "rows": {}}
-    fp32, base_draft = specq.load(args.target), specq.load(args.draft)
-    fp32_chunks = held_out_chunks(fp32, args.text_chunks, 128, args.prompts, answer_tokens=args.tokens)
+    fp32 = specq.load(args.target)
+    work.mkdir(parents=True, exist_ok=True)
+    chunks_file = work / "fp32_chunks.json"
+    if not chunks_file.exists():
+        atomic.write_text(chunks_file, json.dumps(held_out_chunks(fp32, args.text_chunks, 128, args.prompts,
+                                                                  answer_tokens=args.tokens)))
+    fp32_chunks = json.loads(chunks_file.read_text())
+    if args.targets_only:
+        for spec in args.specs:
+            target_part(spec, fp32, fp32_chunks, args, work / "targets.json")
+        return
+    base_draft = specq.load(args.draft)
     for spec in args.specs:
         if spec in done["rows"]:
             continue

@@ -57,9 +57,10 @@ def default_out(draft: Model, target: Model) -> Path:
 
 
 def calibrate(target: Model, draft: Model, settings: CalibrationSettings = CalibrationSettings(),
-              out: Path | str | None = None, progress: bool = True) -> dict:
+              out: Path | str | None = None, progress: bool = True, measure: bool = True) -> dict:
     """Fine-tune `draft` on `target`'s own outputs; save it and register it for the target's
-    precision (in the manifest of the output's parent directory). Returns the report."""
+    precision (in the manifest of the output's parent directory). Returns the report, with
+    acceptance before and after on held-out prompts unless `measure` is False."""
     check_compatible(draft, target)
     if draft.precision not in ("fp32", "bf16", "fp16"):
         raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
@@ -69,7 +70,10 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     out = Path(out) if out else default_out(draft, target)
     train_prompts = chat_prompts("train")[: settings.prompts]
     held_prompts = chat_prompts("held_out")[: settings.held_out]
-    before = acceptance(target, draft, held_prompts, settings.gamma, settings.max_new_tokens)
+    def measured(d: Model) -> dict | None:
+        return acceptance(target, d, held_prompts, settings.gamma, settings.max_new_tokens) if measure else None
+
+    before = measured(draft)
     teacher = float_teacher(target.net)  # batched answers; the same weights as the target
     train = teacher_continuations(teacher, target.tokenizer, train_prompts, max_new_tokens=settings.max_new_tokens,
                                   temperature=settings.temperature, progress=progress)
@@ -83,14 +87,15 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
                      eval_every=max(1, settings.steps // 5), progress=progress)
     tuned = Model(ref=str(out), net=to_native(draft_hf, draft.net.dtype), tokenizer=draft.tokenizer,
                   eos_ids=draft.eos_ids, source=str(out), precision=draft.precision)
-    after = acceptance(target, tuned, held_prompts, settings.gamma, settings.max_new_tokens)
+    after = measured(tuned)
     save_native(tuned, out)
     shutil.rmtree(checkpoints, ignore_errors=True)
     target_name = split_ref(target.ref)[0]
     report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,
               "draft": str(out), "settings": settings.__dict__, "before": before, "after": after,
               "held_out_teacher": result["held_out"], "train_positions": train.positions()}
-    registry.add(out.parent, registry.Entry(target_name, target.precision, out.name,
-                                            {"base": draft.ref, "acceptance_before": before["acceptance_rate"][0],
-                                             "acceptance_after": after["acceptance_rate"][0]}))
+    info = {"base": draft.ref, "held_out_beta": result["held_out"]["beta"]}
+    if measure:
+        info |= {"acceptance_before": before["acceptance_rate"][0], "acceptance_after": after["acceptance_rate"][0]}
+    registry.add(out.parent, registry.Entry(target_name, target.precision, out.name, info))
     return report
