@@ -29,7 +29,7 @@ def main() -> None:
     cache, past = target.net.new_cache(512), DynamicCache(config=hf.config)
     with torch.inference_mode():
         target.net(ids[:128], cache)
-        hf(ids[None, :128], past_key_values=past, use_cache=True)
+        hf(ids[None, :128], cache=past, use_cache=True)
         native, theirs = [], []
         for _ in range(40):
             cache.crop(128)
@@ -37,7 +37,7 @@ def main() -> None:
             target.net(ids[128:129], cache)
             native.append(time.perf_counter() - started)
             started = time.perf_counter()
-            hf(ids[None, 128:129], past_key_values=past, use_cache=True)
+            hf(ids[None, 128:129], cache=past, use_cache=True)
             theirs.append(time.perf_counter() - started)
             past.crop(-1)
         print(f"1-token step at 128 tokens of context, {args.threads} threads, median of 40 interleaved: "
