@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from bench_generate import PROMPTS, _specq, hf_generate
 
 import specq
 from specq.models import BUILTINS
-
-PROMPTS = ["Explain in three sentences why the sky is blue.", "Write a short story about a robot who learns to paint.",
-           "List five tips for staying productive when working from home."]
 
 
 def main() -> None:
@@ -27,27 +24,22 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = specq.load("smollm2-135m")
-    prompts = [specq.api.encode_prompt(target, p, chat=True) for p in PROMPTS]
+    prompts = [specq.api.encode_prompt(target, p, chat=True) for p in PROMPTS[:3]]
     if args.implementation == "hf":
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(BUILTINS["smollm2-135m"](), dtype=torch.float32).eval()
         del target
-        config = GenerationConfig(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)
 
-        def run(ids):
-            with torch.inference_mode():
-                hf.generate(torch.tensor([ids]), generation_config=config)
+        def run(ids, n):
+            return hf_generate(hf, ids, n)[1]
     else:
-        def run(ids):
-            specq.generate(target, ids, max_new_tokens=args.tokens, ignore_eos=True)
-    run(prompts[0][:8])  # warm-up
+        def run(ids, n):
+            return _specq(target, None, ids, n, gamma=1)[1]
+    run(prompts[0][:8], args.tokens)  # warm-up
     rates = []
     for ids in prompts:
-        started = time.perf_counter()
-        run(ids)
-        rates.append(args.tokens / (time.perf_counter() - started))
+        rates.append(args.tokens / run(ids, args.tokens))
     print(f"{args.implementation}: {statistics.mean(rates):.2f} tok/s (per prompt: "
           f"{', '.join(f'{r:.1f}' for r in rates)}), {args.tokens} tokens, {args.threads} thread(s)")
 

@@ -53,12 +53,15 @@ def draft_row(target, draft, prompts, chunks, args) -> dict:
             "kl_draft_target": predicted["kl_ba"]}
 
 
-def target_part(spec: str, fp32, fp32_chunks, args, cache: Path) -> tuple[dict, list[list[int]]]:
-    """How far the target at `spec` moved from fp32, and its own held-out answers (the contexts
+def load_target(spec: str, fp32, args):
+    return fp32 if spec == "fp32" else specq.load(f"{args.target}@{spec}")
+
+
+def target_part(spec: str, target, fp32, fp32_chunks, args, cache: Path) -> tuple[dict, list[list[int]]]:
+    """How far `target` (at `spec`) moved from fp32, and its own held-out answers (the contexts
     for the draft predictions). Independent of the draft: cached in `cache`."""
     saved = json.loads(cache.read_text()) if cache.exists() else {}
     if spec not in saved:
-        target = fp32 if spec == "fp32" else specq.load(f"{args.target}@{spec}")
         moved = compare(fp32, target, fp32_chunks, resamples=args.resamples)
         saved[spec] = {"moved": moved, "chunks": held_out_chunks(target, 0, 0, args.prompts, answer_tokens=args.tokens)}
         atomic.write_text(cache, json.dumps(saved))
@@ -67,8 +70,8 @@ def target_part(spec: str, fp32, fp32_chunks, args, cache: Path) -> tuple[dict, 
 
 def run_spec(spec: str, fp32, base_draft, fp32_chunks, args, work: Path) -> dict:
     started = time.perf_counter()
-    moved, own_chunks = target_part(spec, fp32, fp32_chunks, args, work / "targets.json")
-    target = fp32 if spec == "fp32" else specq.load(f"{args.target}@{spec}")
+    target = load_target(spec, fp32, args)
+    moved, own_chunks = target_part(spec, target, fp32, fp32_chunks, args, work / "targets.json")
     prompts = chat_prompts("held_out")[:args.prompts]
     row = {"spec": spec, "js_vs_fp32": moved["js"], "beta_vs_fp32": moved["beta"], "top1_vs_fp32": moved["top1"],
            "ppl": moved["ppl_b"], "distilled": draft_row(target, base_draft, prompts, own_chunks, args)}
@@ -122,7 +125,7 @@ def main() -> None:
     fp32_chunks = json.loads(chunks_file.read_text())
     if args.targets_only:
         for spec in args.specs:
-            target_part(spec, fp32, fp32_chunks, args, work / "targets.json")
+            target_part(spec, load_target(spec, fp32, args), fp32, fp32_chunks, args, work / "targets.json")
         return
     base_draft = specq.load(args.draft)
     for spec in args.specs:

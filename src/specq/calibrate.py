@@ -13,7 +13,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from . import registry
 from .api import generate
 from .data import chat_prompts

@@ -259,12 +259,11 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_calibrate(args) -> int:
+def _training_options(args) -> None:
+    """Checks and thread count shared by the commands that train a draft (calibrate, distill)."""
     import torch
 
-    from .calibrate import CalibrationSettings, calibrate
     from .distill import tv_weight
-    from .models import load
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -274,6 +273,13 @@ def cmd_calibrate(args) -> int:
         raise SpecqError(str(e)) from None
     if not 0 < args.lr < 1:
         raise SpecqError(f"--lr must be in (0, 1), got {args.lr}")
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import CalibrationSettings, calibrate
+    from .models import load
+
+    _training_options(args)
     settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out, max_new_tokens=args.max_new_tokens,
                                    steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
     target, draft = load(args.target), load(args.draft)
@@ -294,18 +300,10 @@ def cmd_distill(args) -> int:
 
     import torch
 
-    from .distill import tv_weight
     from .models import load
     from .train import DistillSettings, architecture, run
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        tv_weight(args.loss)
-    except ValueError as e:
-        raise SpecqError(str(e)) from None
-    if not 0 < args.lr < 1:
-        raise SpecqError(f"--lr must be in (0, 1), got {args.lr}")
+    _training_options(args)
     if args.minutes is not None and args.minutes <= 0:
         raise SpecqError(f"--minutes must be positive, got {args.minutes}")
     if any(t < 0 for t in args.temperatures):
