@@ -211,6 +211,7 @@ BAD_CONFIGS = [
     ("peer = 'yes'", "'peer'"),
     ("prompts = 0", "'prompts'"),
     ("confidence = 1.5", "'confidence'"),
+    ("draft_confidence = [1.0]", "'draft_confidence'"),
     ("gamma = [", "invalid TOML"),
 ]
 
@@ -245,6 +246,14 @@ def test_plan_resolves_the_registry_and_dedupes_drafts():
     cells, notes = plan(config, sets, registry=lambda target: None)  # no shipped draft yet
     assert {c.draft for c in cells} == {None, "smollm2-135m-draft@fp32"}
     assert any("registry has no draft" in n for n in notes)
+
+
+def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
+    sets = {"chat": prompt_sets()["chat"]}
+    config = validate({"drafts": ["smollm2-135m-draft"], "peer": True, "draft_confidence": [0, 0.4]})
+    cells, _ = plan(config, sets)
+    by_kind = {k: [c.draft_confidence for c in cells if c.kind == k] for k in ("baseline", "speculative", "peer")}
+    assert by_kind == {"baseline": [None], "speculative": [0.0, 0.4], "peer": [0.0, 0.4]}
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -291,7 +300,7 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     results = tmp_path / "out.jsonl"
     argv = ["bench", "--targets", str(tmp_path / "target"), "--drafts", str(tmp_path / "draft"), "--gamma", "2",
             "--max-new-tokens", "10", "--prompt-sets", "file", "--prompt-file", str(prompts),
-            "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile", "--resamples", "100",
+            "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile", "--resamples", "100", "--draft-confidence", "0.3",
             "--results", str(results)]
     assert _cli(argv) == 0
     out = capsys.readouterr().out
@@ -299,6 +308,7 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     records = store.read(results)
     peer = [c for c in store.cells(records).values() if c["cell"]["kind"] == "peer"]
     assert len(peer) == 1 and len(peer[0]["runs"]) == 3 and "skipped" not in peer[0]
+    assert peer[0]["cell"]["draft_confidence"] == 0.3  # transformers gets the same stop as specq
     run = aggregate.run_records(records)[0]
     assert run["config"]["gamma"] == [2] and run["environment"]["torch"]
     assert all(len(c["target"]["sha256"]) == 16 for c in store.cells(records).values())

@@ -90,7 +90,7 @@ def summarize(records: list[dict], *, resamples: int = 2000, confidence: float =
     rows = [_row(members, cells, ci) for members in groups.values()]
     _mark_best_gamma(rows)
     rows.sort(key=lambda r: (r["target"], r["max_new_tokens"], r["temperature"], r["threads"], r["set"],
-                             KIND_ORDER[r["kind"]], r["draft"] or "", r["gamma"] or 0))
+                             KIND_ORDER[r["kind"]], r["draft"] or "", r["draft_confidence"] or 0, r["gamma"] or 0))
     return rows
 
 
@@ -118,7 +118,8 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
     row = {
         "kind": params["kind"], "target": params["target"], "target_precision": first["target"]["precision"],
         "draft": params["draft"], "draft_precision": (first["draft"] or {}).get("precision"),
-        "gamma": params["gamma"], "max_new_tokens": params["max_new_tokens"],
+        "gamma": params["gamma"], "draft_confidence": params.get("draft_confidence"),
+        "max_new_tokens": params["max_new_tokens"],
         "temperature": params["temperature"], "threads": params["threads"],
         "set": "+".join(sorted({c["cell"]["set"] for c in members})), "prompts": len(units),
         "repeats": params["repeats"],
@@ -216,7 +217,8 @@ def _mark_best_gamma(rows: list[dict]) -> None:
     for r in rows:
         r["best_gamma"] = r["gamma_swept"] = False
         if r["kind"] == "speculative":
-            key = (r["target"], r["draft"], r["max_new_tokens"], r["temperature"], r["threads"], r["set"])
+            key = (r["target"], r["draft"], r["draft_confidence"], r["max_new_tokens"], r["temperature"], r["threads"],
+                   r["set"])
             groups.setdefault(key, []).append(r)
     for group in groups.values():
         if len({r["gamma"] for r in group}) > 1:

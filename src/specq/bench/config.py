@@ -36,6 +36,7 @@ class BenchConfig:
     drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
     gamma: list[int] = dataclasses.field(default_factory=lambda: [4])
+    draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [0.0])  # 0: always gamma
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
     prompt_sets: list[str] = dataclasses.field(default_factory=lambda: ["chat"])
@@ -69,6 +70,7 @@ HELP = {
     "drafts": "draft model refs, or 'registry' (the adaptive choice for each target)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": "draft tokens per step",
+    "draft_confidence": "end a proposal early below this draft probability (0 = off; the peer gets the same)",
     "max_new_tokens": "output lengths",
     "temperature": "0 = greedy (outputs checked against the baseline token for token)",
     "prompt_sets": "chat, gsm8k, corpus (Shakespeare continuations), file (--prompt-file)",
@@ -88,7 +90,7 @@ HELP = {
 }
 KEYS = tuple(f.name for f in dataclasses.fields(BenchConfig))
 LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": str, "gamma": int,
-             "max_new_tokens": int, "temperature": float, "prompt_sets": str, "threads": int}
+             "draft_confidence": float, "max_new_tokens": int, "temperature": float, "prompt_sets": str, "threads": int}
 
 
 def _cross(refs: list[str], specs: list[str]) -> list[str]:
@@ -143,7 +145,8 @@ def validate(raw: dict) -> BenchConfig:
     for key in ("gamma", "max_new_tokens", "threads"):
         _check(key, all(v >= 1 for v in getattr(config, key)), "every value must be >= 1")
     _check("temperature", all(math.isfinite(t) and t >= 0 for t in config.temperature), "must be finite and >= 0")
-    for key in ("targets", "drafts", "gamma", "max_new_tokens", "temperature", "prompt_sets"):
+    _check("draft_confidence", all(0 <= c < 1 for c in config.draft_confidence), "every value must be in [0, 1)")
+    for key in ("targets", "drafts", "gamma", "draft_confidence", "max_new_tokens", "temperature", "prompt_sets"):
         _check(key, bool(getattr(config, key)), "must not be empty")
     for s in config.prompt_sets:
         _check("prompt_sets", s in SETS, f"unknown prompt set '{s}' (valid: {', '.join(SETS)})")
@@ -217,6 +220,7 @@ class Cell:
     target: str
     draft: str | None
     gamma: int | None
+    draft_confidence: float | None
     max_new_tokens: int
     temperature: float
     threads: int
@@ -242,7 +246,7 @@ def cell_key(params: dict) -> str:
 def related(params: dict, kind: str) -> dict:
     """The params of the baseline (or peer) cell a speculative cell is compared with."""
     if kind == "baseline":
-        return {**params, "kind": "baseline", "draft": None, "gamma": None}
+        return {**params, "kind": "baseline", "draft": None, "gamma": None, "draft_confidence": None}
     return {**params, "kind": kind}
 
 
@@ -262,12 +266,14 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                        ignore_eos=config.ignore_eos)
                   for th in config.threads for n in config.max_new_tokens for t in config.temperature
                   for s in config.prompt_sets]
-        cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, **c) for c in common]
+        cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, draft_confidence=None, **c)
+                  for c in common]
         for draft in _drafts_for(target, config, registry, notes):
             for kind in ("speculative", "peer") if config.peer else ("speculative",):
                 for g in config.gamma:
-                    cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, **c) for c in common
-                              if kind == "speculative" or c["temperature"] == 0]
+                    for conf in config.draft_confidence:
+                        cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf, **c)
+                                  for c in common if kind == "speculative" or c["temperature"] == 0]
     if config.peer and any(t > 0 for t in config.temperature):
         notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")
     return list(dict.fromkeys(cells)), notes

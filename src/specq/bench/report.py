@@ -171,7 +171,8 @@ def _integer_x(ax) -> None:
 
 
 def _pair(r: dict) -> str:
-    return f"{r['target']} | {r['draft']}"
+    stop = r.get("draft_confidence")
+    return f"{r['target']} | {r['draft']}" + (f" | stop < {stop:g}" if stop else "")
 
 
 def _err(values: list) -> tuple[list, list]:

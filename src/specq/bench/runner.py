@@ -170,11 +170,13 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
         hf_target, hf_draft = pool.hf_model(target), pool.hf_model(draft)
 
         def one(prompt_ids: list[int], n: int):
-            return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos, target.eos_ids)
+            return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos, target.eos_ids,
+                               cell.draft_confidence or 0.0)
     else:
         def one(prompt_ids: list[int], n: int):
             return generate(target, prompt_ids, draft, gamma=cell.gamma or 1, max_new_tokens=n,
-                            temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos)
+                            temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos,
+                            draft_confidence=cell.draft_confidence or 0.0)
 
     pair = (cell.kind, cell.target, cell.draft, cell.threads)
     if pair not in warmed:  # first calls pay for allocation and lazy init: never time them
@@ -210,8 +212,10 @@ def prefill_ms(model: Model, prompt_ids: list[int]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int, ignore_eos: bool, eos_ids):
-    """transformers' assisted generation, greedy, `gamma` assistant tokens per step (constant),
+def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int, ignore_eos: bool, eos_ids,
+                confidence: float = 0.0):
+    """transformers' assisted generation, greedy, `gamma` assistant tokens per step (constant), the
+    same early-stop `confidence` as specq's cell (0 = off; left unset, transformers would use 0.4),
     timed as a whole call; returns an object shaped like `api.Generation` for the store."""
     from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
@@ -223,6 +227,7 @@ def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int, 
                            eos_token_id=eos, pad_token_id=(eos or [0])[0])
     hf_draft.generation_config.num_assistant_tokens = gamma
     hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+    hf_draft.generation_config.assistant_confidence_threshold = confidence
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # assisted generation warns about its own internal calls
     try:

@@ -33,6 +33,12 @@ def ci(value, spec: str = ".2f") -> str:
     return f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"
 
 
+def gamma_label(row: dict) -> str:
+    """gamma, and the draft-confidence stop when one was used."""
+    stop = row.get("draft_confidence")
+    return num(row["gamma"], "d") + (f" (stop < {stop:g})" if stop else "")
+
+
 def num(value, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -81,7 +87,7 @@ def summary(rows: list[dict], confidence: float, best_only: bool = False, compac
     headers += ["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer + ["vs baseline output", "notes"]
     table = Table("specq bench", headers)
     for r in shown:
-        cells = [r["target"], r["draft"] or "(target alone)", num(r["gamma"], "d"), str(r["max_new_tokens"])]
+        cells = [r["target"], r["draft"] or "(target alone)", gamma_label(r), str(r["max_new_tokens"])]
         cells += [str(r[k]) for k in ("temperature", "threads", "set") if vary[k]]
         cells += [str(r["prompts"]), c(r["acceptance_rate"]), c(r["tau"]), c(r["tokens_per_s"], ".1f"),
                   ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)",
@@ -106,7 +112,7 @@ def per_position(rows: list[dict]) -> Table:
                   + [str(i + 1) for i in range(width)])
     for r in spec:
         for name, values in (("U_i (unconditional)", r["U"]), ("a_i (conditional)", r["a"])):
-            table.add([r["target"], r["draft"], str(r["gamma"]), str(r["max_new_tokens"]), name]
+            table.add([r["target"], r["draft"], gamma_label(r), str(r["max_new_tokens"]), name]
                       + [num(v[0] if v else None) for v in values] + [""] * (width - len(values)))
     return table
 
@@ -120,7 +126,7 @@ def profile(rows: list[dict]) -> Table:
         p = r["profile"]
         split = (f"{p['draft_share']:.0%} / {p['verify_share']:.0%} / {p['other_share']:.0%}"
                  if "draft_share" in p else "-")
-        table.add([r["target"], r["draft"] or "(target alone)", num(r["gamma"], "d"), str(r["max_new_tokens"]),
+        table.add([r["target"], r["draft"] or "(target alone)", gamma_label(r), str(r["max_new_tokens"]),
                    num(p["target_prefill_ms"], ".1f"), num(p["draft_prefill_ms"], ".1f"),
                    num(p["target_forward_ms"], ".2f"), num(p["draft_step_ms"], ".2f"),
                    num(p["other_per_step_ms"], ".2f"), num(p["step_ms"], ".2f"), split])
@@ -133,7 +139,7 @@ def quality(rows: list[dict]) -> Table:
                                             "prompts scored", "vs baseline output"])
     for r in rows:
         if r["kind"] == "baseline" or r["mismatches"] or r["em"]:
-            table.add([r["target"], r["target_precision"], r["draft"] or "(target alone)", num(r["gamma"], "d"),
+            table.add([r["target"], r["target_precision"], r["draft"] or "(target alone)", gamma_label(r),
                        str(r["max_new_tokens"]), ci(r["em"]), str(r["em_prompts"]), exactness(r)],
                       failed=bool(r["mismatches"]))
     return table
