@@ -15,6 +15,7 @@ import torch
 
 from .decode import decode
 from .drafters import SequenceDrafter
+from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .models import Model, check_compatible
 from .sampling import SamplingConfig
@@ -82,7 +83,7 @@ def validate(target: Model, draft: Model | None, gamma: int, max_new_tokens: int
 def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int = 4,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
-             ignore_eos: bool = False, draft_confidence: float = 0.0, drafter=None) -> Generation:
+             ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling."""
     try:

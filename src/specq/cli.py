@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from .bench.cli import add_bench_parser, add_report_parser
+from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 
 
@@ -57,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft model ref (default: the best draft shipped for the target)")
     g.add_argument("--gamma", type=_positive_int, default=4, help="draft tokens per step (default 4)")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    g.add_argument("--draft-confidence", type=_float, default=0.0,
-                   help="end a draft early below this draft probability (0 = always gamma tokens)")
+    g.add_argument("--draft-confidence", type=_float, default=DEFAULT_DRAFT_CONFIDENCE,
+                   help=f"end a draft early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}, "
+                        "as transformers; 0 = always gamma tokens)")
     g.add_argument("--temperature", type=_float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=_nonnegative_int, default=0)
     g.add_argument("--top-p", type=_float, default=1.0)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import precision
+from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..errors import SpecqError
 from ..models import BUILTINS, default_draft_ref, split_ref
 from .prompts import SETS, Prompt
@@ -36,7 +37,7 @@ class BenchConfig:
     drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
     gamma: list[int] = dataclasses.field(default_factory=lambda: [4])
-    draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [0.0])  # 0: always gamma
+    draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [DEFAULT_DRAFT_CONFIDENCE])
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
     prompt_sets: list[str] = dataclasses.field(default_factory=lambda: ["chat"])
@@ -70,7 +71,7 @@ HELP = {
     "drafts": "draft model refs, or 'registry' (the adaptive choice for each target)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": "draft tokens per step",
-    "draft_confidence": "end a proposal early below this draft probability (0 = off; the peer gets the same)",
+    "draft_confidence": f"end a proposal early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}; 0 = off; the peer gets the same)",
     "max_new_tokens": "output lengths",
     "temperature": "0 = greedy (outputs checked against the baseline token for token)",
     "prompt_sets": "chat, gsm8k, corpus (Shakespeare continuations), file (--prompt-file)",
