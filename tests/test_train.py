@@ -64,6 +64,7 @@ def test_unfinished_run_needs_resume(files, capsys):
 @pytest.mark.parametrize("bad, message", [
     (["--arch", "3x30"], "--arch"),
     (["--prompts", "synthetic:0"], "synthetic:N"),
+    (["--prompts", "synthetic:9-3"], "synthetic:A-B"),
     (["--prompts", "/no/such/file"], "neither"),
     (["--loss", "l2"], "loss"),
     (["--texts", "--prompts"], "no training data"),
@@ -74,3 +75,10 @@ def test_bad_distill_input_is_one_line(files, capsys, bad, message):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_synthetic_prompt_slices_extend_the_same_list():
+    from specq.train import prompt_list
+
+    assert prompt_list("synthetic:5-12") == prompt_list("synthetic:12")[5:]
+    assert prompt_list("synthetic:7") == prompt_list("synthetic:0-7")

@@ -123,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--texts", nargs="*", default=["shakespeare"],
                    help="text sources: shakespeare, or .txt / .jsonl files ('text' field); none: --texts")
     d.add_argument("--prompts", nargs="*", default=["chat"],
-                   help="prompt sources the target answers: chat, synthetic:N, or files (one per line / .jsonl "
-                        "'prompt' field); none: --prompts")
+                   help="prompt sources the target answers: chat, synthetic:N (or synthetic:A-B, a later slice of "
+                        "the same list), or files (one per line / .jsonl 'prompt' field); none: --prompts")
     d.add_argument("--temperatures", nargs="+", type=_float, default=[0.0],
                    help="one target answer per prompt per temperature (0 = greedy)")
     d.add_argument("--new-tokens", type=_positive_int, default=128, help="length of the target's answers")

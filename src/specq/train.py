@@ -79,14 +79,15 @@ def architecture(name: str, vocab_size: int) -> LlamaConfig:
 def prompt_list(source: str) -> list[str]:
     if source == "chat":
         return data.chat_prompts("train")
-    if source.startswith("synthetic:"):
+    if source.startswith("synthetic:"):  # synthetic:N, or synthetic:A-B (items A..B-1 of the same list)
+        first, _, last = source.split(":", 1)[1].partition("-")
         try:
-            n = int(source.split(":", 1)[1])
+            start, end = (int(first), int(last)) if last else (0, int(first))
         except ValueError:
-            n = 0
-        if n < 1:
-            raise SpecqError(f"prompt source '{source}': N in synthetic:N must be a positive integer")
-        return data.synthetic_chat_prompts(n)
+            start, end = 0, 0
+        if not 0 <= start < end:
+            raise SpecqError(f"prompt source '{source}': use synthetic:N or synthetic:A-B with 0 <= A < B")
+        return data.synthetic_chat_prompts(end)[start:]
     path = Path(source)
     if not path.is_file():
         raise SpecqError(f"prompt source '{source}' is neither 'chat', 'synthetic:N' nor a readable file")
