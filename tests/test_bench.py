@@ -137,6 +137,17 @@ def test_resume_after_a_killed_run_matches_an_uninterrupted_run(pair, tmp_path):
     assert counted == 0 and path.read_text().count("\n") == lines
 
 
+def test_speedups_come_from_plain_runs_timed_next_to_each_speculative_run(pair, tmp_path):
+    records = bench(sweep(tmp_path / "paired.jsonl"), pair)
+    spec = [c for c in store.cells(records).values() if c["cell"]["kind"] == "speculative"]
+    assert all("paired_stats" in r and r["paired_stats"]["drafted"] == 0 for c in spec for r in c["runs"])
+    rows = [r for r in summary(records) if r["kind"] == "speculative"]
+    assert rows and all(r["speedup_paired"] and r["speedup"] for r in rows)
+    unpaired = bench(sweep(tmp_path / "unpaired.jsonl", paired=False), pair)  # from the baseline cell instead
+    rows = [r for r in summary(unpaired) if r["kind"] == "speculative"]
+    assert rows and all(not r["speedup_paired"] and r["speedup"] for r in rows)
+
+
 def test_store_ignores_a_torn_last_line_only(tmp_path):
     path = tmp_path / "s.jsonl"
     store.append(path, {"type": "cell", "key": "a"})
@@ -260,8 +271,8 @@ def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
     ("demo", 2 * 2 * (1 + 1 + 1)),  # 2 targets x 2 sets x (baseline + speculative + peer), drafts deduped
     ("full", 5 * 3 * 3 * (1 + 3 * 8 * 2)),  # 5 targets x 3 lengths x 3 sets x (baseline + 3 drafts x 8 gammas x 2)
 
-    ("sweep-gamma", 5 * 2 * (1 + 3 * 7 * 2)),  # 5 targets x 2 sets x (baseline + 3 drafts x 7 gammas x 2)
-    ("sweep-length", 5 * 2 * 2 * (1 + 3 * 2)),  # 5 targets x 2 lengths x 2 sets x (baseline + 3 drafts x 2)
+    ("sweep-gamma", 5 * 2 * (1 + 3 * 3 * 2)),  # 5 targets x 2 sets x (baseline + 3 drafts x 3 gammas x 2)
+    ("sweep-length", 5 * 2 * 2 * (1 + 2)),  # 5 targets x 2 lengths x 2 sets x (baseline + 1 draft x 2)
 ])
 def test_presets_are_valid(name, expected):
     config = load_config(str(PRESETS / f"{name}.toml"))

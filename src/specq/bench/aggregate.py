@@ -3,8 +3,9 @@ prediction, quality, and flags.
 
 Prompts are the independent units: repeats of a prompt are pooled into one value per prompt,
 then the CI is over prompts (never over the correlated tokens of one output). Speedup is per
-prompt (speculative tokens/s over the same target's baseline tokens/s on the same prompt),
-then averaged. A greedy speculative output that differs from the baseline's is a correctness
+prompt (speculative tokens/s over the same target's plain tokens/s on the same prompt), then
+averaged; the plain runs are those timed right next to each speculative run when the cell is
+paired (so a machine that slows down mid-sweep cannot fake a gain), else the baseline cell's. A greedy speculative output that differs from the baseline's is a correctness
 failure: it is listed in every row that holds it, never averaged away.
 """
 
@@ -56,6 +57,15 @@ class Unit:
 
     def tokens_per_s(self, runs: list[dict]) -> float | None:
         return merge([r["stats"] for r in runs]).tokens_per_s if runs else None
+
+    @property
+    def paired_runs(self) -> list[dict]:
+        """The plain runs timed next to this prompt's speculative runs (paired cells only)."""
+        return [{"stats": r["paired_stats"]} for r in self.runs if "paired_stats" in r]
+
+    @property
+    def speedup_reference(self) -> list[dict]:
+        return self.paired_runs or self.base_runs
 
     def ratio(self, other: list[dict]) -> float | None:
         mine, theirs = self.tokens_per_s(self.runs), self.tokens_per_s(other)
@@ -131,11 +141,11 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "acceptance_rate": None, "tau": None, "U": [], "a": [], "draft_share": None, "speedup": None,
         "predicted_speedup": None, "warmup_dominated": False, "greedy": params["temperature"] == 0,
         "mismatches": [], "unchecked": 0, "peer_tokens_per_s": None, "vs_peer": None,
-        "peer_identical": [0, 0], "peer_skipped": None,
+        "peer_identical": [0, 0], "peer_skipped": None, "speedup_paired": False,
     }
     if not speculative:
         return row
-    base_pooled = [r["stats"] for u in units for r in u.base_runs]
+    base_pooled = [r["stats"] for u in units for r in u.speedup_reference]
     mismatches, unchecked = _mismatches(units) if row["greedy"] else ([], 0)
     return {
         **row,
@@ -144,7 +154,8 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "U": [ci([s.per_position_unconditional[i] for s in per_prompt]) for i in range(gamma)],
         "a": [ci([s.per_position_conditional[i] for s in per_prompt]) for i in range(gamma)],
         "draft_share": ci([s.draft_share for s in per_prompt]),
-        "speedup": ci([u.ratio(u.base_runs) for u in units]),
+        "speedup": ci([u.ratio(u.speedup_reference) for u in units]),
+        "speedup_paired": all(u.paired_runs for u in units),
         "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled else None,
         "warmup_dominated": row["steps_per_prompt"] < MIN_STEPS,
         "mismatches": mismatches, "unchecked": unchecked,

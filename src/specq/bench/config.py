@@ -50,6 +50,7 @@ class BenchConfig:
     seed: int = 0
     ignore_eos: bool = True  # fixed output length: every cell times the same number of tokens
     peer: bool = False  # also time transformers' assisted generation on the same pair
+    paired: bool = True  # time a plain run next to every speculative run: speedups immune to drift
     profile: bool = False  # print ms per forward per model and phase
     resamples: int = 2000
     confidence: float = 0.95
@@ -84,6 +85,7 @@ HELP = {
     "seed": "sampling seed",
     "ignore_eos": "run every output to max_new_tokens (default true)",
     "peer": "also time transformers' assisted generation on the same float pair",
+    "paired": "time the target alone right next to every speculative run, and take speedups from those pairs",
     "profile": "print ms per forward for each model and phase",
     "resamples": "bootstrap resamples per CI",
     "confidence": "CI confidence level",
@@ -137,7 +139,7 @@ def validate(raw: dict) -> BenchConfig:
     for key in ("prompts", "repeats", "resamples"):
         _check(key, _is(getattr(config, key), int) and getattr(config, key) >= 1, "must be an integer >= 1")
     _check("seed", _is(config.seed, int) and config.seed >= 0, "must be an integer >= 0")
-    for key in ("prompt_file_chat", "ignore_eos", "peer", "profile"):
+    for key in ("prompt_file_chat", "ignore_eos", "peer", "paired", "profile"):
         _check(key, _is(getattr(config, key), bool), "must be true or false")
     for key in ("prompt_field", "results"):
         _check(key, isinstance(getattr(config, key), str) and getattr(config, key), "must be a non-empty string")
@@ -231,6 +233,7 @@ class Cell:
     repeats: int
     seed: int
     ignore_eos: bool
+    paired: bool = False  # speculative cells: a plain run timed next to each speculative run
 
     def params(self) -> dict:
         return dataclasses.asdict(self)
@@ -247,7 +250,9 @@ def cell_key(params: dict) -> str:
 def related(params: dict, kind: str) -> dict:
     """The params of the baseline (or peer) cell a speculative cell is compared with."""
     if kind == "baseline":
-        return {**params, "kind": "baseline", "draft": None, "gamma": None, "draft_confidence": None}
+        return {**params, "kind": "baseline", "draft": None, "gamma": None, "draft_confidence": None, "paired": False}
+    if kind == "peer":
+        return {**params, "kind": kind, "paired": False}
     return {**params, "kind": kind}
 
 
@@ -273,7 +278,8 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
             for kind in ("speculative", "peer") if config.peer else ("speculative",):
                 for g in config.gamma:
                     for conf in config.draft_confidence:
-                        cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf, **c)
+                        cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf,
+                                       paired=config.paired and kind == "speculative", **c)
                                   for c in common if kind == "speculative" or c["temperature"] == 0]
     if config.peer and any(t > 0 for t in config.temperature):
         notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")

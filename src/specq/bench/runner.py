@@ -173,8 +173,8 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos, target.eos_ids,
                                cell.draft_confidence or 0.0)
     else:
-        def one(prompt_ids: list[int], n: int):
-            return generate(target, prompt_ids, draft, gamma=cell.gamma or 1, max_new_tokens=n,
+        def one(prompt_ids: list[int], n: int, alone: bool = False):
+            return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1, max_new_tokens=n,
                             temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos,
                             draft_confidence=cell.draft_confidence or 0.0)
 
@@ -189,10 +189,15 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             if draft is not None:
                 prefill["draft"].append(prefill_ms(draft, prompt_ids))
         for repeat in range(cell.repeats):
+            plain_first = (prompt.index + repeat) % 2 == 1  # alternate the order, so neither side is always first
+            plain = one(prompt_ids, cell.max_new_tokens, alone=True) if cell.paired and plain_first else None
             out = one(prompt_ids, cell.max_new_tokens)
+            if cell.paired and not plain_first:
+                plain = one(prompt_ids, cell.max_new_tokens, alone=True)
             runs.append({"set": prompt.set, "prompt": prompt.index, "repeat": repeat, "reference": prompt.reference,
                          "token_ids": out.token_ids, "text": answer_text(target, out.token_ids),
-                         "finish_reason": out.finish_reason, "stats": dataclasses.asdict(out.stats)})
+                         "finish_reason": out.finish_reason, "stats": dataclasses.asdict(out.stats)}
+                        | ({"paired_stats": dataclasses.asdict(plain.stats)} if plain is not None else {}))
             advance()
     return {**record, "runs": runs, "prefill_ms": prefill}
 

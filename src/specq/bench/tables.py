@@ -60,6 +60,8 @@ def notes(row: dict) -> str:
         out.append("best gamma")
     if row["warmup_dominated"]:
         out.append(f"warm-up dominated ({row['steps_per_prompt']:.1f} < {MIN_STEPS} steps/prompt)")
+    if row["kind"] == "speculative" and not row["speedup_paired"]:
+        out.append("speedup vs the baseline cell, timed earlier (not paired)")
     if row["peer_skipped"]:
         out.append(f"no HF peer: {row['peer_skipped']}")
     same, compared = row["peer_identical"]
