@@ -24,8 +24,10 @@ def test_exact_then_nearest(tmp_path):
     assert exact and path == user / "cal-int4"
     path, entry, exact = registry.select(dirs, "m", "int3-g64-gptq")  # nearest: int4
     assert not exact and entry.draft == "cal-int4"
-    path, entry, exact = registry.select(dirs, "m", "bf16")  # nearest to 16 bits: int8 (8) vs fp32 (32)
-    assert not exact and entry.draft == "cal-int8"
+    path, entry, exact = registry.select(dirs, "m", "bf16")  # nearest step size: fp32, not int8
+    assert not exact and entry.draft == "base"
+    path, entry, exact = registry.select(dirs, "m", "int2-g32-rtn")  # int4 (step 1/16) beats int8 (1/256)
+    assert not exact and entry.draft == "cal-int4"
     assert registry.select(dirs, "other-model", "fp32") is None
 
 
@@ -65,5 +67,7 @@ def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch)
     plain = specq.generate(quantized, [1, 2, 3], max_new_tokens=16)
     out = pool.generate([1, 2, 3], precision="int4-g32-rtn", gamma=3, max_new_tokens=16)
     assert out.token_ids == plain.token_ids and out.draft.endswith("for-int4")
-    with pytest.warns(UserWarning, match="no draft calibrated"):  # int8: the nearest is the int4 draft
-        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft.endswith("for-int4")
+    with pytest.warns(UserWarning, match="no draft calibrated"):  # int8: the nearest is the fp32 draft
+        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft.endswith("for-fp32")
+    with pytest.warns(UserWarning, match="no draft calibrated"):  # int3: the nearest is the int4 draft
+        assert pool.generate([1, 2, 3], precision="int3-g32-rtn", max_new_tokens=4).draft.endswith("for-int4")

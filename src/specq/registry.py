@@ -3,8 +3,10 @@
 A drafts directory holds `manifest.json`: entries mapping (target, target precision) to a draft
 model directory (relative to the manifest) calibrated for that precision. specq reads two: the
 drafts shipped in the package, and the user's (`$SPECQ_CACHE/drafts`, where `specq calibrate`
-writes). Selection: the exact precision if any draft has it, else the nearest precision (by
-weight bits) with a warning. The manifest is rewritten atomically, so a crash mid-write leaves
+writes). Selection: the exact precision if any draft has it, else the nearest precision with a
+warning. "Nearest" compares quantization step sizes, 2^-bits: how far a quantized target moves
+from full precision scales with its step, so int8 (JS 0.001 from fp32 on the built-in target) is
+near fp32, and int3 near int4, where counting bits would have put int8 next to int4. The manifest is rewritten atomically, so a crash mid-write leaves
 the old one intact.
 """
 
@@ -72,6 +74,6 @@ def select(directories: list[Path], target: str, precision: str) -> tuple[Path, 
     if exact:
         path, entry = exact[-1]
         return path, entry, True
-    bits = precision_bits(precision)
-    path, entry = min(reversed(candidates), key=lambda c: abs(precision_bits(c[1].precision) - bits))
+    step = 2.0 ** -precision_bits(precision)
+    path, entry = min(reversed(candidates), key=lambda c: abs(2.0 ** -precision_bits(c[1].precision) - step))
     return path, entry, False
