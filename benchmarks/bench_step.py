@@ -17,19 +17,27 @@ import specq
 from specq.models import BUILTINS
 
 
+def both_at_context(context: int = 128):
+    """The built-in target as specq's native module and as transformers' model, each with a
+    cache already holding the same `context` random tokens, and the 200 token ids they came from."""
+    target = specq.load("smollm2-135m")
+    hf = AutoModelForCausalLM.from_pretrained(BUILTINS["smollm2-135m"](), dtype=torch.float32).eval()
+    ids = torch.randint(100, 40000, (200,), generator=torch.Generator().manual_seed(0))
+    cache, past = target.net.new_cache(512), DynamicCache(config=hf.config)
+    with torch.inference_mode():
+        target.net(ids[:context], cache)
+        hf(ids[None, :context], cache=past, use_cache=True)
+    return target, hf, ids, cache, past
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    target = specq.load("smollm2-135m")
-    hf = AutoModelForCausalLM.from_pretrained(BUILTINS["smollm2-135m"](), dtype=torch.float32).eval()
-    ids = torch.randint(100, 40000, (200,), generator=torch.Generator().manual_seed(0))
-    cache, past = target.net.new_cache(512), DynamicCache(config=hf.config)
+    target, hf, ids, cache, past = both_at_context(128)
     with torch.inference_mode():
-        target.net(ids[:128], cache)
-        hf(ids[None, :128], cache=past, use_cache=True)
         native, theirs = [], []
         for _ in range(40):
             cache.crop(128)

@@ -12,10 +12,7 @@ import statistics
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
-
-import specq
-from specq.models import BUILTINS
+from bench_step import both_at_context
 
 
 def main() -> None:
@@ -24,25 +21,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    net = specq.load("smollm2-135m").net
-    hf = AutoModelForCausalLM.from_pretrained(BUILTINS["smollm2-135m"](), dtype=torch.float32).eval()
-    ids = torch.randint(100, 40000, (200,), generator=torch.Generator().manual_seed(0))
-    cache, past = net.new_cache(512), DynamicCache(config=hf.config)
+    target, hf, ids, cache, past = both_at_context(128)
     sizes = (1, 2, 3, 5, 9)
     ms: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
     with torch.inference_mode():
-        net(ids[:128], cache)
-        hf(ids[None, :128], past_key_values=past, use_cache=True)
         for _ in range(args.rounds):
             for n in sizes:
                 ours, theirs = [], []
                 for _ in range(15):
                     started = time.perf_counter()
-                    net(ids[128:128 + n], cache)
+                    target.net(ids[128:128 + n], cache)
                     ours.append(time.perf_counter() - started)
                     cache.crop(128)
                     started = time.perf_counter()
-                    hf(ids[None, 128:128 + n], past_key_values=past, use_cache=True)
+                    hf(ids[None, 128:128 + n], cache=past, use_cache=True)
                     theirs.append(time.perf_counter() - started)
                     past.crop(-n)
                 ms[n].append((1000 * statistics.median(ours), 1000 * statistics.median(theirs)))

@@ -314,8 +314,8 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     results = tmp_path / "out.jsonl"
     argv = ["bench", "--targets", str(tmp_path / "target"), "--drafts", str(tmp_path / "draft"), "--gamma", "2",
             "--max-new-tokens", "10", "--prompt-sets", "file", "--prompt-file", str(prompts),
-            "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile", "--resamples", "100", "--draft-confidence", "0.3",
-            "--results", str(results)]
+            "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile", "--resamples", "100",
+            "--draft-confidence", "0.3", "--results", str(results)]
     assert _cli(argv) == 0
     out = capsys.readouterr().out
     assert "HF assisted tok/s" in out and "profile" in out and "3/3 identical" in out

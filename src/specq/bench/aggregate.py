@@ -5,8 +5,9 @@ Prompts are the independent units: repeats of a prompt are pooled into one value
 then the CI is over prompts (never over the correlated tokens of one output). Speedup is per
 prompt (speculative tokens/s over the same target's plain tokens/s on the same prompt), then
 averaged; the plain runs are those timed right next to each speculative run when the cell is
-paired (so a machine that slows down mid-sweep cannot fake a gain), else the baseline cell's. A greedy speculative output that differs from the baseline's is a correctness
-failure: it is listed in every row that holds it, never averaged away.
+paired (so a machine that slows down mid-sweep cannot fake a gain), else the baseline cell's.
+A greedy speculative output that differs from the baseline's is a correctness failure: it is
+listed in every row that holds it, never averaged away.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ HELP = {
     "drafts": "draft model refs, or 'registry' (the adaptive choice for each target)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": "draft tokens per step",
-    "draft_confidence": f"end a proposal early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}; 0 = off; the peer gets the same)",
+    "draft_confidence": (f"end a proposal early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}; "
+                         "0 = off; the peer gets the same)"),
     "max_new_tokens": "output lengths",
     "temperature": "0 = greedy (outputs checked against the baseline token for token)",
     "prompt_sets": "chat, gsm8k, corpus (Shakespeare continuations), file (--prompt-file)",
