@@ -52,6 +52,38 @@ def test_distill_trains_saves_and_registers(files, capsys):
     assert "shard" not in capsys.readouterr().err
 
 
+def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
+    """--arch feature on a quantized target: features cached with the shards, a subset head,
+    saved and registered; then calibrated to another precision; both stay lossless."""
+    from specq.calibrate import CalibrationSettings, calibrate
+    from specq.feature_draft import FeatureDraft
+
+    out = files / "drafts" / "feat"
+    args = ["distill", "--target", f"{files / 'target'}@int4-g32-rtn", "--out", str(out), "--texts",
+            str(files / "text.txt"), "--prompts", str(files / "prompts.txt"), "--json", "--head-vocab", "40"]
+    assert main(args + [a if a != "2x32" else "feature" for a in FAST]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kind"] == "feature" and report["draft_config"]["vocab_size"] <= 41 and report["steps"] == 6
+    assert list((files / "drafts" / "feat.work" / "teacher").glob("*/shard_000.features.pt"))
+    path, _, exact = registry.select([out.parent], str(files / "target"), "int4-g32-rtn")
+    assert exact and path == out
+    target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
+    assert isinstance(draft.net, FeatureDraft)
+    base = specq.generate(target, [1, 2, 3], max_new_tokens=16)
+    assert specq.generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=16).token_ids == base.token_ids
+
+    other = specq.load(f"{files / 'target'}@int8")
+    calibrate(other, draft, CalibrationSettings(prompts=3, held_out=2, max_new_tokens=8, steps=4, batch=2),
+              out=files / "drafts" / "feat-int8", progress=False)
+    tuned = specq.load(str(files / "drafts" / "feat-int8"))
+    assert isinstance(tuned.net, FeatureDraft)
+    base = specq.generate(other, [4, 5], max_new_tokens=16)
+    assert specq.generate(other, [4, 5], tuned, gamma=2, max_new_tokens=16).token_ids == base.token_ids
+    assert main(["generate", "t1 t2", "--target", f"{files / 'target'}@int8", "--draft", str(out) + "@int4",
+                 "--max-new-tokens", "4"]) == 2
+    assert "float precision" in capsys.readouterr().err
+
+
 def test_unfinished_run_needs_resume(files, capsys):
     work = files / "work"
     (work / "ckpt").mkdir(parents=True)
@@ -63,6 +95,7 @@ def test_unfinished_run_needs_resume(files, capsys):
 
 @pytest.mark.parametrize("bad, message", [
     (["--arch", "3x30"], "--arch"),
+    (["--arch", "feature:0"], "feature:L"),
     (["--prompts", "synthetic:0"], "synthetic:N"),
     (["--prompts", "synthetic:9-3"], "synthetic:A-B"),
     (["--prompts", "/no/such/file"], "neither"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .decode import decode
-from .drafters import SequenceDrafter
+from .drafters import for_pair
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .models import Model, check_compatible
@@ -97,7 +97,7 @@ def generate(target: Model, prompt: str | list[int], draft: Model | None = None,
         check_compatible(draft, target)
         if not 0 <= draft_confidence < 1:
             raise SpecqError(f"draft_confidence must be in [0, 1), got {draft_confidence}")
-        drafter = drafter or SequenceDrafter(draft, target.vocab_size, draft_confidence)
+        drafter = drafter or for_pair(draft, target, draft_confidence)
     validate(target, draft if drafter is not None else None, gamma, max_new_tokens, len(prompt_ids))
     ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, sampling=sampling,
                                 max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,

@@ -8,16 +8,19 @@ next-token distributions (top-k, as in `distill`) moves the draft after it.
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import registry
+from . import feature_draft, registry
 from .api import generate
 from .data import chat_prompts
-from .distill import distill, float_teacher, init_draft, teacher_continuations, to_native
+from .distill import distill, feature_forward, float_teacher, init_draft, sequence_forward, teacher_continuations, \
+    to_native
 from .errors import SpecqError
+from .feature_draft import FeatureDraft
 from .models import Model, cache_dir, check_compatible, save_native, split_ref
 from .stats import bootstrap_ci
 
@@ -36,11 +39,12 @@ class CalibrationSettings:
 
 
 def acceptance(target: Model, draft: Model, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
-    """Greedy speculative runs: per-prompt acceptance rate and tau, with bootstrap CIs."""
+    """Greedy speculative runs without an early draft stop (so every proposal is gamma tokens):
+    per-prompt acceptance rate and tau, with bootstrap CIs."""
     rates, taus = [], []
     for prompt in prompts:
         stats = generate(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                         chat=has_chat(target)).stats
+                         chat=has_chat(target), draft_confidence=0.0).stats
         rates.append(stats.acceptance_rate)
         taus.append(stats.tau)
     return {"acceptance_rate": bootstrap_ci(rates), "tau": bootstrap_ci(taus), "per_prompt": rates}
@@ -64,7 +68,8 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     if draft.precision not in ("fp32", "bf16", "fp16"):
         raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
     source = Path(draft.source)
-    if not (source / "config.json").is_file():
+    feature = isinstance(draft.net, FeatureDraft)
+    if not (source / "config.json").is_file() and not feature:
         raise SpecqError(f"draft '{draft.ref}' must be a local model directory to calibrate")
     out = Path(out) if out else default_out(draft, target)
     train_prompts = chat_prompts("train")[: settings.prompts]
@@ -79,15 +84,23 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     held = teacher_continuations(teacher, target.tokenizer, held_prompts, max_new_tokens=settings.max_new_tokens,
                                  progress=progress)
     del teacher
-    draft_hf = init_draft(None, from_dir=source)
+    if feature:  # it learns from this target's own hidden states
+        train, held = train.with_features(target.net), held.with_features(target.net)
+        student = copy.deepcopy(draft.net).float().attach(target.net).train()
+    else:
+        student = init_draft(None, from_dir=source)
     checkpoints = out.parent / f".{out.name}.ckpt"  # an interrupted run resumes from here
-    result = distill(draft_hf, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,
-                     batch=settings.batch, checkpoint_dir=checkpoints,
-                     eval_every=max(1, settings.steps // 5), progress=progress)
-    tuned = Model(ref=str(out), net=to_native(draft_hf, draft.net.dtype), tokenizer=draft.tokenizer,
-                  eos_ids=draft.eos_ids, source=str(out), precision=draft.precision)
+    result = distill(student, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,
+                     batch=settings.batch, checkpoint_dir=checkpoints, eval_every=max(1, settings.steps // 5),
+                     progress=progress, forward=feature_forward if feature else sequence_forward)
+    net = student.to(draft.net.dtype).eval() if feature else to_native(student, draft.net.dtype)
+    tuned = Model(ref=str(out), net=net, tokenizer=draft.tokenizer, eos_ids=draft.eos_ids, source=str(out),
+                  precision=draft.precision)
     after = measured(tuned)
-    save_native(tuned, out)
+    if feature:
+        feature_draft.save(net, out, draft.tokenizer, draft.eos_ids, {"base": draft.ref})
+    else:
+        save_native(tuned, out)
     shutil.rmtree(checkpoints, ignore_errors=True)
     target_name = split_ref(target.ref)[0]
     report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,

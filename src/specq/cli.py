@@ -117,7 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", required=True, help="output directory of the draft (registered beside it)")
     start = d.add_mutually_exclusive_group()
     start.add_argument("--from", dest="base", default=None, help="continue from this draft (a local directory)")
-    start.add_argument("--arch", default="small", help="shape of a new draft: small (6x256), tiny, or LxWIDTH")
+    start.add_argument("--arch", default="small",
+                       help="shape of a new draft: small (6x256), tiny, LxWIDTH, or feature[:LAYERS] (a feature draft: "
+                            "reads the target's hidden states, EAGLE style)")
+    d.add_argument("--head-vocab", type=_positive_int, default=16384,
+                   help="feature drafts: tokens the output head covers (the most frequent in the training data)")
     d.add_argument("--work", default=None, help="cache and checkpoints (default: OUT.work beside OUT)")
     d.add_argument("--resume", action="store_true", help="continue the unfinished run in --work")
     d.add_argument("--texts", nargs="*", default=["shakespeare"],
@@ -303,7 +307,7 @@ def cmd_distill(args) -> int:
     import torch
 
     from .models import load
-    from .train import DistillSettings, architecture, run
+    from .train import DistillSettings, architecture, feature_layers, run
 
     _training_options(args)
     if args.minutes is not None and args.minutes <= 0:
@@ -312,8 +316,8 @@ def cmd_distill(args) -> int:
         raise SpecqError("--temperatures must be >= 0")
     if not args.texts and not args.prompts:
         raise SpecqError("no training data: give --texts and/or --prompts")
-    if args.base is None:
-        architecture(args.arch, 1)  # validate before loading anything
+    if args.base is None and feature_layers(args.arch) is None:  # validate before loading anything
+        architecture(args.arch, 1)
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
     settings = DistillSettings(
@@ -321,7 +325,8 @@ def cmd_distill(args) -> int:
         new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len, steps=args.steps,
         minutes=args.minutes, loss=args.loss, lr=args.lr, batch=args.batch, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
-        gamma=args.gamma, seed=args.seed, extra={"command": "specq " + shlex.join(args.argv)})
+        gamma=args.gamma, head_vocab=args.head_vocab, seed=args.seed,
+        extra={"command": "specq " + shlex.join(args.argv)})
     target = load(args.target)
     base = load(args.base) if args.base else None
     report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume,

@@ -35,14 +35,22 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = 4
     stopper = StopChecker(target.tokenizer, eos_ids, stop_strings, max_new_tokens)
     capacity = len(prompt_ids) + max_new_tokens + gamma + 1
 
+    cache = target.net.new_cache(capacity)
+    wants_features = getattr(drafter, "needs_target_features", False)
+
+    def target_pass(ids, last_only=False):
+        """(logits, the target's hidden states if the drafter reads them, else None)."""
+        if wants_features:
+            return target.net(ids, cache, last_only=last_only, return_hidden=True)
+        return target.net(ids, cache, last_only=last_only), None
+
     # Prefill both models; the target's last logits give the first new token.
     started = time.perf_counter()
     prompt = torch.tensor(prompt_ids, dtype=torch.long)
-    cache = target.net.new_cache(capacity)
-    logits = target.net(prompt, cache, last_only=True)
+    logits, features = target_pass(prompt, last_only=True)
     first = int(logits.argmax(-1)) if sampling.greedy else int(sample(probabilities(logits, sampling), generator))
     if drafter is not None:
-        drafter.start(prompt, capacity)
+        drafter.start(prompt, capacity, features)
     stats.prefill_s = time.perf_counter() - started
 
     seq = list(prompt_ids) + [first]
@@ -57,7 +65,7 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = 4
         t1 = time.perf_counter()
 
         # 2. Verify: one target pass over the last token and the g draft tokens.
-        logits = target.net(torch.cat([torch.tensor(seq[-1:]), proposal.tokens]), cache)
+        logits, features = target_pass(torch.cat([torch.tensor(seq[-1:]), proposal.tokens]))
         if sampling.greedy:
             n, next_token = verify_greedy(proposal.tokens, logits)
         else:
@@ -74,7 +82,7 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = 4
         seq += new
         generated += new
         if drafter is not None:
-            drafter.rollback(len(seq) - 1)
+            drafter.rollback(len(seq) - 1, None if features is None else features[:n + 1])
         stop = stopper.first_stop(generated, len(generated) - len(new))
 
     keep, reason = stop

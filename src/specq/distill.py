@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,13 +42,22 @@ class TeacherSet:
     start: list[int]
     top_ids: list[Tensor]
     top_logp: list[Tensor]
+    features: list[Tensor] = field(default_factory=list)  # the target's hidden states [n, H], for feature drafts
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __add__(self, other: "TeacherSet") -> "TeacherSet":
-        return TeacherSet(self.ids + other.ids, self.start + other.start,
-                          self.top_ids + other.top_ids, self.top_logp + other.top_logp)
+        if bool(self.features and len(self)) != bool(other.features and len(other)) and len(self) and len(other):
+            raise ValueError("cannot join teacher sets with and without target features")
+        return TeacherSet(self.ids + other.ids, self.start + other.start, self.top_ids + other.top_ids,
+                          self.top_logp + other.top_logp, self.features + other.features)
+
+    @torch.inference_mode()
+    def with_features(self, target: Llama) -> "TeacherSet":
+        """The same records with the target's final hidden states at every position."""
+        feats = [target.hidden_states(ids).to(torch.float16) for ids in tqdm(self.ids, desc="target features")]
+        return TeacherSet(self.ids, self.start, self.top_ids, self.top_logp, feats)
 
     def positions(self) -> int:
         return sum(t.shape[0] for t in self.top_ids)
@@ -208,25 +217,60 @@ def _batch(data: TeacherSet, rows: list[int]) -> tuple[Tensor, Tensor, Tensor, T
     return ids, torch.cat(flat), top_ids, top_logp
 
 
-def _draft_logp(draft_hf, ids: Tensor, flat: Tensor) -> Tensor:
-    """Draft log-probs only at the teacher positions (the vocab projection dominates the cost)."""
+def sequence_forward(draft_hf, data: TeacherSet, rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
+    """A classic draft's per-position divergences on `rows` of `data` (and no extra loss)."""
+    ids, flat, top_ids, top_logp = _batch(data, rows)
     hidden = draft_hf.model(input_ids=ids).last_hidden_state
-    hidden = hidden.reshape(-1, hidden.shape[-1])[flat]
-    return torch.log_softmax(draft_hf.lm_head(hidden).float(), dim=-1)
+    hidden = hidden.reshape(-1, hidden.shape[-1])[flat]  # only the teacher positions: the head dominates
+    logq = torch.log_softmax(draft_hf.lm_head(hidden).float(), dim=-1)
+    return divergences(logq.gather(-1, top_ids), logq.argmax(-1), top_ids, top_logp), logq.new_zeros(())
 
 
-def divergences(logq: Tensor, top_ids: Tensor, top_logp: Tensor) -> dict[str, Tensor]:
+FEATURE_NOISE = 0.1  # uniform input-feature noise in training, as a fraction of the features' std (EAGLE)
+FEATURE_LOSS_WEIGHT = 1.0  # smooth-L1 regression of the predicted next feature, next to the KL/TV loss
+
+
+def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
+    """A `FeatureDraft`'s per-position divergences: row r reads (x_{r+1}, f_r) and is scored on
+    the target's distribution after position r + 1; the extra loss regresses f_{r+1}."""
+    width = max(data.ids[r].shape[0] for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    feats = torch.zeros(len(rows), width, draft.config.hidden_size)
+    flat, tops, logps = [], [], []
+    for b, r in enumerate(rows):
+        n = data.ids[r].shape[0]
+        ids[b, :n], feats[b, :n] = data.ids[r], data.features[r].float()
+        skip = max(0, 1 - data.start[r])  # position 0 has no row before it
+        m = data.top_ids[r].shape[0]
+        flat.append(b * (width - 1) + data.start[r] + torch.arange(skip, m) - 1)
+        tops.append(data.top_ids[r][skip:])
+        logps.append(data.top_logp[r][skip:])
+    flat, top_ids, top_logp = torch.cat(flat), torch.cat(tops).long(), torch.cat(logps).float()
+    inputs = feats[:, :-1]
+    if draft.training and FEATURE_NOISE:
+        inputs = inputs + (torch.rand_like(inputs) - 0.5) * (2 * FEATURE_NOISE * float(inputs.std()))
+    logits, hidden = draft(ids[:, 1:], inputs)
+    logq = torch.log_softmax(logits.reshape(-1, logits.shape[-1])[flat], dim=-1)
+    where = draft.subset_index(top_ids)  # -1 for tokens outside the head's vocabulary
+    logq_top = logq.gather(-1, where.clamp_min(0)).masked_fill(where < 0, float("-inf"))
+    d = divergences(logq_top, draft.vocab_ids[logq.argmax(-1)], top_ids, top_logp)
+    predicted = hidden.reshape(-1, hidden.shape[-1])[flat]
+    true_next = feats[:, 1:].reshape(-1, feats.shape[-1])[flat]
+    return d, FEATURE_LOSS_WEIGHT * torch.nn.functional.smooth_l1_loss(predicted, true_next)
+
+
+def divergences(logq_top: Tensor, draft_top1: Tensor, top_ids: Tensor, top_logp: Tensor) -> dict[str, Tensor]:
     """Per-position KL(p||q), TV(p, q) on the top-k + tail partition; beta as sum over the
-    top-k of min(p, q) (a lower bound of the true acceptance); top-1 agreement."""
+    top-k of min(p, q) (a lower bound of the true acceptance); top-1 agreement. `logq_top` is
+    the draft's log-prob of each of the target's top-k tokens, `draft_top1` the draft's argmax."""
     p = top_logp.exp()
-    logq_top = logq.gather(-1, top_ids)
     q = logq_top.exp()
     p_tail = (1 - p.sum(-1)).clamp_min(0)
     q_tail = (1 - q.sum(-1)).clamp_min(1e-8)
-    kl = (p * (top_logp - logq_top)).sum(-1) + torch.xlogy(p_tail, p_tail) - p_tail * q_tail.log()
+    kl = (p * (top_logp - logq_top.clamp_min(-14.0))).sum(-1) + torch.xlogy(p_tail, p_tail) - p_tail * q_tail.log()
     tv = 0.5 * ((p - q).abs().sum(-1) + (p_tail - q_tail).abs())
     beta = torch.minimum(p, q).sum(-1)
-    top1 = (logq.argmax(-1) == top_ids[:, 0]).float()
+    top1 = (draft_top1 == top_ids[:, 0]).float()
     return {"kl": kl, "tv": tv, "beta": beta, "top1": top1}
 
 
@@ -244,17 +288,17 @@ def tv_weight(loss: str) -> float:
 
 
 @torch.no_grad()
-def evaluate(draft_hf, data: TeacherSet, batch: int = 8) -> dict[str, float]:
+def evaluate(student, data: TeacherSet, batch: int = 8, forward=sequence_forward) -> dict[str, float]:
     """Position-weighted mean KL, TV, beta and top-1 agreement on `data`."""
-    was_training = draft_hf.training
-    draft_hf.eval()
+    was_training = student.training
+    student.eval()
     sums, n = {}, 0
     for i in range(0, len(data), batch):
-        ids, flat, top_ids, top_logp = _batch(data, list(range(i, min(i + batch, len(data)))))
-        for key, v in divergences(_draft_logp(draft_hf, ids, flat), top_ids, top_logp).items():
+        d, _ = forward(student, data, list(range(i, min(i + batch, len(data)))))
+        for key, v in d.items():
             sums[key] = sums.get(key, 0.0) + v.sum().item()
-        n += flat.numel()
-    draft_hf.train(was_training)
+        n += len(d["kl"])
+    student.train(was_training)
     return {key: v / n for key, v in sums.items()}
 
 
@@ -276,9 +320,10 @@ def _order(n: int, seed: int, epoch: int) -> list[int]:
 def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, time_budget_s: float | None = None,
             loss: str = "kl", lr: float = 2e-3, batch: int = 8, checkpoint_dir: Path | str | None = None,
             checkpoint_every: int = 100, resume: bool = True, eval_every: int = 200, seed: int = 0,
-            progress: bool = True) -> dict:
+            progress: bool = True, forward=sequence_forward) -> dict:
     """Train `draft_hf` towards the target distributions in `train`; return the final held-out
-    metrics and the history.
+    metrics and the history. `forward(student, data, rows) -> (divergences, extra loss)` says
+    how a kind of draft is run on a batch (`sequence_forward`, `feature_forward`).
 
     The learning-rate schedule follows max(step / steps, elapsed / time_budget_s), so a run cut
     short by its time budget still ends with a decayed rate; without a budget a run (and any
@@ -329,9 +374,8 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
                 order = _order(len(train), seed, state["epoch"])
             rows.append(order[state["pos"]])
             state["pos"] += 1
-        ids, flat, top_ids, top_logp = _batch(train, rows)
-        d = divergences(_draft_logp(draft_hf, ids, flat), top_ids, top_logp)
-        value = ((1 - w) * d["kl"] + w * d["tv"]).mean()
+        d, extra = forward(draft_hf, train, rows)
+        value = ((1 - w) * d["kl"] + w * d["tv"]).mean() + extra
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(draft_hf.parameters(), 1.0)
@@ -342,7 +386,7 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
         bar.update(1)
         shown.update(loss=f"{value.item():.3f}", train_beta=f"{d['beta'].mean().item():.3f}")
         if eval_every and state["step"] % eval_every == 0:
-            metrics = evaluate(draft_hf, held_out)
+            metrics = evaluate(draft_hf, held_out, forward=forward)
             log({"step": state["step"], "elapsed_s": round(time.perf_counter() - started, 1), "loss": value.item(),
                  **{f"held_out_{k}": v for k, v in metrics.items()}})
             shown.update(beta=f"{metrics['beta']:.3f}", top1=f"{metrics['top1']:.3f}")
@@ -352,7 +396,7 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
             save()
     bar.close()
     state["elapsed"] = time.perf_counter() - started
-    final = evaluate(draft_hf, held_out)
+    final = evaluate(draft_hf, held_out, forward=forward)
     log({"step": state["step"], "elapsed_s": round(state["elapsed"], 1), "final": True,
          **{f"held_out_{k}": v for k, v in final.items()}})
     save()

@@ -147,11 +147,11 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
                 mask: Tensor | None) -> Tensor:
-        n = x.shape[1]
+        b, n = x.shape[:2]  # b > 1 only in training (no cache)
         q, k, v = self.wqkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(1, n, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
-        v = v.view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
+        q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if cache is None:  # training: the whole sequence at once
@@ -172,7 +172,7 @@ class Attention(nn.Module):
                 out = torch.cat([F.scaled_dot_product_attention(
                     q[:, :, i:i + 1], cache.k[layer, :, :, :start + i + 1], cache.v[layer, :, :, :start + i + 1],
                     enable_gqa=True) for i in range(n)], dim=2)
-        return self.wo(out.transpose(1, 2).reshape(1, n, self.q_size))
+        return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
 
 
 class FeedForward(nn.Module):
@@ -234,37 +234,51 @@ class Llama(nn.Module):
         self.rope_sin = angles.sin().to(self.dtype)
         self._rope_len = length
 
-    def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False) -> Tensor:
+    def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
+                return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Run `ids` (1-D) at the end of `cache`; return float logits [n, vocab] ([1, vocab] if
-        `last_only`). Without a cache the sequence is processed from position 0 (training)."""
+        `last_only`). Without a cache the sequence is processed from position 0 (training).
+        `return_hidden` also returns the final hidden states [n, hidden] of every row (the output
+        head's input), which a feature draft reads; the logits are computed exactly as without it."""
         n = ids.shape[0]
         start = cache.length if cache is not None else 0
         end = start + n
         if cache is not None and end > cache.capacity:
             raise ValueError(f"KV cache full: {end} positions needed, capacity {cache.capacity}")
         self._ensure_rope(end)
-        if cache is not None and self.compiled_step is not None and n <= MAX_COMPILED_TOKENS:
+        if cache is not None and self.compiled_step is not None and n <= MAX_COMPILED_TOKENS and not return_hidden:
             logits = self._compiled_forward(ids, cache)
             cache.length = end
             return logits[n - 1:] if last_only else logits
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
         mask = None if n == 1 or cache is None else cache.causal[start:end, :end]
-        logits = self._layers_and_head(ids, cos, sin, cache, mask, last_only)
+        x = self._layers(ids, cos, sin, cache, mask)
+        logits = self._head(x, last_only)
         if cache is not None:
             cache.length = end
-        return logits
+        return (logits, self.norm(x)[0]) if return_hidden else logits
 
-    def _layers_and_head(self, ids, cos, sin, cache, mask, last_only: bool) -> Tensor:
-        x = self.tok_embeddings(ids).unsqueeze(0)
+    def hidden_states(self, ids: Tensor) -> Tensor:
+        """Final hidden states [n, hidden] of a whole sequence (no cache, no output head)."""
+        self._ensure_rope(ids.shape[0])
+        cos, sin = self.rope_cos[:ids.shape[0]], self.rope_sin[:ids.shape[0]]
+        return self.norm(self._layers(ids, cos, sin, None, None))[0]
+
+    def _layers(self, ids, cos, sin, cache, mask) -> Tensor:
+        x = self.tok_embeddings(ids)
+        x = x.unsqueeze(0) if x.dim() == 2 else x
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, mask)
+        return x
+
+    def _head(self, x: Tensor, last_only: bool) -> Tensor:
         if last_only:
             x = x[:, -1:]
         return self.output(self.norm(x))[0].float()
 
     def _static_step(self, ids: Tensor, view: StaticView, mask: Tensor) -> Tensor:
         cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
-        return self._layers_and_head(ids, cos, sin, view, mask, False)
+        return self._head(self._layers(ids, cos, sin, view, mask), False)
 
     # ------------------------------------------------------------------ optional torch.compile
     compiled_step = None

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import atomic, precision
+from . import atomic, feature_draft, precision
 from .errors import SpecqError
 from .hf_backend import HFCausalLM
 from .llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
@@ -39,7 +39,8 @@ class Model:
 
     @property
     def vocab_size(self) -> int:
-        return self.net.config.vocab_size
+        """The vocabulary the model reads and scores (a feature draft's head covers a subset of it)."""
+        return getattr(self.net, "target_vocab_size", None) or self.net.config.vocab_size
 
     def __repr__(self) -> str:
         return f"Model({self.ref!r}, {self.precision}, from {self.source})"
@@ -216,6 +217,8 @@ def _resolve(name: str) -> Path | str:
             raise SpecqError(f"GGUF file not found: {path}")
         return _gguf_dir(path)
     if path.is_dir():
+        if feature_draft.is_feature_draft(path):
+            return path
         if not (path / "config.json").is_file():
             raise SpecqError(f"'{path}' is not a Hugging Face model directory (no config.json)")
         return path
@@ -243,6 +246,16 @@ def load(ref: str) -> Model:
         net, tok, eos = _load_from_hub(name, spec.dtype)
         return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=f"hub:{name}",
                      precision=str(spec), info={"load_s": time.perf_counter() - started})
+    if feature_draft.is_feature_draft(source):
+        if not spec.is_float:
+            raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16), not {spec}")
+        from transformers import AutoTokenizer, GenerationConfig
+
+        net = feature_draft.load(source, spec.dtype)
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        eos = GenerationConfig.from_pretrained(source, local_files_only=True).eos_token_id or []
+        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set([eos] if isinstance(eos, int) else eos, tok),
+                     source=str(source), precision=str(spec), info={"load_s": time.perf_counter() - started})
     if precision.is_quantized_dir(source):
         net, saved_spec = precision.load_quantized_dir(source)
         if spec_text != "fp32" and str(spec) != saved_spec:

@@ -17,7 +17,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import atomic
+from . import atomic, feature_draft
 from .errors import SpecqError
 
 MANIFEST = "manifest.json"
@@ -63,11 +63,15 @@ def add(directory: Path | str, entry: Entry) -> None:
     atomic.write_text(Path(directory) / MANIFEST, text)
 
 
+def _is_draft_dir(path: Path) -> bool:
+    return (path / "config.json").exists() or feature_draft.is_feature_draft(path)
+
+
 def select(directories: list[Path], target: str, precision: str) -> tuple[Path, Entry, bool] | None:
     """(draft dir, entry, exact?) for the target at this precision, or None if none is known.
     Later directories win ties (the user's calibrated drafts over the shipped ones)."""
     candidates = [(Path(d) / e.draft, e) for d in directories for e in read(d)
-                  if e.target == target and (Path(d) / e.draft / "config.json").exists()]
+                  if e.target == target and _is_draft_dir(Path(d) / e.draft)]
     if not candidates:
         return None
     exact = [c for c in candidates if c[1].precision == precision]

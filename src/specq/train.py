@@ -11,6 +11,7 @@ Stages, each cached in a work directory so that an interrupted run continues whe
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import shutil
 import json
@@ -22,16 +23,19 @@ from pathlib import Path
 
 import torch
 
-from . import atomic, data, registry
+from . import atomic, data, feature_draft, registry
 from .calibrate import acceptance
-from .distill import TeacherSet, chunk_tokens, distill, float_teacher, init_draft, teacher_continuations, \
-    teacher_on_text, to_native
+from .distill import TeacherSet, atomic_save, chunk_tokens, distill, feature_forward, float_teacher, init_draft, \
+    sequence_forward, teacher_continuations, teacher_on_text, to_native
 from .errors import SpecqError
-from .llama import LlamaConfig
+from .feature_draft import FeatureDraft, frequent_tokens, new_feature_draft
+from .llama import Llama, LlamaConfig
 from .models import Model, check_compatible, split_ref, write_native
 
 # Named draft shapes on the SmolLM2 vocabulary; "LxH" (e.g. 4x192) gives L layers of width H.
+# "feature" (or "feature:L") is a feature draft (`feature_draft.py`) of L decoder layers.
 ARCHITECTURES = {"small": (6, 256), "tiny": (2, 64)}
+FEATURE = "feature"
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,22 @@ class DistillSettings:
     gen_batch: int = 48  # prompts the target answers at once (one cached shard)
     accept_prompts: int = 10  # held-out chat prompts for the final speculative runs
     gamma: int = 4
+    head_vocab: int = 16384  # feature drafts: tokens the head covers (the most frequent in the data)
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
+
+
+def feature_layers(name: str) -> int | None:
+    """Decoder layers of a feature-draft architecture name ('feature', 'feature:L'); None for
+    the names of classic drafts."""
+    kind, _, layers = name.partition(":")
+    if kind != FEATURE:
+        return None
+    if not layers:
+        return 1
+    if not layers.isdigit() or int(layers) < 1:
+        raise SpecqError(f"--arch feature:L needs a positive number of layers, got '{name}'")
+    return int(layers)
 
 
 def architecture(name: str, vocab_size: int) -> LlamaConfig:
@@ -65,8 +83,8 @@ def architecture(name: str, vocab_size: int) -> LlamaConfig:
         except ValueError:
             layers_width = ()
     if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32:
-        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)} or LAYERSxWIDTH with WIDTH a multiple "
-                         f"of 32 (e.g. 4x192), got '{name}'")
+        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with WIDTH a multiple "
+                         f"of 32 (e.g. 4x192), or feature[:LAYERS], got '{name}'")
     layers, width = layers_width
     return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=3 * width, num_layers=layers,
                        num_heads=max(1, width // 64), num_kv_heads=max(1, width // 128), head_dim=min(64, width),
@@ -114,8 +132,10 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _sharded(directory: Path, items: list, shard: int, make, label: str) -> TeacherSet:
-    """Teacher data for `items`, computed `shard` items at a time; finished shards are kept."""
+def _sharded(directory: Path, items: list, shard: int, make, label: str, features_of=None) -> TeacherSet:
+    """Teacher data for `items`, computed `shard` items at a time; finished shards are kept.
+    With `features_of` (the target's native module) each shard also gets the target's hidden
+    states, cached beside it."""
     directory.mkdir(parents=True, exist_ok=True)
     out = TeacherSet([], [], [], [])
     n_shards = (len(items) + shard - 1) // shard
@@ -124,12 +144,20 @@ def _sharded(directory: Path, items: list, shard: int, make, label: str) -> Teac
         if not path.exists():
             print(f"{label}: shard {s + 1}/{n_shards}", file=sys.stderr, flush=True)
             make(items[s * shard:(s + 1) * shard]).save(path)
-        out += TeacherSet.load(path)
+        part = TeacherSet.load(path)
+        if features_of is not None:
+            cached = path.with_name(f"{path.stem}.features.pt")
+            if not cached.exists():
+                atomic_save(part.with_features(features_of).features, cached)
+            part.features = torch.load(cached, weights_only=True)
+        out += part
     return out
 
 
-def teacher_data(target: Model, settings: DistillSettings, work: Path) -> tuple[TeacherSet, TeacherSet]:
-    """(train, held-out) teacher sets, from the cache in `work/teacher` where possible."""
+def teacher_data(target: Model, settings: DistillSettings, work: Path,
+                 features: bool = False) -> tuple[TeacherSet, TeacherSet]:
+    """(train, held-out) teacher sets, from the cache in `work/teacher` where possible; with
+    `features`, each record also holds the target's hidden states (for a feature draft)."""
     teacher = None
 
     def model():
@@ -139,6 +167,7 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path) -> tuple[
         return teacher
 
     tok, who = target.tokenizer, [split_ref(target.ref)[0], target.precision]
+    feats = target.net if features else None
     train, held = TeacherSet([], [], [], []), TeacherSet([], [], [], [])
     for source in settings.prompts:
         prompts = prompt_list(source)
@@ -146,12 +175,12 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path) -> tuple[
             where = work / "teacher" / f"answers-{_key(who, source, t, settings.new_tokens)}"
             train += _sharded(where, prompts, settings.gen_batch, lambda p, t=t: teacher_continuations(
                 model(), tok, p, max_new_tokens=settings.new_tokens, temperature=t, batch=settings.gen_batch,
-                seed=settings.seed), f"answers to {source} (T={t})")
+                seed=settings.seed), f"answers to {source} (T={t})", feats)
     held_prompts = data.chat_prompts("held_out")
     held += _sharded(work / "teacher" / f"held-answers-{_key(who, settings.new_tokens)}", held_prompts,
                      settings.gen_batch, lambda p: teacher_continuations(
                          model(), tok, p, max_new_tokens=settings.new_tokens, batch=settings.gen_batch),
-                     "held-out answers")
+                     "held-out answers", feats)
     per_source = max(1, settings.text_windows // max(1, len(settings.texts)))
     for source in settings.texts:
         train_docs, held_docs = text_list(source)
@@ -161,9 +190,9 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path) -> tuple[
         held_windows = held_windows[::max(1, len(held_windows) // 16)][:16]
         key = _key(who, source, settings.seq_len, per_source)
         train += _sharded(work / "teacher" / f"text-{key}", windows, 16,
-                          lambda w: teacher_on_text(model(), w), f"text {source}")
+                          lambda w: teacher_on_text(model(), w), f"text {source}", feats)
         held += _sharded(work / "teacher" / f"held-text-{key}", held_windows, 16,
-                         lambda w: teacher_on_text(model(), w), f"held-out text {source}")
+                         lambda w: teacher_on_text(model(), w), f"held-out text {source}", feats)
     if not len(train):
         raise SpecqError("no training data: give --texts and/or --prompts")
     return train, held
@@ -174,15 +203,19 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path) -> tuple[
 
 def step_ms(net: torch.nn.Module, steps: int = 20) -> float:
     """Median latency of one cached decode step after a 128-token prefix (overhead included)."""
-    ids = torch.randint(0, net.config.vocab_size, (129,), generator=torch.Generator().manual_seed(0))
+    feature = isinstance(net, FeatureDraft)
+    vocab = net.target_vocab_size if feature else net.config.vocab_size
+    ids = torch.randint(0, vocab, (129,), generator=torch.Generator().manual_seed(0))
+    feats = torch.randn(129, net.config.hidden_size, generator=torch.Generator().manual_seed(1)) if feature else None
+    step = (lambda part: net(ids[part], feats[part], cache)) if feature else (lambda part: net(ids[part], cache))
     cache = net.new_cache(256)
     times = []
     with torch.inference_mode():
-        net(ids[:128], cache)
+        step(slice(0, 128))
         for _ in range(steps + 3):
             cache.crop(128)
             started = time.perf_counter()
-            net(ids[128:], cache)
+            step(slice(128, 129))
             times.append(time.perf_counter() - started)
     return statistics.median(times[3:]) * 1e3
 
@@ -193,32 +226,43 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     checkpoint = work / "ckpt" / "last.pt"
     if checkpoint.exists() and not resume:
         raise SpecqError(f"'{work}' holds an unfinished run: add --resume to continue it, or remove the directory")
+    feature = isinstance(base.net, FeatureDraft) if base is not None else feature_layers(arch) is not None
     if base is not None:
         check_compatible(base, target)
         source = Path(base.source)
-        if not (source / "config.json").is_file():
+        if not (source / "config.json").is_file() and not feature:
             raise SpecqError(f"draft '{base.ref}' must be a local model directory to start from")
-    config = architecture(arch, target.vocab_size) if base is None else None
+    if feature and not isinstance(target.net, Llama):
+        raise SpecqError(f"a feature draft reads the target's hidden states: '{target.ref}' must be a Llama model")
+    config = architecture(arch, target.vocab_size) if base is None and not feature else None
     started = time.perf_counter()
-    train, held = teacher_data(target, settings, work)
+    train, held = teacher_data(target, settings, work, features=feature)
     data_s = time.perf_counter() - started
-    if base is not None:
-        draft_hf = init_draft(None, from_dir=base.source)
+    if feature and base is not None:
+        student = copy.deepcopy(base.net).float().attach(target.net).train()
+    elif feature:
+        head = frequent_tokens(train.ids, settings.head_vocab, target.vocab_size, target.eos_ids)
+        student = new_feature_draft(target.net, head, feature_layers(arch), seed=settings.seed)
+    elif base is not None:
+        student = init_draft(None, from_dir=base.source)
     else:
         embedding = target.net.tok_embeddings.weight if hasattr(target.net, "tok_embeddings") else None
-        draft_hf = init_draft(config, target_embedding=None if embedding is None else embedding.detach().float(),
-                              seed=settings.seed)
-    result = distill(draft_hf, train, held, steps=settings.steps,
+        student = init_draft(config, target_embedding=None if embedding is None else embedding.detach().float(),
+                             seed=settings.seed)
+    result = distill(student, train, held, steps=settings.steps,
                      time_budget_s=None if settings.minutes is None else settings.minutes * 60,
                      loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
-                     checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed)
-    draft = Model(ref=str(out), net=to_native(draft_hf, dtype), tokenizer=target.tokenizer, eos_ids=target.eos_ids,
+                     checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
+                     forward=feature_forward if feature else sequence_forward)
+    net = student.to(dtype).eval() if feature else to_native(student, dtype)
+    draft = Model(ref=str(out), net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
                   source=str(out), precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
     spec = acceptance(target, draft, data.chat_prompts("held_out")[:settings.accept_prompts], settings.gamma,
                       settings.new_tokens) if settings.accept_prompts else None
     target_ms, draft_ms = step_ms(target.net), step_ms(draft.net)
     report = {
         "target": target.ref, "target_precision": target.precision, "base": base.ref if base else f"new:{arch}",
+        "kind": "feature" if feature else "sequence",
         "draft_config": draft.net.config.to_dict(), "dtype": draft.precision,
         "parameters": sum(p.numel() for p in draft.net.parameters()),
         "settings": {k: v for k, v in asdict(settings).items() if k != "extra"} | settings.extra,
@@ -232,7 +276,10 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     }
 
     def write(tmp: Path) -> None:
-        write_native(draft, tmp)
+        if feature:
+            feature_draft.write(draft.net, tmp, target.tokenizer, target.eos_ids)
+        else:
+            write_native(draft, tmp)
         card = out / "MODEL_CARD.md"  # a hand-written card survives re-training
         if card.exists():
             (tmp / card.name).write_text(card.read_text(encoding="utf-8"), encoding="utf-8")

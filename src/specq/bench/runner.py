@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .. import api, models, precision
+from .. import api, feature_draft, models, precision
 from ..models import Model
 from . import store
 from .config import BenchConfig, Cell, plan, registry_draft
@@ -98,6 +98,8 @@ def peer_skip_reason(model: Model) -> str | None:
     if not precision.parse(model.precision).is_float:
         return f"{model.ref} is quantized"
     source = Path(model.source)
+    if feature_draft.is_feature_draft(source):
+        return f"{model.ref} is a feature draft (transformers has no equivalent)"
     if not (source / "config.json").is_file() or precision.is_quantized_dir(source):
         return f"{model.ref} is not a Hugging Face directory"
     return None

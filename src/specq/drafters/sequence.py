@@ -29,7 +29,7 @@ class SequenceDrafter:
         self.min_confidence = min_confidence
         self.cache = None
 
-    def start(self, prompt: Tensor, capacity: int) -> None:
+    def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
         self.cache = self.net.new_cache(capacity)
         if prompt.shape[0] > 1:  # the last prompt token is fed with the first proposal
             self.net(prompt[:-1], self.cache)
@@ -63,5 +63,5 @@ class SequenceDrafter:
                 break
         return Proposal(torch.cat(tokens), torch.cat(dists) if dists else None)
 
-    def rollback(self, length: int) -> None:
+    def rollback(self, length: int, features: Tensor | None = None) -> None:
         self.cache.crop(min(self.cache.length, length))

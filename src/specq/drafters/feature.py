@@ -1,0 +1,74 @@
+"""The feature drafter: a `FeatureDraft` proposes from the target's own hidden states.
+
+Row r of the draft's cache holds (token x_{r+1}, target feature f_r). The target's cache holds
+every token but the last, so before a proposal the target has produced f_0 .. f_{L-2} for a
+sequence of length L, and rows up to L-2 can be fed with true features; row L-2 yields the first
+draft token. Later rows use the draft's own predicted features and are dropped at rollback, when
+the verify pass has delivered the true ones.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..feature_draft import FeatureDraft
+from ..sampling import SamplingConfig, probabilities, sample
+from .base import Proposal
+from .sequence import DEFAULT_DRAFT_CONFIDENCE
+
+__all__ = ["FeatureDrafter", "DEFAULT_DRAFT_CONFIDENCE"]
+
+
+class FeatureDrafter:
+    needs_target_features = True  # the loop passes the target's hidden states to start / rollback
+
+    def __init__(self, draft: FeatureDraft, min_confidence: float = 0.0):
+        self.net = draft
+        self.min_confidence = min_confidence
+        self.cache = None
+        self.features: Tensor | None = None  # [capacity, hidden]: the target's f_0 .. f_{known-1}
+        self.known = 0
+        self.true_rows = 0  # draft cache rows computed from true features
+
+    def start(self, prompt: Tensor, capacity: int, features: Tensor) -> None:
+        self.cache = self.net.new_cache(capacity)
+        self.features = features.new_zeros(capacity, features.shape[-1])
+        self.features[:len(features)] = features
+        self.known = len(features)
+        if prompt.shape[0] > 1:  # rows 0 .. P-2; row P-1 needs the first generated token
+            self.net(prompt[1:], self.features[:prompt.shape[0] - 1], self.cache)
+        self.true_rows = self.cache.length
+
+    def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Proposal:
+        last_row = len(seq) - 2  # (f_{L-2}, x_{L-1}) predicts x_L
+        rows = torch.arange(self.cache.length, last_row + 1)
+        ids = torch.tensor(seq, dtype=torch.long)[rows + 1]
+        features = self.features[rows]
+        tokens, dists = [], []
+        for step in range(gamma):
+            logits, hidden = self.net(ids, features, self.cache)
+            if step == 0:
+                self.true_rows = self.cache.length
+            logits = self.net.full_vocab(logits[-1:])
+            if sampling.greedy:
+                token = logits.argmax(dim=-1)
+                confident = not self.min_confidence or logits.softmax(-1)[0, token] >= self.min_confidence
+            else:
+                q = probabilities(logits, sampling)
+                token = sample(q, generator)
+                dists.append(q)
+                confident = q[0, token] >= self.min_confidence
+            tokens.append(token)
+            ids, features = token, hidden[-1:]
+            if not confident:
+                break
+        return Proposal(torch.cat(tokens), torch.cat(dists) if dists else None)
+
+    def rollback(self, length: int, features: Tensor) -> None:
+        """seq[:length + 1] is settled; `features` are the target's for the rows it just verified
+        and accepted (positions known .. known + len - 1)."""
+        self.cache.crop(min(self.true_rows, self.cache.length))
+        self.features[self.known:self.known + len(features)] = features
+        self.known += len(features)

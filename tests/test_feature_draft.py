@@ -1,0 +1,169 @@
+"""Feature drafts (EAGLE style): lossless, fed the right target features, trainable, saved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specq import distill, generate, models
+from specq.decode import decode
+from specq.distill import TeacherSet
+from specq.drafters import FeatureDrafter
+from specq.feature_draft import FeatureDraft, new_feature_draft, save
+from specq.models import Model
+
+from conftest import tiny_model
+from test_decode import PROMPTS, _exact_sequence_distribution
+
+VOCAB = 32
+
+
+def _feature_model(target: Model, vocab_ids=None, seed: int = 0) -> Model:
+    ids = torch.arange(VOCAB) if vocab_ids is None else torch.tensor(vocab_ids)
+    net = new_feature_draft(target.net, ids, seed=seed).eval()
+    return Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids, source="random")
+
+
+def _teacher_set(target: Model, n: int, seed: int) -> TeacherSet:
+    """The target's greedy continuations of random prompts, with its distributions and features."""
+    g = torch.Generator().manual_seed(seed)
+    out = TeacherSet([], [], [], [])
+    for _ in range(n):
+        prompt = torch.randint(0, VOCAB, (3,), generator=g).tolist()
+        ids = torch.tensor(prompt + generate(target, prompt, max_new_tokens=20).token_ids)
+        with torch.no_grad():
+            logits = target.net(ids, None)
+        top_logp, top_ids = torch.log_softmax(logits, -1).topk(8, dim=-1)
+        out += TeacherSet([ids], [0], [top_ids.int()], [top_logp.half()])
+    return out.with_features(target.net)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny target and a feature draft distilled on its own outputs (a few seconds)."""
+    target = tiny_model(vocab=VOCAB, scale=3.0, seed=4)
+    train, held = _teacher_set(target, 48, seed=1), _teacher_set(target, 8, seed=2)
+    draft = _feature_model(target)
+    before = distill.evaluate(draft.net, held, forward=distill.feature_forward)
+    result = distill.distill(draft.net, train, held, steps=80, loss="mix:0.5", lr=5e-3, batch=8, eval_every=0,
+                             progress=False, forward=distill.feature_forward)
+    draft.net.eval()
+    return target, draft, before, result["held_out"]
+
+
+def test_distillation_teaches_a_feature_draft(trained):
+    _, _, before, after = trained
+    assert after["kl"] < 0.7 * before["kl"]
+    assert after["top1"] > before["top1"] + 0.1
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("confidence", [0.0, 0.5])
+def test_greedy_equality(trained, gamma, confidence):
+    target, draft, _, _ = trained
+    accepted = 0
+    for prompt in PROMPTS:
+        base = generate(target, prompt, max_new_tokens=30)
+        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=30, draft_confidence=confidence)
+        assert spec.token_ids == base.token_ids
+        accepted += spec.stats.accepted
+    assert accepted > 0  # accept and reject paths both ran
+
+
+def test_greedy_equality_with_a_vocabulary_subset():
+    target = tiny_model(vocab=VOCAB, scale=3.0, seed=4)
+    draft = _feature_model(target, vocab_ids=list(range(0, VOCAB, 2)), seed=3)
+    for prompt in PROMPTS:
+        base = generate(target, prompt, max_new_tokens=25)
+        spec = generate(target, prompt, draft, gamma=3, max_new_tokens=25, draft_confidence=0.0)
+        assert spec.token_ids == base.token_ids
+
+
+class _Recording(FeatureDrafter):
+    """Records the first-step logits of each proposal with the row that produced them."""
+
+    def __init__(self, draft):
+        super().__init__(draft)
+        self.seen = []
+
+    def propose(self, seq, gamma, sampling, generator):
+        self.seen.append(len(seq) - 2)
+        original = self.net.forward
+        first = []
+
+        def spy(ids, features, cache=None):
+            out = original(ids, features, cache)
+            if not first:
+                first.append(out[0][-1].clone())
+            return out
+
+        self.net.forward = spy
+        try:
+            return super().propose(seq, gamma, sampling, generator)
+        finally:
+            del self.net.forward
+            self.seen[-1] = (self.seen[-1], first[0])
+
+
+def test_draft_rows_read_the_right_target_features(trained):
+    """Every proposal's first token comes from row L-2 fed with true features: the same logits
+    as one cache-free pass of the draft over the final sequence and the target's features."""
+    target, draft, _, _ = trained
+    for prompt in PROMPTS:
+        drafter = _Recording(draft.net)
+        ids, _, _ = decode(target, prompt, drafter=drafter, gamma=3, max_new_tokens=30)
+        seq = torch.tensor(prompt + ids)
+        with torch.no_grad():
+            feats = target.net.hidden_states(seq)
+            logits, _ = draft.net(seq[1:].unsqueeze(0), feats[:-1].unsqueeze(0))
+        for row, first_logits in drafter.seen:
+            assert torch.allclose(first_logits, logits[0, row], atol=1e-4), row
+
+
+def test_sampling_distribution_matches_target():
+    from scipy.stats import chisquare
+
+    from specq.sampling import SamplingConfig
+
+    prompt, cfg = [1, 2], SamplingConfig(temperature=1.0)
+    target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
+    net = new_feature_draft(target.net, torch.tensor([0, 2, 3, 4]), seed=5).eval()  # token 1 never drafted
+    draft = Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids, source="random")
+    exact = _exact_sequence_distribution(target, prompt, 3, cfg)
+    runs = 3000
+    counts = dict.fromkeys(exact, 0)
+    for seed in range(runs):
+        out = generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=1.0, seed=seed,
+                       draft_confidence=0.0)
+        counts[tuple(out.token_ids)] += 1
+    big = [(counts[k], exact[k] * runs) for k in exact if exact[k] * runs >= 5]
+    small = [(counts[k], exact[k] * runs) for k in exact if exact[k] * runs < 5]
+    observed = [c for c, _ in big] + [sum(c for c, _ in small)]
+    expected = [e for _, e in big] + [sum(e for _, e in small)]
+    scale = sum(observed) / sum(expected)
+    assert chisquare(observed, [e * scale for e in expected]).pvalue > 0.001
+
+
+def test_save_and_load_through_models(trained, tmp_path):
+    target, draft, _, _ = trained
+    save(draft.net, tmp_path / "fd", target.tokenizer, frozenset({3}), {"note": "test"})
+    loaded = models.load(str(tmp_path / "fd"))
+    assert isinstance(loaded.net, FeatureDraft) and loaded.eos_ids == frozenset({3})
+    assert loaded.vocab_size == VOCAB
+    for prompt in PROMPTS[:2]:
+        a = generate(target, prompt, draft, gamma=3, max_new_tokens=20)
+        b = generate(target, prompt, loaded, gamma=3, max_new_tokens=20)
+        assert a.token_ids == b.token_ids  # bf16 storage may change acceptance, never the output
+
+
+def test_bad_feature_draft_is_a_clear_error(tmp_path):
+    from specq.errors import SpecqError
+
+    (tmp_path / "fd").mkdir()
+    (tmp_path / "fd" / "feature_draft.json").write_text("{broken")
+    with pytest.raises(SpecqError, match="not a readable feature draft"):
+        models.load(str(tmp_path / "fd"))
+    target = tiny_model(vocab=VOCAB)
+    other = tiny_model(vocab=VOCAB, hidden=16)
+    with pytest.raises(SpecqError, match="made for a target"):
+        _feature_model(target).net.attach(other.net)
