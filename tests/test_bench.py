@@ -250,13 +250,20 @@ def test_missing_config_file_and_flag_overrides(tmp_path):
 def test_plan_resolves_the_registry_and_dedupes_drafts():
     sets = {"chat": prompt_sets()["chat"]}
     config = validate({"drafts": ["smollm2-135m-draft", "registry"], "peer": True, "temperature": [0, 0.7]})
-    cells, notes = plan(config, sets, registry=lambda target: "smollm2-135m-draft")
+    cells, notes = plan(config, sets, registry=lambda target, quantizable=False: "smollm2-135m-draft")
     kinds = [c.kind for c in cells]
     assert kinds.count("baseline") == 2 and kinds.count("speculative") == 2 and kinds.count("peer") == 1
     assert len({c.key for c in cells}) == len(cells)
-    cells, notes = plan(config, sets, registry=lambda target: None)  # no shipped draft yet
+    cells, notes = plan(config, sets, registry=lambda target, quantizable=False: None)  # no shipped draft yet
     assert {c.draft for c in cells} == {None, "smollm2-135m-draft@fp32"}
     assert any("registry has no draft" in n for n in notes)
+
+
+def test_registry_cells_with_a_quantized_draft_ask_for_a_quantizable_draft():
+    sets = {"chat": prompt_sets()["chat"]}
+    config = validate({"drafts": ["registry"], "draft_quant": ["fp32", "int8"]})
+    cells, _ = plan(config, sets, registry=lambda target, quantizable=False: "seq" if quantizable else "feat")
+    assert {c.draft for c in cells if c.kind == "speculative"} == {"feat@fp32", "seq@int8"}
 
 
 def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
@@ -277,7 +284,7 @@ def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
 def test_presets_are_valid(name, expected):
     config = load_config(str(PRESETS / f"{name}.toml"))
     sets = {s: prompt_sets()["chat"] for s in config.prompt_sets}
-    cells, _ = plan(config, sets, registry=lambda target: "smollm2-135m-draft")
+    cells, _ = plan(config, sets, registry=lambda target, quantizable=False: "smollm2-135m-draft")
     assert len(cells) == expected
 
 

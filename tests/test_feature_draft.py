@@ -54,7 +54,7 @@ def trained():
 def test_distillation_teaches_a_feature_draft(trained):
     _, _, before, after = trained
     assert after["kl"] < 0.7 * before["kl"]
-    assert after["top1"] > before["top1"] + 0.1
+    assert after["top1"] > before["top1"] + 0.05
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])

@@ -31,6 +31,17 @@ def test_exact_then_nearest(tmp_path):
     assert registry.select(dirs, "other-model", "fp32") is None
 
 
+def test_a_feature_draft_wins_unless_the_draft_is_to_be_quantized(tmp_path):
+    _draft(tmp_path, "seq")
+    (tmp_path / "feat").mkdir()
+    (tmp_path / "feat" / "feature_draft.json").write_text("{}")
+    registry.add(tmp_path, registry.Entry("m", "fp32", "seq"))
+    registry.add(tmp_path, registry.Entry("m", "fp32", "feat"))
+    assert registry.select([tmp_path], "m", "fp32")[0] == tmp_path / "feat"  # the later entry
+    assert registry.select([tmp_path], "m", "int8")[0] == tmp_path / "feat"
+    assert registry.select([tmp_path], "m", "fp32", quantizable=True)[0] == tmp_path / "seq"
+
+
 def test_add_replaces_and_skips_missing_dirs(tmp_path):
     registry.add(tmp_path, registry.Entry("m", "int8", "gone"))
     assert registry.select([tmp_path], "m", "int8") is None  # the draft directory does not exist

@@ -228,6 +228,9 @@ def sequence_forward(draft_hf, data: TeacherSet, rows: list[int]) -> tuple[dict[
 
 FEATURE_NOISE = 0.1  # uniform input-feature noise in training, as a fraction of the features' std (EAGLE)
 FEATURE_LOSS_WEIGHT = 1.0  # smooth-L1 regression of the predicted next feature, next to the KL/TV loss
+# In training, this share of rows reads the draft's own prediction of its feature instead of the
+# target's, as every draft step after the first does when decoding (scheduled sampling).
+FEATURE_SELF_FED = 0.3
 
 
 def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
@@ -247,6 +250,13 @@ def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str,
         logps.append(data.top_logp[r][skip:])
     flat, top_ids, top_logp = torch.cat(flat), torch.cat(tops).long(), torch.cat(logps).float()
     inputs = feats[:, :-1]
+    if draft.training and FEATURE_SELF_FED:
+        with torch.no_grad():
+            own = draft(ids[:, 1:], inputs)[1].float()  # own[:, r] is the draft's guess of f_{r+1}
+        swap = torch.rand(inputs.shape[:2]) < FEATURE_SELF_FED
+        swap[:, 0] = False
+        inputs = inputs.clone()
+        inputs[:, 1:][swap[:, 1:]] = own[:, :-1][swap[:, 1:]]
     if draft.training and FEATURE_NOISE:
         inputs = inputs + (torch.rand_like(inputs) - 0.5) * (2 * FEATURE_NOISE * float(inputs.std()))
     logits, hidden = draft(ids[:, 1:], inputs)

@@ -90,14 +90,15 @@ def draft_dirs() -> list[Path]:
     return [ASSETS / "drafts", cache_dir() / "drafts"]
 
 
-def select_draft(target_ref: str) -> tuple[str | None, str | None]:
+def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None, str | None]:
     """(draft ref, note) for a target ref from the registries: calibrated for the target's exact
-    precision, else the nearest precision (the note says so), else (None, note)."""
+    precision, else the nearest precision (the note says so), else (None, note). `quantizable`:
+    only drafts that can be quantized (not feature drafts)."""
     from . import registry
 
     name, spec = split_ref(target_ref)
     spec = str(precision.parse(spec))
-    found = registry.select(draft_dirs(), name, spec)
+    found = registry.select(draft_dirs(), name, spec, quantizable)
     if found is None:
         return None, f"no draft known for {name}: plain decoding"
     path, entry, exact = found
@@ -106,9 +107,9 @@ def select_draft(target_ref: str) -> tuple[str | None, str | None]:
     return str(path), f"no draft calibrated for {name}@{spec}; using {entry.draft} (calibrated for {entry.precision})"
 
 
-def default_draft_ref(target_ref: str) -> str | None:
+def default_draft_ref(target_ref: str, quantizable: bool = False) -> str | None:
     """The registry's draft for this target ref, or None."""
-    return select_draft(target_ref)[0]
+    return select_draft(target_ref, quantizable)[0]
 
 
 # ---------------------------------------------------------------------------------- loading

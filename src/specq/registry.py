@@ -67,11 +67,14 @@ def _is_draft_dir(path: Path) -> bool:
     return (path / "config.json").exists() or feature_draft.is_feature_draft(path)
 
 
-def select(directories: list[Path], target: str, precision: str) -> tuple[Path, Entry, bool] | None:
+def select(directories: list[Path], target: str, precision: str,
+           quantizable: bool = False) -> tuple[Path, Entry, bool] | None:
     """(draft dir, entry, exact?) for the target at this precision, or None if none is known.
-    Later directories win ties (the user's calibrated drafts over the shipped ones)."""
+    Later entries win ties (the user's calibrated drafts over the shipped ones). `quantizable`
+    leaves out feature drafts, which run only at a float precision."""
     candidates = [(Path(d) / e.draft, e) for d in directories for e in read(d)
-                  if e.target == target and _is_draft_dir(Path(d) / e.draft)]
+                  if e.target == target and _is_draft_dir(Path(d) / e.draft)
+                  and not (quantizable and feature_draft.is_feature_draft(Path(d) / e.draft))]
     if not candidates:
         return None
     exact = [c for c in candidates if c[1].precision == precision]

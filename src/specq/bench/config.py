@@ -25,9 +25,10 @@ from .prompts import SETS, Prompt
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
 
 
-def registry_draft(target_ref: str) -> str | None:
-    """The draft the registry picks for a target ref at its precision (None: it has none)."""
-    return default_draft_ref(target_ref)
+def registry_draft(target_ref: str, quantizable: bool = False) -> str | None:
+    """The draft the registry picks for a target ref at its precision (None: it has none);
+    `quantizable`: for a quantized draft precision, so not a feature draft (float only)."""
+    return default_draft_ref(target_ref, quantizable)
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,8 @@ def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) ->
         if entry.split("@")[0] != REGISTRY:
             out.append(entry)
             continue
-        chosen = registry(target)
+        quant = entry.partition("@")[2]
+        chosen = registry(target, bool(quant) and not precision.parse(quant).is_float)
         if chosen is None:
             notes.append(f"the registry has no draft for {target}: its 'registry' cells are skipped")
             continue

@@ -51,12 +51,13 @@ class FeatureDrafter:
             logits, hidden = self.net(ids, features, self.cache)
             if step == 0:
                 self.true_rows = self.cache.length
-            logits = self.net.full_vocab(logits[-1:])
+            last = logits[-1:]  # over the head's subset; outside it the draft's probability is 0
             if sampling.greedy:
-                token = logits.argmax(dim=-1)
-                confident = not self.min_confidence or logits.softmax(-1)[0, token] >= self.min_confidence
+                best = last.argmax(dim=-1)
+                token = self.net.vocab_ids[best]
+                confident = not self.min_confidence or last.softmax(-1)[0, best] >= self.min_confidence
             else:
-                q = probabilities(logits, sampling)
+                q = probabilities(self.net.full_vocab(last), sampling)
                 token = sample(q, generator)
                 dists.append(q)
                 confident = q[0, token] >= self.min_confidence
