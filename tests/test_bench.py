@@ -278,8 +278,9 @@ def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
     ("demo", 2 * 2 * (1 + 1 + 1)),  # 2 targets x 2 sets x (baseline + speculative + peer), drafts deduped
     ("full", 5 * 3 * 3 * (1 + 3 * 8 * 2)),  # 5 targets x 3 lengths x 3 sets x (baseline + 3 drafts x 8 gammas x 2)
 
-    ("sweep-gamma", 5 * 2 * (1 + 3 * 3 * 2)),  # 5 targets x 2 sets x (baseline + 3 drafts x 3 gammas x 2)
-    ("sweep-length", 5 * 2 * 2 * (1 + 2)),  # 5 targets x 2 lengths x 2 sets x (baseline + 1 draft x 2)
+    ("sweep-gamma", 1 * 2 * (1 + 3 * 8 * 2)),  # fp32 target x 2 sets x (baseline + 3 drafts x 8 gammas x 2)
+    ("sweep-gamma-quantized", 4 * 2 * (1 + 3 * 6)),  # 4 targets x 2 sets x (baseline + 3 drafts x 6 gammas), no peer
+    ("sweep-length", 5 * 2 * 2 * (1 + 3 * 2)),  # 5 targets x 2 lengths x 2 sets x (baseline + 3 drafts x 2)
 ])
 def test_presets_are_valid(name, expected):
     config = load_config(str(PRESETS / f"{name}.toml"))
