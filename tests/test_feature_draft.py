@@ -167,3 +167,17 @@ def test_bad_feature_draft_is_a_clear_error(tmp_path):
     other = tiny_model(vocab=VOCAB, hidden=16)
     with pytest.raises(SpecqError, match="made for a target"):
         _feature_model(target).net.attach(other.net)
+
+
+def test_compare_scores_sequence_and_feature_drafts(trained):
+    """`specq compare`: a model against itself is at zero distance; a feature draft is scored on
+    the positions where it drafts (from A's hidden states), and beta = 1 - TV holds for both."""
+    from specq.divergence import compare
+
+    target, draft, _, _ = trained
+    chunks = [[1, 2, 3] + generate(target, [1, 2, 3], max_new_tokens=12).token_ids, [5, 6, 7, 8, 9, 10]]
+    same = compare(target, target, chunks, resamples=100)
+    assert same["kl_ab"]["mean"] < 1e-9 and abs(same["beta"]["mean"] - 1) < 1e-9
+    result = compare(target, draft, chunks, resamples=100)
+    assert 0 < result["beta"]["mean"] < 1 and result["tokens"] == sum(len(c) - 2 for c in chunks)
+    assert abs(result["beta"]["mean"] + result["tv"]["mean"] - 1) < 1e-6

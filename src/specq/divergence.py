@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from .feature_draft import FeatureDraft
 from .models import Model
 from .stats import bootstrap_ci
 
@@ -44,6 +45,17 @@ def _nll(logits: Tensor, next_ids: Tensor) -> Tensor:
     return -torch.log_softmax(logits.double(), dim=-1).gather(-1, next_ids[:, None]).squeeze(-1)
 
 
+def _next_token_logits(a: Model, b: Model, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Both models' next-token logits at the same positions, and the tokens that follow. A
+    feature draft B reads A's hidden states: its row r (token r+1, A's state at r) predicts the
+    token after r+1, so it is scored from position 1 on (the first step of every proposal)."""
+    if isinstance(b.net, FeatureDraft):
+        logits_a, hidden = a.net(ids, None, return_hidden=True)
+        lb, _ = b.net.attach(a.net)(ids[1:-1], hidden[:-2])
+        return logits_a[1:-1], b.net.full_vocab(lb), ids[2:]
+    return a.net(ids, None)[:-1], b.net(ids, None)[:-1], ids[1:]
+
+
 @torch.inference_mode()
 def compare(a: Model, b: Model, chunks: list[list[int]], temperature: float = 1.0,
             resamples: int = 2000, seed: int = 0, progress=None) -> dict:
@@ -53,12 +65,12 @@ def compare(a: Model, b: Model, chunks: list[list[int]], temperature: float = 1.
     tokens = 0
     for chunk in chunks:
         ids = torch.tensor(chunk, dtype=torch.long)
-        la, lb = a.net(ids, None)[:-1], b.net(ids, None)[:-1]
+        la, lb, next_ids = _next_token_logits(a, b, ids)
         for name, values in token_divergences(la, lb, temperature).items():
             per_chunk[name].append(float(values.mean()))
-        per_chunk["nll_a"].append(float(_nll(la, ids[1:]).mean()))
-        per_chunk["nll_b"].append(float(_nll(lb, ids[1:]).mean()))
-        tokens += len(chunk) - 1
+        per_chunk["nll_a"].append(float(_nll(la, next_ids).mean()))
+        per_chunk["nll_b"].append(float(_nll(lb, next_ids).mean()))
+        tokens += len(next_ids)
         if progress:
             progress()
     out = {"tokens": tokens, "chunks": len(chunks), "temperature": temperature}
