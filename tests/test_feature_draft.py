@@ -181,3 +181,25 @@ def test_compare_scores_sequence_and_feature_drafts(trained):
     result = compare(target, draft, chunks, resamples=100)
     assert 0 < result["beta"]["mean"] < 1 and result["tokens"] == sum(len(c) - 2 for c in chunks)
     assert abs(result["beta"]["mean"] + result["tv"]["mean"] - 1) < 1e-6
+
+
+def test_bench_runs_a_feature_draft_and_skips_its_peer(trained, tmp_path):
+    from rich.console import Console
+
+    from specq.bench import aggregate, runner
+    from specq.bench.config import validate
+    from specq.bench.prompts import Prompt
+
+    target, draft, _, _ = trained
+    models_by_ref = {"tiny@fp32": target, "feat@fp32": draft}
+    config = validate({"targets": ["tiny"], "drafts": ["feat"], "gamma": [2], "max_new_tokens": [10],
+                       "prompt_sets": ["chat"], "threads": [1], "results": str(tmp_path / "r.jsonl"),
+                       "resamples": 100, "peer": True})
+    sets = {"chat": [Prompt("chat", i, f"t{i + 1} t{i + 2} t{i + 3}", False) for i in range(2)]}
+    records = runner.run(config, load=lambda ref: models_by_ref[ref], prompt_sets=sets, progress=False,
+                         console=Console(quiet=True))
+    row = next(r for r in aggregate.summarize(records, resamples=100) if r["kind"] == "speculative")
+    assert row["mismatches"] == [] and row["tau"][0] >= 1
+    assert row["peer_skipped"]
+    save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
+    assert "feature draft" in runner.peer_skip_reason(models.load(str(tmp_path / "fd")))

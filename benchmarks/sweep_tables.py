@@ -1,0 +1,68 @@
+"""Condensed tables of a sweep results file for docs/benchmarks.md: paired speedup and tau per
+(target, draft) against gamma, and per output length.
+
+    python benchmarks/sweep_tables.py docs/results/sweep.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specq.bench import store
+from specq.bench.aggregate import summarize
+
+
+def draft_label(row: dict) -> str:
+    name = Path(row["draft"].split("@")[0]).name
+    kind = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn": "seq, int4-cal",
+            "smollm2-135m-feature": "feature"}.get(name, name)
+    return f"{kind} @{row['draft_precision']}"
+
+
+def cell(ci) -> str:
+    return "-" if not ci else f"{ci[0]:.2f}"
+
+
+def pivot(rows: list[dict], column: str, columns: list, value: str, title: str) -> str:
+    keyed: dict[tuple, dict] = {}
+    for r in rows:
+        keyed.setdefault((r["target_precision"], draft_label(r)), {})[r[column]] = r
+    head = f"| target | draft | " + " | ".join(f"{column} {c}" for c in columns) + " |"
+    lines = [f"**{title}**", "", head, "|" + "---|" * (len(columns) + 2)]
+    order = ["fp32", "bf16", "int8", "int4", "int3", "int2"]
+    rank = lambda key: (next((i for i, p in enumerate(order) if key[0].startswith(p)), 9), key[1])  # noqa: E731
+    for (target, draft), by in sorted(keyed.items(), key=lambda kv: rank(kv[0])):
+        best = max((c for c in columns if c in by and by[c]["speedup"]), default=None,
+                   key=lambda c: by[c]["speedup"][0]) if value == "speedup" else None
+        vals = []
+        for c in columns:
+            text = cell(by.get(c, {}).get(value))
+            vals.append(f"**{text}**" if c == best else text)
+        lines.append(f"| {target} | {draft} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results")
+    ap.add_argument("--tokens", type=int, default=64, help="output length of the gamma tables")
+    ap.add_argument("--gamma", type=int, default=2, help="gamma of the length table")
+    args = ap.parse_args()
+    rows = [r for r in summarize(store.read(args.results)) if r["kind"] == "speculative"]
+    at_len = [r for r in rows if r["max_new_tokens"] == args.tokens]
+    gammas = sorted({r["gamma"] for r in at_len})
+    print(pivot(at_len, "gamma", gammas, "speedup", f"Paired speedup over the target alone, {args.tokens} tokens "
+                "(best gamma in bold)"))
+    print()
+    print(pivot(at_len, "gamma", gammas, "tau", f"tau (tokens per target pass), {args.tokens} tokens"))
+    print()
+    at_gamma = [r for r in rows if r["gamma"] == args.gamma]
+    lengths = sorted({r["max_new_tokens"] for r in at_gamma})
+    print(pivot(at_gamma, "max_new_tokens", lengths, "speedup", f"Paired speedup by output length, gamma {args.gamma}"))
+    print()
+    print(pivot(at_gamma, "max_new_tokens", lengths, "tau", f"tau by output length, gamma {args.gamma}"))
+
+
+if __name__ == "__main__":
+    main()
