@@ -48,7 +48,7 @@ class TeacherSet:
         return len(self.ids)
 
     def __add__(self, other: "TeacherSet") -> "TeacherSet":
-        if bool(self.features and len(self)) != bool(other.features and len(other)) and len(self) and len(other):
+        if len(self) and len(other) and bool(self.features) != bool(other.features):
             raise ValueError("cannot join teacher sets with and without target features")
         return TeacherSet(self.ids + other.ids, self.start + other.start, self.top_ids + other.top_ids,
                           self.top_logp + other.top_logp, self.features + other.features)

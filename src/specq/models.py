@@ -250,13 +250,13 @@ def load(ref: str) -> Model:
     if feature_draft.is_feature_draft(source):
         if not spec.is_float:
             raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16), not {spec}")
-        from transformers import AutoTokenizer, GenerationConfig
+        from transformers import AutoTokenizer
 
         net = feature_draft.load(source, spec.dtype)
         tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        eos = GenerationConfig.from_pretrained(source, local_files_only=True).eos_token_id or []
-        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set([eos] if isinstance(eos, int) else eos, tok),
-                     source=str(source), precision=str(spec), info={"load_s": time.perf_counter() - started})
+        eos = _generation_eos(source, None, local_only=True)  # no config.json: generation_config.json only
+        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(source),
+                     precision=str(spec), info={"load_s": time.perf_counter() - started})
     if precision.is_quantized_dir(source):
         net, saved_spec = precision.load_quantized_dir(source)
         if spec_text != "fp32" and str(spec) != saved_spec:

@@ -5,6 +5,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..sampling import SamplingConfig, probabilities, sample
+
 
 class Proposal(NamedTuple):
     tokens: Tensor  # [g] draft token ids
@@ -12,3 +14,15 @@ class Proposal(NamedTuple):
 
 
 EMPTY = Proposal(torch.empty(0, dtype=torch.long), None)
+
+
+def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator,
+           min_confidence: float) -> tuple[Tensor, Tensor | None, bool]:
+    """One draft token from [1, V] logits: (token [1], its processed distribution q [1, V] or
+    None when greedy, whether the draft's probability for it reaches `min_confidence`)."""
+    if sampling.greedy:
+        token = logits.argmax(dim=-1)
+        return token, None, not min_confidence or bool(logits.softmax(-1)[0, token] >= min_confidence)
+    q = probabilities(logits, sampling)
+    token = sample(q, generator)
+    return token, q, bool(q[0, token] >= min_confidence)

@@ -13,11 +13,8 @@ import torch
 from torch import Tensor
 
 from ..feature_draft import FeatureDraft
-from ..sampling import SamplingConfig, probabilities, sample
-from .base import Proposal
-from .sequence import DEFAULT_DRAFT_CONFIDENCE
-
-__all__ = ["FeatureDrafter", "DEFAULT_DRAFT_CONFIDENCE"]
+from ..sampling import SamplingConfig
+from .base import Proposal, choose
 
 
 class FeatureDrafter:
@@ -52,15 +49,13 @@ class FeatureDrafter:
             if step == 0:
                 self.true_rows = self.cache.length
             last = logits[-1:]  # over the head's subset; outside it the draft's probability is 0
-            if sampling.greedy:
-                best = last.argmax(dim=-1)
-                token = self.net.vocab_ids[best]
-                confident = not self.min_confidence or last.softmax(-1)[0, best] >= self.min_confidence
+            # greedy picks within the subset (then maps the id); sampling needs q over the whole vocabulary
+            token, q, confident = choose(last if sampling.greedy else self.net.full_vocab(last), sampling,
+                                         generator, self.min_confidence)
+            if q is None:
+                token = self.net.vocab_ids[token]
             else:
-                q = probabilities(self.net.full_vocab(last), sampling)
-                token = sample(q, generator)
                 dists.append(q)
-                confident = q[0, token] >= self.min_confidence
             tokens.append(token)
             ids, features = token, hidden[-1:]
             if not confident:

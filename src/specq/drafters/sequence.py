@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from ..models import Model
-from ..sampling import SamplingConfig, probabilities, sample
-from .base import Proposal
+from ..sampling import SamplingConfig
+from .base import Proposal, choose
 
 # The early stop used unless the caller picks one. transformers (assistant_confidence_threshold)
 # and llama.cpp (--draft-p-min) stop early by default too: with a draft that is often wrong, every
@@ -49,14 +49,9 @@ class SequenceDrafter:
         tokens, dists = [], []
         for _ in range(gamma):
             logits = self._align(self.net(pending, self.cache, last_only=True))
-            if sampling.greedy:
-                token = logits.argmax(dim=-1)
-                confident = not self.min_confidence or logits.softmax(-1)[0, token] >= self.min_confidence
-            else:
-                q = probabilities(logits, sampling)
-                token = sample(q, generator)
+            token, q, confident = choose(logits, sampling, generator, self.min_confidence)
+            if q is not None:
                 dists.append(q)
-                confident = q[0, token] >= self.min_confidence
             tokens.append(token)
             pending = token
             if not confident:
