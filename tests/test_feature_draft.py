@@ -120,6 +120,23 @@ def test_draft_rows_read_the_right_target_features(trained):
             assert torch.allclose(first_logits, logits[0, row], atol=1e-4), row
 
 
+def test_unrolled_training_steps_match_decoding(trained):
+    """Training-time test: step k of `unrolled` at row j equals the k-th draft step of a proposal
+    whose true features end at f_j (its own earlier outputs as features, the true next tokens)."""
+    target, draft, _, _ = trained
+    seq = torch.tensor(PROMPTS[0] + generate(target, PROMPTS[0], max_new_tokens=12).token_ids)
+    with torch.no_grad():
+        feats = target.net.hidden_states(seq)
+        steps = draft.net.unrolled(seq.unsqueeze(0), feats[:-1].unsqueeze(0), 3)
+        assert torch.allclose(steps[0][0], draft.net(seq[1:].unsqueeze(0), feats[:-1].unsqueeze(0))[1][0], atol=1e-5)
+        for j in range(len(seq) - 4):
+            cache = draft.net.new_cache(len(seq) + 4)
+            _, hidden = draft.net(seq[1:j + 2], feats[:j + 1], cache)  # true rows 0..j
+            for k in range(1, 3):
+                _, hidden = draft.net(seq[j + k + 1:j + k + 2], hidden[-1:], cache)
+                assert torch.allclose(hidden[0], steps[k][0, j], atol=1e-5), (j, k)
+
+
 def test_sampling_distribution_matches_target():
     from scipy.stats import chisquare
 

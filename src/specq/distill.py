@@ -228,45 +228,48 @@ def sequence_forward(draft_hf, data: TeacherSet, rows: list[int]) -> tuple[dict[
 
 FEATURE_NOISE = 0.1  # uniform input-feature noise in training, as a fraction of the features' std (EAGLE)
 FEATURE_LOSS_WEIGHT = 1.0  # smooth-L1 regression of the predicted next feature, next to the KL/TV loss
-# In training, this share of rows reads the draft's own prediction of its feature instead of the
-# target's, as every draft step after the first does when decoding (scheduled sampling).
-FEATURE_SELF_FED = 0.3
+# Training unrolls this many draft steps (training-time test): decoding feeds every step after the
+# first with the draft's own feature, so later steps are trained on exactly that input. Step k's
+# mean loss is weighted FEATURE_STEP_DECAY ** k (EAGLE-3), so the first step learns as without it.
+FEATURE_UNROLL = 3
+FEATURE_STEP_DECAY = 0.8
 
 
 def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
-    """A `FeatureDraft`'s per-position divergences: row r reads (x_{r+1}, f_r) and is scored on
-    the target's distribution after position r + 1; the extra loss regresses f_{r+1}."""
+    """A `FeatureDraft`'s per-position divergences: at step k (from 0), row r reads x_{r+k+1}
+    (and f_r, or its own step k-1 feature) and is scored on the target's distribution after
+    position r + k + 1; the extra loss regresses f_{r+k+1}. Training unrolls FEATURE_UNROLL
+    steps (the divergences carry each position's loss weight); evaluation scores the first step."""
     width = max(data.ids[r].shape[0] for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     feats = torch.zeros(len(rows), width, draft.config.hidden_size)
-    flat, tops, logps = [], [], []
     for b, r in enumerate(rows):
         n = data.ids[r].shape[0]
         ids[b, :n], feats[b, :n] = data.ids[r], data.features[r].float()
-        skip = max(0, 1 - data.start[r])  # position 0 has no row before it
-        m = data.top_ids[r].shape[0]
-        flat.append(b * (width - 1) + data.start[r] + torch.arange(skip, m) - 1)
-        tops.append(data.top_ids[r][skip:])
-        logps.append(data.top_logp[r][skip:])
-    flat, top_ids, top_logp = torch.cat(flat), torch.cat(tops).long(), torch.cat(logps).float()
     inputs = feats[:, :-1]
-    if draft.training and FEATURE_SELF_FED:
-        with torch.no_grad():
-            own = draft(ids[:, 1:], inputs)[1].float()  # own[:, r] is the draft's guess of f_{r+1}
-        swap = torch.rand(inputs.shape[:2]) < FEATURE_SELF_FED
-        swap[:, 0] = False
-        inputs = inputs.clone()
-        inputs[:, 1:][swap[:, 1:]] = own[:, :-1][swap[:, 1:]]
     if draft.training and FEATURE_NOISE:
         inputs = inputs + (torch.rand_like(inputs) - 0.5) * (2 * FEATURE_NOISE * float(inputs.std()))
-    logits, hidden = draft(ids[:, 1:], inputs)
-    logq = torch.log_softmax(logits.reshape(-1, logits.shape[-1])[flat], dim=-1)
-    where = draft.subset_index(top_ids)  # -1 for tokens outside the head's vocabulary
-    logq_top = logq.gather(-1, where.clamp_min(0)).masked_fill(where < 0, float("-inf"))
-    d = divergences(logq_top, draft.vocab_ids[logq.argmax(-1)], top_ids, top_logp)
-    predicted = hidden.reshape(-1, hidden.shape[-1])[flat]
-    true_next = feats[:, 1:].reshape(-1, feats.shape[-1])[flat]
-    return d, FEATURE_LOSS_WEIGHT * torch.nn.functional.smooth_l1_loss(predicted, true_next)
+    steps = FEATURE_UNROLL if draft.training else 1
+    parts, regression = [], inputs.new_zeros(())
+    for k, hidden in enumerate(draft.unrolled(ids, inputs, steps)):
+        flat, tops, logps = [], [], []
+        for b, r in enumerate(rows):
+            skip = max(0, k + 1 - data.start[r])  # teacher positions with a row k + 1 before them
+            m = data.top_ids[r].shape[0]
+            flat.append(b * (width - 1) + data.start[r] + torch.arange(skip, m) - k - 1)
+            tops.append(data.top_ids[r][skip:])
+            logps.append(data.top_logp[r][skip:])
+        flat, top_ids, top_logp = torch.cat(flat), torch.cat(tops).long(), torch.cat(logps).float()
+        predicted = hidden.reshape(-1, hidden.shape[-1])[flat]
+        logq = torch.log_softmax(draft.body.output(predicted).float(), dim=-1)
+        where = draft.subset_index(top_ids)  # -1 for tokens outside the head's vocabulary
+        logq_top = logq.gather(-1, where.clamp_min(0)).masked_fill(where < 0, float("-inf"))
+        d = divergences(logq_top, draft.vocab_ids[logq.argmax(-1)], top_ids, top_logp)
+        decay = FEATURE_STEP_DECAY ** k
+        parts.append(d | {"weight": torch.full_like(d["kl"], decay / len(flat))})
+        true_next = torch.nn.functional.pad(feats[:, k + 1:], (0, 0, 0, k)).reshape(-1, feats.shape[-1])  # f_{r+k+1}
+        regression = regression + decay * torch.nn.functional.smooth_l1_loss(predicted, true_next[flat])
+    return {key: torch.cat([d[key] for d in parts]) for key in parts[0]}, FEATURE_LOSS_WEIGHT * regression
 
 
 def divergences(logq_top: Tensor, draft_top1: Tensor, top_ids: Tensor, top_logp: Tensor) -> dict[str, Tensor]:
@@ -305,6 +308,7 @@ def evaluate(student, data: TeacherSet, batch: int = 8, forward=sequence_forward
     sums, n = {}, 0
     for i in range(0, len(data), batch):
         d, _ = forward(student, data, list(range(i, min(i + batch, len(data)))))
+        d.pop("weight", None)
         for key, v in d.items():
             sums[key] = sums.get(key, 0.0) + v.sum().item()
         n += len(d["kl"])
@@ -333,7 +337,8 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
             progress: bool = True, forward=sequence_forward) -> dict:
     """Train `draft_hf` towards the target distributions in `train`; return the final held-out
     metrics and the history. `forward(student, data, rows) -> (divergences, extra loss)` says
-    how a kind of draft is run on a batch (`sequence_forward`, `feature_forward`).
+    how a kind of draft is run on a batch (`sequence_forward`, `feature_forward`); the
+    divergences may carry a per-position loss `weight` (else the loss is their mean).
 
     The learning-rate schedule follows max(step / steps, elapsed / time_budget_s), so a run cut
     short by its time budget still ends with a decayed rate; without a budget a run (and any
@@ -385,7 +390,9 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
             rows.append(order[state["pos"]])
             state["pos"] += 1
         d, extra = forward(draft_hf, train, rows)
-        value = ((1 - w) * d["kl"] + w * d["tv"]).mean() + extra
+        per_position = (1 - w) * d["kl"] + w * d["tv"]
+        weight = d.pop("weight", None)  # a forward may weight positions (unrolled feature steps)
+        value = (per_position.mean() if weight is None else (per_position * weight).sum()) + extra
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(draft_hf.parameters(), 1.0)

@@ -88,6 +88,41 @@ class FeatureDraft(nn.Module):
         logits = body.output(hidden).float()
         return (logits, hidden) if batched else (logits[0], hidden[0])
 
+    def unrolled(self, ids: Tensor, features: Tensor, steps: int) -> list[Tensor]:
+        """Training-time test (EAGLE-3, HASS): the draft's predicted features after each of
+        `steps` draft steps from every row at once, as decoding would compute them.
+
+        ids [B, W] are whole token sequences, features [B, W-1, H] the target's f_0 .. f_{W-2}.
+        Step k (from 0) at row j reads token x_{j+k+1} and, for k > 0, its own step k-1 output of
+        row j, at position j + k. It attends to the true rows 0..j of step 0 and to row j of
+        steps 1..k, exactly the cache a proposal sees when the target's features end at f_j.
+        Returns one [B, W-1, H] tensor per step (rows past a sequence's end are garbage)."""
+        rows = features.shape[1]
+        body = self.body
+        body._ensure_rope(rows + steps)
+        causal = torch.ones(rows, rows, dtype=torch.bool).tril_()
+        diagonal = torch.eye(rows, dtype=torch.bool)
+        keys: list[list[Tensor]] = [[] for _ in body.layers]
+        values: list[list[Tensor]] = [[] for _ in body.layers]
+        out = []
+        for k in range(steps):
+            tokens = F.pad(ids[:, k + 1:], (0, k))[:, :rows]
+            x = self.fc(torch.cat([F.embedding(tokens, self.token_embedding).to(self.dtype),
+                                   features.to(self.dtype)], dim=-1))
+            cos, sin = body.rope_cos[k:k + rows], body.rope_sin[k:k + rows]
+            mask = torch.cat([causal] + [diagonal] * k, dim=1)
+            for i, layer in enumerate(body.layers):
+                q, key, value = layer.attention.qkv(layer.attention_norm(x), cos, sin)
+                keys[i].append(key)
+                values[i].append(value)
+                att = F.scaled_dot_product_attention(q, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2),
+                                                     attn_mask=mask, enable_gqa=True)
+                x = x + layer.attention.wo(att.transpose(1, 2).reshape(*x.shape[:2], -1))
+                x = x + layer.feed_forward(layer.ffn_norm(x))
+            features = body.norm(x)
+            out.append(features)
+        return out
+
     def subset_index(self, token_ids: Tensor) -> Tensor:
         """Each token's row in the head, or -1 if the head does not cover it."""
         return self._subset_index[token_ids]

@@ -145,15 +145,19 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.wo = nn.Linear(self.q_size, c.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
-                mask: Tensor | None) -> Tensor:
-        b, n = x.shape[:2]  # b > 1 only in training (no cache)
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values [b, heads, n, head_dim], rotated to their positions."""
+        b, n = x.shape[:2]
         q, k, v = self.wqkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
+                mask: Tensor | None) -> Tensor:
+        b, n = x.shape[:2]  # b > 1 only in training (no cache)
+        q, k, v = self.qkv(x, cos, sin)
         if cache is None:  # training: the whole sequence at once
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         elif isinstance(cache, StaticView):  # compiled: fixed shapes, positions as a tensor

@@ -4,7 +4,9 @@
 - tau, mean accepted length: tokens emitted per target verify pass, *bonus token included*
   (1.0 for plain decoding)
 - per-position acceptance, unconditional U_i = P(accepted length >= i) and conditional
-  a_i = P(token i accepted | tokens 1..i-1 accepted)
+  a_i = P(token i accepted | tokens 1..i-1 accepted), both over the steps that drafted at least
+  i tokens: proposals cut short (by the token budget or the draft's confidence stop) do not count
+  at the positions they never drafted, so on few steps U_i need not fall monotonically
 - draft cost share: draft time / decode time (prefill is timed separately)
 """
 
