@@ -16,8 +16,9 @@ from specq.bench.aggregate import summarize
 def draft_label(row: dict) -> str:
     name = Path(row["draft"].split("@")[0]).name
     kind = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn": "seq, int4-cal",
-            "smollm2-135m-feature": "feature"}.get(name, name)
-    return f"{kind} @{row['draft_precision']}"
+            "smollm2-135m-feature": "feature", "smollm2-135m-feature-draft": "feature"}.get(name, name)
+    stop = f", stop {row['draft_confidence']}" if row.get("draft_confidence") else ""  # early-stop threshold
+    return f"{kind} @{row['draft_precision']}{stop}"
 
 
 def cell(ci) -> str:

@@ -1,28 +1,28 @@
 """The embedded SmolLM2-135M target: lossless speculative decoding on a real model."""
 
-import copy
-import dataclasses
-
 import pytest
 
 import specq
-from specq.models import Model, default_draft_ref
+from specq import registry
+from specq.models import ASSETS
 
 PROMPTS = [("The capital of France is", False),
            ("Write a short poem about the sea.", True),
            ("What is 17 times 23? Think step by step.", True)]
 
 
-@pytest.fixture(scope="module")
-def draft(real_target):
-    ref = default_draft_ref("smollm2-135m")
-    if ref:
-        return specq.load(ref)
-    net = copy.deepcopy(real_target.net)  # no shipped draft yet: the first 4 layers of the target
-    net.layers = net.layers[:4]
-    net.config = dataclasses.replace(net.config, num_layers=4)
-    return Model(ref="smollm2-135m-first4layers", net=net, tokenizer=real_target.tokenizer,
-                 eos_ids=real_target.eos_ids, source="truncated target")
+@pytest.fixture(scope="module", params=["smollm2-135m-draft", "smollm2-135m-feature-draft"])
+def draft(request):
+    """Each shipped draft: the sequence draft and the feature draft."""
+    return specq.load(request.param)
+
+
+def test_registry_picks_the_shipped_drafts():
+    shipped = [ASSETS / "drafts"]  # the package's manifest only, whatever the user has calibrated
+    assert registry.select(shipped, "smollm2-135m", "fp32")[0].name == "smollm2-135m-feature-draft"
+    assert registry.select(shipped, "smollm2-135m", "int8")[0].name == "smollm2-135m-feature-draft"  # nearest
+    assert registry.select(shipped, "smollm2-135m", "fp32", quantizable=True)[0].name == "smollm2-135m-draft"
+    assert registry.select(shipped, "smollm2-135m", "int4-g64-rtn")[0].name == "smollm2-135m-draft-int4-g64-rtn"
 
 
 def test_builtin_target_answers(real_target):

@@ -15,6 +15,7 @@ import torch
 
 from .decode import decode
 from .drafters import for_pair
+from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .models import Model, check_compatible
@@ -80,7 +81,7 @@ def validate(target: Model, draft: Model | None, gamma: int, max_new_tokens: int
                          f"the target's context of {limit} tokens")
 
 
-def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int = 4,
+def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int = DEFAULT_GAMMA,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
              ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None) -> Generation:

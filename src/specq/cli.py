@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from .bench.cli import add_bench_parser, add_report_parser
+from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
     g.add_argument("--draft", default=None,
                    help="draft model ref (default: the best draft shipped for the target)")
-    g.add_argument("--gamma", type=_positive_int, default=4, help="draft tokens per step (default 4)")
+    g.add_argument("--gamma", type=_positive_int, default=DEFAULT_GAMMA,
+                   help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts)")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128)
     g.add_argument("--draft-confidence", type=_float, default=DEFAULT_DRAFT_CONFIDENCE,
                    help=f"end a draft early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}, "

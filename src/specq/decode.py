@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from .drafters.base import EMPTY
+from .drafters.base import DEFAULT_GAMMA, EMPTY
 from .models import Model
 from .sampling import SamplingConfig, probabilities, sample, verify_greedy, verify_sampling
 from .stats import DecodeStats
@@ -21,7 +21,7 @@ from .stopping import StopChecker
 
 
 @torch.inference_mode()
-def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = 4,
+def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = DEFAULT_GAMMA,
            sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
            stop_strings: list[str] | None = None, ignore_eos: bool = False,
            generator: torch.Generator | None = None) -> tuple[list[int], str, DecodeStats]:

@@ -74,15 +74,19 @@ def _smollm2_dir() -> Path:
 ASSETS = Path(__file__).parent / "assets"
 
 
-def _shipped_draft_dir() -> Path:
-    """The draft distilled by specq for smollm2-135m, shipped inside the package."""
-    path = ASSETS / "drafts" / "smollm2-135m-draft"
-    if not (path / "config.json").exists():
-        raise SpecqError(f"the shipped draft is missing from this installation ({path})")
-    return path
+def _shipped_draft(name: str):
+    """The directory of a draft distilled by specq and shipped inside the package."""
+    def find() -> Path:
+        path = ASSETS / "drafts" / name
+        if not (path / "config.json").exists() and not feature_draft.is_feature_draft(path):
+            raise SpecqError(f"the shipped draft '{name}' is missing from this installation ({path})")
+        return path
+    return find
 
 
-BUILTINS = {"smollm2-135m": _smollm2_dir, "smollm2-135m-draft": _shipped_draft_dir}
+BUILTINS = {"smollm2-135m": _smollm2_dir,
+            "smollm2-135m-draft": _shipped_draft("smollm2-135m-draft"),  # sequence draft (any precision)
+            "smollm2-135m-feature-draft": _shipped_draft("smollm2-135m-feature-draft")}  # EAGLE style
 
 
 def draft_dirs() -> list[Path]:
