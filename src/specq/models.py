@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import atomic, feature_draft, precision
+from . import atomic, feature_draft, precision, registry
 from .errors import SpecqError
 from .hf_backend import HFCausalLM
 from .llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
@@ -78,7 +78,7 @@ def _shipped_draft(name: str):
     """The directory of a draft distilled by specq and shipped inside the package."""
     def find() -> Path:
         path = ASSETS / "drafts" / name
-        if not (path / "config.json").exists() and not feature_draft.is_feature_draft(path):
+        if not registry.is_draft_dir(path):
             raise SpecqError(f"the shipped draft '{name}' is missing from this installation ({path})")
         return path
     return find
@@ -98,8 +98,6 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     """(draft ref, note) for a target ref from the registries: calibrated for the target's exact
     precision, else the nearest precision (the note says so), else (None, note). `quantizable`:
     only drafts that can be quantized (not feature drafts)."""
-    from . import registry
-
     name, spec = split_ref(target_ref)
     spec = str(precision.parse(spec))
     found = registry.select(draft_dirs(), name, spec, quantizable)

@@ -63,7 +63,8 @@ def add(directory: Path | str, entry: Entry) -> None:
     atomic.write_text(Path(directory) / MANIFEST, text)
 
 
-def _is_draft_dir(path: Path) -> bool:
+def is_draft_dir(path: Path) -> bool:
+    """A model directory specq can load as a draft: Hugging Face layout or a feature draft."""
     return (path / "config.json").exists() or feature_draft.is_feature_draft(path)
 
 
@@ -73,7 +74,7 @@ def select(directories: list[Path], target: str, precision: str,
     Later entries win ties (the user's calibrated drafts over the shipped ones). `quantizable`
     leaves out feature drafts, which run only at a float precision."""
     candidates = [(Path(d) / e.draft, e) for d in directories for e in read(d)
-                  if e.target == target and _is_draft_dir(Path(d) / e.draft)
+                  if e.target == target and is_draft_dir(Path(d) / e.draft)
                   and not (quantizable and feature_draft.is_feature_draft(Path(d) / e.draft))]
     if not candidates:
         return None
