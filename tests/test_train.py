@@ -65,6 +65,12 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["kind"] == "feature" and report["draft_config"]["vocab_size"] <= 41 and report["steps"] == 6
     assert list((files / "drafts" / "feat.work" / "teacher").glob("*/shard_000.features.pt"))
+    assert report["settings"]["head_vocab"] == 40
+    more = [a if a != str(out) else str(files / "more" / "feat") for a in args]
+    assert main(more + ["--from", str(out)] + [a for a in FAST if a not in ("--arch", "2x32")]) == 0
+    continued = json.loads(capsys.readouterr().out)  # the base's head is kept: --head-vocab is not reported
+    assert continued["draft_config"]["vocab_size"] == report["draft_config"]["vocab_size"]
+    assert "head_vocab" not in continued["settings"]
     path, _, exact = registry.select([out.parent], str(files / "target"), "int4-g32-rtn")
     assert exact and path == out
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))

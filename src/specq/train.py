@@ -254,6 +254,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
                      loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
                      forward=feature_forward if feature else sequence_forward)
+    unused = {"extra"} if feature and base is None else {"extra", "head_vocab"}  # only a new feature draft picks a head
     net = student.to(dtype).eval() if feature else to_native(student, dtype)
     draft = Model(ref=str(out), net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
                   source=str(out), precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
@@ -265,7 +266,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         "kind": "feature" if feature else "sequence",
         "draft_config": draft.net.config.to_dict(), "dtype": draft.precision,
         "parameters": sum(p.numel() for p in draft.net.parameters()),
-        "settings": {k: v for k, v in asdict(settings).items() if k != "extra"} | settings.extra,
+        "settings": {k: v for k, v in asdict(settings).items() if k not in unused} | settings.extra,
         "train_sequences": len(train), "train_positions": train.positions(), "held_out_positions": held.positions(),
         "teacher_data_s": round(data_s, 1), "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
         "held_out": result["held_out"], "history": result["history"],
