@@ -25,6 +25,15 @@ def test_registry_picks_the_shipped_drafts():
     assert registry.select(shipped, "smollm2-135m", "int4-g64-rtn")[0].name == "smollm2-135m-draft-int4-g64-rtn"
 
 
+def test_shipped_drafts_are_chosen_by_their_builtin_names(tmp_path, monkeypatch):
+    """A portable ref: bench cell keys and printed notes do not hold this checkout's path."""
+    from specq.models import select_draft
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))  # no user-calibrated drafts
+    assert select_draft("smollm2-135m")[0] == "smollm2-135m-feature-draft"
+    assert select_draft("smollm2-135m@int4-g64-rtn")[0] == "smollm2-135m-draft-int4-g64-rtn"
+
+
 def test_builtin_target_answers(real_target):
     out = specq.generate(real_target, "The capital of France is", max_new_tokens=4)
     assert "Paris" in out.text
