@@ -303,6 +303,21 @@ def test_report_is_markdown_and_self_contained_html(pair, tmp_path):
         write_report(tmp_path / "none.jsonl")
 
 
+def test_gamma_auto_cells_are_lossless_and_reported(pair, tmp_path):
+    """gamma 'auto' is one more value of the gamma axis: its rows carry the per-position
+    acceptance up to its longest proposal, no analytic prediction (that assumes fixed lengths),
+    and show up in the tables and the report."""
+    rows = summary(bench(sweep(tmp_path / "r.jsonl", gamma=[2, "auto"]), pair))
+    auto = [r for r in rows if r["gamma"] == "auto"]
+    assert len(auto) == 1 and all(not r["mismatches"] and r["predicted_speedup"] is None and len(r["U"]) == 4
+                                  for r in auto)
+    assert any(cells[2].startswith("auto") for cells in tables.summary(rows, 0.95).rows)
+    md, _ = write_report(tmp_path / "r.jsonl")
+    assert "| auto (stop" in md.read_text()
+    with pytest.raises(SpecqError, match="or 'auto'"):
+        sweep(tmp_path / "r.jsonl", gamma=["many"])
+
+
 def _cli(argv: list[str]) -> int:
     parser = _Parser(prog="specq")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -75,6 +75,9 @@ def test_generate_json_from_saved_dirs(tiny_dirs, capsys):
     code, out2, _ = _run(["generate", "t1 t2", "--target", t, "--no-speculative", "--max-new-tokens", "12",
                           "--json"], capsys)
     assert json.loads(out2)["token_ids"] == result["token_ids"]
+    code, out3, _ = _run(["generate", "t1 t2", "--target", t, "--draft", t, "--gamma", "auto", "--max-new-tokens",
+                          "12", "--json"], capsys)
+    assert json.loads(out3)["token_ids"] == result["token_ids"] and json.loads(out3)["stats"]["gamma"] == 4
 
 
 def test_real_exit_code_subprocess():

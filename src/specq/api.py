@@ -18,6 +18,7 @@ from .drafters import for_pair
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
+from .gamma import parse as parse_gamma
 from .models import Model, check_compatible
 from .sampling import SamplingConfig
 from .stats import DecodeStats
@@ -81,12 +82,14 @@ def validate(target: Model, draft: Model | None, gamma: int, max_new_tokens: int
                          f"the target's context of {limit} tokens")
 
 
-def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int = DEFAULT_GAMMA,
+def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int | str = DEFAULT_GAMMA,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
              ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
-    The output is the target's own: token for token when greedy, in distribution when sampling."""
+    The output is the target's own: token for token when greedy, in distribution when sampling.
+    gamma "auto" chooses each step's draft length from this run's measured costs (up to 4)."""
+    gamma, adaptive = parse_gamma(gamma)
     try:
         sampling = SamplingConfig(temperature, top_k, top_p)
     except ValueError as e:
@@ -100,7 +103,7 @@ def generate(target: Model, prompt: str | list[int], draft: Model | None = None,
             raise SpecqError(f"draft_confidence must be in [0, 1), got {draft_confidence}")
         drafter = drafter or for_pair(draft, target, draft_confidence)
     validate(target, draft if drafter is not None else None, gamma, max_new_tokens, len(prompt_ids))
-    ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, sampling=sampling,
+    ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                                 max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                                 generator=torch.Generator().manual_seed(seed))
     text = target.tokenizer.decode(ids, skip_special_tokens=True)

@@ -38,6 +38,14 @@ _positive_int = _int_at_least(1)
 _nonnegative_int = _int_at_least(0)
 
 
+def _gamma(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got '{text}'")
+
+
 def _float(text: str) -> float:
     try:
         value = float(text)
@@ -57,8 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
     g.add_argument("--draft", default=None,
                    help="draft model ref (default: the best draft shipped for the target)")
-    g.add_argument("--gamma", type=_positive_int, default=DEFAULT_GAMMA,
-                   help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts)")
+    g.add_argument("--gamma", type=_gamma, default=DEFAULT_GAMMA,
+                   help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts), "
+                        "or 'auto': each step's length (0 = plain, up to 4) chosen from this run's measured "
+                        "acceptance and timings")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128)
     g.add_argument("--draft-confidence", type=_float, default=DEFAULT_DRAFT_CONFIDENCE,
                    help=f"end a draft early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}, "

@@ -14,6 +14,7 @@ import time
 import torch
 
 from .drafters.base import DEFAULT_GAMMA, EMPTY
+from .gamma import CostAwareGamma
 from .models import Model
 from .sampling import SamplingConfig, probabilities, sample, verify_greedy, verify_sampling
 from .stats import DecodeStats
@@ -22,14 +23,16 @@ from .stopping import StopChecker
 
 @torch.inference_mode()
 def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = DEFAULT_GAMMA,
-           sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
+           adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
            stop_strings: list[str] | None = None, ignore_eos: bool = False,
            generator: torch.Generator | None = None) -> tuple[list[int], str, DecodeStats]:
     """Generate from `target`, speculatively when a drafter is given.
-    Returns (new token ids, finish reason 'eos' | 'stop' | 'length', stats). `ignore_eos` runs to
-    max_new_tokens (as in vLLM), for benchmarks at a fixed output length."""
+    Returns (new token ids, finish reason 'eos' | 'stop' | 'length', stats). `adaptive`: gamma is
+    the longest proposal and each step's length is chosen from measured costs (`gamma.py`).
+    `ignore_eos` runs to max_new_tokens (as in vLLM), for benchmarks at a fixed output length."""
     generator = generator or torch.Generator().manual_seed(0)
     gamma = gamma if drafter is not None else 0
+    chooser = CostAwareGamma(gamma) if adaptive and gamma else None
     stats = DecodeStats(gamma=gamma, prompt_tokens=len(prompt_ids))
     eos_ids = frozenset() if ignore_eos else target.eos_ids
     stopper = StopChecker(target.tokenizer, eos_ids, stop_strings, max_new_tokens)
@@ -59,7 +62,7 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
     started = time.perf_counter()
     while stop is None:
         # 1. Propose: never draft past the token budget.
-        g = min(gamma, max_new_tokens - len(generated) - 1)
+        g = min(chooser.next(stats) if chooser else gamma, max_new_tokens - len(generated) - 1)
         t0 = time.perf_counter()
         proposal = drafter.propose(seq, g, sampling, generator) if g > 0 else EMPTY
         t1 = time.perf_counter()
@@ -75,6 +78,8 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         stats.record_step(len(proposal.tokens), n)
+        if chooser:
+            chooser.observe(len(proposal.tokens), t2 - t0)
 
         # 3. Accept n draft tokens plus the target's own next token; roll both caches back.
         new = proposal.tokens[:n].tolist() + [next_token]

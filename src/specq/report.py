@@ -28,7 +28,8 @@ def print_generation(out, console: Console | None = None) -> None:
     ]
     if s.gamma:
         rows += [
-            ("gamma", str(s.gamma)),
+            ("gamma (longest proposal)", str(s.gamma)),
+            ("plain steps (nothing drafted)", str(s.steps - s.drafted_at[0])),
             ("drafted / accepted", f"{s.drafted} / {s.accepted}"),
             ("acceptance rate", _fmt(s.acceptance_rate)),
             ("tau (mean accepted length, bonus incl.)", _fmt(s.tau, ".2f")),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from ..gamma import parse as parse_gamma
+from ..gamma import sort_key as gamma_order
 from ..stats import DecodeStats, bootstrap_ci
 from . import quality, store
 from .config import cell_key, related
@@ -101,7 +103,7 @@ def summarize(records: list[dict], *, resamples: int = 2000, confidence: float =
     rows = [_row(members, cells, ci) for members in groups.values()]
     _mark_best_gamma(rows)
     rows.sort(key=lambda r: (r["target"], r["max_new_tokens"], r["temperature"], r["threads"], r["set"],
-                             KIND_ORDER[r["kind"]], r["draft"] or "", r["draft_confidence"] or 0, r["gamma"] or 0))
+                             KIND_ORDER[r["kind"]], r["draft"] or "", r["draft_confidence"] or 0, gamma_order(r["gamma"])))
     return rows
 
 
@@ -125,7 +127,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
             units.append(Unit(pid[0], pid[1], runs, base_runs.get(pid, []), peer_runs.get(pid, [])))
     per_prompt = [u.stats for u in units]
     pooled = merge([r["stats"] for u in units for r in u.runs])
-    gamma = params["gamma"] or 0
+    gamma, adaptive = parse_gamma(params["gamma"]) if params["gamma"] else (0, False)
     row = {
         "kind": params["kind"], "target": params["target"], "target_precision": first["target"]["precision"],
         "draft": params["draft"], "draft_precision": (first["draft"] or {}).get("precision"),
@@ -157,7 +159,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "draft_share": ci([s.draft_share for s in per_prompt]),
         "speedup": ci([u.ratio(u.speedup_reference) for u in units]),
         "speedup_paired": all(u.paired_runs for u in units),
-        "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled else None,
+        "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled and not adaptive else None,
         "warmup_dominated": row["steps_per_prompt"] < MIN_STEPS,
         "mismatches": mismatches, "unchecked": unchecked,
         "peer_tokens_per_s": ci([u.tokens_per_s(u.peer_runs) for u in units]),

@@ -24,7 +24,8 @@ def add_bench_parser(sub) -> None:
         flag = "--" + f.name.replace("_", "-")
         if f.name in LIST_KEYS:
             kind = LIST_KEYS[f.name]
-            b.add_argument(flag, nargs="+", type=None if kind is str else kind, help=HELP[f.name])
+            kind = _int_or_word if f.name == "gamma" else None if kind is str else kind
+            b.add_argument(flag, nargs="+", type=kind, help=HELP[f.name])
         elif isinstance(f.default, bool):
             b.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=HELP[f.name])
         else:
@@ -32,6 +33,11 @@ def add_bench_parser(sub) -> None:
             b.add_argument(flag, type=kind, help=HELP[f.name])
     b.add_argument("--all-rows", action="store_true", help="show every gamma of a gamma sweep, not just the best")
     b.set_defaults(func=cmd_bench)
+
+
+def _int_or_word(text: str) -> int | str:
+    """gamma values: numbers become ints, words ("auto", or a typo) are left for `validate`."""
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def add_report_parser(sub) -> None:

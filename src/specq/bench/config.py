@@ -19,6 +19,7 @@ from pathlib import Path
 from .. import precision
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..errors import SpecqError
+from ..gamma import AUTO
 from ..models import BUILTINS, default_draft_ref, split_ref
 from .prompts import SETS, Prompt
 
@@ -37,7 +38,7 @@ class BenchConfig:
     target_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with targets
     drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
-    gamma: list[int] = dataclasses.field(default_factory=lambda: [4])
+    gamma: list[int | str] = dataclasses.field(default_factory=lambda: [4])  # N or "auto"
     draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [DEFAULT_DRAFT_CONFIDENCE])
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
@@ -72,7 +73,7 @@ HELP = {
     "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, ...)",
     "drafts": "draft model refs, or 'registry' (the adaptive choice for each target)",
     "draft_quant": "precisions / quant specs crossed with every draft",
-    "gamma": "draft tokens per step",
+    "gamma": "draft tokens per step, or 'auto' (each step's length chosen from measured costs, up to 4)",
     "draft_confidence": (f"end a proposal early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}; "
                          "0 = off; the peer gets the same)"),
     "max_new_tokens": "output lengths",
@@ -148,7 +149,7 @@ def validate(raw: dict) -> BenchConfig:
     _check("prompt_file", config.prompt_file is None or isinstance(config.prompt_file, str), "must be a path")
     _check("confidence", _is(config.confidence, float) and 0.5 <= config.confidence < 1, "must be in [0.5, 1)")
     for key in ("gamma", "max_new_tokens", "threads"):
-        _check(key, all(v >= 1 for v in getattr(config, key)), "every value must be >= 1")
+        _check(key, all(v == AUTO or v >= 1 for v in getattr(config, key)), "every value must be >= 1")
     _check("temperature", all(math.isfinite(t) and t >= 0 for t in config.temperature), "must be finite and >= 0")
     _check("draft_confidence", all(0 <= c < 1 for c in config.draft_confidence), "every value must be in [0, 1)")
     for key in ("targets", "drafts", "gamma", "draft_confidence", "max_new_tokens", "temperature", "prompt_sets"):
@@ -182,7 +183,9 @@ def _is(value, kind: type) -> bool:
 def _list(key: str, value, kind: type) -> list:
     items = value if isinstance(value, list) else [value]
     for v in items:
-        _check(key, _is(v, kind), f"expected {kind.__name__} values, got {v!r}")
+        if key == "gamma" and v == AUTO:
+            continue
+        _check(key, _is(v, kind), f"expected {kind.__name__} values" + " or 'auto'" * (key == "gamma") + f", got {v!r}")
     return list(dict.fromkeys(float(v) if kind is float else v for v in items))
 
 
@@ -224,7 +227,7 @@ class Cell:
     kind: str  # baseline | speculative | peer
     target: str
     draft: str | None
-    gamma: int | None
+    gamma: int | str | None  # N or "auto"
     draft_confidence: float | None
     max_new_tokens: int
     temperature: float
@@ -282,9 +285,11 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                     for conf in config.draft_confidence:
                         cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf,
                                        paired=config.paired and kind == "speculative", **c)
-                                  for c in common if kind == "speculative" or c["temperature"] == 0]
+                                  for c in common if kind == "speculative" or c["temperature"] == 0 and g != AUTO]
     if config.peer and any(t > 0 for t in config.temperature):
         notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")
+    if config.peer and AUTO in config.gamma:
+        notes.append("peer baseline runs at fixed gammas only: none for gamma 'auto'")
     return list(dict.fromkeys(cells)), notes
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import atomic
 from ..errors import SpecqError
+from ..gamma import AUTO
 from . import aggregate, store, tables
 from .tables import Table
 
@@ -143,12 +144,13 @@ def plots(rows: list[dict]) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     spec = [r for r in rows if r["kind"] == "speculative"]
+    fixed = [r for r in spec if r["gamma"] != AUTO]  # plotted against gamma or draft position
     out = []
     for title, draw in (("Per-position acceptance", _per_position), ("Speedup vs gamma", _vs_gamma),
                         ("Speedup vs output length", _vs_length),
                         ("Acceptance and speedup per target / draft precision", _per_precision),
                         ("Quality per target precision", _quality)):
-        data = draw(spec if draw is not _quality else rows)
+        data = draw(rows if draw is _quality else fixed if draw in (_per_position, _vs_gamma) else spec)
         if data:
             out.append((title, data))
     return out

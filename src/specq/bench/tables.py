@@ -36,7 +36,8 @@ def ci(value, spec: str = ".2f") -> str:
 def gamma_label(row: dict) -> str:
     """gamma, and the draft-confidence stop when one was used."""
     stop = row.get("draft_confidence")
-    return num(row["gamma"], "d") + (f" (stop < {stop:g})" if stop else "")
+    gamma = row["gamma"] if isinstance(row["gamma"], str) else num(row["gamma"], "d")  # N, "auto" or -
+    return gamma + (f" (stop < {stop:g})" if stop else "")
 
 
 def num(value, spec: str = ".2f") -> str:
