@@ -22,6 +22,8 @@ Any choice of g is lossless: the verify pass decides what is emitted, g only how
 
 from __future__ import annotations
 
+from collections import deque
+
 from .errors import SpecqError
 from .stats import DecodeStats
 
@@ -50,36 +52,38 @@ def sort_key(gamma: int | str | None) -> tuple[bool, int]:
 class CostAwareGamma:
     def __init__(self, max_gamma: int = AUTO_MAX_GAMMA):
         self.max_gamma = max_gamma
-        self.steps: list[tuple[int, float]] = []  # (tokens drafted, draft + verify seconds)
+        self.lengths: set[int] = set()  # draft lengths timed so far
+        self.recent: deque[int] = deque(maxlen=PROBE_EVERY)
+        # recency-weighted sums over steps of 1, k, s, k*k, k*s (k tokens drafted, s seconds)
+        self.w = self.wk = self.ws = self.wkk = self.wks = 0.0
 
     def next(self, stats: DecodeStats) -> int:
         """The draft length for the next step."""
         line = self.cost_line()
         if line is None:  # plain first, then a full proposal: two points for the line
-            return 0 if not self.steps else self.max_gamma
+            return 0 if not self.lengths else self.max_gamma
         base, per_token = line
         g = max(range(self.max_gamma + 1), key=lambda g: self.expected_tokens(stats, g) / (base + per_token * g))
-        recent = {k for k, _ in self.steps[-PROBE_EVERY:]}
-        if len(self.steps) >= PROBE_EVERY and len(recent) == 1:  # one length lately: keep the line informed
+        if len(self.recent) == PROBE_EVERY and len(set(self.recent)) == 1:  # one length lately: inform the line
             return 1 if g == 0 else 0
         return g
 
     def observe(self, drafted: int, seconds: float) -> None:
         """Record one step: how many tokens it drafted and what drafting plus verifying took."""
-        self.steps.append((drafted, seconds))
+        self.lengths.add(drafted)
+        self.recent.append(drafted)
+        k, s, d = drafted, seconds, DECAY
+        self.w, self.wk, self.ws = d * self.w + 1, d * self.wk + k, d * self.ws + s
+        self.wkk, self.wks = d * self.wkk + k * k, d * self.wks + k * s
 
     def cost_line(self) -> tuple[float, float] | None:
-        """(base, per_token) seconds, or None until two different lengths have been timed."""
-        if len({k for k, _ in self.steps}) < 2:
+        """(base, per_token) seconds by weighted least squares, or None until two different
+        lengths have been timed."""
+        if len(self.lengths) < 2:
             return None
-        n = len(self.steps)
-        w = [DECAY ** (n - 1 - i) for i in range(n)]
-        total = sum(w)
-        mean_k = sum(wi * k for wi, (k, _) in zip(w, self.steps)) / total
-        mean_s = sum(wi * s for wi, (_, s) in zip(w, self.steps)) / total
-        var = sum(wi * (k - mean_k) ** 2 for wi, (k, _) in zip(w, self.steps))
-        cov = sum(wi * (k - mean_k) * (s - mean_s) for wi, (k, s) in zip(w, self.steps))
-        per_token = max(0.0, cov / var) if var > 0 else 0.0
+        mean_k, mean_s = self.wk / self.w, self.ws / self.w
+        var, cov = self.wkk - self.wk * mean_k, self.wks - self.wk * mean_s
+        per_token = max(0.0, cov / var) if var > 1e-12 else 0.0
         return max(mean_s - per_token * mean_k, 1e-9), per_token
 
     def expected_tokens(self, stats: DecodeStats, g: int) -> float:
