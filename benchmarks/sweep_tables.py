@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specq.bench import store
 from specq.bench.aggregate import summarize
+from specq.gamma import sort_key as gamma_order
 
 
 def draft_label(row: dict) -> str:
@@ -52,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [r for r in summarize(store.read(args.results)) if r["kind"] == "speculative"]
     at_len = [r for r in rows if r["max_new_tokens"] == args.tokens]
-    gammas = sorted({r["gamma"] for r in at_len})
+    gammas = sorted({r["gamma"] for r in at_len}, key=gamma_order)  # 1, 2, ..., then "auto"
     print(pivot(at_len, "gamma", gammas, "speedup", f"Paired speedup over the target alone, {args.tokens} tokens "
                 "(best gamma in bold)"))
     print()
