@@ -254,13 +254,13 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
                      loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
                      forward=feature_forward if feature else sequence_forward)
-    unused = {"extra"} if feature and base is None else {"extra", "head_vocab"}  # only a new feature draft picks a head
     net = student.to(dtype).eval() if feature else to_native(student, dtype)
     draft = Model(ref=str(out), net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
                   source=str(out), precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
     spec = acceptance(target, draft, data.chat_prompts("held_out")[:settings.accept_prompts], settings.gamma,
                       settings.new_tokens) if settings.accept_prompts else None
     target_ms, draft_ms = step_ms(target.net), step_ms(draft.net)
+    unused = {"extra"} if feature and base is None else {"extra", "head_vocab"}  # only a new feature draft picks a head
     report = {
         "target": target.ref, "target_precision": target.precision, "base": base.ref if base else f"new:{arch}",
         "kind": "feature" if feature else "sequence",
