@@ -15,6 +15,7 @@ from .bench.cli import add_bench_parser, add_report_parser
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
+from .gamma import AUTO
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,11 +40,11 @@ _nonnegative_int = _int_at_least(0)
 
 
 def _gamma(text: str) -> int | str:
-    if text == "auto":
+    if text == AUTO:
         return text
     if text.isdigit() and int(text) >= 1:
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got '{text}'")
+    raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or '{AUTO}', got '{text}'")
 
 
 def _float(text: str) -> float:

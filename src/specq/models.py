@@ -84,10 +84,10 @@ def _shipped_draft(name: str):
     return find
 
 
-BUILTINS = {"smollm2-135m": _smollm2_dir,
-            "smollm2-135m-draft": _shipped_draft("smollm2-135m-draft"),  # sequence draft (any precision)
-            "smollm2-135m-draft-int4-g64-rtn": _shipped_draft("smollm2-135m-draft-int4-g64-rtn"),  # its int4 calibration
-            "smollm2-135m-feature-draft": _shipped_draft("smollm2-135m-feature-draft")}  # EAGLE style
+SHIPPED_DRAFTS = ("smollm2-135m-draft",  # sequence draft (any precision)
+                  "smollm2-135m-draft-int4-g64-rtn",  # its int4 calibration
+                  "smollm2-135m-feature-draft")  # EAGLE style
+BUILTINS = {"smollm2-135m": _smollm2_dir, **{name: _shipped_draft(name) for name in SHIPPED_DRAFTS}}
 
 
 def draft_dirs() -> list[Path]:
@@ -105,7 +105,7 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     if found is None:
         return None, f"no draft known for {name}: plain decoding"
     path, entry, exact = found
-    ref = path.name if path.parent == ASSETS / "drafts" and path.name in BUILTINS else str(path)  # portable
+    ref = path.name if path.parent == ASSETS / "drafts" and path.name in SHIPPED_DRAFTS else str(path)  # portable
     if exact:
         return ref, f"draft {entry.draft} (calibrated for {name}@{spec})"
     return ref, f"no draft calibrated for {name}@{spec}; using {entry.draft} (calibrated for {entry.precision})"
