@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import atomic, feature_draft, precision, registry
+from . import atomic, feature_draft, gguf_io, precision, registry
 from .errors import SpecqError
 from .hf_backend import HFCausalLM
 from .llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
@@ -120,19 +120,14 @@ def default_draft_ref(target_ref: str, quantizable: bool = False) -> str | None:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    hf.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained otherwise
-    if hasattr(hf.config, "quantization_config"):
-        del hf.config.quantization_config
-
-    def write(tmp: Path) -> None:
-        hf.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-
-    atomic.write_dir(target, write)
+    """A Llama GGUF file -> a Hugging Face directory of float weights (safetensors), atomically."""
+    parsed = gguf_io.read(gguf)
+    tok = gguf_io.tokenizer(gguf)
+    net = Llama(parsed.config)
+    net.load_state_dict(parsed.float_state_dict())
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    model = Model(ref=str(gguf), net=net.eval(), tokenizer=tok, eos_ids=frozenset(eos), source=str(gguf))
+    atomic.write_dir(target, lambda tmp: write_native(model, tmp))
 
 
 def _gguf_dir(gguf: Path) -> Path:

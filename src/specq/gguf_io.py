@@ -1,0 +1,148 @@
+"""Read Llama GGUF files (llama.cpp's format) with the `gguf` library.
+
+Why not transformers' GGUF loader: it needs `accelerate` only for this path, dequantizes every
+tensor to fp32, and cannot hand back the file's own quantized blocks. Reading the file here
+gives both: float weights for the one-off safetensors conversion, and the raw Q4_0 / Q4_1 / Q8_0
+blocks for running the file at its own precision (`quant.gguf_blocks`). The tokenizer still comes
+from transformers, which builds it from the file's metadata without `accelerate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .errors import SpecqError
+from .llama import LlamaConfig
+
+# GGUF tensor names -> the native module's names (per block, then global).
+BLOCK_NAMES = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "attn_output": "attention.wo",
+               "ffn_down": "feed_forward.w2"}
+FUSED = {"attention.wqkv": ("attn_q", "attn_k", "attn_v"), "feed_forward.w13": ("ffn_gate", "ffn_up")}
+
+
+@dataclass
+class GGUFFile:
+    """A parsed GGUF file: the Llama config and its tensors by GGUF name (still in the file's format)."""
+
+    path: Path
+    config: LlamaConfig
+    tensors: dict  # name -> gguf.ReaderTensor
+
+    def qtype(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's stored rows, de-permuted like `float_tensor` (quantized: the byte blocks)."""
+        data = np.asarray(self.tensors[name].data)
+        return _unpermute(data, name, self.config)
+
+    def float_tensor(self, name: str) -> Tensor:
+        """The tensor dequantized to float32, in the Hugging Face row order."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        data = np.asarray(t.data)
+        if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            data = dequantize(data, t.tensor_type)
+        return torch.from_numpy(np.array(_unpermute(data, name, self.config), dtype=np.float32))  # a writable copy
+
+    def native_names(self) -> dict[str, tuple[str, ...]]:
+        """Each native parameter name -> the GGUF tensors it is made of (concatenated by rows)."""
+        names: dict[str, tuple[str, ...]] = {"tok_embeddings.weight": ("token_embd.weight",),
+                                             "norm.weight": ("output_norm.weight",)}
+        if not self.config.tie_word_embeddings:
+            names["output.weight"] = ("output.weight",)
+        for i in range(self.config.num_layers):
+            for gguf_name, native in BLOCK_NAMES.items():
+                names[f"layers.{i}.{native}.weight"] = (f"blk.{i}.{gguf_name}.weight",)
+            for native, parts in FUSED.items():
+                names[f"layers.{i}.{native}.weight"] = tuple(f"blk.{i}.{p}.weight" for p in parts)
+        return names
+
+    def float_state_dict(self) -> dict[str, Tensor]:
+        """Every weight dequantized to float32, in the native module's fused layout."""
+        sd = {name: torch.cat([self.float_tensor(p) for p in parts]) if len(parts) > 1 else self.float_tensor(parts[0])
+              for name, parts in self.native_names().items()}
+        if self.config.tie_word_embeddings:
+            sd["output.weight"] = sd["tok_embeddings.weight"]
+        return sd
+
+
+def _unpermute(rows: np.ndarray, name: str, config: LlamaConfig) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its rope pairs adjacent dims; HF's rotates halves).
+    Rows are output features, so the same permutation applies to float rows and quantized blocks."""
+    if ".attn_q." in name:
+        heads = config.num_heads
+    elif ".attn_k." in name:
+        heads = config.num_kv_heads
+    else:
+        return rows
+    half = rows.shape[0] // heads // 2
+    return rows.reshape(heads, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.parts[field.data[0]]
+    if field.types and field.types[0].name == "STRING":
+        return bytes(value).decode("utf-8", errors="replace")
+    if value.dtype == np.float32:  # 1e-5 stored as float32: read back the 1e-5 it was written from
+        return float(str(value[0]))
+    return value.tolist()[0]
+
+
+def read(path: Path) -> GGUFFile:
+    """Parse a GGUF file's header; a corrupt, truncated or non-Llama file is a one-line error."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # bad magic, truncated header or tensor data: numpy/struct errors of all kinds
+        raise SpecqError(f"'{path}' is not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'corrupt'})") from None
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise SpecqError(f"'{path}' holds a '{arch}' model; specq reads Llama-architecture GGUF files "
+                         "(convert other architectures to a Hugging Face directory)")
+    tensors = {t.name: t for t in reader.tensors}
+    try:
+        heads = _field(reader, "llama.attention.head_count")
+        hidden = _field(reader, "llama.embedding_length")
+        vocab = _field(reader, "llama.vocab_size") or int(tensors["token_embd.weight"].shape[-1])
+        config = LlamaConfig(
+            vocab_size=int(vocab), hidden_size=int(hidden),
+            intermediate_size=int(_field(reader, "llama.feed_forward_length")),
+            num_layers=int(_field(reader, "llama.block_count")), num_heads=int(heads),
+            num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
+            head_dim=int(_field(reader, "llama.attention.key_length", hidden // heads)),
+            rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
+            tie_word_embeddings="output.weight" not in tensors,
+            max_position_embeddings=int(_field(reader, "llama.context_length", 2048)))
+    except (TypeError, KeyError, ValueError) as e:
+        raise SpecqError(f"'{path}' lacks Llama metadata the model needs ({e})") from None
+    if _field(reader, "llama.rope.scaling.type") not in (None, "none"):
+        raise SpecqError(f"'{path}' uses rope scaling, which the native Llama does not implement")
+    gguf_file = GGUFFile(path, config, tensors)
+    missing = [p for parts in gguf_file.native_names().values() for p in parts if p not in tensors]
+    if missing:
+        raise SpecqError(f"'{path}' is missing tensors (e.g. {missing[0]}): truncated or not a full Llama model")
+    return gguf_file
+
+
+def tokenizer(path: Path):
+    """The file's tokenizer, built by transformers from the GGUF metadata (slow: cache it)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as e:
+        raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__})") from None

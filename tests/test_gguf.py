@@ -1,0 +1,106 @@
+"""GGUF files: llama.cpp's layout read back exactly, corrupt files as one-line errors, and the
+built-in target's first conversion (run from an empty cache, so CI always exercises it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specq import gguf_io
+from specq.errors import SpecqError
+from specq.llama import native_to_hf_state_dict
+
+from conftest import tiny_model
+
+
+def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """The q/k row order llama.cpp's converter writes (convert_hf_to_gguf's LlamaModel.permute)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(path, model, qtype: str = "F32") -> None:
+    """A tiny native Llama written the way llama.cpp's converter writes a Hugging Face Llama."""
+    import gguf
+    from gguf import GGMLQuantizationType, quants
+
+    c = model.net.config
+    hf = {k: v.float().numpy() for k, v in native_to_hf_state_dict(model.net).items()}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_layers)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_heads)
+    w.add_head_count_kv(c.num_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_vocab_size(c.vocab_size)
+
+    def add(name: str, array: np.ndarray) -> None:
+        if array.ndim == 2 and qtype != "F32":
+            t = getattr(GGMLQuantizationType, qtype)
+            w.add_tensor(name, quants.quantize(array, t), raw_shape=array.shape, raw_dtype=t)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(array))
+
+    add("token_embd.weight", hf["model.embed_tokens.weight"])
+    add("output_norm.weight", hf["model.norm.weight"])
+    if "lm_head.weight" in hf:
+        add("output.weight", hf["lm_head.weight"])
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(c.num_layers):
+        for hf_name, gguf_name in names.items():
+            array = hf[f"model.layers.{i}.{hf_name}.weight"]
+            if gguf_name == "attn_q":
+                array = llama_cpp_permute(array, c.num_heads)
+            elif gguf_name == "attn_k":
+                array = llama_cpp_permute(array, c.num_kv_heads)
+            add(f"blk.{i}.{gguf_name}.weight", array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_float_gguf_reads_back_exactly(tmp_path):
+    model = tiny_model(vocab=48, hidden=64)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, model)
+    parsed = gguf_io.read(path)
+    assert parsed.config == model.net.config
+    state = parsed.float_state_dict()
+    for name, value in model.net.state_dict().items():
+        assert torch.equal(state[name], value), name  # q/k rows back in the Hugging Face order
+
+
+@pytest.mark.parametrize("damage", ["empty", "random", "truncated"])
+def test_corrupt_gguf_is_one_line(tmp_path, damage):
+    path = tmp_path / "bad.gguf"
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "random":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    else:
+        write_tiny_gguf(path, tiny_model(vocab=48, hidden=64))
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SpecqError) as e:
+        gguf_io.read(path)
+    assert "\n" not in str(e.value) and "bad.gguf" in str(e.value)
+
+
+def test_builtin_target_converts_from_an_empty_cache(tmp_path, monkeypatch):
+    """The first run on a fresh machine converts the shipped GGUF file (no `accelerate`, no hub)."""
+    import specq
+    from specq import models
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
+    path = models.BUILTINS["smollm2-135m"]()
+    assert path == tmp_path / "smollm2-135m" and (path / "model.safetensors").is_file()
+    target = specq.load("smollm2-135m")
+    assert target.source == str(path)
+    out = specq.generate(target, "The capital of France is", max_new_tokens=4)
+    assert "Paris" in out.text  # a wrong q/k order or head would not answer this
