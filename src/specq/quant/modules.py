@@ -115,22 +115,77 @@ class Int4Linear(QuantLinear):
             unsigned, zero = qw.codes.to(torch.int32) + 8, torch.zeros_like(scale)
         else:
             unsigned, zero = qw.codes.to(torch.int32), (8 - qw.zeros.float()) * scale
-        self._weight = torch._convert_weight_to_int4pack_for_cpu(unsigned.contiguous(), INT4_INNER_K_TILES)
-        self._scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, zero)
         codes = "" if self.bits == 4 else f"int{self.bits} codes on the "
         self.kernel = f"{codes}int4 packed kernel (_weight_int4pack_mm_for_cpu, group {self.group_size})"
 
     def forward(self, x: Tensor) -> Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, self.in_features).to(torch.bfloat16), self._weight, self.group_size,
-            self._scales_zeros)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return int4_linear(x, self._weight, self.group_size, self._scales_zeros, self.bias, self.out_features)
 
     def executed_bytes(self) -> int:
         bias = 0 if self.bias is None else self.bias.nbytes
         return self._weight.nbytes + self._scales_zeros.nbytes + bias
+
+
+def int4_kernel_tensors(unsigned: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor]:
+    """The packed weight and bf16 scales-and-zeros [groups, out, 2] of `_weight_int4pack_mm_for_cpu`,
+    which computes w = (u - 8) * scale + zero per group, from codes u [out, in] in [0, 15] and
+    float scale / zero [out, groups]."""
+    weight = torch._convert_weight_to_int4pack_for_cpu(unsigned.to(torch.int32).contiguous(), INT4_INNER_K_TILES)
+    scales_zeros = torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return weight, scales_zeros
+
+
+def int4_linear(x: Tensor, weight: Tensor, group_size: int, scales_zeros: Tensor, bias: Tensor | None,
+                out_features: int) -> Tensor:
+    """x [..., in] (any float dtype) times a packed int4 weight, in x's dtype."""
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x.reshape(-1, x.shape[-1]).to(torch.bfloat16), weight, group_size, scales_zeros)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.view(*x.shape[:-1], out_features).to(x.dtype)
+
+
+class BlockInt4Linear(nn.Module):
+    """4-bit blocks from a file (GGUF Q4_0 / Q4_1) on the int4 kernel, without requantizing:
+    both are w = (u - 8) * scale + zero per group of 32 with the file's own codes. The file is
+    the storage, so this module keeps only the kernel's tensors (scales and zeros rounded to the
+    kernel's bf16)."""
+
+    def __init__(self, unsigned: Tensor, scale: Tensor, zero: Tensor, kind: str):
+        super().__init__()
+        self.out_features, self.in_features = unsigned.shape
+        self.group_size = self.in_features // scale.shape[1]
+        self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, zero)
+        self.kernel = f"{kind} blocks on the int4 packed kernel (group {self.group_size})"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return int4_linear(x, self._weight, self.group_size, self._scales_zeros, None, self.out_features)
+
+    def stored_bytes(self) -> int:
+        return self.executed_bytes()
+
+    def executed_bytes(self) -> int:
+        return self._weight.nbytes + self._scales_zeros.nbytes
+
+
+class FloatLinear(nn.Module):
+    """A fixed weight in its own float dtype (e.g. bf16) inside a model of another dtype."""
+
+    def __init__(self, weight: Tensor, kernel: str):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+        self.out_features, self.in_features = weight.shape
+        self.kernel = kernel
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+
+    def stored_bytes(self) -> int:
+        return self.weight.nbytes
+
+    def executed_bytes(self) -> int:
+        return self.weight.nbytes
 
 
 def kernel_blocker(qw: QuantizedWeight) -> str | None:

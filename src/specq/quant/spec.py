@@ -4,7 +4,7 @@ tables and saved checkpoints.
 Grammar (suffixes may come in any order when parsing; `str()` writes this canonical order):
 
     fp32 | bf16 | fp16
-    int{bits}[-g{group}][-rtn|-gptq|-awq][-sym|-asym][-head]
+    int{bits}[-g{group}][-rtn|-gptq|-awq][-sym|-asym][-head|-head8]
 
 * bits 2..8. Without `-g` there is one scale per output channel ("per channel").
 * Method defaults to `rtn`. The canonical form spells the method out unless the spec is plain
@@ -13,8 +13,10 @@ Grammar (suffixes may come in any order when parsing; `str()` writes this canoni
   below (a zero point per group costs a byte and buys back the range that a symmetric grid
   wastes on one-sided groups, which matters at 2-4 bits). The suffix is written only when it
   differs from the default.
-* `-head` also quantizes the output head (off by default: it is usually tied to the input
-  embeddings and is the layer most sensitive to quantization).
+* `-head` also quantizes the output head like the other layers (off by default: it is usually
+  tied to the input embeddings and is the layer most sensitive to quantization). `-head8` gives
+  the head per-channel int8 RTN weights (the packed int8 kernel) whatever the body's format: the
+  head is the largest single matmul of a small model's step, and int8 keeps it close to float.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 FLOAT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 METHODS = ("rtn", "gptq", "awq")
-VALID_FORMS = ("fp32 | bf16 | fp16 | int{2..8}[-g<group>][-rtn|-gptq|-awq][-sym|-asym][-head] "
+VALID_FORMS = ("fp32 | bf16 | fp16 | int{2..8}[-g<group>][-rtn|-gptq|-awq][-sym|-asym][-head|-head8] "
                "(e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn)")
 
 
@@ -42,14 +44,15 @@ class QuantSpec:
     group_size: int | None = None
     method: str = "rtn"
     symmetric: bool | None = None
-    quantize_head: bool = False
+    quantize_head: bool = False  # the head quantized like the body
+    head_int8: bool = False  # the head as per-channel int8 RTN (`-head8`)
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
             if self.dtype not in FLOAT_DTYPES.values():
                 raise ValueError(f"unsupported float dtype {self.dtype}; valid specs: {VALID_FORMS}")
-            if (self.bits, self.group_size, self.method, self.symmetric, self.quantize_head) != (
-                    None, None, "rtn", None, False):
+            if (self.bits, self.group_size, self.method, self.symmetric, self.quantize_head, self.head_int8) != (
+                    None, None, "rtn", None, False, False):
                 raise ValueError(f"a float spec takes no quantization options; valid specs: {VALID_FORMS}")
             return
         if self.bits is None or not 2 <= self.bits <= 8:
@@ -58,6 +61,8 @@ class QuantSpec:
             raise ValueError(f"group size must be positive, got {self.group_size}; valid specs: {VALID_FORMS}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; valid specs: {VALID_FORMS}")
+        if self.quantize_head and self.head_int8:
+            raise ValueError(f"-head and -head8 exclude each other; valid specs: {VALID_FORMS}")
         if self.symmetric is None:
             object.__setattr__(self, "symmetric", default_symmetric(self.bits))
 
@@ -77,6 +82,8 @@ class QuantSpec:
             parts.append("sym" if self.symmetric else "asym")
         if self.quantize_head:
             parts.append("head")
+        if self.head_int8:
+            parts.append("head8")
         return "-".join(parts)
 
 
@@ -108,7 +115,7 @@ def parse_spec(spec: str) -> QuantSpec:
             kind = "method"
         elif token in ("sym", "asym"):
             kind = "symmetry"
-        elif token == "head":
+        elif token in ("head", "head8"):
             kind = "head"
         else:
             raise _bad(spec, f"unknown part {token!r}")
@@ -120,7 +127,8 @@ def parse_spec(spec: str) -> QuantSpec:
         group_size=int(seen["group"][1:]) if "group" in seen else None,
         method=seen.get("method", "rtn"),
         symmetric=seen["symmetry"] == "sym" if "symmetry" in seen else None,
-        quantize_head="head" in seen,
+        quantize_head=seen.get("head") == "head",
+        head_int8=seen.get("head") == "head8",
     )
 
 
