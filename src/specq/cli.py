@@ -84,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="run to --max-new-tokens (benchmarks)")
     g.add_argument("--no-warmup", action="store_true", help="time the first call too")
     g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    g.add_argument("--eager", action="store_true",
+                   help="plain eager kernels instead of the fast path (packed oneDNN GEMMs for float layers), for debugging")
     g.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode/verify steps (about a minute per new shape, paid in the warm-up)")
+                   help="torch.compile the target's and a sequence draft's steps (about a minute per new shape, paid "
+                        "in the warm-up; a feature draft stays eager)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
@@ -191,11 +194,11 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args.prompt)
     if not prompt.strip():
         raise SpecqError("the prompt is empty")
-    target = load(args.target)
+    target = load(args.target, fast=not args.eager)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
         draft_ref = None
-    draft = load(draft_ref) if draft_ref else None
+    draft = load(draft_ref, fast=not args.eager) if draft_ref else None
     models = [m for m in (target, draft) if m is not None]
     if args.compile:
         _compile(models, args)
@@ -205,7 +208,7 @@ def cmd_generate(args) -> int:
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
-    compile_s = sum(m.net.compile_s for m in models) if args.compile else None
+    compile_s = sum(getattr(m.net, "compile_s", 0.0) for m in models) if args.compile else None
     if args.json:
         print(json.dumps(out.to_dict() | {"compile_s": compile_s, "draft_note": note}))
     else:
@@ -219,9 +222,12 @@ def cmd_generate(args) -> int:
 
 
 def _compile(models, args) -> None:
+    from .feature_draft import FeatureDraft
     from .llama import Llama
 
     for m in models:
+        if isinstance(m.net, FeatureDraft):
+            continue  # one small layer fed the target's features: it stays eager
         if not isinstance(m.net, Llama):
             raise SpecqError(f"--compile needs Llama-architecture models; '{m.ref}' runs through transformers")
         m.net.compile(capacity=_bucket(args.max_new_tokens + 512))
@@ -246,7 +252,7 @@ def cmd_quantize(args) -> int:
         raise SpecqError(f"'{args.spec}' is a float precision: nothing to quantize")
     if split_ref(args.model)[1] != "fp32":
         raise SpecqError("give the float model to quantize, without an @spec")
-    model = load(args.model)
+    model = load(args.model, fast=False)  # quantized below, then saved
     precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples, args.calib_len)
     precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out)
     size = weight_bytes(model.net)
@@ -301,7 +307,7 @@ def cmd_calibrate(args) -> int:
     _training_options(args)
     settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out, max_new_tokens=args.max_new_tokens,
                                    steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
-    target, draft = load(args.target), load(args.draft)
+    target, draft = load(args.target, fast=False), load(args.draft, fast=False)  # the draft is trained
     report = calibrate(target, draft, settings, out=args.out)
     if args.json:
         print(json.dumps(report))
@@ -340,8 +346,8 @@ def cmd_distill(args) -> int:
         checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
         gamma=args.gamma, head_vocab=args.head_vocab, seed=args.seed,
         extra={"command": "specq " + shlex.join(args.argv)})
-    target = load(args.target)
-    base = load(args.base) if args.base else None
+    target = load(args.target, fast=False)  # teacher passes read its weights
+    base = load(args.base, fast=False) if args.base else None
     report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume,
                  dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     if args.json:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import atomic, feature_draft, gguf_io, precision, registry
+from . import atomic, fastpath, feature_draft, gguf_io, precision, registry
 from .errors import SpecqError
 from .hf_backend import HFCausalLM
 from .llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
@@ -235,10 +235,19 @@ def _resolve(name: str) -> Path | str:
                      "a local directory, a .gguf file or a hub id (org/name)")
 
 
-def load(ref: str) -> Model:
+def load(ref: str, fast: bool = True) -> Model:
     """Load a model reference: `smollm2-135m`, `./dir`, `file.gguf`, `org/name` (online), each
-    optionally with `@spec`: a float precision (fp32, bf16, fp16) or a quantization spec
-    (`int8`, `int4-g128-gptq`, ...; see `specq.quant.spec`). Quantized weights are cached."""
+    optionally with `@spec`: a float precision (fp32, bf16, fp16), a quantization spec (`int8`,
+    `int4-g128-gptq`, ...; see `specq.quant.spec`) or `gguf` (a GGUF file's own blocks).
+    Quantized weights are cached. `fast` puts float linear layers on the fast CPU path
+    (`fastpath.py`) for inference; code that trains, quantizes or saves the weights passes False."""
+    model = _load(ref)
+    if fast:
+        model.info["packed_linears"] = fastpath.pack_linears(model.net)
+    return model
+
+
+def _load(ref: str) -> Model:
     name, spec_text = split_ref(ref.strip())
     if not name:
         raise SpecqError(f"empty model reference '{ref}'")

@@ -54,6 +54,7 @@ class BenchConfig:
     peer: bool = False  # also time transformers' assisted generation on the same pair
     paired: bool = True  # time a plain run next to every speculative run: speedups immune to drift
     profile: bool = False  # print ms per forward per model and phase
+    eager: bool = False  # plain eager kernels instead of the fast path (fastpath.py), e.g. to compare them
     resamples: int = 2000
     confidence: float = 0.95
     results: str = "bench-results.jsonl"
@@ -88,6 +89,7 @@ HELP = {
     "seed": "sampling seed",
     "ignore_eos": "run every output to max_new_tokens (default true)",
     "peer": "also time transformers' assisted generation on the same float pair",
+    "eager": "run the plain eager kernels instead of the fast path (packed oneDNN GEMMs for float layers)",
     "paired": "time the target alone right next to every speculative run, and take speedups from those pairs",
     "profile": "print ms per forward for each model and phase",
     "resamples": "bootstrap resamples per CI",
@@ -142,7 +144,7 @@ def validate(raw: dict) -> BenchConfig:
     for key in ("prompts", "repeats", "resamples"):
         _check(key, _is(getattr(config, key), int) and getattr(config, key) >= 1, "must be an integer >= 1")
     _check("seed", _is(config.seed, int) and config.seed >= 0, "must be an integer >= 0")
-    for key in ("prompt_file_chat", "ignore_eos", "peer", "paired", "profile"):
+    for key in ("prompt_file_chat", "ignore_eos", "peer", "paired", "profile", "eager"):
         _check(key, _is(getattr(config, key), bool), "must be true or false")
     for key in ("prompt_field", "results"):
         _check(key, isinstance(getattr(config, key), str) and getattr(config, key), "must be a non-empty string")
@@ -239,6 +241,7 @@ class Cell:
     seed: int
     ignore_eos: bool
     paired: bool = False  # speculative cells: a plain run timed next to each speculative run
+    kernels: str = "fast"  # "fast" (fastpath.py) or "eager"
 
     def params(self) -> dict:
         return dataclasses.asdict(self)
@@ -274,7 +277,7 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
     for target in config.target_refs():
         common = [dict(max_new_tokens=n, temperature=t, threads=th, set=s, prompts_sha=prompts_sha(prompt_sets[s]),
                        n_prompts=len(prompt_sets[s]), repeats=config.repeats, seed=config.seed,
-                       ignore_eos=config.ignore_eos)
+                       ignore_eos=config.ignore_eos, kernels="eager" if config.eager else "fast")
                   for th in config.threads for n in config.max_new_tokens for t in config.temperature
                   for s in config.prompt_sets]
         cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, draft_confidence=None, **c)

@@ -19,11 +19,12 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from .. import api, feature_draft, models, precision
+from .. import api, fastpath, feature_draft, models, precision
 from ..feature_draft import FeatureDraft
 from ..models import Model
 from . import store
@@ -61,16 +62,19 @@ def load_prompt_sets(config: BenchConfig) -> dict[str, list[Prompt]]:
 class _Models:
     """Models loaded on demand and kept while the sweep needs them (cells come target-major)."""
 
-    def __init__(self, load: Callable[[str], Model]):
+    def __init__(self, load: Callable[[str], Model], fast: bool):
         self.load = load
+        self.fast = fast
         self.loaded: dict[str, tuple[Model, dict]] = {}
         self.hf: dict[str, object] = {}
 
     def get(self, ref: str) -> tuple[Model, dict]:
         if ref not in self.loaded:
             model = self.load(ref)
-            self.loaded[ref] = (model, {"ref": ref, "precision": model.precision, "source": model.source,
-                                        "sha256": model_hash(model)})
+            info = {"ref": ref, "precision": model.precision, "source": model.source, "sha256": model_hash(model)}
+            if self.fast:  # after hashing: packed weights leave the state dict
+                fastpath.pack_linears(model.net)
+            self.loaded[ref] = (model, info)
         return self.loaded[ref]
 
     def keep_only(self, refs: set[str]) -> None:
@@ -106,12 +110,13 @@ def peer_skip_reason(model: Model) -> str | None:
     return None
 
 
-def run(config: BenchConfig, *, load: Callable[[str], Model] = models.load, generate=api.generate,
+def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.load, fast=False), generate=api.generate,
         prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
         console=None, progress: bool = True) -> list[dict]:
     """Run every cell of the sweep that the store does not hold yet; return the stored run records
     and this sweep's cells.
-    `load`, `generate` and `prompt_sets` are injectable (tests use tiny models)."""
+    `load`, `generate` and `prompt_sets` are injectable (tests use tiny models); models go on the
+    fast path (`fastpath.py`) here unless the config says `eager`."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -129,7 +134,7 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = models.load, gene
         store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
                                       "config": config.to_dict(), "environment": environment(),
                                       "argv": sys.argv})
-        _run_cells(pending, prompt_sets, config, run_id, _Models(load), generate, console, progress)
+        _run_cells(pending, prompt_sets, config, run_id, _Models(load, not config.eager), generate, console, progress)
     wanted = {c.key for c in cells}  # the store may also hold other sweeps' cells
     return [r for r in store.read(config.results) if r.get("type") != "cell" or r["key"] in wanted]
 

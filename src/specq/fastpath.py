@@ -1,0 +1,72 @@
+"""The fast CPU path: put a loaded native Llama's float linear layers on oneDNN's packed GEMM.
+
+Why: `F.linear` on CPU goes to MKL's sgemm, whose small-batch path costs about linearly more per
+row up to a few rows, so a verify pass of 2-4 rows costs 2-3 one-token steps and speculation
+loses. oneDNN (which inductor also uses for frozen CPU linears) takes the weight pre-packed into
+its blocked layout once, and its GEMM then costs about the same for 1 to 16 rows. Packed int8 /
+int4 layers (`quant.modules`) already have their own kernels and are left alone.
+
+The packed weight is a second copy in oneDNN's layout; the original stays for saving, training
+and the embedding it may be tied to.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+# oneDNN packs for an expected number of rows; any row count runs on the packed weight.
+PACK_ROWS_HINT = 4
+
+
+class PackedLinear(nn.Module):
+    """`nn.Linear` (no bias) on oneDNN's pre-packed GEMM; same dtype in and out as the weight."""
+
+    kernel = "oneDNN packed GEMM"
+
+    def __init__(self, weight: Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight.detach(), persistent=False)
+        self.out_features, self.in_features = weight.shape
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_ROWS_HINT)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, None, "none", [], "")
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
+
+
+@functools.cache
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights of this dtype on this CPU (bf16 needs AVX512-BF16 or AVX-NE-CONVERT)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), PACK_ROWS_HINT)
+        return True
+    except RuntimeError:
+        return False
+
+
+def pack_linears(net: nn.Module) -> int:
+    """Replace every plain float `nn.Linear` without bias in `net` whose dtype this CPU packs by a
+    `PackedLinear`, in place; returns how many were replaced. Idempotent; inference only (no gradients flow to the pack)."""
+    swapped = 0
+    for name, module in list(net.named_modules()):
+        if type(module) is nn.Linear and module.bias is None and packs(module.weight.dtype):
+            net.set_submodule(name, PackedLinear(module.weight))
+            swapped += 1
+    return swapped
+
+
+def unpack_linears(net: nn.Module) -> None:
+    """Undo `pack_linears` (e.g. before training or saving a module tree), in place."""
+    for name, module in list(net.named_modules()):
+        if isinstance(module, PackedLinear):
+            linear = nn.Linear(module.in_features, module.out_features, bias=False, dtype=module.weight.dtype)
+            linear.weight = nn.Parameter(module.weight, requires_grad=False)
+            net.set_submodule(name, linear)

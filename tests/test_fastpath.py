@@ -1,0 +1,95 @@
+"""The fast path: packed oneDNN GEMMs for float layers, beside the packed int8/int4 kernels.
+Lossless on it (greedy token for token, with rejections), and how far a verify row's logits are
+from the same position computed as a one-token step, for each precision and path."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specq import fastpath, generate
+from specq.models import Model
+from specq.quant import quantize_model
+
+from conftest import perturbed, tiny_model
+
+PRECISIONS = ["fp32", "bf16", "int8", "int4-g32-rtn", "int4-g32-rtn-head8"]
+
+
+def at(model: Model, spec: str, fast: bool) -> Model:
+    net = copy.deepcopy(model.net)
+    quantize_model(net, spec, progress=False)
+    if fast:
+        fastpath.pack_linears(net)
+    return Model(ref=f"{model.ref}@{spec}", net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
+                 source=model.source, precision=spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linears_compute_the_same_layer(dtype):
+    model = tiny_model(hidden=64)
+    eager = model.net.to(dtype)
+    fast = copy.deepcopy(eager)
+    if not fastpath.packs(dtype):  # bf16 needs AVX512-BF16 / AVX-NE-CONVERT: left on F.linear
+        assert fastpath.pack_linears(fast) == 0
+        return
+    assert fastpath.pack_linears(fast) == 2 * 4 + 1  # wqkv, wo, w13, w2 in each of 2 layers, and the head
+    assert isinstance(fast.output, fastpath.PackedLinear)
+    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w2", "output"):
+        x = torch.randn(5, eager.get_submodule(name).in_features, dtype=dtype)
+        a, b = eager.get_submodule(name)(x), fast.get_submodule(name)(x)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol)
+    fastpath.unpack_linears(fast)
+    assert not any(isinstance(m, fastpath.PackedLinear) for m in fast.modules())
+    x = torch.randn(5, 64, dtype=dtype)
+    torch.testing.assert_close(fast.get_submodule("output")(x), eager.get_submodule("output")(x))
+
+
+@pytest.mark.parametrize("spec", PRECISIONS)
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_equality_on_the_fast_path(spec, gamma):
+    base = tiny_model(scale=3.0, hidden=64)
+    target = at(base, spec, fast=True)
+    draft = at(perturbed(base, 0.5), "fp32", fast=True)
+    rejected = 0
+    for prompt in ([1, 2, 3], [7, 7, 7, 7, 8, 9, 10, 11]):
+        plain = generate(target, prompt, max_new_tokens=40)
+        spec_out = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40, draft_confidence=0.0)
+        assert spec_out.token_ids == plain.token_ids
+        s = spec_out.stats
+        assert s.accepted > 0
+        rejected += s.drafted - s.accepted
+    assert rejected > 0  # the reject path ran too
+
+
+def verify_vs_steps(net, prompt: torch.Tensor, rows: torch.Tensor) -> float:
+    """Largest |logit| difference between one pass over `rows` and the same rows fed one at a time."""
+    with torch.inference_mode():
+        cache = net.new_cache(64)
+        net(prompt, cache)
+        together = net(rows, cache)
+        cache.crop(len(prompt))
+        apart = torch.cat([net(rows[i:i + 1], cache) for i in range(len(rows))])
+    return (together - apart).abs().max().item()
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
+def test_verify_rows_against_one_token_steps(fast, capsys):
+    """Where every matmul is a packed integer kernel (an int8/int4 body with an int8 head) a verify
+    row is bit-identical to its one-token step (attention goes row by row). An fp32 GEMM (MKL's or
+    oneDNN's) rounds a row differently with other rows beside it, so an fp32 head or body differs
+    by float rounding steps. Printed per precision and path."""
+    base = tiny_model(scale=3.0, hidden=64)
+    prompt, rows = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6]), torch.tensor([5, 3, 5, 8, 9, 7, 9, 3, 2])
+    worst = {}
+    for spec in PRECISIONS:
+        model = at(base, spec, fast)
+        worst[spec] = max(verify_vs_steps(model.net, prompt, rows[:n]) for n in (2, 4, 9))
+    with capsys.disabled():
+        print(f"\nlargest verify-vs-step logit difference ({'fast' if fast else 'eager'}): "
+              + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+    assert worst["int4-g32-rtn-head8"] == 0
+    assert all(v < 1e-3 for v in worst.values())
