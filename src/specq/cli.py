@@ -224,7 +224,11 @@ def cmd_generate(args) -> int:
 def _compile(models, args) -> None:
     from .feature_draft import FeatureDraft
     from .llama import Llama
+    from .models import cache_dir
 
+    # inductor's graph and autotuning caches live on disk: under $SPECQ_CACHE, so a second process
+    # on this machine reuses every compiled shape (unless the user points inductor elsewhere)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     for m in models:
         if isinstance(m.net, FeatureDraft):
             continue  # one small layer fed the target's features: it stays eager

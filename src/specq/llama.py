@@ -8,6 +8,7 @@ by moving an integer. Weights load from any Hugging Face Llama state dict.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -18,10 +19,12 @@ from torch import Tensor, nn
 
 
 MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
-# Fused attention over n query rows rounds differently from n one-row calls (~1e-7), and the
-# bf16 casts in front of packed int4/int8 kernels can amplify that into a flipped greedy token.
-# Verify passes (up to this many tokens) therefore attend row by row, exactly like decode steps,
-# which makes a quantized target's verify logits bit-identical to its one-token steps.
+# Fused attention over n query rows rounds differently from n one-row calls, and the bf16 casts in
+# front of packed int4/int8 kernels can amplify that into a flipped greedy token. Verify passes of
+# up to this many tokens (gamma <= 15) therefore attend row by row, exactly like decode steps.
+# Their logits are then bit-identical to one-token steps wherever every matmul is row-invariant:
+# the packed int8/int4 kernels and oneDNN's packed GEMM (the fast path), not MKL's fp32 sgemm
+# (tests/test_fastpath.py reports the differences). Longer verify passes use fused attention.
 ROW_BY_ROW_MAX = 16
 
 
@@ -305,6 +308,9 @@ class Llama(nn.Module):
         self._ensure_rope(cache.length + size)
         padded = torch.cat([ids, ids.new_zeros(size - n)]) if size > n else ids
         positions = torch.arange(cache.length, cache.length + size)
+        if size not in self._compiled_sizes:
+            print(f"specq: compiling the {size}-token step of a {self.config.num_layers}-layer model (once per "
+                  "machine, cached on disk; up to a few minutes on 2 cores)", file=sys.stderr, flush=True)
         started = time.perf_counter()
         logits = self.compiled_step(padded, StaticView(cache.k, cache.v, positions), cache.causal[positions])
         if size not in self._compiled_sizes:
