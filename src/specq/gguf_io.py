@@ -9,7 +9,7 @@ from transformers, which builds it from the file's metadata without `accelerate`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ class GGUFFile:
     path: Path
     config: LlamaConfig
     tensors: dict  # name -> gguf.ReaderTensor
+    _floats: dict = field(default_factory=dict, repr=False)  # dequantized once (a tied embedding is read twice)
 
     def qtype(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
@@ -46,11 +47,13 @@ class GGUFFile:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        t = self.tensors[name]
-        data = np.asarray(t.data)
-        if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            data = dequantize(data, t.tensor_type)
-        return torch.from_numpy(np.array(_unpermute(data, name, self.config), dtype=np.float32))  # a writable copy
+        if name not in self._floats:
+            t = self.tensors[name]
+            data = np.asarray(t.data)
+            if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                data = dequantize(data, t.tensor_type)
+            self._floats[name] = torch.from_numpy(np.array(_unpermute(data, name, self.config), dtype=np.float32))
+        return self._floats[name]
 
     def native_names(self) -> dict[str, tuple[str, ...]]:
         """Each native parameter name -> the GGUF tensors it is made of (concatenated by rows)."""
