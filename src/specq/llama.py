@@ -149,13 +149,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.q_size, c.hidden_size, bias=False)
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values [b, heads, n, head_dim], rotated to their positions."""
+        """Queries, keys and values [b, heads, n, head_dim], rotated to their positions. Queries and
+        keys are rotated in one go (the same elementwise ops: fewer dispatches per decode step)."""
         b, n = x.shape[:2]
-        q, k, v = self.wqkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        v = v.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+        heads = self.n_heads + self.n_kv
+        qkv = self.wqkv(x).view(b, n, heads + self.n_kv, self.head_dim).transpose(1, 2)
+        qk, v = qkv.split([heads, self.n_kv], dim=1)
+        qk = qk * cos + rotate_half(qk) * sin
+        q, k = qk.split([self.n_heads, self.n_kv], dim=1)
+        return q, k, v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
                 mask: Tensor | None) -> Tensor:
