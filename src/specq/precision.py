@@ -49,10 +49,8 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
 
     if not isinstance(net, Llama):
         raise SpecqError("quantization needs a Llama-architecture model (the native module)")
-    calibration = None
-    if spec.method in ("gptq", "awq"):
-        calibration = calibration_token_ids(tokenizer, n_samples, seq_len)
     try:
+        calibration = calibration_token_ids(tokenizer, n_samples, seq_len) if spec.method in ("gptq", "awq") else None
         return quantize_model(net, spec, calibration=calibration, progress=progress)
     except ValueError as e:
         raise SpecqError(str(e)) from None

@@ -120,7 +120,7 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = models.load, gene
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     store.repair(config.results)
-    done = store.cells(store.read(config.results))
+    done = store.cells(store.read(config.results, complete=True))
     pending = [c for c in cells if c.key not in done]
     if len(pending) < len(cells):
         console.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
@@ -143,7 +143,7 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     warmed: set[tuple] = set()
-    with Progress(*columns, console=console, disable=not progress) as bar:
+    with Progress(*columns, console=console, disable=not progress, transient=True) as bar:  # an error: one line
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
             later = {c.target for c in pending[i:]} | {c.draft for c in pending[i:] if c.draft}
