@@ -367,7 +367,7 @@ def cases(m: Path, d: Path, r: Path) -> list[Case]:
 
     def toml(text: str):
         base = {"prompt_file": f'"{d / "prompts.txt"}"', "prompt_sets": '["file"]', "targets": f'["{T}"]',
-                "drafts": f'["{D}"]', "prompt_file_chat": "false", "prompts": "1", "max_new_tokens": "2",
+                "drafts": f'["{D}"]', "prompt_file_chat": "false", "prompts": "1", "max_new_tokens": "2", "resamples": "10",
                 "results": '"r.jsonl"'}
         key = text.split("=")[0].strip()
         lines = [text] + [f"{k} = {v}" for k, v in base.items() if k != key]
@@ -383,7 +383,7 @@ def cases(m: Path, d: Path, r: Path) -> list[Case]:
                  "draft_confidence = [nan]", "peer = 'yes'", "target_quant = [1]", "draft_quant = 'int9'",
                  "threads = [1.5]", "max_new_tokens = [0]", "prompt_sets = []", "drafts = []", "bogus = 1",
                  "max_new_tokens = 1000000"):
-        cli(f"bench toml {text}", "bench", "c.toml", "--resamples", 10, setup=toml(text.replace("'", '"')))
+        cli(f"bench toml {text}", "bench", "c.toml", setup=toml(text.replace("'", '"')))
 
     # ---- report
     cli("report ok", "report", r / "results.jsonl", "--out", "rep", expect=(0,))

@@ -13,9 +13,9 @@ import sys
 
 from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
+from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, read_text
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
-from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, read_text
 from .errors import SpecqError
 from .gamma import AUTO, MAX_GAMMA
 

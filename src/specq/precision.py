@@ -24,6 +24,8 @@ QUANT_CONFIG = "quant_config.json"
 def parse(spec_text: str):
     from .quant import parse_spec
 
+    if not isinstance(spec_text, str):
+        raise SpecqError(f"a precision is a string such as 'fp32' or 'int4-g64-gptq', got {spec_text!r}")
     try:
         return parse_spec(spec_text)
     except ValueError as e:

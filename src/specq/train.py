@@ -35,6 +35,7 @@ from .models import Model, check_compatible, check_target, split_ref, write_nati
 # Named draft shapes on the SmolLM2 vocabulary; "LxH" (e.g. 4x192) gives L layers of width H.
 # "feature" (or "feature:L") is a feature draft (`feature_draft.py`) of L decoder layers.
 ARCHITECTURES = {"small": (6, 256), "tiny": (2, 64)}
+MAX_LAYERS, MAX_WIDTH = 64, 8192  # a draft far larger than any target specq runs would never pay
 FEATURE = "feature"
 MAX_SYNTHETIC = 100_000  # synthetic prompts: far more than any run uses, far fewer than the templates can make
 
@@ -70,8 +71,8 @@ def feature_layers(name: str) -> int | None:
         return None
     if not layers:
         return 1
-    if not layers.isdigit() or int(layers) < 1:
-        raise SpecqError(f"--arch feature:L needs a positive number of layers, got '{name}'")
+    if not layers.isdigit() or not 1 <= int(layers) <= MAX_LAYERS:
+        raise SpecqError(f"--arch feature:L needs 1 to {MAX_LAYERS} layers, got '{name}'")
     return int(layers)
 
 
@@ -83,9 +84,10 @@ def architecture(name: str, vocab_size: int) -> LlamaConfig:
             layers_width = tuple(int(x) for x in name.lower().split("x"))
         except ValueError:
             layers_width = ()
-    if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32:
-        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with WIDTH a multiple "
-                         f"of 32 (e.g. 4x192), or feature[:LAYERS], got '{name}'")
+    if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32 or layers_width[0] > MAX_LAYERS \
+            or layers_width[1] > MAX_WIDTH:
+        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with LAYERS <= {MAX_LAYERS} "
+                         f"and WIDTH a multiple of 32 up to {MAX_WIDTH} (e.g. 4x192), or feature[:LAYERS], got '{name}'")
     layers, width = layers_width
     return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=3 * width, num_layers=layers,
                        num_heads=max(1, width // 64), num_kv_heads=max(1, width // 128), head_dim=min(64, width),
@@ -242,12 +244,22 @@ def check_sources(texts: list[str], prompts: list[str]) -> None:
             data.user_texts(source)
 
 
+def _check_lengths(target: Model, settings: DistillSettings) -> None:
+    """Text windows and answers fit in the target's context (longer ones would be silently dropped
+    or run past the positions the target was trained on)."""
+    context = getattr(target.net.config, "max_position_embeddings", None)
+    for flag, tokens in (("--seq-len", settings.seq_len), ("--new-tokens", settings.new_tokens)):
+        if context and tokens >= context:
+            raise SpecqError(f"{flag} {tokens} does not fit the context of '{target.ref}' ({context} tokens)")
+
+
 def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | None = None,
         arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False, force: bool = False) -> dict:
     """Distil a draft for `target` into `out`; returns the report also saved as out/distill.json.
     An existing `out` is replaced only with `force`; an unfinished run continues only with `resume`."""
     check_target(target)
     check_run(out, work, force, resume)
+    _check_lengths(target, settings)
     feature = isinstance(base.net, FeatureDraft) if base is not None else feature_layers(arch) is not None
     if base is not None:
         check_compatible(base, target)

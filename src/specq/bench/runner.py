@@ -143,7 +143,8 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     warmed: set[tuple] = set()
-    with Progress(*columns, console=console, disable=not progress, transient=True) as bar:  # an error: one line
+    # transient, and only on a terminal: an error ends in its one line, not under a stale bar
+    with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
             later = {c.target for c in pending[i:]} | {c.draft for c in pending[i:] if c.draft}
