@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checks, feature_draft, registry
+from . import checks, feature_draft, precision, registry
 from .api import generate
 from .data import chat_prompts
 from .distill import distill, feature_forward, float_teacher, init_draft, sequence_forward, teacher_continuations, \
@@ -58,6 +58,20 @@ def default_out(draft_ref: str, target_precision: str) -> Path:
     """Where a calibrated draft goes by default: the user's registry, named after draft and precision."""
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(split_ref(draft_ref)[0]).name)
     return registry_dir() / f"{base}-for-{target_precision}"
+
+
+def ref_precision(target_ref: str) -> str:
+    """The precision a target ref loads at, without loading it (a quantized folder's own spec)."""
+    name, spec = split_ref(target_ref)
+    path = Path(name).expanduser()
+    if precision.is_quantized_dir(path):
+        from .quant import read_spec
+
+        try:
+            return str(read_spec(path))
+        except (ValueError, KeyError, OSError) as e:
+            raise SpecqError(f"cannot read the quantization of '{path}': {e}") from None
+    return str(precision.parse(spec))
 
 
 def registry_dir() -> Path:

@@ -281,15 +281,13 @@ def _training_options(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import CalibrationSettings, calibrate, check_output, default_out
-    from .models import load, split_ref
-    from .precision import parse as parse_precision
+    from .calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
+    from .models import load
 
     _training_options(args)
     settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out, max_new_tokens=args.max_new_tokens,
                                    steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
-    precision = str(parse_precision(split_ref(args.target)[1]))
-    out = args.out or default_out(args.draft, precision)
+    out = args.out or default_out(args.draft, ref_precision(args.target))
     check_output(out, args.force, args.resume)  # before the models load
     target, draft = load(args.target), load(args.draft)
     report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume)
