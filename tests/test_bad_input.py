@@ -231,3 +231,15 @@ def test_api_models_must_be_models(models):
         with pytest.raises(SpecqError):
             specq.generate(bad_target, "t1", bad_draft, max_new_tokens=2)
     assert specq.generate(target, "t1", target, max_new_tokens=2, stop="t9").token_ids  # one stop string is fine
+
+
+def test_calibrate_registers_in_the_user_registry(files, tmp_path, monkeypatch):
+    from specq import registry
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "elsewhere" / "cal"
+    assert main(["calibrate", str(files / "target"), "--target", str(files / "target"), "--out", str(out),
+                 "--prompts", "2", "--held-out", "1", "--steps", "2", "--max-new-tokens", "4", "--threads", "1"]) == 0
+    assert not (out.parent / "manifest.json").exists()
+    path, _, exact = registry.select([tmp_path / "cache" / "drafts"], str(files / "target"), "fp32")
+    assert exact and path == out.resolve()

@@ -174,11 +174,10 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args.prompt)
     if not prompt.strip():
         raise SpecqError("the prompt is empty")
-    options = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, chat=args.chat, stop=args.stop, ignore_eos=args.ignore_eos,
-                   draft_confidence=args.draft_confidence)
-    api.check_options(max_new_tokens=args.max_new_tokens,
-                      **{k: v for k, v in options.items() if k not in ("chat", "ignore_eos")})
+    decoding = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    seed=args.seed, stop=args.stop, draft_confidence=args.draft_confidence)
+    api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
+    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos)
     target = load(args.target)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
@@ -253,7 +252,7 @@ def cmd_compare(args) -> int:
     if not 0 < args.temperature <= 100:
         raise SpecqError(f"--temperature must be in (0, 100], got {args.temperature}")
     a, b = load(args.a), load(args.b)
-    check_compatible(b, a)  # also: A can be a target
+    check_compatible(b, a)  # and A can be a target (not a feature draft)
     chunks = held_out_chunks(a, args.chunks, args.chunk_len, args.chat_prompts)
     result = compare(a, b, chunks, temperature=args.temperature)
     result.update(a=args.a, b=args.b)
