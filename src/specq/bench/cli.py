@@ -62,7 +62,7 @@ def cmd_bench(args) -> int:
     config = load_config(args.config, {k: getattr(args, k) for k in KEYS})
     status = Console(stderr=True)
     try:
-        records = runner.run(config, console=status)
+        records = runner.run(config, console=status, log=Console())
     except KeyboardInterrupt:
         status.print(f"interrupted: finished cells are saved in {config.results}; "
                      "run the same command again to resume")

@@ -108,22 +108,24 @@ def peer_skip_reason(model: Model) -> str | None:
 
 def run(config: BenchConfig, *, load: Callable[[str], Model] = models.load, generate=api.generate,
         prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
-        console=None, progress: bool = True) -> list[dict]:
+        console=None, log=None, progress: bool = True) -> list[dict]:
     """Run every cell of the sweep that the store does not hold yet; return the stored run records
-    and this sweep's cells.
+    and this sweep's cells. Progress goes to `console` (stderr), notes on the sweep to `log`
+    (default: `console`), so that stderr holds only the error when a cell fails.
     `load`, `generate` and `prompt_sets` are injectable (tests use tiny models)."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
+    log = log or console
     prompt_sets = prompt_sets if prompt_sets is not None else load_prompt_sets(config)
     cells, notes = plan(config, prompt_sets, registry)
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        log.print(f"[yellow]note:[/] {note}", highlight=False)
     store.repair(config.results)
     done = store.cells(store.read(config.results, complete=True))
     pending = [c for c in cells if c.key not in done]
     if len(pending) < len(cells):
-        console.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
+        log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
     if pending:
         run_id = uuid.uuid4().hex[:12]
         store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
