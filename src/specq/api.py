@@ -13,18 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from . import checks
 from .decode import decode
 from .drafters import for_pair
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
+from .gamma import MAX_GAMMA
 from .gamma import parse as parse_gamma
-from .models import Model, check_compatible
+from .models import Model, check_compatible, check_target
 from .sampling import SamplingConfig
 from .stats import DecodeStats
 from .stopping import trim_at_stop
-
-MAX_GAMMA = 64
 
 
 @dataclass
@@ -56,8 +56,51 @@ def answer_ids(tokenizer, prompt: str) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
+def check_options(gamma: int | str = DEFAULT_GAMMA, max_new_tokens: int = 128, temperature: float = 0.0,
+                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: list[str] | str | None = None,
+                  draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
+                  ) -> tuple[tuple[int, bool], SamplingConfig, list[str] | None]:
+    """The options of `generate` that need no model, checked (the CLI calls this before loading):
+    ((gamma, adaptive), sampling config, stop strings)."""
+    gamma = parse_gamma(gamma)
+    if not gamma[1] and not 1 <= gamma[0] <= MAX_GAMMA:
+        raise SpecqError(f"gamma must be between 1 and {MAX_GAMMA}, got {gamma[0]}")
+    checks.integer("max_new_tokens", max_new_tokens, 1)
+    checks.integer("seed", seed, 0, checks.MAX_SEED)
+    if checks.real("draft_confidence", draft_confidence, 0, 1) == 1:
+        raise SpecqError("draft_confidence must be below 1")
+    checks.real("temperature", temperature)
+    checks.integer("top_k", top_k)
+    checks.real("top_p", top_p)
+    try:
+        sampling = SamplingConfig(temperature, top_k, top_p)
+    except ValueError as e:
+        raise SpecqError(str(e)) from None
+    return gamma, sampling, _stop_strings(stop)
+
+
+def _stop_strings(stop: list[str] | str | None) -> list[str] | None:
+    """None, or a list of non-empty strings (a single string is one stop string)."""
+    if stop is None:
+        return None
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise SpecqError(f"stop must be a list of non-empty strings, got {stop!r}")
+    return list(stop)
+
+
+def token_ids(model: Model, ids: list[int]) -> list[int]:
+    """A prompt given as token ids: a non-empty list of ints in the model's vocabulary."""
+    if not ids:
+        raise SpecqError("the prompt is empty")
+    for i in ids:
+        checks.integer("a prompt token id", i, 0, model.vocab_size - 1)
+    return list(ids)
+
+
 def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
-    if not prompt or not prompt.strip():
+    checks.text("the prompt", prompt)
+    if not prompt.strip():
         raise SpecqError("the prompt is empty")
     tok = model.tokenizer
     if chat:
@@ -71,11 +114,8 @@ def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
     return list(ids)
 
 
-def validate(target: Model, draft: Model | None, gamma: int, max_new_tokens: int, prompt_len: int) -> None:
-    if draft is not None and not 1 <= gamma <= MAX_GAMMA:
-        raise SpecqError(f"gamma must be between 1 and {MAX_GAMMA}, got {gamma}")
-    if max_new_tokens < 1:
-        raise SpecqError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+def check_context(target: Model, gamma: int, max_new_tokens: int, prompt_len: int) -> None:
+    """Prompt, new tokens and one proposal fit in the target's context."""
     limit = getattr(target.net.config, "max_position_embeddings", None)
     if limit and prompt_len + max_new_tokens + gamma + 1 > limit:
         raise SpecqError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
@@ -89,20 +129,14 @@ def generate(target: Model, prompt: str | list[int], draft: Model | None = None,
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling.
     gamma "auto" chooses each step's draft length from this run's measured costs (up to 4)."""
-    gamma, adaptive = parse_gamma(gamma)
-    try:
-        sampling = SamplingConfig(temperature, top_k, top_p)
-    except ValueError as e:
-        raise SpecqError(str(e)) from None
-    prompt_ids = list(prompt) if isinstance(prompt, list) else encode_prompt(target, prompt, chat)
-    if not prompt_ids:
-        raise SpecqError("the prompt is empty")
+    check_target(target)
+    (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                                                      draft_confidence)
+    prompt_ids = token_ids(target, prompt) if isinstance(prompt, list) else encode_prompt(target, prompt, chat)
     if draft is not None:
         check_compatible(draft, target)
-        if not 0 <= draft_confidence < 1:
-            raise SpecqError(f"draft_confidence must be in [0, 1), got {draft_confidence}")
         drafter = drafter or for_pair(draft, target, draft_confidence)
-    validate(target, draft if drafter is not None else None, gamma, max_new_tokens, len(prompt_ids))
+    check_context(target, gamma if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                                 max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                                 generator=torch.Generator().manual_seed(seed))

@@ -50,12 +50,16 @@ def write_text(path: Path | str, text: str) -> None:
 
 
 def write_dir(target: Path | str, write: Callable[[Path], None]) -> None:
-    """Call write(tmp_dir), then swap tmp_dir into place (replacing an existing target)."""
+    """Call write(tmp_dir), then swap tmp_dir into place (replacing an existing target). The
+    folder gets the `checks.MARKER` file, so a later run knows specq wrote it (and may replace it)."""
+    from .checks import MARKER
+
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         write(tmp)
+        (tmp / MARKER).write_text("written by specq; `--force` may replace this folder\n")
         _publish_permissions(tmp)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import feature_draft, registry
+from . import checks, fastpath, feature_draft, precision, registry
 from .api import generate
 from .data import chat_prompts
 from .distill import distill, feature_forward, float_teacher, init_draft, sequence_forward, teacher_continuations, \
@@ -54,16 +54,52 @@ def has_chat(model: Model) -> bool:
     return bool(getattr(model.tokenizer, "chat_template", None))
 
 
-def default_out(draft: Model, target: Model) -> Path:
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(split_ref(draft.ref)[0]).name)
-    return cache_dir() / "drafts" / f"{base}-for-{target.precision}"
+def default_out(draft_ref: str, target_precision: str) -> Path:
+    """Where a calibrated draft goes by default: the user's registry, named after draft and precision."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(split_ref(draft_ref)[0]).name)
+    return registry_dir() / f"{base}-for-{target_precision}"
+
+
+def ref_precision(target_ref: str) -> str:
+    """The precision a target ref loads at, without loading it (a quantized folder's own spec)."""
+    name, spec = split_ref(target_ref)
+    path = Path(name).expanduser()
+    if precision.is_quantized_dir(path):
+        from .quant import read_spec
+
+        try:
+            return str(read_spec(path))
+        except (ValueError, KeyError, OSError) as e:
+            raise SpecqError(f"cannot read the quantization of '{path}': {e}") from None
+    return str(precision.parse(spec))
+
+
+def registry_dir() -> Path:
+    """The user's draft registry (docs/drafts.md): `calibrate` registers every draft here."""
+    return cache_dir() / "drafts"
+
+
+def checkpoint_dir(out: Path) -> Path:
+    return out.parent / f".{out.name}.ckpt"
+
+
+def check_output(out: Path | str, force: bool = False, resume: bool = False) -> Path:
+    """`out` may be written (see `checks.output`), and an unfinished run for it is continued
+    only when asked (as `distill --resume`), never silently."""
+    out = checks.output(out, force, "--out")
+    if (checkpoint_dir(out) / "last.pt").exists() and not resume:
+        raise SpecqError(f"'{checkpoint_dir(out)}' holds an unfinished calibration for '{out}': add --resume "
+                         "to continue it, or remove it")
+    return out
 
 
 def calibrate(target: Model, draft: Model, settings: CalibrationSettings = CalibrationSettings(),
-              out: Path | str | None = None, progress: bool = True, measure: bool = True) -> dict:
+              out: Path | str | None = None, progress: bool = True, measure: bool = True, *,
+              force: bool = False, resume: bool = False) -> dict:
     """Fine-tune `draft` on `target`'s own outputs; save it and register it for the target's
-    precision (in the manifest of the output's parent directory). Returns the report, with
-    acceptance before and after on held-out prompts unless `measure` is False."""
+    precision in the user's registry (`registry_dir`). Returns the report, with acceptance
+    before and after on held-out prompts unless `measure` is False. An existing `out` is replaced
+    only with `force`; an interrupted run continues only with `resume`."""
     check_compatible(draft, target)
     if draft.precision not in ("fp32", "bf16", "fp16"):
         raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
@@ -71,7 +107,9 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     feature = isinstance(draft.net, FeatureDraft)
     if not (source / "config.json").is_file() and not feature:
         raise SpecqError(f"draft '{draft.ref}' must be a local model directory to calibrate")
-    out = Path(out) if out else default_out(draft, target)
+    out = check_output(out or default_out(draft.ref, target.precision), force, resume)
+    for model in (target, draft):  # training and the teacher read the weights themselves
+        fastpath.unpack_linears(model.net)
     train_prompts = chat_prompts("train")[: settings.prompts]
     held_prompts = chat_prompts("held_out")[: settings.held_out]
     def measured(d: Model) -> dict | None:
@@ -89,7 +127,7 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
         student = copy.deepcopy(draft.net).float().attach(target.net).train()
     else:
         student = init_draft(None, from_dir=source)
-    checkpoints = out.parent / f".{out.name}.ckpt"  # an interrupted run resumes from here
+    checkpoints = checkpoint_dir(out)  # an interrupted run resumes from here
     result = distill(student, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,
                      batch=settings.batch, checkpoint_dir=checkpoints, eval_every=max(1, settings.steps // 5),
                      progress=progress, forward=feature_forward if feature else sequence_forward)
@@ -109,5 +147,11 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     info = {"base": draft.ref, "held_out_beta": result["held_out"]["beta"]}
     if measure:
         info |= {"acceptance_before": before["acceptance_rate"][0], "acceptance_after": after["acceptance_rate"][0]}
-    registry.add(out.parent, registry.Entry(target_name, target.precision, out.name, info))
+    registry.add(registry_dir(), registry.Entry(target_name, target.precision, _entry_path(out), info))
     return report
+
+
+def _entry_path(out: Path) -> str:
+    """The draft's path in the registry's manifest: relative when it lies in the registry."""
+    out = out.resolve()
+    return out.name if out.parent == registry_dir().resolve() else str(out)

@@ -11,11 +11,13 @@ import os
 import shlex
 import sys
 
+from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
+from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, read_text
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
-from .gamma import AUTO
+from .gamma import AUTO, MAX_GAMMA
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,38 +25,19 @@ class _Parser(argparse.ArgumentParser):
         raise SpecqError(f"{self.prog}: {message}")
 
 
-def _int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_nonnegative_int = _int_at_least(0)
+_positive_int = arg_int(1)
+_nonnegative_int = arg_int(0)
+_seed = arg_int(0, MAX_SEED)
+_threads = arg_int(1, MAX_THREADS)
+_float = arg_float()
 
 
 def _gamma(text: str) -> int | str:
     if text == AUTO:
         return text
-    if text.isdigit() and int(text) >= 1:
+    if text.isdigit() and 1 <= int(text) <= MAX_GAMMA:
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or '{AUTO}', got '{text}'")
-
-
-def _float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got '{text}'")
-    return value
+    raise argparse.ArgumentTypeError(f"expected a whole number in [1, {MAX_GAMMA}] or '{AUTO}', got '{text}'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,13 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=_float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=_nonnegative_int, default=0)
     g.add_argument("--top-p", type=_float, default=1.0)
-    g.add_argument("--seed", type=_nonnegative_int, default=0)
+    g.add_argument("--seed", type=_seed, default=0)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     g.add_argument("--no-speculative", action="store_true", help="plain decoding with the target only")
     g.add_argument("--ignore-eos", action="store_true", help="run to --max-new-tokens (benchmarks)")
     g.add_argument("--no-warmup", action="store_true", help="time the first call too")
-    g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
     g.add_argument("--eager", action="store_true",
                    help="plain eager kernels instead of the fast path (packed oneDNN GEMMs for float layers), for debugging")
     g.add_argument("--compile", action="store_true",
@@ -96,9 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("model", help="model ref (float weights)")
     q.add_argument("spec", help="e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn")
     q.add_argument("--out", required=True, help="output directory (written atomically)")
+    q.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
     q.add_argument("--calib-samples", type=_positive_int, default=32, help="GPTQ/AWQ calibration windows")
     q.add_argument("--calib-len", type=_positive_int, default=512, help="tokens per calibration window")
-    q.add_argument("--threads", type=_positive_int, default=None)
+    q.add_argument("--threads", type=_threads, default=None)
     q.set_defaults(func=cmd_quantize)
 
     c = sub.add_parser("compare", help="divergence of model B from model A, and predicted acceptance")
@@ -109,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--chat-prompts", type=_nonnegative_int, default=8,
                    help="held-out chat prompts answered greedily by A, scored by both")
     c.add_argument("--temperature", type=_float, default=1.0)
-    c.add_argument("--threads", type=_positive_int, default=None)
+    c.add_argument("--threads", type=_threads, default=None)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
 
@@ -122,15 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--max-new-tokens", type=_positive_int, default=128)
     k.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
     k.add_argument("--lr", type=_float, default=5e-4)
-    k.add_argument("--gamma", type=_positive_int, default=4)
+    k.add_argument("--gamma", type=arg_int(1, MAX_GAMMA), default=4)
     k.add_argument("--out", default=None, help="output directory (default: $SPECQ_CACHE/drafts/...)")
-    k.add_argument("--threads", type=_positive_int, default=None)
+    k.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
+    k.add_argument("--resume", action="store_true", help="continue the unfinished run for --out from its checkpoint")
+    k.add_argument("--threads", type=_threads, default=None)
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=cmd_calibrate)
 
     d = sub.add_parser("distill", help="train a draft for a target (text + the target's own answers)")
     d.add_argument("--target", default="smollm2-135m", help="target ref, any precision (default: smollm2-135m)")
     d.add_argument("--out", required=True, help="output directory of the draft (registered beside it)")
+    d.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
     start = d.add_mutually_exclusive_group()
     start.add_argument("--from", dest="base", default=None, help="continue from this draft (a local directory)")
     start.add_argument("--arch", default="small",
@@ -145,11 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompts", nargs="*", default=["chat"],
                    help="prompt sources the target answers: chat, synthetic:N (or synthetic:A-B, a later slice of "
                         "the same list), or files (one per line / .jsonl 'prompt' field); none: --prompts")
-    d.add_argument("--temperatures", nargs="+", type=_float, default=[0.0],
+    d.add_argument("--temperatures", nargs="+", type=arg_float(0, 100), default=[0.0],
                    help="one target answer per prompt per temperature (0 = greedy)")
     d.add_argument("--new-tokens", type=_positive_int, default=128, help="length of the target's answers")
     d.add_argument("--text-windows", type=_positive_int, default=160, help="training windows of text")
-    d.add_argument("--seq-len", type=_int_at_least(16), default=256, help="tokens per text window")
+    d.add_argument("--seq-len", type=arg_int(16), default=256, help="tokens per text window")
     d.add_argument("--steps", type=_positive_int, default=2000)
     d.add_argument("--minutes", type=_float, default=None, help="time budget of the training stage")
     d.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
@@ -160,10 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--gen-batch", type=_positive_int, default=48, help="prompts answered at once (one shard)")
     d.add_argument("--accept-prompts", type=_nonnegative_int, default=10,
                    help="held-out chat prompts for the final speculative runs (0: skip)")
-    d.add_argument("--gamma", type=_positive_int, default=4)
+    d.add_argument("--gamma", type=arg_int(1, MAX_GAMMA), default=4)
     d.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="dtype of the saved draft")
-    d.add_argument("--seed", type=_nonnegative_int, default=0)
-    d.add_argument("--threads", type=_positive_int, default=None)
+    d.add_argument("--seed", type=_seed, default=0)
+    d.add_argument("--threads", type=_threads, default=None)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_distill)
 
@@ -174,12 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _read_prompt(text: str) -> str:
     if text.startswith("@"):
-        try:
-            with open(text[1:], encoding="utf-8") as f:
-                return f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise SpecqError(f"cannot read prompt file '{text[1:]}': {e.strerror or e}") from None
-    return text
+        return read_text(text[1:], "prompt file")
+    return checks.text("the prompt", text)
 
 
 def cmd_generate(args) -> int:
@@ -194,6 +177,10 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args.prompt)
     if not prompt.strip():
         raise SpecqError("the prompt is empty")
+    decoding = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    seed=args.seed, stop=args.stop, draft_confidence=args.draft_confidence)
+    api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
+    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos)
     target = load(args.target, fast=not args.eager)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
@@ -202,9 +189,6 @@ def cmd_generate(args) -> int:
     models = [m for m in (target, draft) if m is not None]
     if args.compile:
         _compile(models, args)
-    options = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, chat=args.chat, stop=args.stop, ignore_eos=args.ignore_eos,
-                   draft_confidence=args.draft_confidence)
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
@@ -256,6 +240,7 @@ def cmd_quantize(args) -> int:
         raise SpecqError(f"'{args.spec}' is a float precision: nothing to quantize")
     if split_ref(args.model)[1] != "fp32":
         raise SpecqError("give the float model to quantize, without an @spec")
+    checks.output(args.out, args.force, "--out")
     model = load(args.model, fast=False)  # quantized below, then saved
     precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples, args.calib_len)
     precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out)
@@ -277,7 +262,7 @@ def cmd_compare(args) -> int:
     if not 0 < args.temperature <= 100:
         raise SpecqError(f"--temperature must be in (0, 100], got {args.temperature}")
     a, b = load(args.a), load(args.b)
-    check_compatible(b, a)
+    check_compatible(b, a)  # and A can be a target (not a feature draft)
     chunks = held_out_chunks(a, args.chunks, args.chunk_len, args.chat_prompts)
     result = compare(a, b, chunks, temperature=args.temperature)
     result.update(a=args.a, b=args.b)
@@ -305,14 +290,16 @@ def _training_options(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import CalibrationSettings, calibrate
+    from .calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
     from .models import load
 
     _training_options(args)
     settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out, max_new_tokens=args.max_new_tokens,
                                    steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
+    out = args.out or default_out(args.draft, ref_precision(args.target))
+    check_output(out, args.force, args.resume)  # before the models load
     target, draft = load(args.target, fast=False), load(args.draft, fast=False)  # the draft is trained
-    report = calibrate(target, draft, settings, out=args.out)
+    report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume)
     if args.json:
         print(json.dumps(report))
     else:
@@ -330,19 +317,19 @@ def cmd_distill(args) -> int:
     import torch
 
     from .models import load
-    from .train import DistillSettings, architecture, feature_layers, run
+    from .train import DistillSettings, architecture, check_run, check_sources, feature_layers, run
 
     _training_options(args)
     if args.minutes is not None and args.minutes <= 0:
         raise SpecqError(f"--minutes must be positive, got {args.minutes}")
-    if any(t < 0 for t in args.temperatures):
-        raise SpecqError("--temperatures must be >= 0")
     if not args.texts and not args.prompts:
         raise SpecqError("no training data: give --texts and/or --prompts")
     if args.base is None and feature_layers(args.arch) is None:  # validate before loading anything
         architecture(args.arch, 1)
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
+    check_run(out, work, args.force, args.resume)
+    check_sources(args.texts, args.prompts)
     settings = DistillSettings(
         texts=tuple(args.texts), prompts=tuple(args.prompts), temperatures=tuple(args.temperatures),
         new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len, steps=args.steps,
@@ -352,7 +339,7 @@ def cmd_distill(args) -> int:
         extra={"command": "specq " + shlex.join(args.argv)})
     target = load(args.target, fast=False)  # teacher passes read its weights
     base = load(args.base, fast=False) if args.base else None
-    report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume,
+    report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume, force=args.force,
                  dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "history"}))

@@ -11,6 +11,7 @@ import json
 import tomllib
 from pathlib import Path
 
+from .checks import read_text
 from .errors import SpecqError
 
 HELD_OUT_EVERY = 8  # item i is held out iff i % HELD_OUT_EVERY == 0
@@ -46,16 +47,37 @@ def gsm8k_problems() -> list[dict]:
 
 def user_texts(path: Path | str, field: str = "text") -> list[str]:
     """A user corpus: a .jsonl file (one object per line, text under `field`) or plain text
-    (documents separated by blank lines)."""
+    (documents separated by blank lines). Strict: a bad line or no text is a one-line error."""
     path = Path(path)
     if not path.is_file():
         raise SpecqError(f"corpus file not found: {path}")
-    raw = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".jsonl":
-        docs = [json.loads(line)[field] for line in raw.splitlines() if line.strip()]
-    else:
-        docs = raw.split("\n\n")
-    return [d for d in docs if d.strip()]
+    raw = read_text(path, "file")
+    docs = jsonl_field(path, raw, field) if path.suffix == ".jsonl" else raw.split("\n\n")
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise SpecqError(f"'{path}' holds no text" + (f" (no non-empty '{field}' field)" if path.suffix == ".jsonl"
+                                                      else ""))
+    return docs
+
+
+def jsonl_field(path: Path, raw: str, field: str) -> list[str]:
+    """The string `field` of every object in JSONL text; errors name the file and line."""
+    out = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecqError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise SpecqError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}")
+        if field not in record:
+            raise SpecqError(f"{path} line {number}: no '{field}' field")
+        if not isinstance(record[field], str):
+            raise SpecqError(f"{path} line {number}: '{field}' must be a string, got {type(record[field]).__name__}")
+        out.append(record[field])
+    return out
 
 
 def chat_prompts(part: str = "train") -> list[str]:

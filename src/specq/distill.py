@@ -76,7 +76,7 @@ def atomic_save(obj, path: Path | str) -> None:
 
 
 def _topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    values, idx = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    values, idx = torch.log_softmax(logits.float(), dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
     return idx.to(torch.int32), values.to(torch.float16)
 
 

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from .errors import SpecqError
 from .feature_draft import FeatureDraft
 from .models import Model
 from .stats import bootstrap_ci
@@ -88,6 +89,9 @@ def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_t
     from .api import encode_prompt, generate
     from .data import chat_prompts, shakespeare_texts, split
 
+    context = getattr(a.net.config, "max_position_embeddings", None)
+    if context and chunk_len > context:
+        raise SpecqError(f"chunks of {chunk_len} tokens exceed the context of '{a.ref}' ({context} tokens)")
     _, held = split(shakespeare_texts())
     chunks: list[list[int]] = []
     for text in held if n_text else []:
@@ -95,6 +99,9 @@ def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_t
         chunks += [ids[i: i + chunk_len] for i in range(0, len(ids) - chunk_len + 1, chunk_len * 7)]
         if len(chunks) >= n_text:
             break
+    if len(chunks) < n_text:
+        raise SpecqError(f"the held-out text gives {len(chunks)} chunks of {chunk_len} tokens, fewer than the "
+                         f"{n_text} asked for: ask for fewer or shorter chunks")
     chunks = chunks[:n_text]
     for prompt in chat_prompts("held_out")[:n_chat]:
         ids = encode_prompt(a, prompt, chat=True)

@@ -6,12 +6,14 @@ loses. oneDNN (which inductor also uses for frozen CPU linears) takes the weight
 its blocked layout once, and its GEMM then costs about the same for 1 to 16 rows. Packed int8 /
 int4 layers (`quant.modules`) already have their own kernels and are left alone.
 
-The packed weight is a second copy in oneDNN's layout; the original stays for saving, training
-and the embedding it may be tied to.
+The packed weight is a second copy in oneDNN's layout; the original stays (a buffer under the
+same state-dict name as `nn.Linear`'s weight) for saving, hashing and the embedding it may be tied
+to. Load weights before packing: the pack does not follow later changes to them.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -28,13 +30,17 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: Tensor):
         super().__init__()
-        self.register_buffer("weight", weight.detach(), persistent=False)
+        self.register_buffer("weight", weight.detach())
         self.out_features, self.in_features = weight.shape
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_ROWS_HINT)
 
     def forward(self, x: Tensor) -> Tensor:
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, None, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
+
+    def __deepcopy__(self, memo: dict) -> "PackedLinear":
+        """oneDNN's packed tensor cannot be copied: pack the copied weight anew."""
+        return PackedLinear(copy.deepcopy(self.weight, memo))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"

@@ -29,6 +29,7 @@ from .stats import DecodeStats
 
 AUTO = "auto"
 AUTO_MAX_GAMMA = 4  # the longest proposal "auto" considers
+MAX_GAMMA = 64  # the longest fixed proposal
 PROBE_EVERY = 8
 DECAY = 0.95  # weight of a step's timing per newer step: about the last 20 steps count
 

@@ -226,6 +226,10 @@ def _resolve(name: str) -> Path | str:
             return path
         if not (path / "config.json").is_file():
             raise SpecqError(f"'{path}' is not a Hugging Face model directory (no config.json)")
+        try:
+            json.loads((path / "config.json").read_bytes())
+        except (OSError, ValueError) as e:
+            raise SpecqError(f"'{path / 'config.json'}' is not valid JSON ({e})") from None
         return path
     if path.exists():
         raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
@@ -248,6 +252,8 @@ def load(ref: str, fast: bool = True) -> Model:
 
 
 def _load(ref: str) -> Model:
+    if not isinstance(ref, str):
+        raise SpecqError(f"a model reference is a string (a name, a path or a hub id), got {type(ref).__name__}")
     name, spec_text = split_ref(ref.strip())
     if not name:
         raise SpecqError(f"empty model reference '{ref}'")
@@ -337,8 +343,28 @@ def _eos_set(eos: list[int], tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+def check_target(target: Model) -> None:
+    """A model that can be a target: a loaded Model whose network scores tokens on its own
+    (a feature draft reads another model's hidden states)."""
+    if not isinstance(target, Model):
+        raise SpecqError(f"the target must be a model from specq.load, got {type(target).__name__}")
+    if isinstance(target.net, feature_draft.FeatureDraft):
+        raise SpecqError(f"'{target.ref}' is a feature draft: it drafts for a target and cannot be one")
+
+
 def check_compatible(draft: Model, target: Model) -> None:
-    """The draft must give every token string the target's id; padded vocab rows are allowed."""
+    """The draft must give every token string the target's id and have an embedding row for
+    every token of the target's tokenizer; padded vocab rows are allowed."""
+    check_target(target)
+    if not isinstance(draft, Model):
+        raise SpecqError(f"the draft must be a model from specq.load or None, got {type(draft).__name__}")
+    _check_same_vocabulary(draft, target)
+    if draft.vocab_size < len(target.tokenizer):
+        raise SpecqError(f"draft '{draft.ref}' has {draft.vocab_size} embedding rows, fewer than the "
+                         f"{len(target.tokenizer)} tokens of target '{target.ref}'")
+
+
+def _check_same_vocabulary(draft: Model, target: Model) -> None:
     dv, tv = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
     if dv == tv:
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 
+from . import checks
 from . import precision as precisions
 from .api import Generation, generate
 from .models import Model, load, select_draft, split_ref
@@ -19,7 +20,7 @@ from .models import Model, load, select_draft, split_ref
 
 class ModelPool:
     def __init__(self, target: str, speculative: bool = True):
-        self.target = split_ref(target)[0]
+        self.target = split_ref(checks.text("the target", target))[0]
         self.speculative = speculative
         self._models: dict[str, Model] = {}
         self._pairs: dict[str, tuple[Model, Model | None, str | None]] = {}

@@ -24,6 +24,8 @@ QUANT_CONFIG = "quant_config.json"
 def parse(spec_text: str):
     from .quant import parse_spec
 
+    if not isinstance(spec_text, str):
+        raise SpecqError(f"a precision is a string such as 'fp32' or 'int4-g64-gptq', got {spec_text!r}")
     try:
         return parse_spec(spec_text)
     except ValueError as e:
@@ -49,10 +51,8 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
 
     if not isinstance(net, Llama):
         raise SpecqError("quantization needs a Llama-architecture model (the native module)")
-    calibration = None
-    if spec.method in ("gptq", "awq"):
-        calibration = calibration_token_ids(tokenizer, n_samples, seq_len)
     try:
+        calibration = calibration_token_ids(tokenizer, n_samples, seq_len) if spec.method in ("gptq", "awq") else None
         return quantize_model(net, spec, calibration=calibration, progress=progress)
     except ValueError as e:
         raise SpecqError(str(e)) from None

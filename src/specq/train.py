@@ -23,19 +23,21 @@ from pathlib import Path
 
 import torch
 
-from . import atomic, data, feature_draft, registry
+from . import atomic, checks, data, fastpath, feature_draft, registry
 from .calibrate import acceptance
 from .distill import TeacherSet, atomic_save, chunk_tokens, distill, feature_forward, float_teacher, init_draft, \
     sequence_forward, teacher_continuations, teacher_on_text, to_native
 from .errors import SpecqError
 from .feature_draft import FeatureDraft, frequent_tokens, new_feature_draft
 from .llama import Llama, LlamaConfig
-from .models import Model, check_compatible, split_ref, write_native
+from .models import Model, check_compatible, check_target, split_ref, write_native
 
 # Named draft shapes on the SmolLM2 vocabulary; "LxH" (e.g. 4x192) gives L layers of width H.
 # "feature" (or "feature:L") is a feature draft (`feature_draft.py`) of L decoder layers.
 ARCHITECTURES = {"small": (6, 256), "tiny": (2, 64)}
+MAX_LAYERS, MAX_WIDTH = 64, 8192  # a draft far larger than any target specq runs would never pay
 FEATURE = "feature"
+MAX_SYNTHETIC = 100_000  # synthetic prompts: far more than any run uses, far fewer than the templates can make
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,8 @@ def feature_layers(name: str) -> int | None:
         return None
     if not layers:
         return 1
-    if not layers.isdigit() or int(layers) < 1:
-        raise SpecqError(f"--arch feature:L needs a positive number of layers, got '{name}'")
+    if not layers.isdigit() or not 1 <= int(layers) <= MAX_LAYERS:
+        raise SpecqError(f"--arch feature:L needs 1 to {MAX_LAYERS} layers, got '{name}'")
     return int(layers)
 
 
@@ -82,9 +84,10 @@ def architecture(name: str, vocab_size: int) -> LlamaConfig:
             layers_width = tuple(int(x) for x in name.lower().split("x"))
         except ValueError:
             layers_width = ()
-    if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32:
-        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with WIDTH a multiple "
-                         f"of 32 (e.g. 4x192), or feature[:LAYERS], got '{name}'")
+    if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32 or layers_width[0] > MAX_LAYERS \
+            or layers_width[1] > MAX_WIDTH:
+        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with LAYERS <= {MAX_LAYERS} "
+                         f"and WIDTH a multiple of 32 up to {MAX_WIDTH} (e.g. 4x192), or feature[:LAYERS], got '{name}'")
     layers, width = layers_width
     return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=3 * width, num_layers=layers,
                        num_heads=max(1, width // 64), num_kv_heads=max(1, width // 128), head_dim=min(64, width),
@@ -103,8 +106,9 @@ def prompt_list(source: str) -> list[str]:
             start, end = (int(first), int(last)) if last else (0, int(first))
         except ValueError:
             start, end = 0, 0
-        if not 0 <= start < end:
-            raise SpecqError(f"prompt source '{source}': use synthetic:N or synthetic:A-B with 0 <= A < B")
+        if not 0 <= start < end <= MAX_SYNTHETIC:
+            raise SpecqError(f"prompt source '{source}': use synthetic:N or synthetic:A-B with 0 <= A < B <= "
+                             f"{MAX_SYNTHETIC}")
         return data.synthetic_chat_prompts(end)[start:]
     path = Path(source)
     if not path.is_file():
@@ -112,7 +116,7 @@ def prompt_list(source: str) -> list[str]:
     if path.suffix == ".jsonl":
         items = data.user_texts(path, field="prompt")
     else:
-        items = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        items = [line for line in checks.read_text(path, "prompt file").splitlines() if line.strip()]
     if not items:
         raise SpecqError(f"prompt file '{source}' holds no prompts")
     return items
@@ -220,12 +224,42 @@ def step_ms(net: torch.nn.Module, steps: int = 20) -> float:
     return statistics.median(times[3:]) * 1e3
 
 
-def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | None = None,
-        arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False) -> dict:
-    """Distil a draft for `target` into `out`; returns the report also saved as out/distill.json."""
-    checkpoint = work / "ckpt" / "last.pt"
-    if checkpoint.exists() and not resume:
+def check_run(out: Path, work: Path, force: bool = False, resume: bool = False) -> None:
+    """`out` may be written (`checks.output`), `work` is a writable folder, and an unfinished run
+    in it is continued only with `resume`."""
+    checks.output(out, force, "--out")
+    if work.exists() and not work.is_dir():
+        raise SpecqError(f"--work '{work}' is a file, not a folder")
+    checks.writable_parent(work / "ckpt", "--work")
+    if (work / "ckpt" / "last.pt").exists() and not resume:
         raise SpecqError(f"'{work}' holds an unfinished run: add --resume to continue it, or remove the directory")
+
+
+def check_sources(texts: list[str], prompts: list[str]) -> None:
+    """Read every text and prompt source once, so a bad file fails before a model loads."""
+    for source in prompts:
+        prompt_list(source)
+    for source in texts:
+        if source != "shakespeare":
+            data.user_texts(source)
+
+
+def _check_lengths(target: Model, settings: DistillSettings) -> None:
+    """Text windows and answers fit in the target's context (longer ones would be silently dropped
+    or run past the positions the target was trained on)."""
+    context = getattr(target.net.config, "max_position_embeddings", None)
+    for flag, tokens in (("--seq-len", settings.seq_len), ("--new-tokens", settings.new_tokens)):
+        if context and tokens >= context:
+            raise SpecqError(f"{flag} {tokens} does not fit the context of '{target.ref}' ({context} tokens)")
+
+
+def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | None = None,
+        arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False, force: bool = False) -> dict:
+    """Distil a draft for `target` into `out`; returns the report also saved as out/distill.json.
+    An existing `out` is replaced only with `force`; an unfinished run continues only with `resume`."""
+    check_target(target)
+    check_run(out, work, force, resume)
+    _check_lengths(target, settings)
     feature = isinstance(base.net, FeatureDraft) if base is not None else feature_layers(arch) is not None
     if base is not None:
         check_compatible(base, target)
@@ -235,6 +269,9 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     if feature and not isinstance(target.net, Llama):
         raise SpecqError(f"a feature draft reads the target's hidden states: '{target.ref}' must be a Llama model")
     config = architecture(arch, target.vocab_size) if base is None and not feature else None
+    for model in (target, base):  # the teacher and the student read the weights themselves
+        if model is not None:
+            fastpath.unpack_linears(model.net)
     started = time.perf_counter()
     train, held = teacher_data(target, settings, work, features=feature)
     data_s = time.perf_counter() - started

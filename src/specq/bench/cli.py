@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from ..checks import arg_float, arg_int
 from .config import HELP, KEYS, LIST_KEYS, BenchConfig
 
 
@@ -45,8 +46,10 @@ def add_report_parser(sub) -> None:
     r.add_argument("results", help="a results JSONL file written by specq bench")
     r.add_argument("--out", default=None,
                    help="output prefix (default: RESULTS without .jsonl): writes PREFIX.md and PREFIX.html")
-    r.add_argument("--resamples", type=int, default=None, help="bootstrap resamples (default: as in the run)")
-    r.add_argument("--confidence", type=float, default=None, help="CI confidence (default: as in the run)")
+    r.add_argument("--resamples", type=arg_int(1), default=None, help="bootstrap resamples (default: as in the run)")
+    r.add_argument("--confidence", type=arg_float(0.5, 1), default=None,
+                   help="CI confidence in [0.5, 1) (default: as in the run)")
+    r.add_argument("--force", action="store_true", help="replace PREFIX.md and PREFIX.html if they exist")
     r.set_defaults(func=cmd_report)
 
 
@@ -59,7 +62,7 @@ def cmd_bench(args) -> int:
     config = load_config(args.config, {k: getattr(args, k) for k in KEYS})
     status = Console(stderr=True)
     try:
-        records = runner.run(config, console=status)
+        records = runner.run(config, console=status, log=Console())
     except KeyboardInterrupt:
         status.print(f"interrupted: finished cells are saved in {config.results}; "
                      "run the same command again to resume")
@@ -78,6 +81,7 @@ def cmd_bench(args) -> int:
 def cmd_report(args) -> int:
     from .report import write_report
 
-    md, html = write_report(args.results, args.out, resamples=args.resamples, confidence=args.confidence)
+    md, html = write_report(args.results, args.out, resamples=args.resamples, confidence=args.confidence,
+                            force=args.force)
     print(f"wrote {md} and {html}")
     return 0

@@ -11,15 +11,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import precision
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
+from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
+from ..data import user_texts
 from ..errors import SpecqError
-from ..gamma import AUTO
+from ..gamma import AUTO, MAX_GAMMA
 from ..models import BUILTINS, default_draft_ref, split_ref
 from .prompts import SETS, Prompt
 
@@ -142,18 +143,20 @@ def validate(raw: dict) -> BenchConfig:
         values[key] = value
     config = BenchConfig(**values)
     for key in ("prompts", "repeats", "resamples"):
-        _check(key, _is(getattr(config, key), int) and getattr(config, key) >= 1, "must be an integer >= 1")
-    _check("seed", _is(config.seed, int) and config.seed >= 0, "must be an integer >= 0")
+        _check(key, _is(getattr(config, key), int) and 1 <= getattr(config, key) <= MAX_COUNT,
+               f"must be an integer in [1, {MAX_COUNT}]")
+    _check("seed", _is(config.seed, int) and 0 <= config.seed <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")
     for key in ("prompt_file_chat", "ignore_eos", "peer", "paired", "profile", "eager"):
         _check(key, _is(getattr(config, key), bool), "must be true or false")
     for key in ("prompt_field", "results"):
         _check(key, isinstance(getattr(config, key), str) and getattr(config, key), "must be a non-empty string")
     _check("prompt_file", config.prompt_file is None or isinstance(config.prompt_file, str), "must be a path")
     _check("confidence", _is(config.confidence, float) and 0.5 <= config.confidence < 1, "must be in [0.5, 1)")
-    for key in ("gamma", "max_new_tokens", "threads"):
-        _check(key, all(v == AUTO or v >= 1 for v in getattr(config, key)), "every value must be >= 1")
-    _check("temperature", all(math.isfinite(t) and t >= 0 for t in config.temperature), "must be finite and >= 0")
+    for key, most in (("gamma", MAX_GAMMA), ("max_new_tokens", MAX_COUNT), ("threads", MAX_THREADS)):
+        _check(key, all(v == AUTO or 1 <= v <= most for v in getattr(config, key)), f"every value must be in [1, {most}]")
+    _check("temperature", all(0 <= t <= 100 for t in config.temperature), "every value must be in [0, 100]")
     _check("draft_confidence", all(0 <= c < 1 for c in config.draft_confidence), "every value must be in [0, 1)")
+    _check("results", not Path(config.results).is_dir(), f"'{config.results}' is a folder; give a .jsonl file")
     for key in ("targets", "drafts", "gamma", "draft_confidence", "max_new_tokens", "temperature", "prompt_sets"):
         _check(key, bool(getattr(config, key)), "must not be empty")
     for s in config.prompt_sets:
@@ -161,8 +164,16 @@ def validate(raw: dict) -> BenchConfig:
     if "file" in config.prompt_sets:
         _check("prompt_file", config.prompt_file is not None, "is required by the 'file' prompt set")
         _check("prompt_file", Path(config.prompt_file).is_file(), f"file not found: {config.prompt_file}")
+        try:
+            user_texts(config.prompt_file, config.prompt_field)
+        except SpecqError as e:
+            raise SpecqError(f"bench config 'prompt_file': {e}") from None
     _check_specs("targets", config.targets, config.target_quant)
     _check_specs("drafts", config.drafts, config.draft_quant)
+    try:
+        writable_parent(Path(config.results), "results")
+    except SpecqError as e:
+        raise SpecqError(f"bench config 'results': {e}") from None
     if not config.threads:
         import torch
 

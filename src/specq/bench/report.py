@@ -9,7 +9,7 @@ import io
 import json
 from pathlib import Path
 
-from .. import atomic
+from .. import atomic, checks
 from ..errors import SpecqError
 from ..gamma import AUTO
 from . import aggregate, store, tables
@@ -19,12 +19,17 @@ DEFAULTS = {"resamples": 2000, "confidence": 0.95, "seed": 0}
 
 
 def write_report(results: str | Path, out: str | Path | None = None, *, resamples: int | None = None,
-                 confidence: float | None = None) -> tuple[Path, Path]:
-    """Write PREFIX.md and PREFIX.html (PREFIX defaults to RESULTS without its suffix)."""
+                 confidence: float | None = None, force: bool = False) -> tuple[Path, Path]:
+    """Write PREFIX.md and PREFIX.html (PREFIX defaults to RESULTS without its suffix); existing
+    ones are replaced only with `force`."""
     results = Path(results)
     if not results.is_file():
         raise SpecqError(f"results file not found: {results}")
-    records = store.read(results)
+    prefix = Path(out) if out else results.with_suffix("")
+    md, page = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".html")
+    for path in (md, page):
+        checks.output(path, force, "report", folder=False)
+    records = store.read(results, complete=True)
     if not store.cells(records):
         raise SpecqError(f"{results} holds no finished cells")
     runs = aggregate.run_records(records)
@@ -38,8 +43,6 @@ def write_report(results: str | Path, out: str | Path | None = None, *, resample
                                                                       "per prompt set"),
                 tables.per_position(rows), tables.quality(rows), tables.profile(rows), _models(records)]
     failures = aggregate.failures(rows)
-    prefix = Path(out) if out else results.with_suffix("")
-    md, page = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".html")
     atomic.write_text(md, _markdown(results, runs, sections, failures))
     atomic.write_text(page, _html(results, runs, sections, failures, plots(rows)))
     return md, page

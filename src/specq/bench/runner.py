@@ -72,7 +72,7 @@ class _Models:
         if ref not in self.loaded:
             model = self.load(ref)
             info = {"ref": ref, "precision": model.precision, "source": model.source, "sha256": model_hash(model)}
-            if self.fast:  # after hashing: packed weights leave the state dict
+            if self.fast:
                 fastpath.pack_linears(model.net)
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
@@ -112,23 +112,25 @@ def peer_skip_reason(model: Model) -> str | None:
 
 def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.load, fast=False), generate=api.generate,
         prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
-        console=None, progress: bool = True) -> list[dict]:
+        console=None, log=None, progress: bool = True) -> list[dict]:
     """Run every cell of the sweep that the store does not hold yet; return the stored run records
-    and this sweep's cells.
+    and this sweep's cells. Progress goes to `console` (stderr), notes on the sweep to `log`
+    (default: `console`), so that stderr holds only the error when a cell fails.
     `load`, `generate` and `prompt_sets` are injectable (tests use tiny models); models go on the
     fast path (`fastpath.py`) here unless the config says `eager`."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
+    log = log or console
     prompt_sets = prompt_sets if prompt_sets is not None else load_prompt_sets(config)
     cells, notes = plan(config, prompt_sets, registry)
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        log.print(f"[yellow]note:[/] {note}", highlight=False)
     store.repair(config.results)
-    done = store.cells(store.read(config.results))
+    done = store.cells(store.read(config.results, complete=True))
     pending = [c for c in cells if c.key not in done]
     if len(pending) < len(cells):
-        console.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
+        log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
     if pending:
         run_id = uuid.uuid4().hex[:12]
         store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
@@ -148,7 +150,8 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     warmed: set[tuple] = set()
-    with Progress(*columns, console=console, disable=not progress) as bar:
+    # transient, and only on a terminal: an error ends in its one line, not under a stale bar
+    with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
             later = {c.target for c in pending[i:]} | {c.draft for c in pending[i:] if c.draft}

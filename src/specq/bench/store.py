@@ -16,7 +16,9 @@ from pathlib import Path
 from ..errors import SpecqError
 
 
-def read(path: Path | str) -> list[dict]:
+def read(path: Path | str, complete: bool = False) -> list[dict]:
+    """The records of a results file; every line a JSON object, and with `complete` a run or
+    cell record holding the fields the tables and the report use."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -26,12 +28,46 @@ def read(path: Path | str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             if number == len(lines):  # torn last line: the write that was cut short
                 break
             raise SpecqError(f"results file {path}: line {number} is not valid JSON") from None
+        problem = _problem(record, complete)
+        if problem:
+            raise SpecqError(f"results file {path}: line {number} {problem}")
+        records.append(record)
     return records
+
+
+# the fields readers use, per record type (a record may hold more)
+FIELDS = {"run": {"run_id": str, "started": str, "config": dict, "environment": dict},
+          "cell": {"key": str, "cell": dict, "target": dict}}
+CELL_FIELDS = ("kind", "target", "draft", "gamma", "max_new_tokens", "temperature", "threads", "set", "repeats")
+RUN_FIELDS = ("set", "prompt", "repeat", "token_ids", "text", "stats")
+
+
+def _problem(record, complete: bool) -> str | None:
+    """What makes a parsed line unusable as a record, or None."""
+    if not isinstance(record, dict):
+        return f"is not a JSON object but {type(record).__name__}"
+    if not complete:
+        return None
+    kind = record.get("type")
+    if kind not in FIELDS:
+        return f"has an unknown record type {kind!r} (expected 'run' or 'cell')"
+    for name, type_ in FIELDS[kind].items():
+        if not isinstance(record.get(name), type_):
+            return f"({kind} record): field '{name}' is missing or not a {type_.__name__}"
+    if kind == "cell":
+        if not isinstance(record.get("runs", [] if "skipped" in record else None), list):
+            return "(cell record): field 'runs' is missing or not a list"
+        missing = [f for f in CELL_FIELDS if f not in record["cell"]]
+        missing += [f"runs[].{f}" for f in RUN_FIELDS if any(not isinstance(r, dict) or f not in r
+                                                            for r in record.get("runs", []))]
+        if missing:
+            return f"(cell record): missing field '{missing[0]}'"
+    return None
 
 
 def cells(records: list[dict]) -> dict[str, dict]:

@@ -28,6 +28,7 @@ import torch
 
 FLOAT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 METHODS = ("rtn", "gptq", "awq")
+MAX_GROUP = 1 << 16  # weights per quantization group: more than any layer's row
 VALID_FORMS = ("fp32 | bf16 | fp16 | int{2..8}[-g<group>][-rtn|-gptq|-awq][-sym|-asym][-head|-head8] "
                "(e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn)")
 
@@ -109,8 +110,8 @@ def parse_spec(spec: str) -> QuantSpec:
     for token in rest:
         if (g := re.fullmatch(r"g(\d+)", token)) is not None:
             kind = "group"
-            if int(g.group(1)) < 1:
-                raise _bad(spec, "group size must be positive")
+            if not 1 <= int(g.group(1)) <= MAX_GROUP:
+                raise _bad(spec, f"group size must be in [1, {MAX_GROUP}]")
         elif token in METHODS:
             kind = "method"
         elif token in ("sym", "asym"):
