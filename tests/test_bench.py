@@ -88,10 +88,11 @@ def test_summary_cis_follow_the_configured_confidence(pair, tmp_path):
 def test_analytic_prediction_from_measured_parts():
     from specq.stats import DecodeStats
 
-    spec = DecodeStats(gamma=2, steps=10, drafted=20, draft_s=0.2, verify_s=1.0)
-    spec.reached_at, spec.accepted_at, spec.drafted_at = [10, 5], [5, 5], [10, 10]  # a = [0.5, 1.0]
+    # gamma 4, but the early stop cut every proposal to 2 tokens: 10 steps, 20 drafted, 10 accepted
+    spec = DecodeStats(gamma=4, steps=10, drafted=20, accepted=10, draft_s=0.2, verify_s=1.0)
+    spec.drafted_at, spec.reached_at, spec.accepted_at = [10, 10, 0, 0], [10, 5, 0, 0], [5, 5, 0, 0]
     base = DecodeStats(steps=10, verify_s=1.0)  # 0.1 s per target token
-    # E[tokens/step] = 1 + 0.5 + 0.5 = 2; step cost = 2 * 0.01 + 0.1 = 0.12 s = 1.2 target tokens
+    # tokens/step = 1 + 10 / 10 = 2; step cost = 2 drafted * 0.01 + 0.1 = 0.12 s = 1.2 target tokens
     assert aggregate.predict(spec, base) == pytest.approx(2 / 1.2)
 
 

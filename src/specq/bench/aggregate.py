@@ -190,18 +190,15 @@ def _mismatches(units: list[Unit]) -> tuple[list[dict], int]:
 
 
 def predict(spec: DecodeStats, base: DecodeStats) -> float | None:
-    """Analytic speedup from measured parts: E[tokens per step] / (step cost / baseline token cost),
-    with E = 1 + sum_i prod_{j<=i} a_j (conditional acceptance a_j, bonus token included), step
-    cost = gamma * (draft time per draft token) + verify time per pass, and the baseline's
-    forward time per token. It leaves out prefill and loop overhead: the gap to the measured
-    speedup is what they cost."""
+    """Analytic speedup from measured parts: tokens per step / (step cost / baseline token cost),
+    with tokens per step = 1 + accepted draft tokens per step, step cost = draft time per step
+    (the tokens actually drafted: the early stop and the token budget shorten proposals below
+    gamma) + verify time per pass, and the baseline's forward time per token. It leaves out
+    prefill and loop overhead: the gap to the measured speedup is what they cost."""
     if not (spec.steps and spec.drafted and base.steps and base.verify_s > 0):
         return None
-    expected, reach = 1.0, 1.0
-    for a in spec.per_position_conditional:
-        reach *= a or 0.0
-        expected += reach
-    step_cost = spec.gamma * spec.draft_s / spec.drafted + spec.verify_s / spec.steps
+    expected = 1.0 + spec.accepted / spec.steps
+    step_cost = (spec.draft_s + spec.verify_s) / spec.steps
     return expected / (step_cost / (base.verify_s / base.steps))
 
 

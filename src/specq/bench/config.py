@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import precision
+from ..drafters.base import DEFAULT_GAMMA
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..errors import SpecqError
 from ..gamma import AUTO
@@ -38,7 +39,7 @@ class BenchConfig:
     target_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with targets
     drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
-    gamma: list[int | str] = dataclasses.field(default_factory=lambda: [4])  # N or "auto"
+    gamma: list[int | str] = dataclasses.field(default_factory=lambda: [DEFAULT_GAMMA])  # N or "auto"
     draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [DEFAULT_DRAFT_CONFIDENCE])
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
