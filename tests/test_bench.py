@@ -342,7 +342,7 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
             "--draft-confidence", "0.3", "--results", str(results)]
     assert _cli(argv) == 0
     out = capsys.readouterr().out
-    assert "HF assisted tok/s" in out and "profile" in out and "3/3 identical" in out
+    assert "speedup [95% CI]" in out and "profile" in out and "3/3" in out
     records = store.read(results)
     peer = [c for c in store.cells(records).values() if c["cell"]["kind"] == "peer"]
     assert len(peer) == 1 and len(peer[0]["runs"]) == 3 and "skipped" not in peer[0]
@@ -354,6 +354,28 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     assert _cli(argv) == 0  # a re-run resumes: nothing left to do
     assert len(store.read(results)) == len(records)
     assert _cli(["report", str(results)]) == 0
-    assert (tmp_path / "out.md").is_file() and (tmp_path / "out.html").is_file()
+    assert "HF assisted tok/s" in (tmp_path / "out.md").read_text() and (tmp_path / "out.html").is_file()
     with pytest.raises(SpecqError, match="'gamma'"):
         _cli(argv[:5] + ["--gamma", "0"] + argv[7:])
+
+
+def test_terminal_table_reads_at_80_columns(pair, tmp_path):
+    """Long real names fold inside their column; headers and numbers stay whole, no line is wider
+    than the terminal (the full table with every column is the report's)."""
+    import io
+
+    rows = summary(bench(sweep(tmp_path / "r.jsonl", draft_confidence=[0.0, 0.4], max_new_tokens=[8, 12]), pair))
+    for r in rows:
+        r["target"] = "smollm2-135m@int4-g64-rtn"
+        r["draft"] = r["draft"] and "/work/drafts/smollm2-135m-draft-int4-g64-rtn@int8"
+    table = tables.brief(rows, 0.95)
+    console = Console(width=80, record=True, file=io.StringIO())
+    terminal.print_table(table, console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    for header in table.headers:
+        assert header in text
+    numbers = [c for cells in table.rows for c in cells[2:] if c]
+    assert numbers and all(c in text for c in numbers)
+    assert "draft-int4" in text  # the name, shortened, keeps a readable width

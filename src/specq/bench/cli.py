@@ -66,7 +66,7 @@ def cmd_bench(args) -> int:
         raise
     rows = aggregate.summarize(records, resamples=config.resamples, confidence=config.confidence, seed=config.seed)
     console = Console()
-    terminal.print_table(tables.summary(rows, config.confidence, best_only=not args.all_rows, compact=True), console)
+    terminal.print_table(tables.brief(rows, config.confidence, best_only=not args.all_rows), console)
     if config.profile:
         terminal.print_table(tables.profile(rows), console)
     failures = aggregate.failures(rows)
