@@ -44,9 +44,15 @@ def sweep(path: Path, **extra):
                      **extra})
 
 
+def held_out(model, n: int) -> list[list[int]]:
+    """`n` fixed token chunks standing in for held-out text."""
+    g = np.random.default_rng(0)
+    return [g.integers(1, 31, 24).tolist() for _ in range(n)]
+
+
 def bench(config, pair, **kwargs):
     return runner.run(config, load=lambda ref: pair[ref], prompt_sets=prompt_sets(), progress=False,
-                      console=Console(quiet=True), **kwargs)
+                      console=Console(quiet=True), held_out=held_out, **kwargs)
 
 
 def summary(records) -> list[dict]:
@@ -379,3 +385,30 @@ def test_terminal_table_reads_at_80_columns(pair, tmp_path):
     numbers = [c for cells in table.rows for c in cells[2:] if c]
     assert numbers and all(c in text for c in numbers)
     assert "draft-int4" in text  # the name, shortened, keeps a readable width
+
+
+def test_quality_stage_scores_each_precision_against_fp32(pair, tmp_path):
+    """Perplexity from the model's own logits (a known value), top-1 agreement 1 for fp32 against
+    itself and below 1 for a model that differs; a re-run adds no records."""
+    import math
+
+    import torch
+
+    models = {**pair, "tiny@bf16": perturbed(pair["tiny@fp32"], 0.5, seed=3, ref="tiny@bf16")}
+    config = sweep(tmp_path / "r.jsonl", gamma=[1], target_quant=["fp32", "bf16"], quality_chunks=3)
+    records = bench(config, models)
+    rows = aggregate.heldout_rows(records)
+    assert [r["target"] for r in rows] == ["tiny@fp32", "tiny@bf16"]
+    fp32, other = rows
+    nll = []
+    for chunk in held_out(None, 3):
+        ids = torch.tensor(chunk)
+        with torch.no_grad():
+            logp = torch.log_softmax(models["tiny@fp32"].net(ids, None)[:-1].double(), -1)
+        nll.append(float(-logp.gather(-1, ids[1:, None]).mean()))
+    assert fp32["ppl"][0] == pytest.approx(math.exp(sum(nll) / 3), rel=1e-6)
+    assert fp32["top1"] == [1.0, 1.0, 1.0] and fp32["tokens"] == 3 * 23
+    assert other["top1"][0] < 0.9 and other["ppl"][0] != pytest.approx(fp32["ppl"][0], rel=1e-3)
+    assert bench(config, models) == records  # resumed: nothing re-measured
+    table = tables.heldout(rows)
+    assert table.rows[0][3] == "1.000" and table.rows[1][0] == "tiny@bf16"

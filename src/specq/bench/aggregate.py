@@ -252,3 +252,22 @@ def failures(rows: list[dict]) -> list[str]:
                        f"{m['set']} prompt {m['prompt']} repeat {m['repeat']} differs from the baseline "
                        f"at token {m['position']}")
     return out
+
+
+def heldout_rows(records: list[dict]) -> list[dict]:
+    """The quality stage's records (`heldout.py`): one row per target ref (the first record of a
+    key wins), fp32 first."""
+    seen: dict[str, dict] = {}
+    for r in records:
+        if r.get("type") == "quality":
+            seen.setdefault(r["key"], r)
+    out = [{"target": r["target"]["ref"], "precision": r["target"]["ref"].rpartition("@")[2] or "fp32",
+            "reference": r["reference"]["ref"],
+            "tokens": r["result"]["tokens"], "chunks": r["result"]["chunks"],
+            "ppl": _triple(r["result"]["ppl_b"]), "top1": _triple(r["result"]["top1"]),
+            "kl": _triple(r["result"]["kl_ab"])} for r in seen.values()]
+    return sorted(out, key=lambda r: (r["precision"] != "fp32", r["target"]))
+
+
+def _triple(value: dict) -> list[float]:
+    return [value["mean"], value["low"], value["high"]]

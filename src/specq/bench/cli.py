@@ -69,6 +69,9 @@ def cmd_bench(args) -> int:
     terminal.print_table(tables.brief(rows, config.confidence, best_only=not args.all_rows), console)
     if config.profile:
         terminal.print_table(tables.profile(rows), console)
+    quality = aggregate.heldout_rows(records)
+    if quality:
+        terminal.print_table(tables.heldout(quality), console)
     failures = aggregate.failures(rows)
     terminal.print_failures(failures, console)
     console.print(f"results: {config.results}; full report: specq report {config.results}", highlight=False)

@@ -55,6 +55,7 @@ class BenchConfig:
     peer: bool = False  # also time transformers' assisted generation on the same pair
     paired: bool = True  # time a plain run next to every speculative run: speedups immune to drift
     profile: bool = False  # print ms per forward per model and phase
+    quality_chunks: int = 4  # held-out text chunks per target precision (0: no quality stage)
     resamples: int = 2000
     confidence: float = 0.95
     results: str = "bench-results.jsonl"
@@ -91,6 +92,8 @@ HELP = {
     "peer": "also time transformers' assisted generation on the same float pair",
     "paired": "time the target alone right next to every speculative run, and take speedups from those pairs",
     "profile": "print ms per forward for each model and phase",
+    "quality_chunks": ("held-out text chunks for each target precision's perplexity and top-1 agreement with "
+                       "fp32 (0 = skip)"),
     "resamples": "bootstrap resamples per CI",
     "confidence": "CI confidence level",
     "results": "the JSONL results store (appended cell by cell; re-runs resume)",
@@ -142,7 +145,8 @@ def validate(raw: dict) -> BenchConfig:
     config = BenchConfig(**values)
     for key in ("prompts", "repeats", "resamples"):
         _check(key, _is(getattr(config, key), int) and getattr(config, key) >= 1, "must be an integer >= 1")
-    _check("seed", _is(config.seed, int) and config.seed >= 0, "must be an integer >= 0")
+    for key in ("seed", "quality_chunks"):
+        _check(key, _is(getattr(config, key), int) and getattr(config, key) >= 0, "must be an integer >= 0")
     for key in ("prompt_file_chat", "ignore_eos", "peer", "paired", "profile"):
         _check(key, _is(getattr(config, key), bool), "must be true or false")
     for key in ("prompt_field", "results"):

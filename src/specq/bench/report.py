@@ -37,6 +37,9 @@ def write_report(results: str | Path, out: str | Path | None = None, *, resample
     sections = [tables.summary(rows, settings["confidence"]), _titled(tables.summary(by_set, settings["confidence"]),
                                                                       "per prompt set"),
                 tables.per_position(rows), tables.quality(rows), tables.profile(rows), _models(records)]
+    quality = aggregate.heldout_rows(records)
+    if quality:
+        sections.insert(3, tables.heldout(quality))
     failures = aggregate.failures(rows)
     prefix = Path(out) if out else results.with_suffix("")
     md, page = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".html")

@@ -201,3 +201,15 @@ def quality(rows: list[dict]) -> Table:
                        str(r["max_new_tokens"]), ci(r["em"]), str(r["em_prompts"]), exactness(r)],
                       failed=bool(r["mismatches"]))
     return table
+
+
+def heldout(rows: list[dict], confidence: float = 0.95) -> Table:
+    """The quality stage (`heldout.py`): each target precision against fp32 on held-out text."""
+    table = Table("quality per precision, held-out text", ["target", "tokens", f"perplexity [{confidence:.0%} CI]",
+                                                          f"top-1 = fp32 [{confidence:.0%} CI]"])
+    for r in rows:
+        table.add([r["target"], str(r["tokens"]), ci(r["ppl"], ".1f"), ci(r["top1"], ".3f")])
+    table.caption = ("perplexity of the target on held-out Shakespeare chunks; top-1 = fp32: how often its most "
+                     "likely next token is the fp32 model's (the greedy acceptance a perfect fp32-trained draft "
+                     "could keep); CIs over chunks. Full divergences: specq compare")
+    return table
