@@ -9,8 +9,9 @@ the kind of table and its filters:
 
 Kinds: `pivot` (one row per target and draft, one column per value of `by`: gamma or
 max_new_tokens; `value` speedup or tau; `ci=1` adds the 95% CIs; the best speedup of a row is in
-bold) and `cells` (one row per configuration: speedup with CI, predicted, tau, U_i, draft share).
-Filters: `tokens=N`, `gamma=N` (or `auto`).
+bold) and `cells` (one row per configuration: speedup with CI, predicted, tau, U_i, draft share),
+with the filters `tokens=N` and `gamma=N` (or `auto`); `calibration` (the calibration
+experiment's JSON, rows in the order `order=spec,spec,...`).
 
     python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
     python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import re
 import sys
 from functools import cache
@@ -71,9 +73,18 @@ def cells_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def calibration_table(results: str, order: list[str]) -> str:
+    from calibration_experiment import table
+
+    rows = json.loads((ROOT / results).read_text())["rows"]
+    return table({spec: rows[spec] for spec in order})
+
+
 def render(spec: str) -> str:
     results, kind, *args = spec.split()
     options = dict(a.split("=", 1) for a in args)
+    if kind == "calibration":
+        return calibration_table(results, options["order"].split(","))
     rows = _filtered(speculative_rows(results), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")

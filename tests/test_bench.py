@@ -312,11 +312,11 @@ def test_report_is_markdown_and_self_contained_html(pair, tmp_path):
 
 def test_gamma_auto_cells_are_lossless_and_reported(pair, tmp_path):
     """gamma 'auto' is one more value of the gamma axis: its rows carry the per-position
-    acceptance up to its longest proposal, no analytic prediction (that assumes fixed lengths),
-    and show up in the tables and the report."""
+    acceptance up to its longest proposal, an analytic prediction from the tokens it actually
+    drafted, and show up in the tables and the report."""
     rows = summary(bench(sweep(tmp_path / "r.jsonl", gamma=[2, "auto"]), pair))
     auto = [r for r in rows if r["gamma"] == "auto"]
-    assert len(auto) == 1 and all(not r["mismatches"] and r["predicted_speedup"] is None and len(r["U"]) == 4
+    assert len(auto) == 1 and all(not r["mismatches"] and r["predicted_speedup"] > 0 and len(r["U"]) == 4
                                   for r in auto)
     assert any(cells[2].startswith("auto") for cells in tables.summary(rows, 0.95).rows)
     md, _ = write_report(tmp_path / "r.jsonl")
@@ -412,3 +412,10 @@ def test_quality_stage_scores_each_precision_against_fp32(pair, tmp_path):
     assert bench(config, models) == records  # resumed: nothing re-measured
     table = tables.heldout(rows)
     assert table.rows[0][3] == "1.000" and table.rows[1][0] == "tiny@bf16"
+
+
+def test_bench_and_generate_share_the_default_gamma():
+    from specq.bench.config import BenchConfig
+    from specq.cli import build_parser
+
+    assert BenchConfig().gamma == [build_parser().parse_args(["generate", "hi"]).gamma]

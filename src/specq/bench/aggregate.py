@@ -127,7 +127,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
             units.append(Unit(pid[0], pid[1], runs, base_runs.get(pid, []), peer_runs.get(pid, [])))
     per_prompt = [u.stats for u in units]
     pooled = merge([r["stats"] for u in units for r in u.runs])
-    gamma, adaptive = parse_gamma(params["gamma"]) if params["gamma"] else (0, False)
+    gamma = parse_gamma(params["gamma"])[0] if params["gamma"] else 0
     row = {
         "kind": params["kind"], "target": params["target"], "target_precision": first["target"]["precision"],
         "draft": params["draft"], "draft_precision": (first["draft"] or {}).get("precision"),
@@ -159,7 +159,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "draft_share": ci([s.draft_share for s in per_prompt]),
         "speedup": ci([u.ratio(u.speedup_reference) for u in units]),
         "speedup_paired": all(u.paired_runs for u in units),
-        "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled and not adaptive else None,
+        "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled else None,
         "warmup_dominated": row["steps_per_prompt"] < MIN_STEPS,
         "mismatches": mismatches, "unchecked": unchecked,
         "peer_tokens_per_s": ci([u.tokens_per_s(u.peer_runs) for u in units]),

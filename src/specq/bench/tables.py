@@ -107,7 +107,7 @@ def summary(rows: list[dict], confidence: float, best_only: bool = False) -> Tab
     table.caption = (f"mean [{confidence:.0%} bootstrap CI over prompts]; {TAU} = "
                      "tokens per target pass, the target's own token included; speedup = tokens/s over the "
                      "same target's baseline, per prompt, then mean; predicted = analytic "
-                     "(measured a_i and costs, no prefill or loop overhead)"
+                     "(measured accepted tokens per step and costs, no prefill or loop overhead)"
                      + (f"; gamma swept: best gamma per configuration shown ({hidden} more rows in the "
                         "report)" if hidden else ""))
     return table
@@ -120,8 +120,8 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
     bases = {r["target"].split("@")[0] for r in rows}
     lengths = {r["max_new_tokens"] for r in rows}
     headers = ["target", "draft", "gamma"] + ["tokens"] * (len(lengths) > 1)
-    table = Table("specq bench: " + " ".join(sorted(bases)) + (f", {lengths.pop()} tokens" if len(lengths) == 1 else ""),
-                  headers + [TAU.split()[0], f"speedup [{confidence:.0%} CI]", "lossless"])
+    title = "specq bench: " + " ".join(sorted(bases)) + (f", {lengths.pop()} tokens" if len(lengths) == 1 else "")
+    table = Table(title, headers + [TAU.split()[0], f"speedup [{confidence:.0%} CI]", "lossless"])
     for r in shown:
         target = r["target"] if len(bases) > 1 else r["target_precision"]
         stop = f" <{r['draft_confidence']:g}" if r.get("draft_confidence") else ""
@@ -131,8 +131,9 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
         flag = "*" if r["warmup_dominated"] or (r["kind"] == "speculative" and not r["speedup_paired"]) else ""
         table.add(cells + [mean(r["tau"]), speedup + flag, brief_exactness(r)],
                   failed=bool(r["mismatches"]))
-    table.caption = (f"gamma N <c: proposals end early below draft confidence c; tau = tokens per target pass; speedup = tokens/s over the target alone on the same "
-                     f"prompt, mean [{confidence:.0%} bootstrap CI over prompts]; * = see the report's notes"
+    table.caption = ("gamma N <c: proposals end early below draft confidence c; tau = tokens per target pass; "
+                     "speedup = tokens/s over the target alone on the same prompt, "
+                     f"mean [{confidence:.0%} bootstrap CI over prompts]; * = see the report's notes"
                      + (f"; best gamma shown ({hidden} more rows)" if hidden else "")
                      + ". Every column (tok/s, acceptance, predicted, draft share, HF peer, notes): specq report")
     return table
