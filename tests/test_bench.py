@@ -360,7 +360,9 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     assert _cli(argv) == 0  # a re-run resumes: nothing left to do
     assert len(store.read(results)) == len(records)
     assert _cli(["report", str(results)]) == 0
-    assert "HF assisted tok/s" in (tmp_path / "out.md").read_text() and (tmp_path / "out.html").is_file()
+    report = (tmp_path / "out.md").read_text()
+    assert "HF assisted tok/s" in report and "quality per precision, held-out text" in report
+    assert (tmp_path / "out.html").is_file()
     with pytest.raises(SpecqError, match="'gamma'"):
         _cli(argv[:5] + ["--gamma", "0"] + argv[7:])
 
