@@ -82,11 +82,8 @@ def _best_only(rows: list[dict]) -> tuple[list[dict], int]:
     return [r for r in rows if not any(r is h for h in hidden)], len(hidden)
 
 
-def summary(rows: list[dict], confidence: float, best_only: bool = False) -> Table:
-    """The main table, every column (the report); `best_only` keeps, for a gamma sweep, the best
-    gamma of each configuration."""
-    c = ci
-    shown, hidden = _best_only(rows) if best_only else (rows, 0)
+def summary(rows: list[dict], confidence: float) -> Table:
+    """The main table of the report: every row, every column."""
     vary = {k: len({r[k] for r in rows}) > 1 for k in ("temperature", "threads", "set")}
     peer = any(r["peer_tokens_per_s"] for r in rows)
     em = any(r["em"] for r in rows)
@@ -95,21 +92,19 @@ def summary(rows: list[dict], confidence: float, best_only: bool = False) -> Tab
     headers += ["prompts", "accept rate", TAU, "tok/s", "speedup", "predicted", "draft share"]
     headers += ["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer + ["vs baseline output", "notes"]
     table = Table("specq bench", headers)
-    for r in shown:
+    for r in rows:
         cells = [r["target"], r["draft"] or "(target alone)", gamma_label(r), str(r["max_new_tokens"])]
         cells += [str(r[k]) for k in ("temperature", "threads", "set") if vary[k]]
-        cells += [str(r["prompts"]), c(r["acceptance_rate"]), c(r["tau"]), c(r["tokens_per_s"], ".1f"),
+        cells += [str(r["prompts"]), ci(r["acceptance_rate"]), ci(r["tau"]), ci(r["tokens_per_s"], ".1f"),
                   ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)",
-                  num(r["predicted_speedup"]), c(r["draft_share"])]
-        cells += [c(r["em"])] * em + [c(r["peer_tokens_per_s"], ".1f"), c(r["vs_peer"])] * peer
+                  num(r["predicted_speedup"]), ci(r["draft_share"])]
+        cells += [ci(r["em"])] * em + [ci(r["peer_tokens_per_s"], ".1f"), ci(r["vs_peer"])] * peer
         cells += [exactness(r), notes(r)]
         table.add(cells, failed=bool(r["mismatches"]))
     table.caption = (f"mean [{confidence:.0%} bootstrap CI over prompts]; {TAU} = "
                      "tokens per target pass, the target's own token included; speedup = tokens/s over the "
                      "same target's baseline, per prompt, then mean; predicted = analytic "
-                     "(measured accepted tokens per step and costs, no prefill or loop overhead)"
-                     + (f"; gamma swept: best gamma per configuration shown ({hidden} more rows in the "
-                        "report)" if hidden else ""))
+                     "(measured accepted tokens per step and costs, no prefill or loop overhead)")
     return table
 
 
