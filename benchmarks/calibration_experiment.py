@@ -36,10 +36,16 @@ SPECS = ["fp32", "int8", "int8-gptq", "int4-g64-gptq", "int4-g64-rtn", "int3-g64
          "int2-g32-gptq", "int2-g32-rtn"]
 
 
+# No early draft stop, in the greedy runs (calibrate.acceptance) and the T=1 runs alike: every
+# proposal is gamma tokens, whatever generate's default is (it changed during the first run).
+DRAFT_CONFIDENCE = 0.0
+
+
 def sampling_acceptance(target, draft, prompts: list[str], gamma: int, tokens: int) -> list[float]:
     """Acceptance rate per prompt of speculative sampling at temperature 1 (seeded)."""
     return [specq.generate(target, p, draft, gamma=gamma, max_new_tokens=tokens, temperature=1.0, seed=i,
-                           chat=True).stats.acceptance_rate for i, p in enumerate(prompts)]
+                           chat=True, draft_confidence=DRAFT_CONFIDENCE).stats.acceptance_rate
+            for i, p in enumerate(prompts)]
 
 
 def draft_row(target, draft, prompts, chunks, args) -> dict:
@@ -115,7 +121,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     work = Path(args.work) if args.work else out.with_suffix(".drafts")
-    done = json.loads(out.read_text()) if out.exists() else {"config": vars(args), "rows": {}}
+    done = json.loads(out.read_text()) if out.exists() else {
+        "config": vars(args) | {"draft_confidence": DRAFT_CONFIDENCE}, "rows": {}}
     fp32 = specq.load(args.target)
     work.mkdir(parents=True, exist_ok=True)
     chunks_file = work / "fp32_chunks.json"
@@ -147,7 +154,7 @@ def _ci(x) -> str:
 
 
 def table(rows: dict) -> str:
-    """The Markdown tables for docs/calibration.md."""
+    """The Markdown table of docs/drafts.md (benchmarks/doc_tables.py writes it there)."""
     lines = ["| target | JS vs fp32 | beta vs fp32 | draft | greedy acceptance | tau (greedy) | top-1 (pred.) "
              "| T=1 acceptance | 1 - TV (pred.) | 1 - KL(q‖p) |",
              "|---|---|---|---|---|---|---|---|---|---|"]

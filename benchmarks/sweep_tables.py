@@ -17,16 +17,19 @@ from specq.gamma import sort_key as gamma_order
 def draft_label(row: dict) -> str:
     name = Path(row["draft"].split("@")[0]).name
     kind = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn": "seq, int4-cal",
-            "smollm2-135m-feature": "feature", "smollm2-135m-feature-draft": "feature"}.get(name, name)
+            "smollm2-135m-feature": "feature", "smollm2-135m-feature-draft": "feature",
+            "draft-s4": "feature, stage 4"}.get(name, name)
     stop = f", stop {row['draft_confidence']}" if row.get("draft_confidence") else ""  # early-stop threshold
     return f"{kind} @{row['draft_precision']}{stop}"
 
 
-def cell(ci) -> str:
-    return "-" if not ci else f"{ci[0]:.2f}"
+def cell(ci, with_ci: bool = False) -> str:
+    if not ci:
+        return "-"
+    return f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}]" if with_ci and ci[1] != ci[2] else f"{ci[0]:.2f}"
 
 
-def pivot(rows: list[dict], column: str, columns: list, value: str, title: str) -> str:
+def pivot(rows: list[dict], column: str, columns: list, value: str, title: str, with_ci: bool = False) -> str:
     keyed: dict[tuple, dict] = {}
     for r in rows:
         keyed.setdefault((r["target_precision"], draft_label(r)), {})[r[column]] = r
@@ -39,7 +42,7 @@ def pivot(rows: list[dict], column: str, columns: list, value: str, title: str) 
                    key=lambda c: by[c]["speedup"][0]) if value == "speedup" else None
         vals = []
         for c in columns:
-            text = cell(by.get(c, {}).get(value))
+            text = cell(by.get(c, {}).get(value), with_ci)
             vals.append(f"**{text}**" if c == best else text)
         lines.append(f"| {target} | {draft} | " + " | ".join(vals) + " |")
     return "\n".join(lines)

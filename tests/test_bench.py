@@ -44,9 +44,15 @@ def sweep(path: Path, **extra):
                      **extra})
 
 
+def held_out(model, n: int) -> list[list[int]]:
+    """`n` fixed token chunks standing in for held-out text."""
+    g = np.random.default_rng(0)
+    return [g.integers(1, 31, 24).tolist() for _ in range(n)]
+
+
 def bench(config, pair, **kwargs):
     return runner.run(config, load=lambda ref: pair[ref], prompt_sets=prompt_sets(), progress=False,
-                      console=Console(quiet=True), **kwargs)
+                      console=Console(quiet=True), held_out=held_out, **kwargs)
 
 
 def summary(records) -> list[dict]:
@@ -88,10 +94,11 @@ def test_summary_cis_follow_the_configured_confidence(pair, tmp_path):
 def test_analytic_prediction_from_measured_parts():
     from specq.stats import DecodeStats
 
-    spec = DecodeStats(gamma=2, steps=10, drafted=20, draft_s=0.2, verify_s=1.0)
-    spec.reached_at, spec.accepted_at, spec.drafted_at = [10, 5], [5, 5], [10, 10]  # a = [0.5, 1.0]
+    # gamma 4, but the early stop cut every proposal to 2 tokens: 10 steps, 20 drafted, 10 accepted
+    spec = DecodeStats(gamma=4, steps=10, drafted=20, accepted=10, draft_s=0.2, verify_s=1.0)
+    spec.drafted_at, spec.reached_at, spec.accepted_at = [10, 10, 0, 0], [10, 5, 0, 0], [5, 5, 0, 0]
     base = DecodeStats(steps=10, verify_s=1.0)  # 0.1 s per target token
-    # E[tokens/step] = 1 + 0.5 + 0.5 = 2; step cost = 2 * 0.01 + 0.1 = 0.12 s = 1.2 target tokens
+    # tokens/step = 1 + 10 / 10 = 2; step cost = 2 drafted * 0.01 + 0.1 = 0.12 s = 1.2 target tokens
     assert aggregate.predict(spec, base) == pytest.approx(2 / 1.2)
 
 
@@ -180,9 +187,11 @@ def test_a_corrupted_speculative_output_is_a_reported_correctness_failure(pair, 
 
     failures = aggregate.failures(rows)
     assert len(failures) == 5 and "differs from the baseline at token 10" in failures[0]
-    table = tables.summary(rows, 0.95, best_only=True)  # a failing gamma is shown even when not the best
+    table = tables.brief(rows, 0.95, best_only=True)  # a failing gamma is shown even when not the best
     shown = [cells for cells, failed in zip(table.rows, table.failed) if failed]
-    assert len(shown) == 1 and "FAIL: 5 differ" in shown[0]
+    assert len(shown) == 1 and "FAIL 5" in shown[0]
+    report = tables.summary(rows, 0.95)
+    assert sum("FAIL: 5 differ" in cells for cells in report.rows) == 1
     console = Console(record=True, width=300)
     terminal.print_failures(failures, console)
     assert "CORRECTNESS FAILURE" in console.export_text()
@@ -305,11 +314,11 @@ def test_report_is_markdown_and_self_contained_html(pair, tmp_path):
 
 def test_gamma_auto_cells_are_lossless_and_reported(pair, tmp_path):
     """gamma 'auto' is one more value of the gamma axis: its rows carry the per-position
-    acceptance up to its longest proposal, no analytic prediction (that assumes fixed lengths),
-    and show up in the tables and the report."""
+    acceptance up to its longest proposal, an analytic prediction from the tokens it actually
+    drafted, and show up in the tables and the report."""
     rows = summary(bench(sweep(tmp_path / "r.jsonl", gamma=[2, "auto"]), pair))
     auto = [r for r in rows if r["gamma"] == "auto"]
-    assert len(auto) == 1 and all(not r["mismatches"] and r["predicted_speedup"] is None and len(r["U"]) == 4
+    assert len(auto) == 1 and all(not r["mismatches"] and r["predicted_speedup"] > 0 and len(r["U"]) == 4
                                   for r in auto)
     assert any(cells[2].startswith("auto") for cells in tables.summary(rows, 0.95).rows)
     md, _ = write_report(tmp_path / "r.jsonl")
@@ -341,7 +350,7 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
             "--draft-confidence", "0.3", "--results", str(results)]
     assert _cli(argv) == 0
     out = capsys.readouterr().out
-    assert "HF assisted tok/s" in out and "profile" in out and "3/3 identical" in out
+    assert "speedup [95% CI]" in out and "profile" in out and "3/3" in out
     records = store.read(results)
     peer = [c for c in store.cells(records).values() if c["cell"]["kind"] == "peer"]
     assert len(peer) == 1 and len(peer[0]["runs"]) == 3 and "skipped" not in peer[0]
@@ -353,6 +362,64 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     assert _cli(argv) == 0  # a re-run resumes: nothing left to do
     assert len(store.read(results)) == len(records)
     assert _cli(["report", str(results)]) == 0
-    assert (tmp_path / "out.md").is_file() and (tmp_path / "out.html").is_file()
+    report = (tmp_path / "out.md").read_text()
+    assert "HF assisted tok/s" in report and "quality per precision, held-out text" in report
+    assert (tmp_path / "out.html").is_file()
     with pytest.raises(SpecqError, match="'gamma'"):
         _cli(argv[:5] + ["--gamma", "0"] + argv[7:])
+
+
+def test_terminal_table_reads_at_80_columns(pair, tmp_path):
+    """Long real names fold inside their column; headers and numbers stay whole, no line is wider
+    than the terminal (the full table with every column is the report's)."""
+    import io
+
+    rows = summary(bench(sweep(tmp_path / "r.jsonl", draft_confidence=[0.0, 0.4], max_new_tokens=[8, 12]), pair))
+    for r in rows:
+        r["target"] = "smollm2-135m@int4-g64-rtn"
+        r["draft"] = r["draft"] and "/work/drafts/smollm2-135m-draft-int4-g64-rtn@int8"
+    table = tables.brief(rows, 0.95)
+    console = Console(width=80, record=True, file=io.StringIO())
+    terminal.print_table(table, console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    for header in table.headers:
+        assert header in text
+    numbers = [c for cells in table.rows for c in cells[2:] if c]
+    assert numbers and all(c in text for c in numbers)
+    assert "draft-int4" in text  # the name, shortened, keeps a readable width
+
+
+def test_quality_stage_scores_each_precision_against_fp32(pair, tmp_path):
+    """Perplexity from the model's own logits (a known value), top-1 agreement 1 for fp32 against
+    itself and below 1 for a model that differs; a re-run adds no records."""
+    import math
+
+    import torch
+
+    models = {**pair, "tiny@bf16": perturbed(pair["tiny@fp32"], 0.5, seed=3, ref="tiny@bf16")}
+    config = sweep(tmp_path / "r.jsonl", gamma=[1], target_quant=["fp32", "bf16"], quality_chunks=3)
+    records = bench(config, models)
+    rows = aggregate.heldout_rows(records)
+    assert [r["target"] for r in rows] == ["tiny@fp32", "tiny@bf16"]
+    fp32, other = rows
+    nll = []
+    for chunk in held_out(None, 3):
+        ids = torch.tensor(chunk)
+        with torch.no_grad():
+            logp = torch.log_softmax(models["tiny@fp32"].net(ids, None)[:-1].double(), -1)
+        nll.append(float(-logp.gather(-1, ids[1:, None]).mean()))
+    assert fp32["ppl"][0] == pytest.approx(math.exp(sum(nll) / 3), rel=1e-6)
+    assert fp32["top1"] == [1.0, 1.0, 1.0] and fp32["tokens"] == 3 * 23
+    assert other["top1"][0] < 0.9 and other["ppl"][0] != pytest.approx(fp32["ppl"][0], rel=1e-3)
+    assert bench(config, models) == records  # resumed: nothing re-measured
+    table = tables.heldout(rows)
+    assert table.rows[0][3] == "1.000" and table.rows[1][0] == "tiny@bf16"
+
+
+def test_bench_and_generate_share_the_default_gamma():
+    from specq.bench.config import BenchConfig
+    from specq.cli import build_parser
+
+    assert BenchConfig().gamma == [build_parser().parse_args(["generate", "hi"]).gamma]

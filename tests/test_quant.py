@@ -13,7 +13,7 @@ from specq.llama import Llama, LlamaConfig
 from specq.quant import (
     DequantizedLinear, Int4Linear, Int8Linear, QuantSpec, calibration_samples, load_quantized,
     pack_bits, parse_spec, quantize_model, quantize_rtn, quantized_layers, read_spec, save_quantized,
-    split_model_ref, unpack_bits, weight_bytes,
+    unpack_bits, weight_bytes,
 )
 from specq.quant.awq import search_clip, search_scale
 from specq.quant.gptq import gptq_quantize
@@ -98,8 +98,6 @@ def test_spec_fields_and_defaults():
                                                          symmetric=False, quantize_head=True)
     assert str(parse_spec("int4-g128")) == "int4-g128-rtn"
     assert parse_spec("bf16").dtype == torch.bfloat16 and parse_spec("bf16").is_float
-    assert split_model_ref("smollm2-135m@int4-g128-gptq") == ("smollm2-135m", parse_spec("int4-g128-gptq"))
-    assert split_model_ref("smollm2-135m") == ("smollm2-135m", None)
 
 
 @pytest.mark.parametrize("text", ["int9", "int1", "int4-g0", "int4-gptq-awq", "int4-g32-g64", "fp8",

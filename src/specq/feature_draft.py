@@ -1,7 +1,7 @@
 """A feature draft (EAGLE style): a small head that reads the target's own hidden states.
 
-Why: a standalone draft must learn language from scratch and, at 1/6 of a 135M target's cost,
-agrees with it on ~37% of tokens. The target's final hidden state at position r (the input of
+Why: a standalone draft must learn language from scratch, and a small one agrees with its target
+on few tokens (docs/drafts.md). The target's final hidden state at position r (the input of
 its output head) already encodes what it expects next, so predicting the *next* hidden state
 from it is a far easier job for one decoder layer (Li et al. 2024, EAGLE).
 

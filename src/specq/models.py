@@ -390,7 +390,8 @@ def save_native(model: Model, out: Path | str) -> None:
 
 
 def write_native(model: Model, directory: Path) -> None:
-    """Write config, weights, tokenizer and generation config of a native Llama into `directory`."""
+    """Write config, weights, tokenizer and generation config of a native Llama into `directory`:
+    a Hugging Face LlamaForCausalLM folder that AutoModelForCausalLM and GGUF converters read."""
     from safetensors.torch import save_file
 
     from .llama import native_to_hf_state_dict
@@ -398,7 +399,9 @@ def write_native(model: Model, directory: Path) -> None:
     net = model.net
     if not isinstance(net, Llama):
         raise SpecqError("only native Llama models can be saved this way")
-    net.config.to_hf().save_pretrained(directory)
+    config = net.config.to_hf()
+    config.architectures = ["LlamaForCausalLM"]  # how converters and servers tell which model this is
+    config.save_pretrained(directory)
     save_file(native_to_hf_state_dict(net), directory / "model.safetensors", metadata={"format": "pt"})
     model.tokenizer.save_pretrained(directory)
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(model.eos_ids)}))

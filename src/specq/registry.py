@@ -5,9 +5,9 @@ model directory (relative to the manifest) calibrated for that precision. specq 
 drafts shipped in the package, and the user's (`$SPECQ_CACHE/drafts`, where `specq calibrate`
 writes). Selection: the exact precision if any draft has it, else the nearest precision with a
 warning. "Nearest" compares quantization step sizes, 2^-bits: how far a quantized target moves
-from full precision scales with its step, so int8 (JS 0.001 from fp32 on the built-in target) is
-near fp32, and int3 near int4, where counting bits would have put int8 next to int4. The
-manifest is rewritten atomically, so a crash mid-write leaves the old one intact.
+from full precision scales with its step, so int8 (the closest to fp32 in docs/benchmarks.md,
+section 1) is near fp32, and int3 near int4, where counting bits would have put int8 next to
+int4. The manifest is rewritten atomically, so a crash mid-write leaves the old one intact.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
     runner.py     stages (baseline, speculative, HF peer), warm-up, timing, the store
     store.py      the JSONL results store (atomic appends, torn-line tolerant, resumable)
     quality.py    GSM8K exact match, token-for-token lossless-ness
+    heldout.py    quality stage: each target precision vs fp32 on held-out text
     aggregate.py  per-prompt values, bootstrap CIs, speedups, prediction, flags
     tables.py     rows -> tables of strings (terminal.py prints them, report.py writes them)
     report.py     Markdown + self-contained HTML with plots

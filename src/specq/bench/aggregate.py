@@ -127,7 +127,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
             units.append(Unit(pid[0], pid[1], runs, base_runs.get(pid, []), peer_runs.get(pid, [])))
     per_prompt = [u.stats for u in units]
     pooled = merge([r["stats"] for u in units for r in u.runs])
-    gamma, adaptive = parse_gamma(params["gamma"]) if params["gamma"] else (0, False)
+    gamma = parse_gamma(params["gamma"])[0] if params["gamma"] else 0
     row = {
         "kind": params["kind"], "target": params["target"], "target_precision": first["target"]["precision"],
         "draft": params["draft"], "draft_precision": (first["draft"] or {}).get("precision"),
@@ -159,7 +159,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "draft_share": ci([s.draft_share for s in per_prompt]),
         "speedup": ci([u.ratio(u.speedup_reference) for u in units]),
         "speedup_paired": all(u.paired_runs for u in units),
-        "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled and not adaptive else None,
+        "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled else None,
         "warmup_dominated": row["steps_per_prompt"] < MIN_STEPS,
         "mismatches": mismatches, "unchecked": unchecked,
         "peer_tokens_per_s": ci([u.tokens_per_s(u.peer_runs) for u in units]),
@@ -190,18 +190,15 @@ def _mismatches(units: list[Unit]) -> tuple[list[dict], int]:
 
 
 def predict(spec: DecodeStats, base: DecodeStats) -> float | None:
-    """Analytic speedup from measured parts: E[tokens per step] / (step cost / baseline token cost),
-    with E = 1 + sum_i prod_{j<=i} a_j (conditional acceptance a_j, bonus token included), step
-    cost = gamma * (draft time per draft token) + verify time per pass, and the baseline's
-    forward time per token. It leaves out prefill and loop overhead: the gap to the measured
-    speedup is what they cost."""
+    """Analytic speedup from measured parts: tokens per step / (step cost / baseline token cost),
+    with tokens per step = 1 + accepted draft tokens per step, step cost = draft time per step
+    (the tokens actually drafted: the early stop and the token budget shorten proposals below
+    gamma) + verify time per pass, and the baseline's forward time per token. It leaves out
+    prefill and loop overhead: the gap to the measured speedup is what they cost."""
     if not (spec.steps and spec.drafted and base.steps and base.verify_s > 0):
         return None
-    expected, reach = 1.0, 1.0
-    for a in spec.per_position_conditional:
-        reach *= a or 0.0
-        expected += reach
-    step_cost = spec.gamma * spec.draft_s / spec.drafted + spec.verify_s / spec.steps
+    expected = 1.0 + spec.accepted / spec.steps
+    step_cost = (spec.draft_s + spec.verify_s) / spec.steps
     return expected / (step_cost / (base.verify_s / base.steps))
 
 
@@ -255,3 +252,22 @@ def failures(rows: list[dict]) -> list[str]:
                        f"{m['set']} prompt {m['prompt']} repeat {m['repeat']} differs from the baseline "
                        f"at token {m['position']}")
     return out
+
+
+def heldout_rows(records: list[dict]) -> list[dict]:
+    """The quality stage's records (`heldout.py`): one row per target ref (the first record of a
+    key wins), fp32 first."""
+    seen: dict[str, dict] = {}
+    for r in records:
+        if r.get("type") == "quality":
+            seen.setdefault(r["key"], r)
+    out = [{"target": r["target"]["ref"], "precision": r["target"]["ref"].rpartition("@")[2] or "fp32",
+            "reference": r["reference"]["ref"],
+            "tokens": r["result"]["tokens"], "chunks": r["result"]["chunks"],
+            "ppl": _triple(r["result"]["ppl_b"]), "top1": _triple(r["result"]["top1"]),
+            "kl": _triple(r["result"]["kl_ab"])} for r in seen.values()]
+    return sorted(out, key=lambda r: (r["precision"] != "fp32", r["target"]))
+
+
+def _triple(value: dict) -> list[float]:
+    return [value["mean"], value["low"], value["high"]]

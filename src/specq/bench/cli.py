@@ -69,9 +69,12 @@ def cmd_bench(args) -> int:
         raise
     rows = aggregate.summarize(records, resamples=config.resamples, confidence=config.confidence, seed=config.seed)
     console = Console()
-    terminal.print_table(tables.summary(rows, config.confidence, best_only=not args.all_rows, compact=True), console)
+    terminal.print_table(tables.brief(rows, config.confidence, best_only=not args.all_rows), console)
     if config.profile:
         terminal.print_table(tables.profile(rows), console)
+    quality = aggregate.heldout_rows(records)
+    if quality:
+        terminal.print_table(tables.heldout(quality), console)
     failures = aggregate.failures(rows)
     terminal.print_failures(failures, console)
     console.print(f"results: {config.results}; full report: specq report {config.results}", highlight=False)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import precision
+from ..drafters.base import DEFAULT_GAMMA
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
 from ..data import user_texts
@@ -39,7 +40,7 @@ class BenchConfig:
     target_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with targets
     drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
-    gamma: list[int | str] = dataclasses.field(default_factory=lambda: [4])  # N or "auto"
+    gamma: list[int | str] = dataclasses.field(default_factory=lambda: [DEFAULT_GAMMA])  # N or "auto"
     draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [DEFAULT_DRAFT_CONFIDENCE])
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
@@ -56,6 +57,7 @@ class BenchConfig:
     paired: bool = True  # time a plain run next to every speculative run: speedups immune to drift
     profile: bool = False  # print ms per forward per model and phase
     eager: bool = False  # plain eager kernels instead of the fast path (fastpath.py), e.g. to compare them
+    quality_chunks: int = 4  # held-out text chunks per target precision (0: no quality stage)
     resamples: int = 2000
     confidence: float = 0.95
     results: str = "bench-results.jsonl"
@@ -93,6 +95,8 @@ HELP = {
     "eager": "run the plain eager kernels instead of the fast path (packed oneDNN GEMMs for float layers)",
     "paired": "time the target alone right next to every speculative run, and take speedups from those pairs",
     "profile": "print ms per forward for each model and phase",
+    "quality_chunks": ("held-out text chunks for each target precision's perplexity and top-1 agreement with "
+                       "fp32 (0 = skip)"),
     "resamples": "bootstrap resamples per CI",
     "confidence": "CI confidence level",
     "results": "the JSONL results store (appended cell by cell; re-runs resume)",
@@ -146,6 +150,8 @@ def validate(raw: dict) -> BenchConfig:
         _check(key, _is(getattr(config, key), int) and 1 <= getattr(config, key) <= MAX_COUNT,
                f"must be an integer in [1, {MAX_COUNT}]")
     _check("seed", _is(config.seed, int) and 0 <= config.seed <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")
+    _check("quality_chunks", _is(config.quality_chunks, int) and 0 <= config.quality_chunks <= MAX_COUNT,
+           f"must be an integer in [0, {MAX_COUNT}]")
     for key in ("prompt_file_chat", "ignore_eos", "peer", "paired", "profile", "eager"):
         _check(key, _is(getattr(config, key), bool), "must be true or false")
     for key in ("prompt_field", "results"):

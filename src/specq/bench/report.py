@@ -42,6 +42,9 @@ def write_report(results: str | Path, out: str | Path | None = None, *, resample
     sections = [tables.summary(rows, settings["confidence"]), _titled(tables.summary(by_set, settings["confidence"]),
                                                                       "per prompt set"),
                 tables.per_position(rows), tables.quality(rows), tables.profile(rows), _models(records)]
+    quality = aggregate.heldout_rows(records)
+    if quality:
+        sections.insert(3, tables.heldout(quality))
     failures = aggregate.failures(rows)
     atomic.write_text(md, _markdown(results, runs, sections, failures))
     atomic.write_text(page, _html(results, runs, sections, failures, plots(rows)))

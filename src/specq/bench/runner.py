@@ -1,6 +1,7 @@
-"""Run a sweep: stage 1 baselines (the target alone), stage 2 speculative cells, and the peer
-baseline (transformers' assisted generation) when asked. Quality and aggregates are computed
-later from what is stored (`aggregate.py`), so a report never needs the models.
+"""Run a sweep: stage 1 baselines (the target alone), stage 2 speculative cells, the peer
+baseline (transformers' assisted generation) when asked, and the quality stage (`heldout.py`:
+each target precision against fp32 on held-out text). Aggregates are computed later from what is
+stored (`aggregate.py`), so a report never needs the models.
 
 Why the numbers can be trusted: every model pair gets an untimed warm-up generation before its
 first timed one; the thread count is set per cell and recorded; each cell is appended to the
@@ -27,7 +28,7 @@ import torch
 from .. import api, fastpath, feature_draft, models, precision
 from ..feature_draft import FeatureDraft
 from ..models import Model
-from . import store
+from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
 from .prompts import Prompt, load_set
 
@@ -112,12 +113,12 @@ def peer_skip_reason(model: Model) -> str | None:
 
 def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.load, fast=False), generate=api.generate,
         prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
-        console=None, log=None, progress: bool = True) -> list[dict]:
-    """Run every cell of the sweep that the store does not hold yet; return the stored run records
-    and this sweep's cells. Progress goes to `console` (stderr), notes on the sweep to `log`
-    (default: `console`), so that stderr holds only the error when a cell fails.
-    `load`, `generate` and `prompt_sets` are injectable (tests use tiny models); models go on the
-    fast path (`fastpath.py`) here unless the config says `eager`."""
+        console=None, log=None, progress: bool = True, held_out=heldout.shakespeare_chunks) -> list[dict]:
+    """Run every cell of the sweep that the store does not hold yet; return the stored run records,
+    this sweep's cells and its quality records. Progress goes to `console` (stderr), notes on the
+    sweep to `log` (default: `console`), so that stderr holds only the error when a cell fails.
+    `load`, `generate`, `prompt_sets` and `held_out` are injectable (tests use tiny models); models
+    go on the fast path (`fastpath.py`) here unless the config says `eager`."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -129,6 +130,7 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.lo
     store.repair(config.results)
     done = store.cells(store.read(config.results, complete=True))
     pending = [c for c in cells if c.key not in done]
+    pool = _Models(load, not config.eager)
     if len(pending) < len(cells):
         log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
     if pending:
@@ -136,9 +138,15 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.lo
         store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
                                       "config": config.to_dict(), "environment": environment(),
                                       "argv": sys.argv})
-        _run_cells(pending, prompt_sets, config, run_id, _Models(load, not config.eager), generate, console, progress)
-    wanted = {c.key for c in cells}  # the store may also hold other sweeps' cells
-    return [r for r in store.read(config.results) if r.get("type") != "cell" or r["key"] in wanted]
+        _run_cells(pending, prompt_sets, config, run_id, pool, generate, console, progress)
+    targets = list(dict.fromkeys(c.target for c in cells))
+    if config.quality_chunks:
+        console.print(f"quality stage: {len(targets)} target(s) vs fp32 on {config.quality_chunks} held-out chunks")
+        torch.set_num_threads(config.threads[0])
+        heldout.run(targets, config.quality_chunks, config.results, pool.get, held_out, config.resamples,
+                    config.seed)
+    wanted = {c.key for c in cells} | {heldout.key(t, config.quality_chunks) for t in targets}
+    return [r for r in store.read(config.results) if r.get("type") not in ("cell", "quality") or r["key"] in wanted]
 
 
 def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: str, pool: _Models, generate,

@@ -4,7 +4,8 @@ Each append is one write of one line, flushed and fsynced, so a crash or kill lo
 line being written. A torn last line (no newline, or not valid JSON) is ignored on read and cut
 off before the next append, so resuming never glues a new record onto a broken one. Records:
 {"type": "run", ...} once per invocation that runs cells (config, machine, versions), and
-{"type": "cell", "key": ..., ...} per finished cell; the first record of a key wins.
+{"type": "cell", "key": ..., ...} per finished cell, and {"type": "quality", "key": ..., ...} per
+target precision's held-out quality (`heldout.py`); the first record of a key wins.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def read(path: Path | str, complete: bool = False) -> list[dict]:
 
 # the fields readers use, per record type (a record may hold more)
 FIELDS = {"run": {"run_id": str, "started": str, "config": dict, "environment": dict},
-          "cell": {"key": str, "cell": dict, "target": dict}}
+          "cell": {"key": str, "cell": dict, "target": dict},
+          "quality": {"key": str, "target": dict, "reference": dict, "result": dict}}
 CELL_FIELDS = ("kind", "target", "draft", "gamma", "max_new_tokens", "temperature", "threads", "set", "repeats")
 RUN_FIELDS = ("set", "prompt", "repeat", "token_ids", "text", "stats")
 
@@ -55,7 +57,7 @@ def _problem(record, complete: bool) -> str | None:
         return None
     kind = record.get("type")
     if kind not in FIELDS:
-        return f"has an unknown record type {kind!r} (expected 'run' or 'cell')"
+        return f"has an unknown record type {kind!r} (expected {', '.join(map(repr, FIELDS))})"
     for name, type_ in FIELDS[kind].items():
         if not isinstance(record.get(name), type_):
             return f"({kind} record): field '{name}' is missing or not a {type_.__name__}"

@@ -75,12 +75,15 @@ def mean(value, spec: str = ".2f") -> str:
     return num(value[0] if value else None, spec)
 
 
-def summary(rows: list[dict], confidence: float, best_only: bool = False, compact: bool = False) -> Table:
-    """The main table; `best_only` keeps, for a gamma sweep, the best gamma of each configuration;
-    `compact` (the terminal) gives a CI for the speedup only, means elsewhere."""
-    c = mean if compact else ci
-    hidden = [r for r in rows if best_only and r["gamma_swept"] and not r["best_gamma"] and not r["mismatches"]]
-    shown = [r for r in rows if not any(r is h for h in hidden)]
+def _best_only(rows: list[dict]) -> tuple[list[dict], int]:
+    """For a gamma sweep, the best gamma of each configuration (and every failing row); how many
+    rows that hides."""
+    hidden = [r for r in rows if r["gamma_swept"] and not r["best_gamma"] and not r["mismatches"]]
+    return [r for r in rows if not any(r is h for h in hidden)], len(hidden)
+
+
+def summary(rows: list[dict], confidence: float) -> Table:
+    """The main table of the report: every row, every column."""
     vary = {k: len({r[k] for r in rows}) > 1 for k in ("temperature", "threads", "set")}
     peer = any(r["peer_tokens_per_s"] for r in rows)
     em = any(r["em"] for r in rows)
@@ -89,22 +92,70 @@ def summary(rows: list[dict], confidence: float, best_only: bool = False, compac
     headers += ["prompts", "accept rate", TAU, "tok/s", "speedup", "predicted", "draft share"]
     headers += ["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer + ["vs baseline output", "notes"]
     table = Table("specq bench", headers)
-    for r in shown:
+    for r in rows:
         cells = [r["target"], r["draft"] or "(target alone)", gamma_label(r), str(r["max_new_tokens"])]
         cells += [str(r[k]) for k in ("temperature", "threads", "set") if vary[k]]
-        cells += [str(r["prompts"]), c(r["acceptance_rate"]), c(r["tau"]), c(r["tokens_per_s"], ".1f"),
+        cells += [str(r["prompts"]), ci(r["acceptance_rate"]), ci(r["tau"]), ci(r["tokens_per_s"], ".1f"),
                   ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)",
-                  num(r["predicted_speedup"]), c(r["draft_share"])]
-        cells += [c(r["em"])] * em + [c(r["peer_tokens_per_s"], ".1f"), c(r["vs_peer"])] * peer
+                  num(r["predicted_speedup"]), ci(r["draft_share"])]
+        cells += [ci(r["em"])] * em + [ci(r["peer_tokens_per_s"], ".1f"), ci(r["vs_peer"])] * peer
         cells += [exactness(r), notes(r)]
         table.add(cells, failed=bool(r["mismatches"]))
-    table.caption = ("speedup: " * compact + f"mean [{confidence:.0%} bootstrap CI over prompts]; {TAU} = "
+    table.caption = (f"mean [{confidence:.0%} bootstrap CI over prompts]; {TAU} = "
                      "tokens per target pass, the target's own token included; speedup = tokens/s over the "
                      "same target's baseline, per prompt, then mean; predicted = analytic "
-                     "(measured a_i and costs, no prefill or loop overhead)"
-                     + (f"; gamma swept: best gamma per configuration shown ({len(hidden)} more rows in the "
-                        "report)" if hidden else ""))
+                     "(measured accepted tokens per step and costs, no prefill or loop overhead)")
     return table
+
+
+def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table:
+    """The terminal's table: few, narrow columns, so it reads in an 80-column terminal (and in a
+    log); the report has every column."""
+    shown, hidden = _best_only(rows) if best_only else (rows, 0)
+    bases = {r["target"].split("@")[0] for r in rows}
+    lengths = {r["max_new_tokens"] for r in rows}
+    headers = ["target", "draft", "gamma"] + ["tokens"] * (len(lengths) > 1)
+    title = "specq bench: " + " ".join(sorted(bases)) + (f", {lengths.pop()} tokens" if len(lengths) == 1 else "")
+    table = Table(title, headers + [TAU.split()[0], f"speedup [{confidence:.0%} CI]", "lossless"])
+    for r in shown:
+        target = r["target"] if len(bases) > 1 else r["target_precision"]
+        stop = f" <{r['draft_confidence']:g}" if r.get("draft_confidence") else ""
+        gamma = (r["gamma"] if isinstance(r["gamma"], str) else num(r["gamma"], "d")) + stop
+        cells = [target, short_draft(r), gamma] + [str(r["max_new_tokens"])] * (len(headers) == 4)
+        speedup = ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)"
+        flag = "*" if r["warmup_dominated"] or (r["kind"] == "speculative" and not r["speedup_paired"]) else ""
+        table.add(cells + [mean(r["tau"]), speedup + flag, brief_exactness(r)],
+                  failed=bool(r["mismatches"]))
+    table.caption = ("gamma N <c: proposals end early below draft confidence c; tau = tokens per target pass; "
+                     "speedup = tokens/s over the target alone on the same prompt, "
+                     f"mean [{confidence:.0%} bootstrap CI over prompts]; * = see the report's notes"
+                     + (f"; best gamma shown ({hidden} more rows)" if hidden else "")
+                     + ". Every column (tok/s, acceptance, predicted, draft share, HF peer, notes): specq report")
+    return table
+
+
+def short_draft(row: dict) -> str:
+    """The draft's name without its target's prefix or a path ('smollm2-135m-feature-draft' ->
+    'feature-draft'), with its precision unless fp32."""
+    if not row["draft"]:
+        return "(alone)"
+    name = row["draft"].split("@")[0].rstrip("/").rsplit("/", 1)[-1]
+    base = row["target"].split("@")[0] + "-"
+    name = name[len(base):] if name.startswith(base) and len(name) > len(base) else name
+    precision = row.get("draft_precision")
+    return name + (f"@{precision}" if precision and precision != "fp32" else "")
+
+
+def brief_exactness(row: dict) -> str:
+    """'4/4' (greedy outputs equal to the target's), 'FAIL 1', 'sampled', or ''."""
+    if row["kind"] != "speculative":
+        return ""
+    if not row["greedy"]:
+        return "sampled"
+    if row["mismatches"]:
+        return f"FAIL {len(row['mismatches'])}"
+    checked = row["prompts"] - row["unchecked"]
+    return f"{checked}/{row['prompts']}" if checked else "unchecked"
 
 
 def per_position(rows: list[dict]) -> Table:
@@ -145,4 +196,16 @@ def quality(rows: list[dict]) -> Table:
             table.add([r["target"], r["target_precision"], r["draft"] or "(target alone)", gamma_label(r),
                        str(r["max_new_tokens"]), ci(r["em"]), str(r["em_prompts"]), exactness(r)],
                       failed=bool(r["mismatches"]))
+    return table
+
+
+def heldout(rows: list[dict], confidence: float = 0.95) -> Table:
+    """The quality stage (`heldout.py`): each target precision against fp32 on held-out text."""
+    table = Table("quality per precision, held-out text", ["target", "tokens", f"perplexity [{confidence:.0%} CI]",
+                                                          f"top-1 = fp32 [{confidence:.0%} CI]"])
+    for r in rows:
+        table.add([r["target"], str(r["tokens"]), ci(r["ppl"], ".1f"), ci(r["top1"], ".3f")])
+    table.caption = ("perplexity of the target on held-out Shakespeare chunks; top-1 = fp32: how often its most "
+                     "likely next token is the fp32 model's (the greedy acceptance a perfect fp32-trained draft "
+                     "could keep); CIs over chunks. Full divergences: specq compare")
     return table

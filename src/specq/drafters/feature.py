@@ -24,15 +24,13 @@ class FeatureDrafter:
         self.net = draft
         self.min_confidence = min_confidence
         self.cache = None
-        self.features: Tensor | None = None  # [capacity, hidden]: the target's f_0 .. f_{known-1}
-        self.known = 0
+        self.features: Tensor | None = None  # [capacity, hidden]: the target's f_0, f_1, ... so far
         self.true_rows = 0  # draft cache rows computed from true features
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor) -> None:
         self.cache = self.net.new_cache(capacity)
         self.features = features.new_zeros(capacity, features.shape[-1])
         self.features[:len(features)] = features
-        self.known = len(features)
         if prompt.shape[0] > 1:  # rows 0 .. P-2; row P-1 needs the first generated token
             self.net(prompt[1:], self.features[:prompt.shape[0] - 1], self.cache)
         self.true_rows = self.cache.length
@@ -64,7 +62,7 @@ class FeatureDrafter:
 
     def rollback(self, length: int, features: Tensor) -> None:
         """seq[:length + 1] is settled; `features` are the target's for the rows it just verified
-        and accepted (positions known .. known + len - 1)."""
-        self.cache.crop(min(self.true_rows, self.cache.length))
-        self.features[self.known:self.known + len(features)] = features
-        self.known += len(features)
+        and accepted, ending at position length - 1 (the target's cache holds all but the last
+        token). A cache row r (x_{r+1}, f_r) stays only if both are settled and f_r was true."""
+        self.cache.crop(min(self.true_rows, length, self.cache.length))
+        self.features[length - len(features):length] = features

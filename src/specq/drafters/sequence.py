@@ -11,9 +11,8 @@ from .base import Proposal, choose
 
 # The early stop used unless the caller picks one. transformers (assistant_confidence_threshold)
 # and llama.cpp (--draft-p-min) stop early by default too: with a draft that is often wrong, every
-# low-confidence token drafted costs a draft step and a verify row and is rarely accepted. With the
-# shipped draft, 0.4 took speculative decoding from 0.66-0.72x to 0.86-0.98x of plain decoding
-# (docs/benchmarks.md). 0 turns it off: every proposal is then exactly gamma tokens.
+# low-confidence token drafted costs a draft step and a verify row and is rarely accepted (measured
+# in docs/benchmarks.md, section 2). 0 turns it off: every proposal is then exactly gamma tokens.
 DEFAULT_DRAFT_CONFIDENCE = 0.4
 
 
@@ -23,7 +22,6 @@ class SequenceDrafter:
     then wastes fewer draft steps and verify rows. Output is unaffected: only the count changes."""
 
     def __init__(self, draft: Model, target_vocab_size: int, min_confidence: float = 0.0):
-        self.model = draft
         self.net = draft.net
         self.vocab = target_vocab_size
         self.min_confidence = min_confidence

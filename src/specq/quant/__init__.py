@@ -17,11 +17,11 @@ from .modules import DequantizedLinear, Int4Linear, Int8Linear, QuantLinear, mak
 from .pack import pack_bits, unpack_bits
 from .rtn import QuantizedWeight, quantize_rtn
 from .sequential import CalibrationConfig
-from .spec import QuantSpec, parse_spec, split_model_ref
+from .spec import QuantSpec, parse_spec
 
 __all__ = [
     "CalibrationConfig", "DequantizedLinear", "Int4Linear", "Int8Linear", "QuantLinear", "QuantSpec",
     "QuantizedWeight", "WeightBytes", "calibration_samples", "load_quantized", "make_quant_linear",
     "pack_bits", "parse_spec", "quant_targets", "quantize_model", "quantize_rtn", "quantized_layers",
-    "read_spec", "save_quantized", "split_model_ref", "unpack_bits", "weight_bytes",
+    "read_spec", "save_quantized", "unpack_bits", "weight_bytes",
 ]

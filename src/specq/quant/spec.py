@@ -132,12 +132,3 @@ def parse_spec(spec: str) -> QuantSpec:
         head_int8=seen.get("head") == "head8",
     )
 
-
-def split_model_ref(ref: str) -> tuple[str, QuantSpec | None]:
-    """Split "smollm2-135m@int4-g128-gptq" into the model name and its spec (None without "@")."""
-    name, sep, spec = ref.rpartition("@")
-    if not sep:
-        return ref, None
-    if not name:
-        raise ValueError(f"model reference {ref!r} has a spec but no model name")
-    return name, parse_spec(spec)

@@ -1,0 +1,129 @@
+"""Regenerate the tables in the docs from their raw results files, so no table is typed by hand.
+
+A generated table sits between two markers in a Markdown file; the first names its results file,
+the kind of table and its filters:
+
+    <!-- table: docs/results/sweep.jsonl pivot value=speedup by=gamma tokens=64 -->
+    ...
+    <!-- /table -->
+
+Kinds: `pivot` (one row per target and draft, one column per value of `by`: gamma or
+max_new_tokens; `value` speedup or tau; `ci=1` adds the 95% CIs; the best speedup of a row is in
+bold) and `cells` (one row per configuration: speedup with CI, predicted, tau, U_i, draft share),
+with the filters `tokens=N` and `gamma=N` (or `auto`); `calibration` (the calibration
+experiment's JSON, rows in the order `order=spec,spec,...`).
+
+    python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
+    python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from functools import cache
+from pathlib import Path
+
+from specq.bench import store
+from specq.bench.aggregate import summarize
+from specq.gamma import sort_key as gamma_order
+
+from sweep_tables import draft_label, pivot
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+
+@cache
+def speculative_rows(results: str) -> tuple[dict, ...]:
+    rows = summarize(store.read(ROOT / results))
+    return tuple(r for r in rows if r["kind"] == "speculative")
+
+
+def _filtered(rows, options: dict) -> list[dict]:
+    out = list(rows)
+    if "tokens" in options:
+        out = [r for r in out if r["max_new_tokens"] == int(options["tokens"])]
+    if "gamma" in options:
+        out = [r for r in out if str(r["gamma"]) == options["gamma"]]
+    return out
+
+
+def _ci(value, spec: str = ".2f") -> str:
+    if not value:
+        return "-"
+    mean, low, high = value
+    return f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]" if low != high else format(mean, spec)
+
+
+def cells_table(rows: list[dict]) -> str:
+    width = max((len(r["U"]) for r in rows), default=0)
+    head = ("| target | draft | gamma | tokens | speedup [95% CI] | predicted | tau | "
+            + ", ".join(f"U_{i + 1}" for i in range(width)) + " | draft share |")
+    lines = [head, "|" + "---|" * 9]
+    for r in sorted(rows, key=lambda r: (r["target"], draft_label(r), gamma_order(r["gamma"]), r["max_new_tokens"])):
+        u = ", ".join(f"{v[0]:.2f}" for v in r["U"] if v)
+        predicted = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}"
+        lines.append(f"| {r['target_precision']} | {draft_label(r)} | {r['gamma']} | {r['max_new_tokens']} | "
+                     f"{_ci(r['speedup'])} | {predicted} | {r['tau'][0]:.2f} | {u} | {r['draft_share'][0]:.2f} |")
+    return "\n".join(lines)
+
+
+def calibration_table(results: str, order: list[str]) -> str:
+    from calibration_experiment import table
+
+    rows = json.loads((ROOT / results).read_text())["rows"]
+    return table({spec: rows[spec] for spec in order})
+
+
+def render(spec: str) -> str:
+    results, kind, *args = spec.split()
+    options = dict(a.split("=", 1) for a in args)
+    if kind == "calibration":
+        return calibration_table(results, options["order"].split(","))
+    rows = _filtered(speculative_rows(results), options)
+    if not rows:
+        raise SystemExit(f"table '{spec}': no matching rows in {results}")
+    if kind == "cells":
+        return cells_table(rows)
+    if kind != "pivot":
+        raise SystemExit(f"table '{spec}': unknown kind {kind!r}")
+    by = options.get("by", "gamma")
+    columns = sorted({r[by] for r in rows}, key=gamma_order if by == "gamma" else None)
+    text = pivot(rows, by, columns, options.get("value", "speedup"), "", with_ci=options.get("ci") == "1")
+    return "\n".join(text.splitlines()[2:])  # without pivot's title: the doc's prose introduces it
+
+
+def regenerate(text: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("spec")) + "\n" + m.group(4), text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="report stale tables and exit 1; change nothing")
+    args = ap.parse_args()
+    stale = 0
+    for path in DOCS:
+        old = path.read_text()
+        new = regenerate(old)
+        if new == old:
+            continue
+        stale += 1
+        if args.check:
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                       str(path.relative_to(ROOT)), "regenerated"))
+        else:
+            path.write_text(new)
+            print(f"rewrote the tables of {path.relative_to(ROOT)}")
+    if args.check and stale:
+        print(f"\n{stale} file(s) hold tables that no longer match their results: "
+              "run python benchmarks/doc_tables.py")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

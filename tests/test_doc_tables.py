@@ -1,0 +1,30 @@
+"""Every generated table in the docs matches its raw results file (benchmarks/doc_tables.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import doc_tables  # noqa: E402
+
+
+@pytest.mark.parametrize("path", doc_tables.DOCS, ids=lambda p: p.name)
+def test_doc_tables_match_their_results(path):
+    text = path.read_text()
+    assert text == doc_tables.regenerate(text), f"stale table in {path.name}: run python benchmarks/doc_tables.py"
+
+
+def test_a_hand_edited_table_is_caught():
+    spec = "docs/results/session6.jsonl pivot value=speedup by=gamma ci=1"
+    table = doc_tables.render(spec)
+    assert "1.30 [1.10, 1.45]" in table  # the fp32 stage-4 draft at gamma 2 in the raw file
+    edited = f"<!-- table: {spec} -->\n{table.replace('1.30 [1.10, 1.45]', '1.35 [1.10, 1.45]')}\n<!-- /table -->"
+    assert doc_tables.regenerate(edited) != edited
+    assert "1.30 [1.10, 1.45]" in doc_tables.regenerate(edited)
+
+
+def test_the_docs_hold_generated_tables():
+    assert sum(doc_tables.BLOCK.search(p.read_text()) is not None for p in doc_tables.DOCS) >= 1
