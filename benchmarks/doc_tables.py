@@ -11,7 +11,8 @@ Kinds: `pivot` (one row per target and draft, one column per value of `by`: gamm
 max_new_tokens; `value` speedup or tau; `ci=1` adds the 95% CIs; the best speedup of a row is in
 bold) and `cells` (one row per configuration: speedup with CI, predicted, tau, U_i, draft share),
 with the filters `tokens=N` and `gamma=N` (or `auto`); `calibration` (the calibration
-experiment's JSON, rows in the order `order=spec,spec,...`).
+experiment's JSON, rows in the order `order=spec,spec,...`); `verify` (benchmarks/bench_verify.py's
+rows: ms per forward by precision, path and token count).
 
     python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
     python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
@@ -80,11 +81,19 @@ def calibration_table(results: str, order: list[str]) -> str:
     return table({spec: rows[spec] for spec in order})
 
 
+def verify_table(results: str) -> str:
+    from bench_verify import table
+
+    return table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+
+
 def render(spec: str) -> str:
     results, kind, *args = spec.split()
     options = dict(a.split("=", 1) for a in args)
     if kind == "calibration":
         return calibration_table(results, options["order"].split(","))
+    if kind == "verify":
+        return verify_table(results)
     rows = _filtered(speculative_rows(results), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")
