@@ -137,3 +137,16 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype):
     with torch.inference_mode():
         a, b = float_net(ids), net(ids)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 5 / 6
+
+
+@pytest.mark.parametrize("suffix", ["", "@gguf"])
+def test_corrupt_gguf_target_exits_2_before_anything_is_cached(tmp_path, monkeypatch, capsys, suffix):
+    from specq.cli import main
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(np.random.default_rng(1).bytes(1000))
+    assert main(["generate", "hi", "--target", f"{bad}{suffix}", "--no-speculative"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.gguf" in err and "Traceback" not in err
+    assert not list((tmp_path / "cache").glob("gguf/*"))  # no half-converted cache left behind

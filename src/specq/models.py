@@ -69,10 +69,7 @@ def _smollm2_dir() -> Path:
     target = cache_dir() / "smollm2-135m"
     if (target / "config.json").exists():
         return target
-    gguf = _smollm2_gguf()
-    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, ~40 s)",
-          file=sys.stderr, flush=True)
-    _convert_gguf(gguf, target)
+    _convert_gguf(_smollm2_gguf(), target)
     return target
 
 
@@ -125,8 +122,11 @@ def default_draft_ref(target_ref: str, quantizable: bool = False) -> str | None:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    """A Llama GGUF file -> a Hugging Face directory of float weights (safetensors), atomically."""
+    """A Llama GGUF file -> a Hugging Face directory of float weights (safetensors), atomically.
+    The file is checked first, so a corrupt one is one error line and no announcement."""
     parsed = gguf_io.read(gguf)
+    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, under a minute)",
+          file=sys.stderr, flush=True)
     tok = gguf_io.tokenizer(gguf)
     net = Llama(parsed.config)
     net.load_state_dict(parsed.float_state_dict())
@@ -142,7 +142,6 @@ def _gguf_dir(gguf: Path) -> Path:
     key = f"{gguf.stem}-{digest[:12]}"
     target = cache_dir() / "gguf" / key
     if not (target / "config.json").exists():
-        print(f"specq: converting {gguf.name} to a safetensors cache (once)", file=sys.stderr, flush=True)
         _convert_gguf(gguf, target)
     return target
 

@@ -44,15 +44,19 @@ def num(value, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def exactness(row: dict) -> str:
+def exactness(row: dict, brief: bool = False) -> str:
+    """Whether greedy outputs equal the target's: '4/4 identical' ('4/4' when `brief`), a failure,
+    sampling (not checkable token for token) or no baseline to check against; '' for baselines."""
     if row["kind"] != "speculative":
         return ""
     if not row["greedy"]:
-        return "n/a (sampling)"
+        return "sampled" if brief else "n/a (sampling)"
     if row["mismatches"]:
-        return f"FAIL: {len(row['mismatches'])} differ"
+        return f"FAIL {len(row['mismatches'])}" if brief else f"FAIL: {len(row['mismatches'])} differ"
     checked = row["prompts"] - row["unchecked"]
-    return f"{checked}/{row['prompts']} identical" if checked else "no baseline"
+    if not checked:
+        return "unchecked" if brief else "no baseline"
+    return f"{checked}/{row['prompts']}" + ("" if brief else " identical")
 
 
 def notes(row: dict) -> str:
@@ -124,7 +128,7 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
         cells = [target, short_draft(r), gamma] + [str(r["max_new_tokens"])] * (len(headers) == 4)
         speedup = ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)"
         flag = "*" if r["warmup_dominated"] or (r["kind"] == "speculative" and not r["speedup_paired"]) else ""
-        table.add(cells + [mean(r["tau"]), speedup + flag, brief_exactness(r)],
+        table.add(cells + [mean(r["tau"]), speedup + flag, exactness(r, brief=True)],
                   failed=bool(r["mismatches"]))
     table.caption = ("gamma N <c: proposals end early below draft confidence c; tau = tokens per target pass; "
                      "speedup = tokens/s over the target alone on the same prompt, "
@@ -144,18 +148,6 @@ def short_draft(row: dict) -> str:
     name = name[len(base):] if name.startswith(base) and len(name) > len(base) else name
     precision = row.get("draft_precision")
     return name + (f"@{precision}" if precision and precision != "fp32" else "")
-
-
-def brief_exactness(row: dict) -> str:
-    """'4/4' (greedy outputs equal to the target's), 'FAIL 1', 'sampled', or ''."""
-    if row["kind"] != "speculative":
-        return ""
-    if not row["greedy"]:
-        return "sampled"
-    if row["mismatches"]:
-        return f"FAIL {len(row['mismatches'])}"
-    checked = row["prompts"] - row["unchecked"]
-    return f"{checked}/{row['prompts']}" if checked else "unchecked"
 
 
 def per_position(rows: list[dict]) -> Table:
