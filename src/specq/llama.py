@@ -1,7 +1,7 @@
 """A lean Llama decoder (gpt-fast style) with a preallocated KV cache.
 
 Why not the Hugging Face module: a 135M model has 30 thin layers, and on a CPU the Python and
-dispatch overhead outside the matmuls is ~40% of a decode step. This module fuses q/k/v and
+dispatch overhead outside the matmuls is a large share of a decode step. This module fuses q/k/v and
 gate/up into one matmul each, writes keys and values into a preallocated cache, and rolls back
 by moving an integer. Weights load from any Hugging Face Llama state dict.
 """
