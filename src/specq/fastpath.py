@@ -1,10 +1,11 @@
 """The fast CPU path: put a loaded native Llama's float linear layers on oneDNN's packed GEMM.
 
 Why: `F.linear` on CPU goes to MKL's sgemm, whose small-batch path costs about linearly more per
-row up to a few rows, so a verify pass of 2-4 rows costs 2-3 one-token steps and speculation
-loses. oneDNN (which inductor also uses for frozen CPU linears) takes the weight pre-packed into
-its blocked layout once, and its GEMM then costs about the same for 1 to 16 rows. Packed int8 /
-int4 layers (`quant.modules`) already have their own kernels and are left alone.
+row up to a few rows, so a verify pass of 2-5 rows costs about two one-token steps and
+speculation loses. oneDNN (which inductor also uses for frozen CPU linears) takes the weight
+pre-packed into its blocked layout once, and its GEMM then grows far less with the row count
+(docs/fastpath.md). Packed int8 / int4 layers (`quant.modules`) have their own kernels and are
+left alone.
 
 The packed weight is a second copy in oneDNN's layout; the original stays (a buffer under the
 same state-dict name as `nn.Linear`'s weight) for saving, hashing and the embedding it may be tied
