@@ -126,7 +126,7 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.lo
     prompt_sets = prompt_sets if prompt_sets is not None else load_prompt_sets(config)
     cells, notes = plan(config, prompt_sets, registry)
     for note in notes:
-        log.print(f"[yellow]note:[/] {note}", highlight=False)
+        log.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)  # no break inside a name
     store.repair(config.results)
     done = store.cells(store.read(config.results, complete=True))
     pending = [c for c in cells if c.key not in done]
