@@ -56,3 +56,10 @@ def test_bad_specs_one_line(tiny_dir, tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert code == 2 and needle in err and err.count("\n") == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_a_spec_the_model_cannot_take_is_one_line_before_any_announcement(tiny_dir, capsys):
+    """g7 divides no layer of the tiny model: the error comes before 'quantizing ... (once)'."""
+    assert main(["generate", "t1", "--target", f"{tiny_dir}@int4-g7-rtn", "--no-speculative"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "group size" in err and "quantizing" not in err

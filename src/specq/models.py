@@ -297,6 +297,7 @@ def _load(ref: str) -> Model:
                 precision.announce(f"ignoring a stale quantization cache ({e})")
         if net is None:
             net, tok, eos = _load_hf_dir(source, torch.float32, local_only=True)
+            precision.check_quantizable(net, spec)
             precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")
             precision.quantize_net(net, tok, spec)
             precision.save_quantized_dir(net, spec, tok, _eos_set(eos, tok), cached)

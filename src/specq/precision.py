@@ -58,6 +58,21 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
         raise SpecqError(str(e)) from None
 
 
+def check_quantizable(net: Llama, spec) -> None:
+    """Raise the one-line error `quantize_net` would raise for this spec's group sizes, before any
+    work (and before the 'quantizing' announcement), so a bad spec stays one stderr line."""
+    import warnings
+
+    from .quant.apply import layer_group_sizes, quant_targets
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fallback groups are announced by the quantization itself
+        try:
+            layer_group_sizes(quant_targets(net, spec), spec)
+        except ValueError as e:
+            raise SpecqError(str(e)) from None
+
+
 def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str) -> None:
     """A self-contained quantized model directory: HF config + tokenizer + specq quant weights."""
     from .quant import save_quantized
