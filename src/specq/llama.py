@@ -297,7 +297,12 @@ class Llama(nn.Module):
         """Compile cached steps of up to MAX_COMPILED_TOKENS tokens with torch.compile. Inputs are
         padded to 1, 2, 4, 8 or 16 tokens (padding lands past the cache length, where it is masked
         and later overwritten), so at most five graphs exist; each costs a compilation (about a
-        minute on 2 cores) on first use. Caches keep one `capacity` so graphs are reused."""
+        minute on 2 cores) on first use. Caches keep one `capacity` so graphs are reused.
+        Linears on the fast path are unpacked first: inductor cannot trace oneDNN's opaque packed
+        weights (and packs frozen weights itself when asked to)."""
+        from .fastpath import unpack_linears
+
+        unpack_linears(self)
         self.compiled_step = torch.compile(self._static_step, dynamic=False, backend=backend)
         self.compile_capacity = capacity
         self._compiled_sizes: set[int] = set()
