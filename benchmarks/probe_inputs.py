@@ -210,6 +210,16 @@ def cases(m: Path, d: Path, r: Path) -> list[Case]:
         (p / "old").mkdir()
         (p / "old" / "notes.txt").write_text("precious")
 
+    def out_cases(name: str, *args) -> None:
+        """An --out that must not be replaced or cannot be written: an existing file, a folder specq
+        did not write (also with --force), a file as its parent, a parent that cannot be written."""
+        cli(f"{name} out existing file", *args, "--out", "old", setup=existing_file, protect=["old"])
+        cli(f"{name} out existing folder", *args, "--out", "old", setup=existing_dir, protect=["old"])
+        cli(f"{name} out existing folder --force (foreign)", *args, "--out", "old", "--force",
+            setup=existing_dir, protect=["old"])
+        cli(f"{name} out parent is a file", *args, "--out", "old/sub", setup=existing_file, protect=["old"])
+        cli(f"{name} out unwritable parent", *args, "--out", "/proc/specq-probe/x")
+
     # ---- generate
     g = ["generate", "t1 t2", *tiny, "--draft", D, "--max-new-tokens", "4", "--no-warmup"]
     for flag, values in {"--seed": [2 ** 64, 2 ** 63, -1, HUGE, "1.5"], "--threads": [99999, 0, -1, HUGE],
@@ -247,12 +257,7 @@ def cases(m: Path, d: Path, r: Path) -> list[Case]:
 
     # ---- quantize
     q = ["quantize", T, "int8", "--threads", "1"]
-    cli("quantize out existing file", *q, "--out", "old", setup=existing_file, protect=["old"])
-    cli("quantize out existing folder", *q, "--out", "old", setup=existing_dir, protect=["old"])
-    cli("quantize out existing folder --force (foreign)", *q, "--out", "old", "--force", setup=existing_dir,
-        protect=["old"])
-    cli("quantize out parent is a file", *q, "--out", "old/sub", setup=existing_file, protect=["old"])
-    cli("quantize out unwritable parent", *q, "--out", "/proc/specq-probe/x")
+    out_cases("quantize", *q)
     cli("quantize out /proc", *q, "--out", "/proc/specq-probe")
     cli("quantize ok", *q, "--out", "new", expect=(0,))
     for spec in ("fp32", "int9", "int4-g0", f"int4-g{HUGE}", "int4-g64-foo", "", "int1"):
@@ -284,12 +289,7 @@ def cases(m: Path, d: Path, r: Path) -> list[Case]:
     # ---- calibrate
     k = ["calibrate", D, *tiny, "--prompts", 2, "--held-out", 1, "--steps", 2, "--max-new-tokens", 4,
          "--threads", 1]
-    cli("calibrate out existing file", *k, "--out", "old", setup=existing_file, protect=["old"])
-    cli("calibrate out existing folder", *k, "--out", "old", setup=existing_dir, protect=["old"])
-    cli("calibrate out existing folder --force", *k, "--out", "old", "--force", setup=existing_dir,
-        protect=["old"])
-    cli("calibrate out parent is a file", *k, "--out", "old/sub", setup=existing_file, protect=["old"])
-    cli("calibrate out unwritable", *k, "--out", "/proc/specq-probe/x")
+    out_cases("calibrate", *k)
     cli("calibrate manifest not above --out", *k, "--out", "sub/cal", expect=(0,), protect=["sub/manifest.json"],
         setup=lambda p: (p / "sub").mkdir())
     cli("calibrate resume without --resume", *k, "--out", "cal",
@@ -311,12 +311,7 @@ def cases(m: Path, d: Path, r: Path) -> list[Case]:
          "--seq-len", 16, "--accept-prompts", 0, "--eval-every", 1, "--threads", 1]
     dp = ["--prompts", str(d / "prompts.txt"), "--texts"]
     cli("distill ok", *s, *dp, "--out", "new", expect=(0,))
-    cli("distill out existing file", *s, *dp, "--out", "old", setup=existing_file, protect=["old"])
-    cli("distill out existing folder", *s, *dp, "--out", "old", setup=existing_dir, protect=["old"])
-    cli("distill out existing folder --force", *s, *dp, "--out", "old", "--force", setup=existing_dir,
-        protect=["old"])
-    cli("distill out parent file", *s, *dp, "--out", "old/sub", setup=existing_file, protect=["old"])
-    cli("distill out unwritable", *s, *dp, "--out", "/proc/specq-probe/x")
+    out_cases("distill", *s, *dp)
     cli("distill work is a file", *s, *dp, "--out", "x", "--work", "old", setup=existing_file, protect=["old"])
     for name in ("nonutf8.txt", "nonutf8.jsonl", "bad.jsonl", "missing.jsonl", "empty.jsonl", "blank.jsonl",
                  "array.jsonl", "number.jsonl", "empty.txt", "spaces.txt", "folder"):
