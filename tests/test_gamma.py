@@ -15,58 +15,91 @@ from test_decode import PROMPTS, _exact_sequence_distribution
 from test_feature_draft import _feature_model
 
 
-def _measured(accept: float, base_s: float, per_token_s: float, steps: int = 20) -> tuple:
-    """A chooser and stats after `steps` steps of random lengths at the given acceptance and costs."""
-    rng = torch.Generator().manual_seed(0)
-    chooser, stats = CostAwareGamma(4), DecodeStats(gamma=4)
+def _run(chooser: CostAwareGamma, steps: int, accept: float, draft_s: float, verify_s, stop: float = 0.0,
+         seed: int = 0) -> list[int]:
+    """Drive `chooser` for `steps` simulated steps; returns the caps it chose. Each drafted token is
+    accepted with probability `accept` (while all before it were); after each one the drafter
+    stops early with probability `stop`; a draft forward costs `draft_s`, verifying n rows
+    `verify_s(n)` seconds."""
+    rng = torch.Generator().manual_seed(seed)
+    caps = []
     for _ in range(steps):
-        k = int(torch.randint(0, 5, (1,), generator=rng))
-        n = 0
-        while n < k and torch.rand(1, generator=rng).item() < accept:
-            n += 1
-        stats.record_step(k, n)
-        chooser.observe(k, base_s + per_token_s * k)
-    return chooser, stats
+        cap = chooser.next()
+        drafted = 0
+        while drafted < cap:
+            drafted += 1
+            if torch.rand(1, generator=rng).item() < stop:
+                break
+        accepted = 0
+        while accepted < drafted and torch.rand(1, generator=rng).item() < accept:
+            accepted += 1
+        chooser.observe(cap, drafted, accepted, draft_s * drafted, verify_s(drafted + 1))
+        caps.append(cap)
+    return caps
+
+
+def _linear(base: float, per_row: float):
+    return lambda rows: base + per_row * (rows - 1)
 
 
 def test_first_a_plain_step_then_a_full_proposal():
-    chooser, stats = CostAwareGamma(3), DecodeStats(gamma=3)
-    assert chooser.next(stats) == 0
-    chooser.observe(0, 1.0)
-    assert chooser.next(stats) == 3
-    chooser.observe(3, 1.6)
-    assert chooser.cost_line() == pytest.approx((1.0, 0.2))
+    chooser = CostAwareGamma(3)
+    assert chooser.next() == 0
+    chooser.observe(0, 0, 0, 0.0, 1.0)
+    assert chooser.next() == 3
+    chooser.observe(3, 3, 1, 0.3, 1.6)
+    assert chooser.verify_cost(1) == 1.0 and chooser.verify_cost(4) == 1.6
+    assert chooser.verify_cost(2.5) == pytest.approx(1.3)  # interpolated between the counts timed
 
 
 def test_plain_decoding_when_the_draft_does_not_pay_with_probes():
-    chooser, stats = _measured(accept=0.1, base_s=1.0, per_token_s=0.3)
-    picks = []
-    for _ in range(3 * (PROBE_EVERY + 1)):
-        picks.append(chooser.next(stats))
-        chooser.observe(picks[-1], 1.0 + 0.3 * picks[-1])
-        stats.record_step(picks[-1], 0)
+    chooser = CostAwareGamma(4)
+    _run(chooser, 30, accept=0.1, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    picks = _run(chooser, 3 * (PROBE_EVERY + 1), accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1), seed=1)
     assert picks.count(1) == 3 and set(picks) == {0, 1}  # a one-token probe after PROBE_EVERY plain steps
 
 
 def test_long_proposals_when_the_draft_agrees_and_is_cheap():
-    chooser, stats = _measured(accept=0.95, base_s=1.0, per_token_s=0.02)
-    assert chooser.next(stats) == 4
+    chooser = CostAwareGamma(4)
+    _run(chooser, 30, accept=0.95, draft_s=0.02, verify_s=_linear(1.0, 0.02))
+    assert chooser.next() == 4
 
 
 def test_costlier_drafts_get_shorter_proposals():
-    cheap = _measured(accept=0.6, base_s=1.0, per_token_s=0.02)
-    costly = _measured(accept=0.6, base_s=1.0, per_token_s=0.25)
-    assert 0 < costly[0].next(costly[1]) < cheap[0].next(cheap[1])
+    cheap, costly = CostAwareGamma(4), CostAwareGamma(4)
+    _run(cheap, 40, accept=0.6, draft_s=0.02, verify_s=_linear(1.0, 0.02))
+    _run(costly, 40, accept=0.6, draft_s=0.25, verify_s=_linear(1.0, 0.02))
+    assert 0 < costly.next() < cheap.next()
 
 
-def test_the_cost_line_follows_the_recent_load():
-    """Timings from a slower period fade: the line tracks what steps cost now."""
+def test_a_verify_cost_that_is_flat_after_one_row_gets_long_proposals():
+    """The fast path's shape: a second row costs most of what four do. A line through
+    (rows, seconds) would charge every extra token the second row's price and stop short."""
+    flat = lambda rows: 1.0 if rows == 1 else 1.2  # noqa: E731
+    chooser = CostAwareGamma(4)
+    picks = _run(chooser, 60, accept=0.55, draft_s=0.03, verify_s=flat)
+    assert chooser.next() == 4 and picks[-20:].count(4) >= 16
+    steep = CostAwareGamma(4)  # the same draft where every row costs as much as the second
+    _run(steep, 60, accept=0.55, draft_s=0.03, verify_s=_linear(1.0, 0.2))
+    assert steep.next() < 4
+
+
+def test_an_early_stopping_drafter_is_priced_at_what_it_drafts():
+    chooser = CostAwareGamma(4)
+    _run(chooser, 60, accept=0.6, draft_s=0.1, verify_s=_linear(1.0, 0.05), stop=0.7)
+    tokens, drafted = chooser.expected(4)
+    assert drafted < 2.0  # stops after the first token 70% of the time: about 1.4 drafted, not 4
+    assert 1.0 < tokens < 1 + drafted
+
+
+def test_the_verify_table_follows_the_recent_load():
+    """Timings from a slower period fade: the table tracks what steps cost now."""
     chooser = CostAwareGamma(4)
     for i in range(90):
         k = i % 3
-        chooser.observe(k, (3.0 if i < 30 else 1.0) + 0.1 * k)
-    base, per_token = chooser.cost_line()
-    assert base == pytest.approx(1.0, abs=0.15) and per_token == pytest.approx(0.1, abs=0.05)  # the slow period: 3.0
+        chooser.observe(k, k, 0, 0.01 * k, (3.0 if i < 30 else 1.0) + 0.1 * k)
+    assert chooser.verify_cost(1) == pytest.approx(1.0, abs=0.05)  # the slow period: 3.0
+    assert chooser.verify_cost(3) == pytest.approx(1.2, abs=0.05)
 
 
 def test_parse():
@@ -87,12 +120,12 @@ def scripted(monkeypatch):
         def __init__(self, max_gamma):
             self.max_gamma = max_gamma
 
-        def next(self, stats):
+        def next(self):
             g = 1 if not steps else 0 if steps[-1][2] < steps[-1][1] else min(2, self.max_gamma)
             steps.append([g, None, None])
             return g
 
-        def observe(self, rows, verify_s):
+        def observe(self, cap, drafted, accepted, draft_s, verify_s):
             pass
 
     record_step = DecodeStats.record_step

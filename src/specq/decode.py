@@ -62,7 +62,7 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
     started = time.perf_counter()
     while stop is None:
         # 1. Propose: never draft past the token budget.
-        g = min(chooser.next(stats) if chooser else gamma, max_new_tokens - len(generated) - 1)
+        g = min(chooser.next() if chooser else gamma, max_new_tokens - len(generated) - 1)
         t0 = time.perf_counter()
         proposal = drafter.propose(seq, g, sampling, generator) if g > 0 else EMPTY
         t1 = time.perf_counter()
@@ -79,7 +79,7 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
         stats.verify_s += t2 - t1
         stats.record_step(len(proposal.tokens), n)
         if chooser:
-            chooser.observe(len(proposal.tokens), t2 - t0)
+            chooser.observe(g, len(proposal.tokens), n, t1 - t0, t2 - t1)
 
         # 3. Accept n draft tokens plus the target's own next token; roll both caches back.
         new = proposal.tokens[:n].tolist() + [next_token]

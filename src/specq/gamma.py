@@ -3,35 +3,41 @@
 A fixed gamma pays only where the draft agrees with the target often enough for its cost. That
 depends on the pair, the target's precision (a packed int4 target steps faster, so the same draft
 costs relatively more), the text and the machine. `CostAwareGamma` picks, before every step, the
-length g in 0..max_gamma with the most expected tokens per second:
+cap g in 0..max_gamma on the proposal length with the most expected tokens per second:
 
-    E(g) / (base + per_token * g),   E(g) = 1 + sum_{i<=g} prod_{j<=i} a_j
+    tokens(g) / (draft_s * drafted(g) + verify_s(1 + drafted(g)))
 
-- a_j: this run's conditional acceptance at draft position j, with a prior of 1/2 so an unseen
-  position is neither trusted nor written off.
-- base, per_token: a least-squares line through (tokens drafted, step seconds) of the steps so
-  far, recent steps weighted most (the machine's load drifts). per_token holds a draft forward
-  and one more verify row; one line over all steps is far steadier than per-length averages.
-- g = 0 is plain decoding. The line needs steps of two lengths, so the run starts with a plain
-  step and a full proposal, and when the last PROBE_EVERY steps all drafted the same number of
-  tokens the next one drafts another (one token while plain decoding wins: a stretch the draft
-  predicts well, code or a repeated phrase, is noticed).
+- tokens(g) = 1 + sum_{j<g} R_j, with R_j the share of steps allowed past position j whose
+  proposal had more than j tokens accepted; drafted(g) = sum_{j<g} D_j, with D_j the share that
+  drafted more than j tokens. Both count what happened under a cap, so a drafter that stops early
+  on low confidence (`--draft-confidence`) is priced at what it really drafts, and the tie
+  between its confidence and acceptance is in the data. A position not yet seen is estimated as
+  half the one before (neither trusted nor written off).
+- draft_s: seconds per draft forward; verify_s(n): seconds of an n-row verify pass, per row count,
+  interpolated between the counts seen. Verify cost is not a line in n on the fast path (one
+  extra row costs most of what four do), so each count is timed on its own. Timings are
+  recency-weighted: the machine's load drifts.
+- g = 0 is plain decoding. The run starts with a plain step and a full proposal, so both ends of
+  the verify table are timed; when the last PROBE_EVERY steps all had the same cap, the next one
+  tries one token more (one token while plain decoding wins: a stretch the draft predicts well,
+  code or a repeated phrase, is noticed).
 
 Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from .errors import SpecqError
-from .stats import DecodeStats
 
 AUTO = "auto"
 AUTO_MAX_GAMMA = 4  # the longest proposal "auto" considers
 MAX_GAMMA = 64  # the longest fixed proposal
 PROBE_EVERY = 8
-DECAY = 0.95  # weight of a step's timing per newer step: about the last 20 steps count
+RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about the last 10 count)
+COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
 
 
 def parse(gamma: int | str) -> tuple[int, bool]:
@@ -50,46 +56,70 @@ def sort_key(gamma: int | str | None) -> tuple[bool, int]:
     return gamma == AUTO, gamma if isinstance(gamma, int) else 0
 
 
+def _recent_mean(old: float | None, new: float) -> float:
+    return new if old is None else (1 - RECENT) * old + RECENT * new
+
+
 class CostAwareGamma:
     def __init__(self, max_gamma: int = AUTO_MAX_GAMMA):
         self.max_gamma = max_gamma
-        self.lengths: set[int] = set()  # draft lengths timed so far
-        self.recent: deque[int] = deque(maxlen=PROBE_EVERY)
-        # recency-weighted sums over steps of 1, k, s, k*k, k*s (k tokens drafted, s seconds)
-        self.w = self.wk = self.ws = self.wkk = self.wks = 0.0
+        self.recent_caps: deque[int] = deque(maxlen=PROBE_EVERY)
+        # per position j, recency-weighted counts over steps whose cap passed j
+        self.allowed = [0.0] * max_gamma
+        self.drafted_past = [0.0] * max_gamma  # ... that drafted more than j tokens
+        self.accepted_past = [0.0] * max_gamma  # ... that had more than j accepted
+        self.draft_s: float | None = None  # one draft forward
+        self.verify_s: dict[int, float] = {}  # rows -> one verify pass
 
-    def next(self, stats: DecodeStats) -> int:
-        """The draft length for the next step."""
-        line = self.cost_line()
-        if line is None:  # plain first, then a full proposal: two points for the line
-            return 0 if not self.lengths else self.max_gamma
-        base, per_token = line
-        g = max(range(self.max_gamma + 1), key=lambda g: self.expected_tokens(stats, g) / (base + per_token * g))
-        if len(self.recent) == PROBE_EVERY and len(set(self.recent)) == 1:  # one length lately: inform the line
-            return 1 if g == 0 else 0
-        return g
+    def next(self) -> int:
+        """The cap on the next step's proposal length."""
+        if not self.verify_s:
+            return 0
+        if self.draft_s is None:
+            return self.max_gamma
+        best = max(range(self.max_gamma + 1), key=self.tokens_per_second)
+        if len(self.recent_caps) == PROBE_EVERY and len(set(self.recent_caps)) == 1 and best < self.max_gamma:
+            return best + 1  # one cap lately: learn what one more token would bring
+        return best
 
-    def observe(self, drafted: int, seconds: float) -> None:
-        """Record one step: how many tokens it drafted and what drafting plus verifying took."""
-        self.lengths.add(drafted)
-        self.recent.append(drafted)
-        k, s, d = drafted, seconds, DECAY
-        self.w, self.wk, self.ws = d * self.w + 1, d * self.wk + k, d * self.ws + s
-        self.wkk, self.wks = d * self.wkk + k * k, d * self.wks + k * s
+    def observe(self, cap: int, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """Record one step: its cap, how many tokens it drafted and had accepted, and the seconds
+        drafting and verifying took."""
+        self.recent_caps.append(cap)
+        for j in range(self.max_gamma):
+            self.allowed[j] *= COUNT_DECAY
+            self.drafted_past[j] *= COUNT_DECAY
+            self.accepted_past[j] *= COUNT_DECAY
+        for j in range(min(cap, self.max_gamma)):
+            self.allowed[j] += 1
+            self.drafted_past[j] += drafted > j
+            self.accepted_past[j] += accepted > j
+        if drafted:
+            self.draft_s = _recent_mean(self.draft_s, draft_s / drafted)
+        self.verify_s[drafted + 1] = _recent_mean(self.verify_s.get(drafted + 1), verify_s)
 
-    def cost_line(self) -> tuple[float, float] | None:
-        """(base, per_token) seconds by weighted least squares, or None until two different
-        lengths have been timed."""
-        if len(self.lengths) < 2:
-            return None
-        mean_k, mean_s = self.wk / self.w, self.ws / self.w
-        var, cov = self.wkk - self.wk * mean_k, self.wks - self.wk * mean_s
-        per_token = max(0.0, cov / var) if var > 1e-12 else 0.0
-        return max(mean_s - per_token * mean_k, 1e-9), per_token
+    def tokens_per_second(self, g: int) -> float:
+        tokens, drafted = self.expected(g)
+        return tokens / ((self.draft_s or 0.0) * drafted + self.verify_cost(1 + drafted))
 
-    def expected_tokens(self, stats: DecodeStats, g: int) -> float:
-        expected, reach = 1.0, 1.0
-        for j in range(g):
-            reach *= (stats.accepted_at[j] + 1) / (stats.reached_at[j] + 2)
-            expected += reach
-        return expected
+    def expected(self, g: int) -> tuple[float, float]:
+        """(tokens emitted, tokens drafted) expected of a step with cap g."""
+        tokens, drafted, accept, draft = 1.0, 0.0, 1.0, 1.0
+        for j in range(g):  # an unseen position: half the one before (one pseudo-step)
+            accept = (self.accepted_past[j] + accept / 2) / (self.allowed[j] + 1)
+            draft = (self.drafted_past[j] + draft / 2) / (self.allowed[j] + 1)
+            tokens, drafted = tokens + accept, drafted + draft
+        return tokens, drafted
+
+    def verify_cost(self, rows: float) -> float:
+        """Seconds of a verify pass of `rows` rows: linear between the row counts timed, the
+        nearest one's beyond them."""
+        counts = sorted(self.verify_s)
+        i = bisect.bisect_left(counts, rows)
+        if i == 0:
+            return self.verify_s[counts[0]]
+        if i == len(counts):
+            return self.verify_s[counts[-1]]
+        lo, hi = counts[i - 1], counts[i]
+        share = (rows - lo) / (hi - lo)
+        return (1 - share) * self.verify_s[lo] + share * self.verify_s[hi]
