@@ -75,15 +75,20 @@ class _Scripted:
     def __init__(self, expected: list[int], vocab: int):
         self.expected, self.vocab = expected, vocab
 
+    needs_target_features = False
+
     def start(self, prompt, capacity, features=None):
         self.offset = len(prompt)
+
+    def nodes(self, gamma):
+        return gamma
 
     def propose(self, seq, gamma, sampling, generator):
         truth = self.expected[len(seq) - self.offset:][:gamma]
         tokens = truth[:2] + [(t + 1) % self.vocab for t in truth[2:]]
-        return Proposal(torch.tensor(tokens, dtype=torch.long), None)
+        return Proposal.chain(torch.tensor(tokens, dtype=torch.long))
 
-    def rollback(self, length, features=None):
+    def rollback(self, length, features, path):
         pass
 
 

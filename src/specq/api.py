@@ -15,7 +15,7 @@ import torch
 
 from . import checks
 from .decode import decode
-from .drafters import for_pair
+from .drafters import TreeShape, for_pair
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
@@ -114,10 +114,10 @@ def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
     return list(ids)
 
 
-def check_context(target: Model, gamma: int, max_new_tokens: int, prompt_len: int) -> None:
+def check_context(target: Model, proposal_nodes: int, max_new_tokens: int, prompt_len: int) -> None:
     """Prompt, new tokens and one proposal fit in the target's context."""
     limit = getattr(target.net.config, "max_position_embeddings", None)
-    if limit and prompt_len + max_new_tokens + gamma + 1 > limit:
+    if limit and prompt_len + max_new_tokens + proposal_nodes + 1 > limit:
         raise SpecqError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"the target's context of {limit} tokens")
 
@@ -125,18 +125,23 @@ def check_context(target: Model, gamma: int, max_new_tokens: int, prompt_len: in
 def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int | str = DEFAULT_GAMMA,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
-             ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None) -> Generation:
+             ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
+             tree: TreeShape | None = None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling.
-    gamma "auto" chooses each step's draft length from this run's measured costs (up to 4)."""
+    gamma "auto" chooses each step's draft length from this run's measured costs (up to 4).
+    `tree`: the draft proposes dynamic token trees of that shape; a fixed gamma is then the tree's
+    depth, and "auto" chooses each step's depth up to it."""
     check_target(target)
     (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k, top_p, seed, stop,
                                                       draft_confidence)
     prompt_ids = token_ids(target, prompt) if isinstance(prompt, list) else encode_prompt(target, prompt, chat)
+    if tree is not None:
+        gamma = min(gamma, tree.depth) if adaptive else tree.depth
     if draft is not None:
         check_compatible(draft, target)
-        drafter = drafter or for_pair(draft, target, draft_confidence)
-    check_context(target, gamma if drafter is not None else 0, max_new_tokens, len(prompt_ids))
+        drafter = drafter or for_pair(draft, target, draft_confidence, tree)
+    check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                                 max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                                 generator=torch.Generator().manual_seed(seed))

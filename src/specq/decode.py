@@ -1,10 +1,11 @@
 """The decoding loop: propose -> verify in one target pass -> accept -> roll back.
 
 Plain decoding is the same loop with no drafter (gamma 0): one target pass per token. The loop
-knows nothing about which drafter or quantization it runs with.
+knows nothing about which drafter or quantization it runs with, nor whether it proposes a chain
+or a token tree: a chain is a tree whose nodes each have one child.
 
 Cache invariant: the target's KV cache holds every token of `seq` except the last one, which is
-fed (with the draft tokens after it) to the next verify pass.
+fed (as the root, with the draft nodes after it) to the next verify pass.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 from .drafters.base import DEFAULT_GAMMA, EMPTY
 from .gamma import CostAwareGamma
 from .models import Model
-from .sampling import SamplingConfig, probabilities, sample, verify_greedy, verify_sampling
+from .acceptance import accept_greedy, accept_sampling, depths, is_chain, tree_mask
+from .sampling import SamplingConfig, probabilities, sample
 from .stats import DecodeStats
 from .stopping import StopChecker
 
@@ -36,16 +38,21 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
     stats = DecodeStats(gamma=gamma, prompt_tokens=len(prompt_ids))
     eos_ids = frozenset() if ignore_eos else target.eos_ids
     stopper = StopChecker(target.tokenizer, eos_ids, stop_strings, max_new_tokens)
-    capacity = len(prompt_ids) + max_new_tokens + gamma + 1
+    capacity = len(prompt_ids) + max_new_tokens + (drafter.nodes(gamma) if drafter is not None else 0) + 1
 
     cache = target.net.new_cache(capacity)
     wants_features = getattr(drafter, "needs_target_features", False)
 
-    def target_pass(ids, last_only=False):
-        """(logits, the target's hidden states if the drafter reads them, else None)."""
+    def target_pass(ids, last_only=False, parents=None):
+        """(logits, the target's hidden states if the drafter reads them, else None). `parents`:
+        the draft nodes after the root ids[0] form a tree, not a chain."""
+        tree = {}
+        if parents is not None:
+            tree = {"positions": cache.length + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)]),
+                    "mask": tree_mask(parents)}
         if wants_features:
-            return target.net(ids, cache, last_only=last_only, return_hidden=True)
-        return target.net(ids, cache, last_only=last_only), None
+            return target.net(ids, cache, last_only=last_only, return_hidden=True, **tree)
+        return target.net(ids, cache, last_only=last_only, **tree), None
 
     # Prefill both models; the target's last logits give the first new token.
     started = time.perf_counter()
@@ -67,27 +74,30 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
         proposal = drafter.propose(seq, g, sampling, generator) if g > 0 else EMPTY
         t1 = time.perf_counter()
 
-        # 2. Verify: one target pass over the last token and the g draft tokens.
-        logits, features = target_pass(torch.cat([torch.tensor(seq[-1:]), proposal.tokens]))
+        # 2. Verify: one target pass over the last token (the root) and every draft node.
+        tokens, parents = proposal.tokens, proposal.parents
+        ids = torch.cat([torch.tensor(seq[-1:]), tokens])
+        logits, features = target_pass(ids, parents=None if is_chain(parents) else parents)
         if sampling.greedy:
-            n, next_token = verify_greedy(proposal.tokens, logits)
+            path, next_token = accept_greedy(tokens, parents, logits)
         else:
-            p = probabilities(logits, sampling)
-            n, next_token = verify_sampling(proposal.tokens, proposal.probs, p, generator)
+            path, next_token = accept_sampling(tokens, parents, proposal.probs, probabilities(logits, sampling),
+                                               generator)
         t2 = time.perf_counter()
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
-        stats.record_step(len(proposal.tokens), n)
+        stats.record_step(len(tokens), len(path), int(depths(parents).max()) if len(tokens) else 0)
         if chooser:
-            chooser.observe(g, len(proposal.tokens), n, t1 - t0, t2 - t1)
+            chooser.observe(g, len(tokens), len(path), t1 - t0, t2 - t1)
 
-        # 3. Accept n draft tokens plus the target's own next token; roll both caches back.
-        new = proposal.tokens[:n].tolist() + [next_token]
-        cache.crop(len(seq) + n)
+        # 3. Accept the path plus the target's own next token; keep only their rows in the caches.
+        rows = torch.tensor([0] + [node + 1 for node in path])
+        new = tokens[path].tolist() + [next_token]
+        cache.keep(len(seq) - 1, rows)
         seq += new
         generated += new
         if drafter is not None:
-            drafter.rollback(len(seq) - 1, None if features is None else features[:n + 1])
+            drafter.rollback(len(seq) - 1, None if features is None else features[rows], path)
         stop = stopper.first_stop(generated, len(generated) - len(new))
 
     keep, reason = stop
