@@ -6,12 +6,13 @@ import random
 
 import pytest
 import torch
+from torch import Tensor
 from scipy.stats import chisquare
 
 from specq import acceptance
 from specq.acceptance import (accept_greedy, accept_sampling, chain_parents, depths, is_chain,
                               tree_mask)
-from specq.sampling import verify_greedy, verify_sampling
+from specq.sampling import acceptance_probability, residual, sample
 
 V = 4  # small, so each of the V ** LENGTH emitted sequences is expected often enough to test
 LENGTH = 3  # emitted tokens compared: one more than the trees below are deep
@@ -300,3 +301,31 @@ def test_distribution_check_rejects_a_wrong_kernel(name, bug, monkeypatch):
     assert min(p_values) < 1e-6
     if bug == "parent rows":
         assert p_values[0] > 1e-3  # the first token is still right
+
+
+# ----- the chain kernel as it stood before trees (sampling.py, session 7), kept as an independent
+# reference for the chain case
+
+
+def verify_greedy(draft_tokens: Tensor, target_logits: Tensor) -> tuple[int, int]:
+    """draft_tokens [g], target_logits [g+1, V] -> (accepted count, next token)."""
+    best = target_logits.argmax(dim=-1)
+    g = draft_tokens.shape[0]
+    n = int((draft_tokens == best[:g]).int().cumprod(0).sum()) if g else 0
+    return n, int(best[n])
+
+
+def verify_sampling(draft_tokens: Tensor, q: Tensor, p: Tensor,
+                    generator: torch.Generator) -> tuple[int, int]:
+    """draft_tokens [g] drawn from q [g, V]; target p [g+1, V] -> (accepted count, next token)."""
+    g = draft_tokens.shape[0]
+    if g:
+        rows = torch.arange(g)
+        accept_p = acceptance_probability(p[rows, draft_tokens], q[rows, draft_tokens])
+        u = torch.rand(g, generator=generator)
+        n = int((u < accept_p).int().cumprod(0).sum())
+    else:
+        n = 0
+    if n == g:
+        return n, int(sample(p[g], generator))
+    return n, int(sample(residual(p[n], q[n]), generator))

@@ -21,10 +21,12 @@ from torch import Tensor, nn
 MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
 # Fused attention over n query rows rounds differently from n one-row calls, and the bf16 casts in
 # front of packed int4/int8 kernels can amplify that into a flipped greedy token. Verify passes of
-# up to this many tokens (gamma <= 15) therefore attend row by row, exactly like decode steps.
+# up to this many rows (gamma 64, the longest, plus the root; trees of up to 64 nodes) therefore
+# attend row by row, each row over exactly the keys of its own path, like a decode step.
 # Their logits are then bit-identical to one-token steps wherever every matmul is row-invariant:
 # the packed int8/int4 kernels and oneDNN's packed GEMM (the fast path), not MKL's fp32 sgemm
-# (tests/test_fastpath.py reports the differences). Longer verify passes use fused attention.
+# (tests/test_fastpath.py reports the differences). A prefill (an empty cache) and longer passes
+# use fused attention.
 ROW_BY_ROW_MAX = 65
 
 
@@ -211,7 +213,7 @@ class Attention(nn.Module):
             cache.k[layer, :, :, start:end] = k
             cache.v[layer, :, :, start:end] = v
             keys, values = cache.k[layer], cache.v[layer]
-            if (n == 1 and seen.rows is None) or n > ROW_BY_ROW_MAX:
+            if (n == 1 and seen.rows is None) or n > ROW_BY_ROW_MAX or start == 0:  # a step, or a prefill
                 out = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
                                                      enable_gqa=True)
             elif seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it

@@ -37,6 +37,10 @@ class TreeShape:
                 raise ValueError(f"tree {name} must be at least 1, got {getattr(self, name)}")
 
 
+# A shape for the 2-core CPU this project measures on, where a verify pass costs about a step up to a
+# few rows (docs/fastpath.md); `--tree N` sets the size.
+DEFAULT_TREE = TreeShape(size=16, depth=4, topk=4)
+
 # Expand: (tokens [k] of the nodes to feed, their parents' fed rows [k] (-1: the root), depths [k],
 # mask [k, fed + k] over the rows fed so far and these) -> the draft's log-probabilities [k, V]
 # for each node's children. The drafter keeps the fed rows (its tree cache) until rollback.
