@@ -8,6 +8,7 @@ from specq import generate
 from specq.acceptance import depths, tree_mask
 from specq.drafters import TreeShape, for_pair
 from specq.drafters.tree import grow
+from specq.fastpath import pack_linears
 
 from conftest import perturbed, tiny_model
 from test_decode import _exact_sequence_distribution
@@ -16,10 +17,12 @@ from test_feature_draft import _feature_model
 SHAPES = [TreeShape(1, 1, 1), TreeShape(4, 2, 2), TreeShape(8, 3, 3), TreeShape(16, 4, 4), TreeShape(64, 6, 8)]
 
 
+@torch.inference_mode()
 def test_a_tree_pass_gives_each_node_the_logits_of_its_own_path():
-    """Every verify row of a tree equals the last row of a plain pass over the node's own path:
-    bit for bit (each row attends exactly to its path's keys, as a one-token step would)."""
+    """On the fast path every verify row of a tree equals the one-token step at the end of the
+    node's own path, bit for bit (each row attends exactly to its path's keys)."""
     target = tiny_model(vocab=32, scale=3.0, seed=4)
+    assert pack_linears(target.net) > 0
     prompt = torch.tensor([1, 2, 3, 4])
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, -1])
     tokens = torch.tensor([5, 6, 7, 8, 9, 10, 11])
@@ -108,7 +111,8 @@ def test_sampling_distribution_with_trees(kind):
     first three new tokens: chi-square, deterministic seeds; rejections of a first child happen."""
     prompt = [1, 2]
     target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
-    draft = tiny_model(vocab=5, hidden=16, scale=1.5, seed=12) if kind == "sequence" else _feature_model(target)
+    draft = (tiny_model(vocab=5, hidden=16, scale=1.5, seed=12) if kind == "sequence"
+             else _feature_model(target, vocab_ids=list(range(5))))
     exact = _exact_sequence_distribution(target, prompt, 3, _sampling(1.0))
     runs, counts, rejected = 2000, dict.fromkeys(exact, 0), 0
     shape = TreeShape(6, 2, 2)
