@@ -130,10 +130,10 @@ def scripted(monkeypatch):
 
     record_step = DecodeStats.record_step
 
-    def record(self, drafted, accepted):
+    def record(self, drafted, accepted, depth=None):
         if steps and steps[-1][1] is None:  # a step the chooser chose (plain runs have none)
             steps[-1][1:] = [drafted, accepted]
-        record_step(self, drafted, accepted)
+        record_step(self, drafted, accepted, depth)
 
     monkeypatch.setattr(decode_module, "CostAwareGamma", Chooser)
     monkeypatch.setattr(DecodeStats, "record_step", record)
