@@ -20,7 +20,8 @@ def draft_label(row: dict) -> str:
             "smollm2-135m-feature": "feature", "smollm2-135m-feature-draft": "feature",
             "draft-s4": "feature, stage 4"}.get(name, name)
     stop = f", stop {row['draft_confidence']}" if row.get("draft_confidence") else ""  # early-stop threshold
-    return f"{kind} @{row['draft_precision']}{stop}"
+    tree = f", tree {row['tree']} k{row['tree_topk']}" if row.get("tree") else ""  # a token tree: gamma is its depth
+    return f"{kind} @{row['draft_precision']}{stop}{tree}"
 
 
 def cell(ci, with_ci: bool = False) -> str:

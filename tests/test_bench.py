@@ -422,4 +422,6 @@ def test_bench_and_generate_share_the_default_gamma():
     from specq.bench.config import BenchConfig
     from specq.cli import _decode_gamma, build_parser
 
-    assert BenchConfig().gamma == [_decode_gamma(build_parser().parse_args(["generate", "hi"]))]
+    args = build_parser().parse_args(["generate", "hi"])
+    assert BenchConfig().gamma == [_decode_gamma(args)]  # an unset --gamma is resolved after parsing (--tree)
+    assert BenchConfig().tree_topk == [args.tree_topk]

@@ -165,6 +165,7 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
             later = {c.target for c in pending[i:]} | {c.draft for c in pending[i:] if c.draft}
             pool.keep_only(later)  # free models no later cell needs
             label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
+            label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
             bar.update(task, description=f"{label} {cell.set} n={cell.max_new_tokens}")
             record = _run_cell(cell, prompt_sets[cell.set], pool, generate, warmed,
                                lambda: bar.advance(task))
@@ -192,12 +193,15 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos, target.eos_ids,
                                cell.draft_confidence or 0.0)
     else:
+        shape = cell.tree_shape()  # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
+        tree = {"tree": shape} if shape else {}
+
         def one(prompt_ids: list[int], n: int, alone: bool = False):
             return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1, max_new_tokens=n,
                             temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos,
-                            draft_confidence=cell.draft_confidence or 0.0)
+                            draft_confidence=cell.draft_confidence or 0.0, **({} if alone else tree))
 
-    pair = (cell.kind, cell.target, cell.draft, cell.threads)
+    pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))  # a tree's first pass warms up too
     if pair not in warmed:  # first calls pay for allocation and lazy init: never time them
         one(ids[0], min(WARMUP_TOKENS, cell.max_new_tokens))
         warmed.add(pair)
