@@ -191,3 +191,16 @@ def test_compiled_static_path_stays_lossless():
     for gamma in (3, 4):
         assert generate(target, [1, 2, 3], draft, gamma=gamma, max_new_tokens=30).token_ids == base.token_ids
     assert generate(target, [1, 2, 3], max_new_tokens=30).token_ids == base.token_ids
+
+
+def test_on_tokens_streams_exactly_the_output_and_can_cancel():
+    target = tiny_model(scale=3.0)
+    draft = perturbed(target, 0.1)
+    chunks = []
+    out = generate(target, [1, 2, 3], draft, max_new_tokens=30, stop=None, on_tokens=lambda ids: chunks.append(ids) or True)
+    assert [t for c in chunks for t in c] == out.token_ids and len(chunks) > 1
+    assert any(len(c) > 1 for c in chunks)  # speculative steps stream several tokens at once
+    calls = []
+    cut = generate(target, [1, 2, 3], draft, max_new_tokens=30, on_tokens=lambda ids: calls.append(ids) and False)
+    assert cut.finish_reason == "cancelled" and cut.token_ids == calls[0] == out.token_ids[:len(calls[0])]
+    assert len(calls) == 1 and len(cut.token_ids) < len(out.token_ids)

@@ -32,7 +32,7 @@ class Generation:
     text: str
     token_ids: list[int]  # new tokens only (the stop token included)
     prompt_ids: list[int]
-    finish_reason: str  # 'eos' | 'stop' | 'length'
+    finish_reason: str  # 'eos' | 'stop' | 'length' | 'cancelled' (on_tokens returned False)
     stats: DecodeStats
     target: str
     draft: str | None
@@ -126,12 +126,13 @@ def generate(target: Model, prompt: str | list[int], draft: Model | None = None,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
              ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
-             tree: TreeShape | None = None) -> Generation:
+             tree: TreeShape | None = None, on_tokens=None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling.
     gamma "auto" chooses each step's draft length from this run's measured costs (up to 4).
     `tree`: the draft proposes dynamic token trees of that shape; a fixed gamma is then the tree's
-    depth, and "auto" chooses each step's depth up to it."""
+    depth, and "auto" chooses each step's depth up to it. `on_tokens`: called with each step's new
+    token ids (streaming); returning False stops the run (finish reason 'cancelled')."""
     check_target(target)
     (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k, top_p, seed, stop,
                                                       draft_confidence)
@@ -144,7 +145,7 @@ def generate(target: Model, prompt: str | list[int], draft: Model | None = None,
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                                 max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
-                                generator=torch.Generator().manual_seed(seed))
+                                generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens)
     text = target.tokenizer.decode(ids, skip_special_tokens=True)
     if reason == "stop":
         text = trim_at_stop(text, stop)

@@ -11,6 +11,7 @@ fed (as the root, with the draft nodes after it) to the next verify pass.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -27,11 +28,14 @@ from .stopping import StopChecker
 def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = DEFAULT_GAMMA,
            adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
            stop_strings: list[str] | None = None, ignore_eos: bool = False,
-           generator: torch.Generator | None = None) -> tuple[list[int], str, DecodeStats]:
+           generator: torch.Generator | None = None,
+           on_tokens: Callable[[list[int]], bool] | None = None) -> tuple[list[int], str, DecodeStats]:
     """Generate from `target`, speculatively when a drafter is given.
-    Returns (new token ids, finish reason 'eos' | 'stop' | 'length', stats). `adaptive`: gamma is
+    Returns (new token ids, finish reason 'eos' | 'stop' | 'length' | 'cancelled', stats). `adaptive`: gamma is
     the longest proposal and each step's length is chosen from measured costs (`gamma.py`).
-    `ignore_eos` runs to max_new_tokens (as in vLLM), for benchmarks at a fixed output length."""
+    `ignore_eos` runs to max_new_tokens (as in vLLM), for benchmarks at a fixed output length.
+    `on_tokens` (streaming) gets each step's new tokens, up to a stop; returning False ends the
+    run with reason 'cancelled' (a client that went away)."""
     generator = generator or torch.Generator().manual_seed(0)
     gamma = gamma if drafter is not None else 0
     chooser = CostAwareGamma(gamma) if adaptive and gamma else None
@@ -66,6 +70,18 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
     seq = list(prompt_ids) + [first]
     generated = [first]
     stop = stopper.first_stop(generated, 0)
+    sent = 0  # tokens passed to on_tokens
+
+    def stream() -> tuple[int, str] | None:
+        nonlocal sent
+        upto = len(generated) if stop is None else stop[0]
+        if on_tokens is None or upto == sent:
+            return stop
+        keep_going = on_tokens(generated[sent:upto])
+        sent = upto
+        return stop if keep_going or stop is not None else (upto, "cancelled")
+
+    stop = stream()
     started = time.perf_counter()
     while stop is None:
         # 1. Propose: never draft past the token budget.
@@ -99,6 +115,7 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
         if drafter is not None:
             drafter.rollback(len(seq) - 1, None if features is None else features[rows], path)
         stop = stopper.first_stop(generated, len(generated) - len(new))
+        stop = stream()
 
     keep, reason = stop
     stats.decode_s = time.perf_counter() - started
