@@ -22,7 +22,11 @@ def test_registry_picks_the_shipped_drafts():
     assert registry.select(shipped, "smollm2-135m", "fp32")[0].name == "smollm2-135m-feature-draft"
     assert registry.select(shipped, "smollm2-135m", "int8")[0].name == "smollm2-135m-feature-draft"  # nearest
     assert registry.select(shipped, "smollm2-135m", "fp32", quantizable=True)[0].name == "smollm2-135m-draft"
-    assert registry.select(shipped, "smollm2-135m", "int4-g64-rtn")[0].name == "smollm2-135m-draft-int4-g64-rtn"
+    # int4: the feature draft measured better than the int4-calibrated sequence draft (docs/fastpath.md)
+    assert registry.select(shipped, "smollm2-135m", "int4-g64-rtn")[0].name == "smollm2-135m-feature-draft"
+    assert registry.select(shipped, "smollm2-135m", "int2-g32-gptq")[0].name == "smollm2-135m-feature-draft"
+    assert (registry.select(shipped, "smollm2-135m", "int4-g64-rtn", quantizable=True)[0].name
+            == "smollm2-135m-draft-int4-g64-rtn")
 
 
 def test_shipped_drafts_are_chosen_by_their_builtin_names(tmp_path, monkeypatch):
@@ -31,7 +35,7 @@ def test_shipped_drafts_are_chosen_by_their_builtin_names(tmp_path, monkeypatch)
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))  # no user-calibrated drafts
     assert select_draft("smollm2-135m")[0] == "smollm2-135m-feature-draft"
-    assert select_draft("smollm2-135m@int4-g64-rtn")[0] == "smollm2-135m-draft-int4-g64-rtn"
+    assert select_draft("smollm2-135m@int4-g64-rtn")[0] == "smollm2-135m-feature-draft"
 
 
 def test_builtin_target_answers(real_target):
