@@ -248,3 +248,12 @@ def test_a_drafter_that_cannot_grow_trees_fails_its_cell_in_one_line(pair, tmp_p
     assert "token trees need a Llama-architecture draft" in str(e.value) and "\n" not in str(e.value)
     kinds = [c["cell"]["kind"] for c in store.cells(store.read(path)).values()]
     assert kinds == ["baseline", "baseline"]  # both sets' baselines ran before the tree cell
+
+
+def test_self_drafts_resolve_to_each_target_at_their_spec():
+    from specq.bench.config import BenchConfig, _drafts_for
+
+    config = BenchConfig(targets=["smollm2-135m"], drafts=["self@int8", "self@int4-g64-rtn-head8"])
+    notes = []
+    assert _drafts_for("smollm2-135m@fp32", config, lambda *a: None, notes) == [
+        "smollm2-135m@int8", "smollm2-135m@int4-g64-rtn-head8"]

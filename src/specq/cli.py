@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="the prompt text, or @FILE to read it from a file")
     g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
     g.add_argument("--draft", default=None,
-                   help="draft model ref (default: the best draft shipped for the target)")
+                   help="draft model ref (default: the best draft shipped for the target); self@SPEC: the "
+                        "target's own weights at SPEC (e.g. self@int8-head8); refs joined by commas, cheapest "
+                        "first: a hierarchy, each level verifying the ones below")
     g.add_argument("--gamma", type=_gamma, default=None,
                    help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts), "
                         "or 'auto': each step's length (0 = plain, up to 4) chosen from this run's measured "
@@ -178,7 +180,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api
-    from .models import load, select_draft
+    from .models import load, resolve_draft_ref, select_draft
     from .report import print_generation
 
     if args.threads:
@@ -194,8 +196,10 @@ def cmd_generate(args) -> int:
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
         draft_ref = None
-    draft = load(draft_ref, fast=not args.eager) if draft_ref else None
-    models = [m for m in (target, draft) if m is not None]
+    levels = [load(resolve_draft_ref(ref, args.target), fast=not args.eager) for ref in draft_ref.split(",")] \
+        if draft_ref else []
+    draft = levels if len(levels) > 1 else levels[0] if levels else None
+    models = [target, *levels]
     if args.compile:
         _compile(models, args)
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings

@@ -23,7 +23,7 @@ from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
 from ..data import user_texts
 from ..errors import SpecqError
 from ..gamma import AUTO, AUTO_MAX_GAMMA, MAX_GAMMA
-from ..models import BUILTINS, default_draft_ref, split_ref
+from ..models import BUILTINS, SELF, default_draft_ref, resolve_draft_ref, split_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
@@ -79,7 +79,8 @@ class BenchConfig:
 HELP = {
     "targets": "target model refs, optionally name@spec",
     "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, ...)",
-    "drafts": "draft model refs, or 'registry' (the adaptive choice for each target)",
+    "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the target's "
+              "own weights at SPEC), or refs joined by commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (each step's length chosen from measured "
               "costs, up to 4)"),
@@ -116,9 +117,13 @@ LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": 
 
 
 def _cross(refs: list[str], specs: list[str]) -> list[str]:
-    """Canonical refs `name@spec`: each ref at each spec (or at its own spec when none given)."""
+    """Canonical refs `name@spec`: each ref at each spec (or at its own spec when none given). A
+    hierarchy (refs joined by commas) keeps each level's own spec."""
     out = []
     for ref in refs:
+        if "," in ref:
+            out.append(",".join(f"{name}@{precision.parse(spec)}" for name, spec in map(split_ref, ref.split(","))))
+            continue
         if ref == REGISTRY:
             out += [REGISTRY if not specs else f"{REGISTRY}@{s}" for s in specs or [None]]
             continue
@@ -229,9 +234,13 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
             raise SpecqError(f"bench config '{key[:-1]}_quant': {e}") from None
     for ref in refs:
         try:
-            precision.parse(split_ref(ref)[1])
+            for level in ref.split(","):
+                precision.parse(split_ref(level)[1])
         except SpecqError as e:
             raise SpecqError(f"bench config '{key}': {e}") from None
+        if specs and "," in ref:
+            raise SpecqError(f"bench config '{key}': the hierarchy '{ref}' sets each level's precision; drop "
+                             f"'{key[:-1]}_quant'")
         if specs and "@" in ref:
             raise SpecqError(f"bench config '{key}': '{ref}' has its own @spec; drop it or drop '{key[:-1]}_quant'")
 
@@ -239,12 +248,12 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
 def check_models_exist(config: BenchConfig) -> None:
     """Local model paths exist and bare names are built-ins (hub ids are left to load), so a typo
     fails before the sweep starts rather than after its first stage."""
-    for key, refs in (("targets", config.targets), ("drafts", config.drafts)):
+    for key, refs in (("targets", config.targets), ("drafts", [level for r in config.drafts for level in r.split(",")])):
         for ref in refs:
             name = split_ref(ref)[0]
             path_like = name.startswith((".", "/", "~")) or name.endswith(".gguf")
             hub_id = "/" in name and not path_like
-            if (key == "drafts" and name == REGISTRY) or name in BUILTINS or hub_id or (
+            if (key == "drafts" and name in (REGISTRY, SELF)) or name in BUILTINS or hub_id or (
                     name and Path(name).expanduser().exists()):
                 continue
             raise SpecqError(f"bench config '{key}': model '{name}' not found (not a built-in "
@@ -360,6 +369,9 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
 def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) -> list[str]:
     out = []
     for entry in config.draft_entries():
+        if entry.split("@")[0] == SELF or "," in entry:
+            out.append(",".join(resolve_draft_ref(level, target) for level in entry.split(",")))
+            continue
         if entry.split("@")[0] != REGISTRY:
             out.append(entry)
             continue

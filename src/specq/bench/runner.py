@@ -162,7 +162,7 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
-            later = {c.target for c in pending[i:]} | {c.draft for c in pending[i:] if c.draft}
+            later = {c.target for c in pending[i:]} | {ref for c in pending[i:] if c.draft for ref in c.draft.split(",")}
             pool.keep_only(later)  # free models no later cell needs
             label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
             label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
@@ -176,11 +176,14 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
 def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set, advance) -> dict:
     torch.set_num_threads(cell.threads)
     target, target_info = pool.get(cell.target)
-    draft, draft_info = pool.get(cell.draft) if cell.draft else (None, None)
+    levels = [pool.get(ref) for ref in cell.draft.split(",")] if cell.draft else []  # a hierarchy: cheapest first
+    draft = None if not levels else levels[0][0] if len(levels) == 1 else [m for m, _ in levels]
+    draft_info = None if not levels else levels[0][1] if len(levels) == 1 else [i for _, i in levels]
     record = {"type": "cell", "key": cell.key, "cell": cell.params(), "target": target_info, "draft": draft_info,
               "threads_used": torch.get_num_threads()}
     if cell.kind == "peer":
-        reason = peer_skip_reason(target) or peer_skip_reason(draft)
+        reason = peer_skip_reason(target) or ("a draft hierarchy (transformers has no equivalent)"
+                                              if isinstance(draft, list) else peer_skip_reason(draft))
         if reason:
             for _ in range(cell.n_prompts * cell.repeats):
                 advance()
@@ -210,7 +213,7 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
         if cell.kind != "peer":
             prefill["target"].append(prefill_ms(target, prompt_ids))
             if draft is not None:
-                prefill["draft"].append(prefill_ms(draft, prompt_ids))
+                prefill["draft"].append(sum(prefill_ms(m, prompt_ids) for m, _ in levels))
         for repeat in range(cell.repeats):
             plain_first = (prompt.index + repeat) % 2 == 1  # alternate the order, so neither side is always first
             plain = one(prompt_ids, cell.max_new_tokens, alone=True) if cell.paired and plain_first else None

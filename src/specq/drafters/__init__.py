@@ -16,10 +16,12 @@ from ..feature_draft import FeatureDraft
 from ..llama import Llama
 from .base import Drafter, Proposal
 from .feature import FeatureDrafter
+from .hierarchy import HierarchicalDrafter
 from .sequence import DEFAULT_DRAFT_CONFIDENCE, SequenceDrafter
 from .tree import TreeShape
 
-__all__ = ["Drafter", "FeatureDrafter", "Proposal", "SequenceDrafter", "TreeShape", "for_pair"]
+__all__ = ["Drafter", "FeatureDrafter", "HierarchicalDrafter", "Proposal", "SequenceDrafter", "TreeShape", "for_levels",
+           "for_pair"]
 
 
 def for_pair(draft, target, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tree: TreeShape | None = None):
@@ -35,3 +37,17 @@ def for_pair(draft, target, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tr
     if tree is not None and not isinstance(draft.net, Llama):
         raise SpecqError(f"token trees need a Llama-architecture draft on specq's own module, not '{draft.ref}'")
     return SequenceDrafter(draft, target.vocab_size, min_confidence, tree)
+
+
+def for_levels(drafts: list, target, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+               tree: TreeShape | None = None):
+    """A drafter for a hierarchy of loaded drafts, cheapest first: the first proposes (a tree if
+    `tree`), each next one verifies what the levels below proposed (`hierarchy.py`). One draft is
+    just `for_pair`."""
+    drafter = for_pair(drafts[0], target, min_confidence, tree)
+    for middle in drafts[1:]:
+        if not isinstance(middle.net, Llama):
+            raise SpecqError(f"an intermediate draft level needs a Llama-architecture model on specq's own "
+                             f"module, not '{middle.ref}'")
+        drafter = HierarchicalDrafter(drafter, middle, target.vocab_size)
+    return drafter

@@ -32,6 +32,7 @@ class SequenceDrafter:
         self.tree = tree
         self.cache = None
         self.tree_start: int | None = None  # where the last tree's rows begin in the cache
+        self.base = 0  # len(seq) at the last proposal
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
         self.cache = self.net.new_cache(capacity + (self.tree.topk * self.tree.depth if self.tree else 0))
@@ -53,6 +54,7 @@ class SequenceDrafter:
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
         pending = torch.tensor(seq[self.cache.length:], dtype=torch.long)
+        self.base = len(seq)  # the proposal's first token goes to position base
         if self.tree:
             return self._tree(pending, gamma)
         tokens, dists = [], []
@@ -78,8 +80,8 @@ class SequenceDrafter:
         return grow(root, expand, self.tree, depth)
 
     def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
-        """A chain's rows are in sequence order and its accepted prefix stays; a tree's rows are
-        dropped (the accepted path is fed again with the next proposal)."""
-        keep = self.cache.length if self.tree_start is None else self.tree_start
-        self.cache.crop(min(keep, length))
+        """A chain's rows are in sequence order and the rows of its accepted tokens (`path`) stay;
+        a tree's rows are dropped (the accepted path is fed again with the next proposal)."""
+        keep = self.base + len(path) if self.tree_start is None else self.tree_start
+        self.cache.crop(min(self.cache.length, keep, length))
         self.tree_start = None

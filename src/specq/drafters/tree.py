@@ -37,9 +37,10 @@ class TreeShape:
                 raise ValueError(f"tree {name} must be at least 1, got {getattr(self, name)}")
 
 
-# A shape for the 2-core CPU this project measures on, where a verify pass costs about a step up to a
-# few rows (docs/fastpath.md); `--tree N` sets the size.
-DEFAULT_TREE = TreeShape(size=16, depth=4, topk=4)
+# The best tree measured on the 2-core CPU this project runs on (docs/trees.md): small, because a
+# verify pass there costs more with every row. Chains measured faster still and stay the default;
+# `--tree N` sets the size.
+DEFAULT_TREE = TreeShape(size=4, depth=3, topk=2)
 
 # Expand: (tokens [k] of the nodes to feed, their parents' fed rows [k] (-1: the root), depths [k],
 # mask [k, fed + k] over the rows fed so far and these) -> the draft's log-probabilities [k, V]
