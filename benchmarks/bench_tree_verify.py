@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import specq
-from specq.acceptance import depths, tree_mask
+from specq.acceptance import depths, verify_layout
 
 CONTEXT = 128
 BRANCHING = 4
@@ -34,10 +34,7 @@ def bfs_tree(nodes: int) -> torch.Tensor:
 
 
 def timed(net, ids: torch.Tensor, cache, parents: torch.Tensor | None) -> float:
-    tree = {}
-    if parents is not None:
-        tree = {"positions": cache.length + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)]),
-                "mask": tree_mask(parents)}
+    tree = {} if parents is None else verify_layout(parents, cache.length)
     started = time.perf_counter()
     net(ids, cache, **tree)
     elapsed = time.perf_counter() - started

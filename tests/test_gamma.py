@@ -42,12 +42,12 @@ def _linear(base: float, per_row: float):
     return lambda rows: base + per_row * (rows - 1)
 
 
-def test_first_a_plain_step_then_a_full_proposal():
+def test_first_a_full_proposal_then_a_plain_step():
     chooser = CostAwareGamma(3)
-    assert chooser.next() == 0
-    chooser.observe(0, 0, 0, 0.0, 1.0)
     assert chooser.next() == 3
     chooser.observe(3, 3, 1, 0.3, 1.6)
+    assert chooser.next() == 0
+    chooser.observe(0, 0, 0, 0.0, 1.0)
     assert chooser.verify_cost(1) == 1.0 and chooser.verify_cost(4) == 1.6
     assert chooser.verify_cost(2.5) == pytest.approx(1.3)  # interpolated between the counts timed
 
@@ -90,6 +90,27 @@ def test_an_early_stopping_drafter_is_priced_at_what_it_drafts():
     tokens, drafted = chooser.expected(4)
     assert drafted < 2.0  # stops after the first token 70% of the time: about 1.4 drafted, not 4
     assert 1.0 < tokens < 1 + drafted
+
+
+def test_catching_up_after_plain_steps_does_not_price_drafting_out():
+    """A drafter pays, on its first proposal after plain steps, for the tokens it missed (here
+    1 s each, a verify pass 1 s). Counting that as the cost of a draft forward locked a self-draft
+    out for good."""
+    chooser = CostAwareGamma(4)
+    rng = torch.Generator().manual_seed(0)
+    missed, caps = 0, []
+    for _ in range(80):
+        cap = chooser.next()
+        drafted = cap
+        accepted = 0
+        while accepted < drafted and torch.rand(1, generator=rng).item() < 0.8:
+            accepted += 1
+        catch_up = 1.0 * missed if drafted else 0.0
+        missed = missed + 1 if not drafted else 0
+        chooser.observe(cap, drafted, accepted, 0.1 * drafted + catch_up, 1.0 + 0.05 * drafted)
+        caps.append(cap)
+    assert caps[-20:].count(0) <= 4 and chooser.draft_s == pytest.approx(0.1)
+    assert caps[:2] == [4, 0] and caps[2:12].count(0) < 10  # drafting resumes soon after the first plain step
 
 
 def test_the_verify_table_follows_the_recent_load():

@@ -56,6 +56,13 @@ def tree_mask(parents: Tensor) -> Tensor:
     return mask
 
 
+def verify_layout(parents: Tensor, root_position: int) -> dict[str, Tensor]:
+    """The target forward's `positions` and `mask` for the root (at `root_position`) and a tree's
+    nodes: each node sits at the root's position plus its depth and sees its ancestors."""
+    return {"positions": root_position + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)]),
+            "mask": tree_mask(parents)}
+
+
 def accept_greedy(tokens: Tensor, parents: Tensor, logits: Tensor) -> tuple[list[int], int]:
     """tokens [N], parents [N], target logits [N+1, V] -> (accepted nodes from the root down,
     next token). From the root, follow the child whose token is the target's argmax at the

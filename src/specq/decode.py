@@ -15,17 +15,17 @@ from typing import Callable
 
 import torch
 
-from .drafters.base import DEFAULT_GAMMA, EMPTY
+from .acceptance import accept_greedy, accept_sampling, depths, is_chain, verify_layout
+from .drafters.base import DEFAULT_GAMMA, EMPTY, Drafter
 from .gamma import CostAwareGamma
 from .models import Model
-from .acceptance import accept_greedy, accept_sampling, depths, is_chain, tree_mask
 from .sampling import SamplingConfig, probabilities, sample
 from .stats import DecodeStats
 from .stopping import StopChecker
 
 
 @torch.inference_mode()
-def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = DEFAULT_GAMMA,
+def decode(target: Model, prompt_ids: list[int], *, drafter: Drafter | None = None, gamma: int = DEFAULT_GAMMA,
            adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
            stop_strings: list[str] | None = None, ignore_eos: bool = False,
            generator: torch.Generator | None = None,
@@ -45,15 +45,12 @@ def decode(target: Model, prompt_ids: list[int], *, drafter=None, gamma: int = D
     capacity = len(prompt_ids) + max_new_tokens + (drafter.nodes(gamma) if drafter is not None else 0) + 1
 
     cache = target.net.new_cache(capacity)
-    wants_features = getattr(drafter, "needs_target_features", False)
+    wants_features = drafter is not None and drafter.needs_target_features
 
     def target_pass(ids, last_only=False, parents=None):
         """(logits, the target's hidden states if the drafter reads them, else None). `parents`:
         the draft nodes after the root ids[0] form a tree, not a chain."""
-        tree = {}
-        if parents is not None:
-            tree = {"positions": cache.length + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)]),
-                    "mask": tree_mask(parents)}
+        tree = {} if parents is None else verify_layout(parents, cache.length)
         if wants_features:
             return target.net(ids, cache, last_only=last_only, return_hidden=True, **tree)
         return target.net(ids, cache, last_only=last_only, **tree), None

@@ -60,7 +60,8 @@ def _models(records: list[dict]) -> Table:
     table = Table("models", ["ref", "precision", "source", "sha256 (state dict, first 16)"])
     seen = set()
     for cell in store.cells(records).values():
-        for info in (cell.get("target"), cell.get("draft")):
+        draft = cell.get("draft") or {}
+        for info in (cell.get("target"), *draft.get("levels", [draft])):  # a hierarchy: each level
             if info and (info["ref"], info["sha256"]) not in seen:
                 seen.add((info["ref"], info["sha256"]))
                 table.add([info["ref"], info["precision"], info["source"], info["sha256"]])

@@ -178,7 +178,8 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
     target, target_info = pool.get(cell.target)
     levels = [pool.get(ref) for ref in cell.draft.split(",")] if cell.draft else []  # a hierarchy: cheapest first
     draft = None if not levels else levels[0][0] if len(levels) == 1 else [m for m, _ in levels]
-    draft_info = None if not levels else levels[0][1] if len(levels) == 1 else [i for _, i in levels]
+    draft_info = None if not levels else levels[0][1] if len(levels) == 1 else {
+        "ref": cell.draft, "precision": levels[0][1]["precision"], "levels": [i for _, i in levels]}
     record = {"type": "cell", "key": cell.key, "cell": cell.params(), "target": target_info, "draft": draft_info,
               "threads_used": torch.get_num_threads()}
     if cell.kind == "peer":

@@ -171,9 +171,12 @@ def short_draft(row: dict) -> str:
     'feature-draft'), with its precision unless fp32."""
     if not row["draft"]:
         return "(alone)"
+    if "," in row["draft"]:  # a hierarchy, cheapest level first
+        return " > ".join(short_draft({**row, "draft": level, "draft_precision": level.rpartition("@")[2]})
+                          for level in row["draft"].split(","))
     name = row["draft"].split("@")[0].rstrip("/").rsplit("/", 1)[-1]
-    base = row["target"].split("@")[0] + "-"
-    name = name[len(base):] if name.startswith(base) and len(name) > len(base) else name
+    base = row["target"].split("@")[0]
+    name = "self" if name == base else name[len(base) + 1:] if name.startswith(base + "-") else name
     precision = row.get("draft_precision")
     return name + (f"@{precision}" if precision and precision != "fp32" else "")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..acceptance import accept_greedy, accept_sampling, depths, is_chain, tree_mask
+from ..acceptance import accept_greedy, accept_sampling, is_chain, verify_layout
 from ..llama import ROW_BY_ROW_MAX, Llama
 from ..models import Model
 from ..sampling import SamplingConfig, probabilities
@@ -52,9 +52,7 @@ class HierarchicalDrafter:
             self.net(torch.tensor(seq[self.cache.length:-1]), self.cache)
         start = self.cache.length
         ids = torch.cat([torch.tensor(seq[-1:]), low.tokens])
-        tree = {} if is_chain(low.parents) else {
-            "positions": start + torch.cat([torch.zeros(1, dtype=torch.long), depths(low.parents)]),
-            "mask": tree_mask(low.parents)}
+        tree = {} if is_chain(low.parents) else verify_layout(low.parents, start)
         logits = self._align(self.net(ids, self.cache, **tree))
         if sampling.greedy:
             path, token = accept_greedy(low.tokens, low.parents, logits)
