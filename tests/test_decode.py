@@ -150,6 +150,19 @@ def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: 
     return probs
 
 
+def chi_square_p(counts: dict, exact: dict, runs: int) -> float:
+    """p-value of sampled sequence counts against the exact distribution (cells expected below 5
+    pooled); asserts first that no sequence the target cannot produce was sampled."""
+    cells = [(counts[k], exact[k] * runs) for k in exact]
+    assert sum(c for c, e in cells if e == 0) == 0  # never a token the target cannot produce
+    big = [(c, e) for c, e in cells if e >= 5]
+    small = [(c, e) for c, e in cells if 0 < e < 5]
+    observed = [c for c, _ in big] + ([sum(c for c, _ in small)] if small else [])
+    expected = [e for _, e in big] + ([sum(e for _, e in small)] if small else [])
+    scale = sum(observed) / sum(expected)
+    return chisquare(observed, [e * scale for e in expected]).pvalue
+
+
 @pytest.mark.parametrize("cfg,confidence", [(SamplingConfig(temperature=1.0), 0.0),
                                             (SamplingConfig(temperature=0.7, top_k=3, top_p=0.9), 0.0),
                                             (SamplingConfig(temperature=1.0), 0.5)])
@@ -169,15 +182,7 @@ def test_sampling_distribution_matches_target(cfg, confidence):
         counts[tuple(out.token_ids)] += 1
         rejected += out.stats.drafted - out.stats.accepted
     assert rejected > runs // 4
-    cells = [(counts[k], exact[k] * runs) for k in exact]
-    assert sum(c for c, e in cells if e == 0) == 0  # never a token the target cannot produce
-    big = [(c, e) for c, e in cells if e >= 5]
-    small = [(c, e) for c, e in cells if 0 < e < 5]
-    observed = [c for c, _ in big] + ([sum(c for c, _ in small)] if small else [])
-    expected = [e for _, e in big] + ([sum(e for _, e in small)] if small else [])
-    scale = sum(observed) / sum(expected)
-    result = chisquare(observed, [e * scale for e in expected])
-    assert result.pvalue > 0.001, result
+    assert chi_square_p(counts, exact, runs) > 0.001
 
 
 def test_compiled_static_path_stays_lossless():

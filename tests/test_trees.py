@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specq import generate
 from specq.acceptance import depths, tree_mask
@@ -11,7 +10,7 @@ from specq.drafters.tree import grow
 from specq.fastpath import pack_linears
 
 from conftest import perturbed, tiny_model
-from test_decode import _exact_sequence_distribution
+from test_decode import _exact_sequence_distribution, chi_square_p
 from test_feature_draft import _feature_model
 
 SHAPES = [TreeShape(1, 1, 1), TreeShape(4, 2, 2), TreeShape(8, 3, 3), TreeShape(16, 4, 4), TreeShape(64, 6, 8)]
@@ -121,14 +120,7 @@ def test_sampling_distribution_with_trees(kind):
         counts[tuple(out.token_ids)] += 1
         rejected += out.stats.drafted - out.stats.accepted
     assert rejected > runs
-    cells = [(counts[k], exact[k] * runs) for k in exact]
-    assert sum(c for c, e in cells if e == 0) == 0
-    big = [(c, e) for c, e in cells if e >= 5]
-    small = [(c, e) for c, e in cells if 0 < e < 5]
-    observed = [c for c, _ in big] + ([sum(c for c, _ in small)] if small else [])
-    expected = [e for _, e in big] + ([sum(e for _, e in small)] if small else [])
-    scale = sum(observed) / sum(expected)
-    assert chisquare(observed, [e * scale for e in expected]).pvalue > 0.001
+    assert chi_square_p(counts, exact, runs) > 0.001
 
 
 def _sampling(temperature):
