@@ -15,12 +15,20 @@ from specq.gamma import sort_key as gamma_order
 
 
 def draft_label(row: dict) -> str:
-    name = Path(row["draft"].split("@")[0]).name
-    kind = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn": "seq, int4-cal",
-            "smollm2-135m-feature": "feature", "smollm2-135m-feature-draft": "feature",
-            "draft-s4": "feature, stage 4"}.get(name, name)
     stop = f", stop {row['draft_confidence']}" if row.get("draft_confidence") else ""  # early-stop threshold
-    return f"{kind} @{row['draft_precision']}{stop}"
+    tree = f", tree {row['tree']} k{row['tree_topk']}" if row.get("tree") else ""  # a token tree: gamma is its depth
+    levels = row["draft"].split(",")  # more than one: a hierarchy, cheapest level first
+    precisions = [level.rpartition("@")[2] for level in levels] if len(levels) > 1 else [row["draft_precision"]]
+    target = row["target"].split("@")[0]
+    return " > ".join(f"{_kind(level, target)} @{p}" for level, p in zip(levels, precisions)) + stop + tree
+
+
+def _kind(draft: str, target: str) -> str:
+    name = Path(draft.split("@")[0]).name
+    return "self" if name == target else {
+        "smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn": "seq, int4-cal",
+        "smollm2-135m-feature": "feature", "smollm2-135m-feature-draft": "feature",
+        "draft-s4": "feature, stage 4"}.get(name, name)
 
 
 def cell(ci, with_ci: bool = False) -> str:

@@ -420,6 +420,8 @@ def test_quality_stage_scores_each_precision_against_fp32(pair, tmp_path):
 
 def test_bench_and_generate_share_the_default_gamma():
     from specq.bench.config import BenchConfig
-    from specq.cli import build_parser
+    from specq.cli import _decode_gamma, build_parser
 
-    assert BenchConfig().gamma == [build_parser().parse_args(["generate", "hi"]).gamma]
+    args = build_parser().parse_args(["generate", "hi"])
+    assert BenchConfig().gamma == [_decode_gamma(args)]  # an unset --gamma is resolved after parsing (--tree)
+    assert BenchConfig().tree_topk == [args.tree_topk]

@@ -1,5 +1,6 @@
 """Every bad input: one line on stderr, exit code 2, no traceback."""
 
+import json
 import subprocess
 import sys
 
@@ -42,6 +43,10 @@ BAD = [
     (["generate", "@/no/such/file.txt"], "cannot read"),
     (["generate", "hi", "--target", "/no/such/model.gguf"], "not found"),
     (["frobnicate"], "invalid choice"),
+    (["generate", "hi", "--tree", "8", "--gamma", "3"], "--tree-depth"),
+    (["generate", "hi", "--tree", "0"], "--tree"),
+    (["generate", "hi", "--tree", "65"], "--tree"),
+    (["generate", "hi", "--tree", "8", "--tree-topk", "0"], "--tree-topk"),
 ]
 
 
@@ -84,3 +89,16 @@ def test_real_exit_code_subprocess():
     proc = subprocess.run([sys.executable, "-m", "specq.cli", "generate", "hi", "--gamma", "0"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_generate_with_a_tree_is_the_target_own_output(tiny_dirs, capsys):
+    t = str(tiny_dirs / "target")
+    outputs = []
+    for extra in (["--no-speculative"], ["--draft", t, "--tree", "8", "--tree-depth", "3", "--tree-topk", "2"],
+                  ["--draft", t, "--tree", "8", "--gamma", "auto"]):
+        code, out, _ = _run(["generate", "t1 t2", "--target", t, "--max-new-tokens", "12", "--json", "--no-warmup",
+                             *extra], capsys)
+        assert code == 0
+        outputs.append(json.loads(out))
+    assert outputs[1]["token_ids"] == outputs[0]["token_ids"] == outputs[2]["token_ids"]
+    assert outputs[1]["stats"]["drafted"] > outputs[1]["stats"]["steps"]  # more than one node per pass

@@ -75,15 +75,20 @@ class _Scripted:
     def __init__(self, expected: list[int], vocab: int):
         self.expected, self.vocab = expected, vocab
 
+    needs_target_features = False
+
     def start(self, prompt, capacity, features=None):
         self.offset = len(prompt)
+
+    def nodes(self, gamma):
+        return gamma
 
     def propose(self, seq, gamma, sampling, generator):
         truth = self.expected[len(seq) - self.offset:][:gamma]
         tokens = truth[:2] + [(t + 1) % self.vocab for t in truth[2:]]
-        return Proposal(torch.tensor(tokens, dtype=torch.long), None)
+        return Proposal.chain(torch.tensor(tokens, dtype=torch.long))
 
-    def rollback(self, length, features=None):
+    def rollback(self, length, features, path):
         pass
 
 
@@ -145,6 +150,19 @@ def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: 
     return probs
 
 
+def chi_square_p(counts: dict, exact: dict, runs: int) -> float:
+    """p-value of sampled sequence counts against the exact distribution (cells expected below 5
+    pooled); asserts first that no sequence the target cannot produce was sampled."""
+    cells = [(counts[k], exact[k] * runs) for k in exact]
+    assert sum(c for c, e in cells if e == 0) == 0  # never a token the target cannot produce
+    big = [(c, e) for c, e in cells if e >= 5]
+    small = [(c, e) for c, e in cells if 0 < e < 5]
+    observed = [c for c, _ in big] + ([sum(c for c, _ in small)] if small else [])
+    expected = [e for _, e in big] + ([sum(e for _, e in small)] if small else [])
+    scale = sum(observed) / sum(expected)
+    return chisquare(observed, [e * scale for e in expected]).pvalue
+
+
 @pytest.mark.parametrize("cfg,confidence", [(SamplingConfig(temperature=1.0), 0.0),
                                             (SamplingConfig(temperature=0.7, top_k=3, top_p=0.9), 0.0),
                                             (SamplingConfig(temperature=1.0), 0.5)])
@@ -164,15 +182,7 @@ def test_sampling_distribution_matches_target(cfg, confidence):
         counts[tuple(out.token_ids)] += 1
         rejected += out.stats.drafted - out.stats.accepted
     assert rejected > runs // 4
-    cells = [(counts[k], exact[k] * runs) for k in exact]
-    assert sum(c for c, e in cells if e == 0) == 0  # never a token the target cannot produce
-    big = [(c, e) for c, e in cells if e >= 5]
-    small = [(c, e) for c, e in cells if 0 < e < 5]
-    observed = [c for c, _ in big] + ([sum(c for c, _ in small)] if small else [])
-    expected = [e for _, e in big] + ([sum(e for _, e in small)] if small else [])
-    scale = sum(observed) / sum(expected)
-    result = chisquare(observed, [e * scale for e in expected])
-    assert result.pvalue > 0.001, result
+    assert chi_square_p(counts, exact, runs) > 0.001
 
 
 def test_compiled_static_path_stays_lossless():
@@ -186,3 +196,16 @@ def test_compiled_static_path_stays_lossless():
     for gamma in (3, 4):
         assert generate(target, [1, 2, 3], draft, gamma=gamma, max_new_tokens=30).token_ids == base.token_ids
     assert generate(target, [1, 2, 3], max_new_tokens=30).token_ids == base.token_ids
+
+
+def test_on_tokens_streams_exactly_the_output_and_can_cancel():
+    target = tiny_model(scale=3.0)
+    draft = perturbed(target, 0.1)
+    chunks = []
+    out = generate(target, [1, 2, 3], draft, max_new_tokens=30, stop=None, on_tokens=lambda ids: chunks.append(ids) or True)
+    assert [t for c in chunks for t in c] == out.token_ids and len(chunks) > 1
+    assert any(len(c) > 1 for c in chunks)  # speculative steps stream several tokens at once
+    calls = []
+    cut = generate(target, [1, 2, 3], draft, max_new_tokens=30, on_tokens=lambda ids: calls.append(ids) and False)
+    assert cut.finish_reason == "cancelled" and cut.token_ids == calls[0] == out.token_ids[:len(calls[0])]
+    assert len(calls) == 1 and len(cut.token_ids) < len(out.token_ids)

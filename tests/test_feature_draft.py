@@ -92,8 +92,8 @@ class _Recording(FeatureDrafter):
         original = self.net.forward
         first = []
 
-        def spy(ids, features, cache=None):
-            out = original(ids, features, cache)
+        def spy(ids, features, cache=None, **tree):
+            out = original(ids, features, cache, **tree)
             if not first:
                 first.append(out[0][-1].clone())
             return out

@@ -1,6 +1,6 @@
 """The fast path on the real built-in target: verify rows against one-token steps, and lossless
-speculative decoding at gamma 1-8 for the fp32 target, an int4 target with an int8 head, and the
-GGUF file at its own precision (Q4_1 blocks on the int4 kernel)."""
+speculative decoding (chains at gamma 1-8, token trees of 4-64 nodes) for the fp32 target, an int4
+target with an int8 head, and the GGUF file at its own precision (Q4_1 blocks on the int4 kernel)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import specq
+from specq.drafters import TreeShape
 
 from test_fastpath import verify_vs_steps
 
@@ -40,3 +41,25 @@ def test_greedy_speculative_equals_target(target, feature_draft, gamma):
                           draft_confidence=0.0)
     assert spec.token_ids == base.token_ids
     assert 0 < spec.stats.accepted < spec.stats.drafted  # accept and reject paths both ran
+
+
+@pytest.mark.parametrize("shape", [TreeShape(4, 2, 2), TreeShape(16, 4, 4), TreeShape(64, 6, 8)],
+                         ids=lambda s: f"{s.size}-nodes")
+def test_greedy_trees_equal_target(target, feature_draft, shape):
+    """Token trees of 4-64 nodes from the feature draft, on every precision: the target's own output."""
+    prompt = "Give me three tips for learning a new language."
+    base = specq.generate(target, prompt, max_new_tokens=32, chat=True)
+    spec = specq.generate(target, prompt, feature_draft, tree=shape, max_new_tokens=32, chat=True)
+    assert spec.token_ids == base.token_ids
+    assert 0 < spec.stats.accepted < spec.stats.drafted
+    assert sum(spec.stats.accepted_at[1:]) > 0  # paths past the first level were accepted
+
+
+def test_greedy_tree_from_the_sequence_draft_equals_target():
+    target = specq.load("smollm2-135m@int4-g64-rtn-head8")
+    prompt = "Give me three tips for learning a new language."
+    base = specq.generate(target, prompt, max_new_tokens=32, chat=True)
+    spec = specq.generate(target, prompt, specq.load("smollm2-135m-draft"), tree=TreeShape(16, 4, 4),
+                          max_new_tokens=32, chat=True)
+    assert spec.token_ids == base.token_ids
+    assert 0 < spec.stats.accepted < spec.stats.drafted

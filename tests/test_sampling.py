@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specq.sampling import (SamplingConfig, acceptance_probability, probabilities, residual,
-                            verify_greedy, verify_sampling)
+from specq.acceptance import accept_greedy, accept_sampling, chain_parents
+from specq.sampling import SamplingConfig, acceptance_probability, probabilities, residual
 
 
 def _output_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -41,21 +41,25 @@ def test_expected_acceptance_is_one_minus_tv():
     torch.testing.assert_close(accept, 1 - 0.5 * (p - q).abs().sum())
 
 
-def test_verify_greedy():
+def test_greedy_chain():
     logits = torch.full((4, 10), -1.0)
     for row, best in enumerate([3, 5, 7, 2]):
         logits[row, best] = 1.0
-    assert verify_greedy(torch.tensor([3, 5, 7]), logits) == (3, 2)  # all accepted, bonus
-    assert verify_greedy(torch.tensor([3, 9, 7]), logits) == (1, 5)  # mismatch at 2nd
-    assert verify_greedy(torch.tensor([0, 5, 7]), logits) == (0, 3)
-    assert verify_greedy(torch.empty(0, dtype=torch.long), logits[:1]) == (0, 3)
+    def accepted(tokens, rows):
+        path, nxt = accept_greedy(torch.tensor(tokens, dtype=torch.long), chain_parents(len(tokens)), rows)
+        return len(path), nxt
+
+    assert accepted([3, 5, 7], logits) == (3, 2)  # all accepted, bonus
+    assert accepted([3, 9, 7], logits) == (1, 5)  # mismatch at 2nd
+    assert accepted([0, 5, 7], logits) == (0, 3)
+    assert accepted([], logits[:1]) == (0, 3)
 
 
-def test_verify_sampling_rejects_impossible_tokens():
+def test_sampling_rejects_impossible_tokens():
     p = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
     q = torch.tensor([[1.0, 0.0, 0.0]])
-    n, nxt = verify_sampling(torch.tensor([0]), q, p, torch.Generator().manual_seed(0))
-    assert (n, nxt) == (0, 1)
+    path, nxt = accept_sampling(torch.tensor([0]), chain_parents(1), q, p, torch.Generator().manual_seed(0))
+    assert (path, nxt) == ([], 1)
 
 
 def test_processing_temperature_topk_topp():

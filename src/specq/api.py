@@ -15,7 +15,7 @@ import torch
 
 from . import checks
 from .decode import decode
-from .drafters import for_pair
+from .drafters import TreeShape, for_levels
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
@@ -32,7 +32,7 @@ class Generation:
     text: str
     token_ids: list[int]  # new tokens only (the stop token included)
     prompt_ids: list[int]
-    finish_reason: str  # 'eos' | 'stop' | 'length'
+    finish_reason: str  # 'eos' | 'stop' | 'length' | 'cancelled' (on_tokens returned False)
     stats: DecodeStats
     target: str
     draft: str | None
@@ -114,34 +114,44 @@ def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
     return list(ids)
 
 
-def check_context(target: Model, gamma: int, max_new_tokens: int, prompt_len: int) -> None:
+def check_context(target: Model, proposal_nodes: int, max_new_tokens: int, prompt_len: int) -> None:
     """Prompt, new tokens and one proposal fit in the target's context."""
     limit = getattr(target.net.config, "max_position_embeddings", None)
-    if limit and prompt_len + max_new_tokens + gamma + 1 > limit:
+    if limit and prompt_len + max_new_tokens + proposal_nodes + 1 > limit:
         raise SpecqError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"the target's context of {limit} tokens")
 
 
-def generate(target: Model, prompt: str | list[int], draft: Model | None = None, *, gamma: int | str = DEFAULT_GAMMA,
+def generate(target: Model, prompt: str | list[int], draft: Model | list[Model] | None = None, *, gamma: int | str = DEFAULT_GAMMA,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
-             ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None) -> Generation:
+             ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
+             tree: TreeShape | None = None, on_tokens=None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling.
-    gamma "auto" chooses each step's draft length from this run's measured costs (up to 4)."""
+    gamma "auto" chooses each step's draft length from this run's measured costs (up to 4).
+    A list of drafts, cheapest first, is a hierarchy: each level verifies what the ones below
+    proposed before the target sees it (`drafters/hierarchy.py`).
+    `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma is then the tree's
+    depth, and "auto" chooses each step's depth up to it. `on_tokens`: called with each step's new
+    token ids (streaming); returning False stops the run (finish reason 'cancelled')."""
     check_target(target)
     (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k, top_p, seed, stop,
                                                       draft_confidence)
     prompt_ids = token_ids(target, prompt) if isinstance(prompt, list) else encode_prompt(target, prompt, chat)
+    if tree is not None:
+        gamma = min(gamma, tree.depth) if adaptive else tree.depth
     if draft is not None:
-        check_compatible(draft, target)
-        drafter = drafter or for_pair(draft, target, draft_confidence)
-    check_context(target, gamma if drafter is not None else 0, max_new_tokens, len(prompt_ids))
+        levels = draft if isinstance(draft, list) else [draft]
+        for level in levels:
+            check_compatible(level, target)
+        drafter = drafter or for_levels(levels, target, draft_confidence, tree)
+    check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                                 max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
-                                generator=torch.Generator().manual_seed(seed))
+                                generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens)
     text = target.tokenizer.decode(ids, skip_special_tokens=True)
     if reason == "stop":
         text = trim_at_stop(text, stop)
     return Generation(text=text, token_ids=ids, prompt_ids=prompt_ids, finish_reason=reason, stats=stats,
-                      target=target.ref, draft=draft.ref if draft is not None else None)
+                      target=target.ref, draft=None if draft is None else ",".join(level.ref for level in levels))

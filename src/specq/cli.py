@@ -15,6 +15,7 @@ from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, read_text
 from .drafters.base import DEFAULT_GAMMA
+from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .gamma import AUTO, MAX_GAMMA
@@ -48,11 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="the prompt text, or @FILE to read it from a file")
     g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
     g.add_argument("--draft", default=None,
-                   help="draft model ref (default: the best draft shipped for the target)")
-    g.add_argument("--gamma", type=_gamma, default=DEFAULT_GAMMA,
+                   help="draft model ref (default: the best draft shipped for the target); self@SPEC: the "
+                        "target's own weights at SPEC (e.g. self@int8-head8); refs joined by commas, cheapest "
+                        "first: a hierarchy, each level verifying the ones below")
+    g.add_argument("--gamma", type=_gamma, default=None,
                    help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts), "
                         "or 'auto': each step's length (0 = plain, up to 4) chosen from this run's measured "
                         "acceptance and timings")
+    g.add_argument("--tree", type=arg_int(1, MAX_GAMMA), default=None, metavar="N",
+                   help="propose dynamic token trees of up to N nodes (EAGLE-2) instead of chains")
+    g.add_argument("--tree-depth", type=arg_int(1, MAX_GAMMA), default=DEFAULT_TREE.depth,
+                   help=f"with --tree: levels per tree (default {DEFAULT_TREE.depth}; --gamma auto chooses "
+                        "each step's depth up to it)")
+    g.add_argument("--tree-topk", type=arg_int(1, MAX_GAMMA), default=DEFAULT_TREE.topk,
+                   help=f"with --tree: children per expanded node and nodes expanded per level "
+                        f"(default {DEFAULT_TREE.topk})")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128)
     g.add_argument("--draft-confidence", type=_float, default=DEFAULT_DRAFT_CONFIDENCE,
                    help=f"end a draft early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}, "
@@ -169,7 +180,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api
-    from .models import load, select_draft
+    from .models import load, resolve_draft_ref, select_draft
     from .report import print_generation
 
     if args.threads:
@@ -177,16 +188,18 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args.prompt)
     if not prompt.strip():
         raise SpecqError("the prompt is empty")
-    decoding = dict(gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    decoding = dict(gamma=_decode_gamma(args), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     seed=args.seed, stop=args.stop, draft_confidence=args.draft_confidence)
     api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
-    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos)
+    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args))
     target = load(args.target, fast=not args.eager)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
         draft_ref = None
-    draft = load(draft_ref, fast=not args.eager) if draft_ref else None
-    models = [m for m in (target, draft) if m is not None]
+    levels = [load(resolve_draft_ref(ref, args.target), fast=not args.eager) for ref in draft_ref.split(",")] \
+        if draft_ref else []
+    draft = levels if len(levels) > 1 else levels[0] if levels else None
+    models = [target, *levels]
     if args.compile:
         _compile(models, args)
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
@@ -203,6 +216,17 @@ def cmd_generate(args) -> int:
             print(f"torch.compile: {compile_s:.1f} s compiling step shapes (excluded from the timings above"
                   f"{'' if not args.no_warmup else ' only where the warm-up paid it'})")
     return 0
+
+
+def _tree(args) -> TreeShape | None:
+    return TreeShape(args.tree, args.tree_depth, args.tree_topk) if args.tree else None
+
+
+def _decode_gamma(args) -> int | str:
+    """--gamma, or its default; with --tree a tree's depth is --tree-depth, and only 'auto' may be given."""
+    if args.tree and args.gamma not in (None, AUTO):
+        raise SpecqError(f"with --tree the depth is --tree-depth, not --gamma (only --gamma {AUTO} goes with --tree)")
+    return DEFAULT_GAMMA if args.gamma is None else args.gamma
 
 
 def _compile(models, args) -> None:

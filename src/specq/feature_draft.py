@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from . import atomic
 from .errors import SpecqError
-from .llama import KVCache, Llama, LlamaConfig
+from .llama import KVCache, Llama, LlamaConfig, visibility
 
 KIND = "specq-feature-draft"
 CONFIG_FILE = "feature_draft.json"
@@ -66,10 +66,12 @@ class FeatureDraft(nn.Module):
         self.body._ensure_rope(capacity)
         return KVCache(self.config, capacity, self.dtype)
 
-    def forward(self, ids: Tensor, features: Tensor, cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, ids: Tensor, features: Tensor, cache: KVCache | None = None, positions: Tensor | None = None,
+                mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Rows (ids[i], features[i]) -> (head logits over the subset [.., n, V_sub] (float),
         predicted next features [.., n, hidden]). 1-D ids with a cache (decoding), or [B, n]
-        without one (training, from position 0)."""
+        without one (training, from position 0). `positions` and `mask`: a token tree's rows, as
+        in `Llama.forward`."""
         emb = F.embedding(ids, self.token_embedding).to(self.dtype)
         x = self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1))
         batched = x.dim() == 3
@@ -78,10 +80,11 @@ class FeatureDraft(nn.Module):
         start = cache.length if cache is not None else 0
         body = self.body
         body._ensure_rope(start + n)
-        cos, sin = body.rope_cos[start:start + n], body.rope_sin[start:start + n]
-        mask = None if n == 1 or cache is None else cache.causal[start:start + n, :start + n]
+        rope = slice(start, start + n) if positions is None else positions
+        cos, sin = body.rope_cos[rope], body.rope_sin[rope]
+        seen = None if cache is None else visibility(cache, n, mask)
         for i, layer in enumerate(body.layers):
-            x = layer(x, cos, sin, cache, i, mask)
+            x = layer(x, cos, sin, cache, i, seen)
         if cache is not None:
             cache.length = start + n
         hidden = body.norm(x)

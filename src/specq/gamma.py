@@ -13,12 +13,14 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   on low confidence (`--draft-confidence`) is priced at what it really drafts, and the tie
   between its confidence and acceptance is in the data. A position not yet seen is estimated as
   half the one before (neither trusted nor written off).
-- draft_s: seconds per draft forward; verify_s(n): seconds of an n-row verify pass, per row count,
+- draft_s: seconds per draft forward, not timed on a proposal right after a plain step: that one
+  first feeds the drafter the tokens it missed (a longer forward after a plain stretch), and
+  counting it would price drafting out for good; verify_s(n): seconds of an n-row verify pass, per row count,
   interpolated between the counts seen. Verify cost is not a line in n on the fast path (one
   extra row costs most of what four do), so each count is timed on its own. Timings are
   recency-weighted: the machine's load drifts.
-- g = 0 is plain decoding. The run starts with a plain step and a full proposal, so both ends of
-  the verify table are timed; when the last PROBE_EVERY steps all had the same cap, the next one
+- g = 0 is plain decoding. The run starts with a full proposal (the drafter is in step with the
+  sequence right after prefill) and a plain step, so both ends of the verify table are timed; when the last PROBE_EVERY steps all had the same cap, the next one
   tries one token more (one token while plain decoding wins: a stretch the draft predicts well,
   code or a repeated phrase, is noticed).
 
@@ -73,10 +75,10 @@ class CostAwareGamma:
 
     def next(self) -> int:
         """The cap on the next step's proposal length."""
-        if not self.verify_s:
-            return 0
         if self.draft_s is None:
             return self.max_gamma
+        if 1 not in self.verify_s:
+            return 0
         best = max(range(self.max_gamma + 1), key=self.tokens_per_second)
         if len(self.recent_caps) == PROBE_EVERY and len(set(self.recent_caps)) == 1 and best < self.max_gamma:
             return best + 1  # one cap lately: learn what one more token would bring
@@ -94,7 +96,7 @@ class CostAwareGamma:
             self.allowed[j] += 1
             self.drafted_past[j] += drafted > j
             self.accepted_past[j] += accepted > j
-        if drafted:
+        if drafted and (self.draft_s is None or len(self.recent_caps) < 2 or self.recent_caps[-2] != 0):
             self.draft_s = _recent_mean(self.draft_s, draft_s / drafted)
         self.verify_s[drafted + 1] = _recent_mean(self.verify_s.get(drafted + 1), verify_s)
 

@@ -28,6 +28,12 @@ class HFCache:
             self.inner.crop(length - self.length)  # transformers 5: negative = tokens to drop
         self.length = length
 
+    def keep(self, start: int, rows: Tensor) -> None:
+        """Keep rows start + rows (a prefix: token trees need the native Llama module)."""
+        if not torch.equal(rows, torch.arange(rows.shape[0])):
+            raise ValueError("a transformers target verifies chains only, not token trees")
+        self.crop(start + rows.shape[0])
+
 
 class HFCausalLM(nn.Module):
     """Same calling convention as `llama.Llama`: forward(ids, cache, last_only) -> logits."""

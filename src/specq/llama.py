@@ -21,11 +21,13 @@ from torch import Tensor, nn
 MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
 # Fused attention over n query rows rounds differently from n one-row calls, and the bf16 casts in
 # front of packed int4/int8 kernels can amplify that into a flipped greedy token. Verify passes of
-# up to this many tokens (gamma <= 15) therefore attend row by row, exactly like decode steps.
+# up to this many rows (gamma 64, the longest, plus the root; trees of up to 64 nodes) therefore
+# attend row by row, each row over exactly the keys of its own path, like a decode step.
 # Their logits are then bit-identical to one-token steps wherever every matmul is row-invariant:
 # the packed int8/int4 kernels and oneDNN's packed GEMM (the fast path), not MKL's fp32 sgemm
-# (tests/test_fastpath.py reports the differences). Longer verify passes use fused attention.
-ROW_BY_ROW_MAX = 16
+# (tests/test_fastpath.py reports the differences). A prefill (an empty cache) and longer passes
+# use fused attention.
+ROW_BY_ROW_MAX = 65
 
 
 @dataclass
@@ -114,6 +116,41 @@ class KVCache:
             raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
         self.length = length
 
+    def keep(self, start: int, rows: Tensor) -> None:
+        """Keep the rows start + rows (in that order) right after the first `start` and drop the
+        rest: the accepted path of a token tree becomes contiguous. A prefix is a plain crop."""
+        n = rows.shape[0]
+        if start + n > self.length or (n and (int(rows.min()) < 0 or start + int(rows.max()) >= self.length)):
+            raise ValueError(f"cannot keep rows {rows.tolist()} after {start} of a cache of length {self.length}")
+        if not torch.equal(rows, torch.arange(n)):
+            slots = start + rows
+            self.k[:, :, :, start:start + n] = self.k[:, :, :, slots]
+            self.v[:, :, :, start:start + n] = self.v[:, :, :, slots]
+        self.length = start + n
+
+
+class Visibility(NamedTuple):
+    """Which keys each of a cached pass's n query rows attends to. A chain (plain steps and chain
+    verification) is causal; a token tree sees the cached prefix plus the row's own ancestors."""
+
+    mask: Tensor | None  # [n, end] bool, for fused attention; None: a single row sees every key
+    rows: list[Tensor] | None  # per row, its key slots in order, for row-by-row attention; None: causal
+
+
+def visibility(cache: KVCache, n: int, mask: Tensor | None) -> Visibility:
+    """The `Visibility` of n rows written at the end of `cache`. `mask` [n, m] (m >= n) says which
+    of the last m keys (the new rows and the m - n before them) each row sees; all earlier keys
+    are seen. None: causal, the cheap case (contiguous key ranges, no gathers)."""
+    start, end = cache.length, cache.length + n
+    if n == 1 and mask is None:
+        return Visibility(None, None)
+    if mask is None:
+        return Visibility(cache.causal[start:end, :end], None)
+    seen_by_all = end - mask.shape[1]
+    full = torch.cat([mask.new_ones(n, seen_by_all), mask], dim=1)
+    prefix = torch.arange(seen_by_all)
+    return Visibility(full, [torch.cat([prefix, seen_by_all + mask[i].nonzero()[:, 0]]) for i in range(n)])
+
 
 class StaticView(NamedTuple):
     """The cache as plain tensors for the compiled step: attention runs over the whole buffer
@@ -160,7 +197,8 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
-                mask: Tensor | None) -> Tensor:
+                seen: Visibility | Tensor | None) -> Tensor:
+        """`seen`: a `Visibility` with a cache, the static mask for the compiled step, None in training."""
         b, n = x.shape[:2]  # b > 1 only in training (no cache)
         q, k, v = self.qkv(x, cos, sin)
         if cache is None:  # training: the whole sequence at once
@@ -168,19 +206,24 @@ class Attention(nn.Module):
         elif isinstance(cache, StaticView):  # compiled: fixed shapes, positions as a tensor
             cache.k[layer].index_copy_(2, cache.positions, k)
             cache.v[layer].index_copy_(2, cache.positions, v)
-            out = F.scaled_dot_product_attention(q, cache.k[layer], cache.v[layer], attn_mask=mask,
+            out = F.scaled_dot_product_attention(q, cache.k[layer], cache.v[layer], attn_mask=seen,
                                                  enable_gqa=True)
         else:
             start, end = cache.length, cache.length + n
             cache.k[layer, :, :, start:end] = k
             cache.v[layer, :, :, start:end] = v
-            if n == 1 or n > ROW_BY_ROW_MAX:
-                keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            else:  # a verify pass: each row exactly as a one-token step computes it
+            keys, values = cache.k[layer], cache.v[layer]
+            if (n == 1 and seen.rows is None) or n > ROW_BY_ROW_MAX or start == 0:  # a step, or a prefill
+                out = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
+                                                     enable_gqa=True)
+            elif seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it
                 out = torch.cat([F.scaled_dot_product_attention(
-                    q[:, :, i:i + 1], cache.k[layer, :, :, :start + i + 1], cache.v[layer, :, :, :start + i + 1],
+                    q[:, :, i:i + 1], keys[:, :, :start + i + 1], values[:, :, :start + i + 1],
                     enable_gqa=True) for i in range(n)], dim=2)
+            else:  # a tree node sees the prefix and its ancestors: the keys of the step at its position
+                out = torch.cat([F.scaled_dot_product_attention(
+                    q[:, :, i:i + 1], keys.index_select(2, rows), values.index_select(2, rows),
+                    enable_gqa=True) for i, rows in enumerate(seen.rows)], dim=2)
         return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
 
 
@@ -204,8 +247,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.feed_forward = FeedForward(c)
 
-    def forward(self, x, cos, sin, cache, layer, mask):
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, mask)
+    def forward(self, x, cos, sin, cache, layer, seen):
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, seen)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -244,24 +287,31 @@ class Llama(nn.Module):
         self._rope_len = length
 
     def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
-                return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                return_hidden: bool = False, positions: Tensor | None = None,
+                mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Run `ids` (1-D) at the end of `cache`; return float logits [n, vocab] ([1, vocab] if
         `last_only`). Without a cache the sequence is processed from position 0 (training).
         `return_hidden` also returns the final hidden states [n, hidden] of every row (the output
-        head's input), which a feature draft reads; the logits are computed exactly as without it."""
+        head's input), which a feature draft reads; the logits are computed exactly as without it.
+        A token tree passes each row's `positions` [n] and a `mask` [n, m]: which of the last m keys
+        (m >= n: the new rows and some cached ones) each row sees, every earlier key being seen
+        (`visibility`). The default is a chain: consecutive positions, causal."""
         n = ids.shape[0]
         start = cache.length if cache is not None else 0
         end = start + n
         if cache is not None and end > cache.capacity:
             raise ValueError(f"KV cache full: {end} positions needed, capacity {cache.capacity}")
         self._ensure_rope(end)
-        if cache is not None and self.compiled_step is not None and n <= MAX_COMPILED_TOKENS and not return_hidden:
+        if (cache is not None and self.compiled_step is not None and n <= MAX_COMPILED_TOKENS and not return_hidden
+                and mask is None):
             logits = self._compiled_forward(ids, cache)
             cache.length = end
             return logits[n - 1:] if last_only else logits
-        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
-        mask = None if n == 1 or cache is None else cache.causal[start:end, :end]
-        x = self._layers(ids, cos, sin, cache, mask)
+        if positions is None:
+            cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        x = self._layers(ids, cos, sin, cache, None if cache is None else visibility(cache, n, mask))
         logits = self._head(x, last_only)
         if cache is not None:
             cache.length = end
@@ -273,11 +323,11 @@ class Llama(nn.Module):
         cos, sin = self.rope_cos[:ids.shape[0]], self.rope_sin[:ids.shape[0]]
         return self.norm(self._layers(ids, cos, sin, None, None))[0]
 
-    def _layers(self, ids, cos, sin, cache, mask) -> Tensor:
+    def _layers(self, ids, cos, sin, cache, seen) -> Tensor:
         x = self.tok_embeddings(ids)
         x = x.unsqueeze(0) if x.dim() == 2 else x
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, mask)
+            x = layer(x, cos, sin, cache, i, seen)
         return x
 
     def _head(self, x: Tensor, last_only: bool) -> Tensor:

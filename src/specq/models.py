@@ -205,6 +205,16 @@ def _load_from_hub(name: str, dtype: torch.dtype):
         raise SpecqError(f"could not load '{name}' from the Hugging Face hub: {first}") from None
 
 
+SELF = "self"  # the draft ref `self@SPEC`: the target's own weights at SPEC (self-speculation)
+
+
+def resolve_draft_ref(draft_ref: str, target_ref: str) -> str:
+    """`self@SPEC` -> the target's own model at SPEC (QSPEC-style self-speculation: no draft to train
+    or ship, the same tokenizer by construction); any other draft ref unchanged."""
+    name, spec = split_ref(draft_ref)
+    return f"{split_ref(target_ref)[0]}@{spec}" if name == SELF else draft_ref
+
+
 def split_ref(ref: str) -> tuple[str, str]:
     """`name@spec` -> (name, spec); the spec defaults to fp32."""
     name, sep, spec = ref.rpartition("@")

@@ -1,4 +1,5 @@
-"""Logits processing and the speculative acceptance kernel.
+"""Logits processing and the speculative acceptance kernel's one-row step (`acceptance.py` walks
+chains and trees with it).
 
 The kernel is exact (Leviathan et al. 2023; Chen et al. 2023): draft token x ~ q is accepted with
 probability min(1, p(x)/q(x)); at the first rejection the replacement is drawn from
@@ -67,27 +68,3 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
     r = (p - q).clamp(min=0.0)
     total = r.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, r / total.clamp(min=1e-30), p)
-
-
-def verify_greedy(draft_tokens: Tensor, target_logits: Tensor) -> tuple[int, int]:
-    """draft_tokens [g], target_logits [g+1, V] -> (accepted count, next token)."""
-    best = target_logits.argmax(dim=-1)
-    g = draft_tokens.shape[0]
-    n = int((draft_tokens == best[:g]).int().cumprod(0).sum()) if g else 0
-    return n, int(best[n])
-
-
-def verify_sampling(draft_tokens: Tensor, q: Tensor, p: Tensor,
-                    generator: torch.Generator) -> tuple[int, int]:
-    """draft_tokens [g] drawn from q [g, V]; target p [g+1, V] -> (accepted count, next token)."""
-    g = draft_tokens.shape[0]
-    if g:
-        rows = torch.arange(g)
-        accept_p = acceptance_probability(p[rows, draft_tokens], q[rows, draft_tokens])
-        u = torch.rand(g, generator=generator)
-        n = int((u < accept_p).int().cumprod(0).sum())
-    else:
-        n = 0
-    if n == g:
-        return n, int(sample(p[g], generator))
-    return n, int(sample(residual(p[n], q[n]), generator))

@@ -1,6 +1,6 @@
 """Per-run counters and the metrics derived from them (names as in vLLM / EAGLE / Spec-Bench).
 
-- acceptance rate: accepted draft tokens / drafted tokens
+- acceptance rate: accepted draft tokens / drafted tokens (a token tree's every node is drafted)
 - tau, mean accepted length: tokens emitted per target verify pass, *bonus token included*
   (1.0 for plain decoding)
 - per-position acceptance, unconditional U_i = P(accepted length >= i) and conditional
@@ -37,12 +37,15 @@ class DecodeStats:
             if not getattr(self, name):
                 setattr(self, name, [0] * self.gamma)
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """One verify pass: `drafted` nodes (a chain's tokens), `depth` levels deep (a chain's depth
+        is its length), `accepted` of them on the accepted path. Per-position counters are per
+        depth: a tree's level d counts once, however many nodes it holds."""
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
         self.emitted += accepted + 1
-        for i in range(drafted):
+        for i in range(drafted if depth is None else depth):
             self.drafted_at[i] += 1
             if i <= accepted:
                 self.reached_at[i] += 1

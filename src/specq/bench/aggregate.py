@@ -7,7 +7,8 @@ prompt (speculative tokens/s over the same target's plain tokens/s on the same p
 averaged; the plain runs are those timed right next to each speculative run when the cell is
 paired (so a machine that slows down mid-sweep cannot fake a gain), else the baseline cell's.
 A greedy speculative output that differs from the baseline's is a correctness failure: it is
-listed in every row that holds it, never averaged away.
+listed in every row that holds it, never averaged away. A token tree cell is a row of its own
+(`tree`, `tree_topk`; its `gamma` is the tree's depth), compared with the same baseline.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..gamma import parse as parse_gamma
 from ..gamma import sort_key as gamma_order
 from ..stats import DecodeStats, bootstrap_ci
 from . import quality, store
-from .config import cell_key, related
+from .config import cell_key, related, tree_shape
 
 MIN_STEPS = 6  # fewer speculation cycles per prompt: the numbers are warm-up dominated
 SET_PARAMS = ("set", "prompts_sha", "n_prompts")
@@ -103,7 +104,8 @@ def summarize(records: list[dict], *, resamples: int = 2000, confidence: float =
     rows = [_row(members, cells, ci) for members in groups.values()]
     _mark_best_gamma(rows)
     rows.sort(key=lambda r: (r["target"], r["max_new_tokens"], r["temperature"], r["threads"], r["set"],
-                             KIND_ORDER[r["kind"]], r["draft"] or "", r["draft_confidence"] or 0, gamma_order(r["gamma"])))
+                             KIND_ORDER[r["kind"]], r["draft"] or "", r["tree"], r["tree_topk"] or 0,
+                             r["draft_confidence"] or 0, gamma_order(r["gamma"])))
     return rows
 
 
@@ -128,10 +130,12 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
     per_prompt = [u.stats for u in units]
     pooled = merge([r["stats"] for u in units for r in u.runs])
     gamma = parse_gamma(params["gamma"])[0] if params["gamma"] else 0
+    tree = tree_shape(params)
     row = {
         "kind": params["kind"], "target": params["target"], "target_precision": first["target"]["precision"],
         "draft": params["draft"], "draft_precision": (first["draft"] or {}).get("precision"),
         "gamma": params["gamma"], "draft_confidence": params.get("draft_confidence"),
+        "tree": tree.size if tree else 0, "tree_topk": tree.topk if tree else None,  # tree: gamma is its depth
         "max_new_tokens": params["max_new_tokens"],
         "temperature": params["temperature"], "threads": params["threads"],
         "set": "+".join(sorted({c["cell"]["set"] for c in members})), "prompts": len(units),
@@ -139,9 +143,10 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "tokens_per_s": ci([s.tokens_per_s for s in per_prompt]),
         "em": ci([u.em() for u in units]), "em_prompts": sum(u.em() is not None for u in units),
         "steps_per_prompt": sum(s.steps for s in per_prompt) / max(1, len(units)) / params["repeats"],
-        "profile": _profile(members, pooled),
+        "profile": _profile(members, pooled, tree is not None),
         # speculative only:
-        "acceptance_rate": None, "tau": None, "U": [], "a": [], "draft_share": None, "speedup": None,
+        "acceptance_rate": None, "tau": None, "U": [], "a": [], "nodes_per_pass": None, "draft_share": None,
+        "speedup": None,
         "predicted_speedup": None, "warmup_dominated": False, "greedy": params["temperature"] == 0,
         "mismatches": [], "unchecked": 0, "peer_tokens_per_s": None, "vs_peer": None,
         "peer_identical": [0, 0], "peer_skipped": None, "speedup_paired": False,
@@ -156,6 +161,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "tau": ci([s.tau for s in per_prompt]),
         "U": [ci([s.per_position_unconditional[i] for s in per_prompt]) for i in range(gamma)],
         "a": [ci([s.per_position_conditional[i] for s in per_prompt]) for i in range(gamma)],
+        "nodes_per_pass": ci([s.drafted / s.steps if s.steps else None for s in per_prompt]),
         "draft_share": ci([s.draft_share for s in per_prompt]),
         "speedup": ci([u.ratio(u.speedup_reference) for u in units]),
         "speedup_paired": all(u.paired_runs for u in units),
@@ -202,14 +208,18 @@ def predict(spec: DecodeStats, base: DecodeStats) -> float | None:
     return expected / (step_cost / (base.verify_s / base.steps))
 
 
-def _profile(members: list[dict], pooled: DecodeStats) -> dict:
-    """Milliseconds per forward for each model and phase, and where a decode step's time goes."""
+def _profile(members: list[dict], pooled: DecodeStats, tree: bool = False) -> dict:
+    """Milliseconds per forward for each model and phase, and where a decode step's time goes. The
+    draft step of a chain is one draft forward (one token); of a token tree, growing one whole tree
+    (a forward per level grown, some of which the kept tree may not reach), over the steps that
+    drafted one (depth 1 reached)."""
     prefill = {side: [x for c in members for x in c.get("prefill_ms", {}).get(side, [])]
                for side in ("target", "draft")}
     ms = lambda total, n: total * 1000 / n if n else None  # noqa: E731
+    drafts = pooled.drafted_at[0] if tree and pooled.drafted_at else pooled.drafted  # trees grown, or forwards
     out = {"target_prefill_ms": _mean(prefill["target"]), "draft_prefill_ms": _mean(prefill["draft"]),
            "target_forward_ms": ms(pooled.verify_s, pooled.steps),  # a verify pass (plain: one token)
-           "draft_step_ms": ms(pooled.draft_s, pooled.drafted),  # one draft forward
+           "draft_step_ms": ms(pooled.draft_s, drafts),  # one draft forward (a chain), one tree grown
            "other_per_step_ms": ms(pooled.other_s, pooled.steps),
            "step_ms": ms(pooled.decode_s, pooled.steps)}
     if pooled.decode_s > 0:
@@ -227,9 +237,9 @@ def _mark_best_gamma(rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         r["best_gamma"] = r["gamma_swept"] = False
-        if r["kind"] == "speculative":
-            key = (r["target"], r["draft"], r["draft_confidence"], r["max_new_tokens"], r["temperature"], r["threads"],
-                   r["set"])
+        if r["kind"] == "speculative":  # a tree shape's depths are swept apart from the chain's gammas
+            key = (r["target"], r["draft"], r["draft_confidence"], r["tree"], r["tree_topk"], r["max_new_tokens"],
+                   r["temperature"], r["threads"], r["set"])
             groups.setdefault(key, []).append(r)
     for group in groups.values():
         if len({r["gamma"] for r in group}) > 1:
@@ -247,8 +257,9 @@ def failures(rows: list[dict]) -> list[str]:
     """One line per correctness failure (greedy speculative output != baseline output)."""
     out = []
     for r in rows:
+        tree = f" tree={r['tree']} topk={r['tree_topk']}" if r.get("tree") else ""
         for m in r.get("mismatches", []):
-            out.append(f"{r['target']} + {r['draft']} gamma={r['gamma']} n={r['max_new_tokens']}: "
+            out.append(f"{r['target']} + {r['draft']} gamma={r['gamma']}{tree} n={r['max_new_tokens']}: "
                        f"{m['set']} prompt {m['prompt']} repeat {m['repeat']} differs from the baseline "
                        f"at token {m['position']}")
     return out

@@ -17,15 +17,17 @@ from pathlib import Path
 
 from .. import precision
 from ..drafters.base import DEFAULT_GAMMA
+from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
 from ..data import user_texts
 from ..errors import SpecqError
-from ..gamma import AUTO, MAX_GAMMA
-from ..models import BUILTINS, default_draft_ref, split_ref
+from ..gamma import AUTO, AUTO_MAX_GAMMA, MAX_GAMMA
+from ..models import BUILTINS, SELF, default_draft_ref, resolve_draft_ref, split_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
+MAX_TREE = MAX_GAMMA  # the most nodes (and children per node) of a token tree, as `specq generate --tree`
 
 
 def registry_draft(target_ref: str, quantizable: bool = False) -> str | None:
@@ -42,6 +44,8 @@ class BenchConfig:
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
     gamma: list[int | str] = dataclasses.field(default_factory=lambda: [DEFAULT_GAMMA])  # N or "auto"
     draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [DEFAULT_DRAFT_CONFIDENCE])
+    tree: list[int] = dataclasses.field(default_factory=lambda: [0])  # token tree node counts; 0: a chain
+    tree_topk: list[int] = dataclasses.field(default_factory=lambda: [DEFAULT_TREE.topk])  # crossed with tree
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
     prompt_sets: list[str] = dataclasses.field(default_factory=lambda: ["chat"])
@@ -75,11 +79,16 @@ class BenchConfig:
 HELP = {
     "targets": "target model refs, optionally name@spec",
     "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, ...)",
-    "drafts": "draft model refs, or 'registry' (the adaptive choice for each target)",
+    "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the target's "
+              "own weights at SPEC), or refs joined by commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
-    "gamma": "draft tokens per step, or 'auto' (each step's length chosen from measured costs, up to 4)",
+    "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (each step's length chosen from measured "
+              "costs, up to 4)"),
     "draft_confidence": (f"end a proposal early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}; "
                          "0 = off; the peer gets the same)"),
+    "tree": ("token trees (EAGLE-2) of up to N draft nodes, gamma levels deep ('auto': each step's depth, up to "
+             f"{AUTO_MAX_GAMMA}); 0 = a chain (default)"),
+    "tree_topk": f"children per expanded tree node and nodes expanded per level (default {DEFAULT_TREE.topk})",
     "max_new_tokens": "output lengths",
     "temperature": "0 = greedy (outputs checked against the baseline token for token)",
     "prompt_sets": "chat, gsm8k, corpus (Shakespeare continuations), file (--prompt-file)",
@@ -103,13 +112,18 @@ HELP = {
 }
 KEYS = tuple(f.name for f in dataclasses.fields(BenchConfig))
 LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": str, "gamma": int,
-             "draft_confidence": float, "max_new_tokens": int, "temperature": float, "prompt_sets": str, "threads": int}
+             "draft_confidence": float, "tree": int, "tree_topk": int, "max_new_tokens": int, "temperature": float,
+             "prompt_sets": str, "threads": int}
 
 
 def _cross(refs: list[str], specs: list[str]) -> list[str]:
-    """Canonical refs `name@spec`: each ref at each spec (or at its own spec when none given)."""
+    """Canonical refs `name@spec`: each ref at each spec (or at its own spec when none given). A
+    hierarchy (refs joined by commas) keeps each level's own spec."""
     out = []
     for ref in refs:
+        if "," in ref:
+            out.append(",".join(f"{name}@{precision.parse(spec)}" for name, spec in map(split_ref, ref.split(","))))
+            continue
         if ref == REGISTRY:
             out += [REGISTRY if not specs else f"{REGISTRY}@{s}" for s in specs or [None]]
             continue
@@ -162,8 +176,12 @@ def validate(raw: dict) -> BenchConfig:
         _check(key, all(v == AUTO or 1 <= v <= most for v in getattr(config, key)), f"every value must be in [1, {most}]")
     _check("temperature", all(0 <= t <= 100 for t in config.temperature), "every value must be in [0, 100]")
     _check("draft_confidence", all(0 <= c < 1 for c in config.draft_confidence), "every value must be in [0, 1)")
+    _check("tree", all(0 <= n <= MAX_TREE for n in config.tree),
+           f"every value must be 0 (a chain) or a node count in [1, {MAX_TREE}]")
+    _check("tree_topk", all(1 <= k <= MAX_TREE for k in config.tree_topk), f"every value must be in [1, {MAX_TREE}]")
     _check("results", not Path(config.results).is_dir(), f"'{config.results}' is a folder; give a .jsonl file")
-    for key in ("targets", "drafts", "gamma", "draft_confidence", "max_new_tokens", "temperature", "prompt_sets"):
+    for key in ("targets", "drafts", "gamma", "draft_confidence", "tree", "tree_topk", "max_new_tokens", "temperature",
+                "prompt_sets"):
         _check(key, bool(getattr(config, key)), "must not be empty")
     for s in config.prompt_sets:
         _check("prompt_sets", s in SETS, f"unknown prompt set '{s}' (valid: {', '.join(SETS)})")
@@ -216,9 +234,13 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
             raise SpecqError(f"bench config '{key[:-1]}_quant': {e}") from None
     for ref in refs:
         try:
-            precision.parse(split_ref(ref)[1])
+            for level in ref.split(","):
+                precision.parse(split_ref(level)[1])
         except SpecqError as e:
             raise SpecqError(f"bench config '{key}': {e}") from None
+        if specs and "," in ref:
+            raise SpecqError(f"bench config '{key}': the hierarchy '{ref}' sets each level's precision; drop "
+                             f"'{key[:-1]}_quant'")
         if specs and "@" in ref:
             raise SpecqError(f"bench config '{key}': '{ref}' has its own @spec; drop it or drop '{key[:-1]}_quant'")
 
@@ -226,12 +248,12 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
 def check_models_exist(config: BenchConfig) -> None:
     """Local model paths exist and bare names are built-ins (hub ids are left to load), so a typo
     fails before the sweep starts rather than after its first stage."""
-    for key, refs in (("targets", config.targets), ("drafts", config.drafts)):
+    for key, refs in (("targets", config.targets), ("drafts", [level for r in config.drafts for level in r.split(",")])):
         for ref in refs:
             name = split_ref(ref)[0]
             path_like = name.startswith((".", "/", "~")) or name.endswith(".gguf")
             hub_id = "/" in name and not path_like
-            if (key == "drafts" and name == REGISTRY) or name in BUILTINS or hub_id or (
+            if (key == "drafts" and name in (REGISTRY, SELF)) or name in BUILTINS or hub_id or (
                     name and Path(name).expanduser().exists()):
                 continue
             raise SpecqError(f"bench config '{key}': model '{name}' not found (not a built-in "
@@ -259,9 +281,21 @@ class Cell:
     ignore_eos: bool
     paired: bool = False  # speculative cells: a plain run timed next to each speculative run
     kernels: str = "fast"  # "fast" (fastpath.py) or "eager"
+    tree: int = 0  # speculative cells: a token tree of up to this many nodes, `gamma` levels deep (0: a chain)
+    tree_topk: int | None = None  # ... with this many children per expanded node
 
     def params(self) -> dict:
-        return dataclasses.asdict(self)
+        """The cell's parameters as stored and hashed; a chain's hold no tree fields, so its key and
+        record are those it had before token trees existed."""
+        params = dataclasses.asdict(self)
+        if not self.tree:
+            del params["tree"], params["tree_topk"]
+        return params
+
+    def tree_shape(self) -> TreeShape | None:
+        """The TreeShape a tree cell drafts with: `gamma` levels ('auto': each step's depth, up to
+        AUTO_MAX_GAMMA); None for a chain."""
+        return tree_shape(self.params())
 
     @property
     def key(self) -> str:
@@ -272,9 +306,18 @@ def cell_key(params: dict) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def tree_shape(params: dict) -> TreeShape | None:
+    """The token tree of a cell's (or summary row's) params, or None for a chain (no tree fields, or 0)."""
+    if not params.get("tree"):
+        return None
+    depth = AUTO_MAX_GAMMA if params["gamma"] == AUTO else int(params["gamma"])
+    return TreeShape(params["tree"], depth, params["tree_topk"])
+
+
 def related(params: dict, kind: str) -> dict:
     """The params of the baseline (or peer) cell a speculative cell is compared with."""
     if kind == "baseline":
+        params = {k: v for k, v in params.items() if k not in ("tree", "tree_topk")}
         return {**params, "kind": "baseline", "draft": None, "gamma": None, "draft_confidence": None, "paired": False}
     if kind == "peer":
         return {**params, "kind": kind, "paired": False}
@@ -300,22 +343,35 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
         cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, draft_confidence=None, **c)
                   for c in common]
         for draft in _drafts_for(target, config, registry, notes):
-            for kind in ("speculative", "peer") if config.peer else ("speculative",):
-                for g in config.gamma:
-                    for conf in config.draft_confidence:
-                        cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf,
-                                       paired=config.paired and kind == "speculative", **c)
-                                  for c in common if kind == "speculative" or c["temperature"] == 0 and g != AUTO]
+            if 0 in config.tree:  # chains
+                for kind in ("speculative", "peer") if config.peer else ("speculative",):
+                    for g in config.gamma:
+                        for conf in config.draft_confidence:
+                            cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf,
+                                           paired=config.paired and kind == "speculative", **c)
+                                      for c in common if kind == "speculative" or c["temperature"] == 0 and g != AUTO]
+            # token trees: `gamma` is the depth; a tree has no early stop, so no draft_confidence
+            cells += [Cell(kind="speculative", target=target, draft=draft, gamma=g, draft_confidence=None,
+                           paired=config.paired, tree=n, tree_topk=k, **c)
+                      for n in config.tree if n for k in config.tree_topk for g in config.gamma for c in common]
     if config.peer and any(t > 0 for t in config.temperature):
         notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")
     if config.peer and AUTO in config.gamma:
         notes.append("peer baseline runs at fixed gammas only: none for gamma 'auto'")
+    if any(config.tree):
+        if config.peer:
+            notes.append("peer baseline drafts chains only: none for token tree cells")
+        if any(config.draft_confidence):
+            notes.append("token trees have no early stop: tree cells ignore draft_confidence")
     return list(dict.fromkeys(cells)), notes
 
 
 def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) -> list[str]:
     out = []
     for entry in config.draft_entries():
+        if entry.split("@")[0] == SELF or "," in entry:
+            out.append(",".join(resolve_draft_ref(level, target) for level in entry.split(",")))
+            continue
         if entry.split("@")[0] != REGISTRY:
             out.append(entry)
             continue

@@ -60,7 +60,8 @@ def _models(records: list[dict]) -> Table:
     table = Table("models", ["ref", "precision", "source", "sha256 (state dict, first 16)"])
     seen = set()
     for cell in store.cells(records).values():
-        for info in (cell.get("target"), cell.get("draft")):
+        draft = cell.get("draft") or {}
+        for info in (cell.get("target"), *draft.get("levels", [draft])):  # a hierarchy: each level
             if info and (info["ref"], info["sha256"]) not in seen:
                 seen.add((info["ref"], info["sha256"]))
                 table.add([info["ref"], info["precision"], info["source"], info["sha256"]])
@@ -178,9 +179,14 @@ def _integer_x(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _tree(r: dict) -> str:
+    """' | tree 16 k4' for a token tree's row (its depth is on the gamma axis), '' for a chain's."""
+    return f" | tree {r['tree']} k{r['tree_topk']}" if r.get("tree") else ""
+
+
 def _pair(r: dict) -> str:
     stop = r.get("draft_confidence")
-    return f"{r['target']} | {r['draft']}" + (f" | stop < {stop:g}" if stop else "")
+    return f"{r['target']} | {r['draft']}" + (f" | stop < {stop:g}" if stop else "") + _tree(r)
 
 
 def _err(values: list) -> tuple[list, list]:
@@ -216,7 +222,8 @@ def _per_position(spec: list[dict]) -> str | None:
         for label, r in chosen.items():
             means, err = _err(r[key])
             ax.errorbar(range(1, len(means) + 1), means, yerr=err, marker="o", capsize=3, label=label)
-        ax.set(title=name, xlabel="draft position i", ylim=(0, 1.05))
+        depth = " (a tree's: depth i)" if any(r.get("tree") for r in chosen.values()) else ""
+        ax.set(title=name, xlabel="draft position i" + depth, ylim=(0, 1.05))
         _integer_x(ax)
     axes[0].set_ylabel("acceptance")
     axes[1].legend(fontsize=7)
@@ -243,7 +250,9 @@ def _vs_gamma(spec: list[dict]) -> str | None:
             ax.plot([r["gamma"] for r in group], [r["predicted_speedup"] for r in group], "--",
                     color=line[0].get_color(), alpha=0.6)
         ax.axhline(1, color="grey", lw=0.8)
-        ax.set(title=f"{n} new tokens (dashed: predicted)", xlabel="gamma", ylabel="speedup over the target alone")
+        depth = " (a tree's: its depth)" if any(r.get("tree") for r in swept) else ""
+        ax.set(title=f"{n} new tokens (dashed: predicted)", xlabel="gamma" + depth,
+               ylabel="speedup over the target alone")
         _integer_x(ax)
     axes[0][-1].legend(fontsize=7)
     return _png(fig)
@@ -293,7 +302,7 @@ def _per_precision(spec: list[dict]) -> str | None:
     for ax, key, label in ((axes[0], "acceptance_rate", "acceptance rate"), (axes[1], "speedup", "speedup")):
         series: dict[str, dict] = {}
         for r in rows:
-            series.setdefault(r["draft"], {})[r["target"]] = r[key]
+            series.setdefault(r["draft"] + _tree(r), {})[r["target"]] = r[key]
         _bars(ax, targets, series, label)
     axes[0].set_ylim(0, 1)
     axes[1].axhline(1, color="grey", lw=0.8)

@@ -162,9 +162,10 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
-            later = {c.target for c in pending[i:]} | {c.draft for c in pending[i:] if c.draft}
+            later = {c.target for c in pending[i:]} | {ref for c in pending[i:] if c.draft for ref in c.draft.split(",")}
             pool.keep_only(later)  # free models no later cell needs
             label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
+            label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
             bar.update(task, description=f"{label} {cell.set} n={cell.max_new_tokens}")
             record = _run_cell(cell, prompt_sets[cell.set], pool, generate, warmed,
                                lambda: bar.advance(task))
@@ -175,11 +176,15 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
 def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set, advance) -> dict:
     torch.set_num_threads(cell.threads)
     target, target_info = pool.get(cell.target)
-    draft, draft_info = pool.get(cell.draft) if cell.draft else (None, None)
+    levels = [pool.get(ref) for ref in cell.draft.split(",")] if cell.draft else []  # a hierarchy: cheapest first
+    draft = None if not levels else levels[0][0] if len(levels) == 1 else [m for m, _ in levels]
+    draft_info = None if not levels else levels[0][1] if len(levels) == 1 else {
+        "ref": cell.draft, "precision": levels[0][1]["precision"], "levels": [i for _, i in levels]}
     record = {"type": "cell", "key": cell.key, "cell": cell.params(), "target": target_info, "draft": draft_info,
               "threads_used": torch.get_num_threads()}
     if cell.kind == "peer":
-        reason = peer_skip_reason(target) or peer_skip_reason(draft)
+        reason = peer_skip_reason(target) or ("a draft hierarchy (transformers has no equivalent)"
+                                              if isinstance(draft, list) else peer_skip_reason(draft))
         if reason:
             for _ in range(cell.n_prompts * cell.repeats):
                 advance()
@@ -192,12 +197,15 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos, target.eos_ids,
                                cell.draft_confidence or 0.0)
     else:
+        shape = cell.tree_shape()  # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
+        tree = {"tree": shape} if shape else {}
+
         def one(prompt_ids: list[int], n: int, alone: bool = False):
             return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1, max_new_tokens=n,
                             temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos,
-                            draft_confidence=cell.draft_confidence or 0.0)
+                            draft_confidence=cell.draft_confidence or 0.0, **({} if alone else tree))
 
-    pair = (cell.kind, cell.target, cell.draft, cell.threads)
+    pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))  # a tree's first pass warms up too
     if pair not in warmed:  # first calls pay for allocation and lazy init: never time them
         one(ids[0], min(WARMUP_TOKENS, cell.max_new_tokens))
         warmed.add(pair)
@@ -206,7 +214,7 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
         if cell.kind != "peer":
             prefill["target"].append(prefill_ms(target, prompt_ids))
             if draft is not None:
-                prefill["draft"].append(prefill_ms(draft, prompt_ids))
+                prefill["draft"].append(sum(prefill_ms(m, prompt_ids) for m, _ in levels))
         for repeat in range(cell.repeats):
             plain_first = (prompt.index + repeat) % 2 == 1  # alternate the order, so neither side is always first
             plain = one(prompt_ids, cell.max_new_tokens, alone=True) if cell.paired and plain_first else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..gamma import AUTO_MAX_GAMMA
 from .aggregate import MIN_STEPS
 
 TAU = "tau (bonus incl.)"
@@ -34,10 +35,28 @@ def ci(value, spec: str = ".2f") -> str:
 
 
 def gamma_label(row: dict) -> str:
-    """gamma, and the draft-confidence stop when one was used."""
+    """gamma, and the draft-confidence stop when one was used; a token tree's size, depth and topk."""
+    if row.get("tree"):
+        return tree_label(row)
     stop = row.get("draft_confidence")
     gamma = row["gamma"] if isinstance(row["gamma"], str) else num(row["gamma"], "d")  # N, "auto" or -
     return gamma + (f" (stop < {stop:g})" if stop else "")
+
+
+def tree_label(row: dict, brief: bool = False) -> str:
+    """'tree 16 (d4, k4)': a token tree of up to 16 nodes, 4 levels deep ('d auto': each step's
+    depth chosen, up to 4), 4 children per expanded node ('tree 16 d4 k4' when `brief`)."""
+    depth = f"d {row['gamma']}" if isinstance(row["gamma"], str) else f"d{row['gamma']}"
+    return f"tree {row['tree']} {depth} k{row['tree_topk']}" if brief else \
+        f"tree {row['tree']} ({depth}, k{row['tree_topk']})"
+
+
+TREE_NOTE = ("tree N (dD, kK): a token tree (EAGLE-2) of up to N draft nodes, D levels deep ('d auto': each "
+             f"step's depth chosen, up to {AUTO_MAX_GAMMA}), K children per expanded node")
+
+
+def _trees(rows: list[dict]) -> bool:
+    return any(r.get("tree") for r in rows)
 
 
 def num(value, spec: str = ".2f") -> str:
@@ -91,16 +110,18 @@ def summary(rows: list[dict], confidence: float) -> Table:
     vary = {k: len({r[k] for r in rows}) > 1 for k in ("temperature", "threads", "set")}
     peer = any(r["peer_tokens_per_s"] for r in rows)
     em = any(r["em"] for r in rows)
-    headers = ["target", "draft", "gamma", "new tokens"]
+    trees = _trees(rows)  # a chain-only table is as it was before token trees
+    headers = ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens"]
     headers += [h for h, k in (("T", "temperature"), ("threads", "threads"), ("prompt set", "set")) if vary[k]]
-    headers += ["prompts", "accept rate", TAU, "tok/s", "speedup", "predicted", "draft share"]
+    headers += ["prompts", "accept rate", TAU] + ["nodes per pass"] * trees
+    headers += ["tok/s", "speedup", "predicted", "draft share"]
     headers += ["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer + ["vs baseline output", "notes"]
     table = Table("specq bench", headers)
     for r in rows:
         cells = [r["target"], r["draft"] or "(target alone)", gamma_label(r), str(r["max_new_tokens"])]
         cells += [str(r[k]) for k in ("temperature", "threads", "set") if vary[k]]
-        cells += [str(r["prompts"]), ci(r["acceptance_rate"]), ci(r["tau"]), ci(r["tokens_per_s"], ".1f"),
-                  ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)",
+        cells += [str(r["prompts"]), ci(r["acceptance_rate"]), ci(r["tau"])] + [ci(r.get("nodes_per_pass"))] * trees
+        cells += [ci(r["tokens_per_s"], ".1f"), ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)",
                   num(r["predicted_speedup"]), ci(r["draft_share"])]
         cells += [ci(r["em"])] * em + [ci(r["peer_tokens_per_s"], ".1f"), ci(r["vs_peer"])] * peer
         cells += [exactness(r), notes(r)]
@@ -109,6 +130,9 @@ def summary(rows: list[dict], confidence: float) -> Table:
                      "tokens per target pass, the target's own token included; speedup = tokens/s over the "
                      "same target's baseline, per prompt, then mean; predicted = analytic "
                      "(measured accepted tokens per step and costs, no prefill or loop overhead)")
+    if trees:
+        table.caption += ("; " + TREE_NOTE + "; nodes per pass = draft nodes (a chain's tokens) per target pass; "
+                          "a tree's accept rate is over all its nodes, of which one path at most is accepted")
     return table
 
 
@@ -118,6 +142,7 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
     shown, hidden = _best_only(rows) if best_only else (rows, 0)
     bases = {r["target"].split("@")[0] for r in rows}
     lengths = {r["max_new_tokens"] for r in rows}
+    trees = _trees(shown)
     headers = ["target", "draft", "gamma"] + ["tokens"] * (len(lengths) > 1)
     title = "specq bench: " + " ".join(sorted(bases)) + (f", {lengths.pop()} tokens" if len(lengths) == 1 else "")
     table = Table(title, headers + [TAU.split()[0], f"speedup [{confidence:.0%} CI]", "lossless"])
@@ -125,12 +150,15 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
         target = r["target"] if len(bases) > 1 else r["target_precision"]
         stop = f" <{r['draft_confidence']:g}" if r.get("draft_confidence") else ""
         gamma = (r["gamma"] if isinstance(r["gamma"], str) else num(r["gamma"], "d")) + stop
+        gamma = tree_label(r, brief=True) if r.get("tree") else gamma
         cells = [target, short_draft(r), gamma] + [str(r["max_new_tokens"])] * (len(headers) == 4)
         speedup = ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)"
         flag = "*" if r["warmup_dominated"] or (r["kind"] == "speculative" and not r["speedup_paired"]) else ""
         table.add(cells + [mean(r["tau"]), speedup + flag, exactness(r, brief=True)],
                   failed=bool(r["mismatches"]))
-    table.caption = ("gamma N <c: proposals end early below draft confidence c; tau = tokens per target pass; "
+    table.caption = ("gamma N <c: proposals end early below draft confidence c; "
+                     + ("tree N dD kK: a token tree of up to N nodes, D levels deep, K children per node; " * trees)
+                     + "tau = tokens per target pass; "
                      "speedup = tokens/s over the target alone on the same prompt, "
                      f"mean [{confidence:.0%} bootstrap CI over prompts]; * = see the report's notes"
                      + (f"; best gamma shown ({hidden} more rows)" if hidden else "")
@@ -143,9 +171,12 @@ def short_draft(row: dict) -> str:
     'feature-draft'), with its precision unless fp32."""
     if not row["draft"]:
         return "(alone)"
+    if "," in row["draft"]:  # a hierarchy, cheapest level first
+        return " > ".join(short_draft({**row, "draft": level, "draft_precision": level.rpartition("@")[2]})
+                          for level in row["draft"].split(","))
     name = row["draft"].split("@")[0].rstrip("/").rsplit("/", 1)[-1]
-    base = row["target"].split("@")[0] + "-"
-    name = name[len(base):] if name.startswith(base) and len(name) > len(base) else name
+    base = row["target"].split("@")[0]
+    name = "self" if name == base else name[len(base) + 1:] if name.startswith(base + "-") else name
     precision = row.get("draft_precision")
     return name + (f"@{precision}" if precision and precision != "fp32" else "")
 
@@ -154,20 +185,29 @@ def per_position(rows: list[dict]) -> Table:
     """U_i = P(accepted length >= i) and a_i = P(token i accepted | 1..i-1 accepted)."""
     spec = [r for r in rows if r["kind"] == "speculative"]
     width = max((len(r["U"]) for r in spec), default=0)
-    table = Table("per-position acceptance", ["target", "draft", "gamma", "new tokens", "convention"]
-                  + [str(i + 1) for i in range(width)])
+    trees = _trees(spec)
+    table = Table("per-position acceptance", ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens",
+                                              "convention"] + [str(i + 1) for i in range(width)])
     for r in spec:
         for name, values in (("U_i (unconditional)", r["U"]), ("a_i (conditional)", r["a"])):
             table.add([r["target"], r["draft"], gamma_label(r), str(r["max_new_tokens"]), name]
                       + [num(v[0] if v else None) for v in values] + [""] * (width - len(values)))
+    if trees:
+        table.caption = ("i = draft position; for a token tree, depth i: P(the accepted path reaches depth i), "
+                         "and P(it goes on from depth i-1 to i); a level counts once, however many nodes it holds. "
+                         + TREE_NOTE)
     return table
 
 
 def profile(rows: list[dict]) -> Table:
     """Milliseconds per forward for each model and phase, and the split of a decode step."""
-    table = Table("profile (ms per forward)", ["target", "draft", "gamma", "new tokens", "target prefill",
-                                               "draft prefill", "target pass (verify / plain step)",
+    trees = _trees(rows)
+    table = Table("profile (ms per forward)", ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens",
+                                               "target prefill", "draft prefill", "target pass (verify / plain step)",
                                                "draft step", "other per step", "step", "draft / verify / other"])
+    if trees:
+        table.caption = ("draft step: one draft forward (a chain's token); for a token tree, growing one whole tree "
+                         "(a forward per level). " + TREE_NOTE)
     for r in rows:
         p = r["profile"]
         split = (f"{p['draft_share']:.0%} / {p['verify_share']:.0%} / {p['other_share']:.0%}"

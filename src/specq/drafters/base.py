@@ -1,6 +1,8 @@
+"""What a drafter is (`Drafter`) and what it proposes (`Proposal`): the loop's only view of drafts."""
+
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -15,11 +17,41 @@ DEFAULT_GAMMA = 2
 
 
 class Proposal(NamedTuple):
-    tokens: Tensor  # [g] draft token ids
-    probs: Tensor | None  # [g, V] processed draft distributions q (None when greedy)
+    """Draft tokens as a tree rooted at the sequence's last token; a chain is the special case.
+
+    Nodes are in topological order (a parent before its children, siblings best first)."""
+
+    tokens: Tensor  # [N] draft token ids
+    parents: Tensor  # [N] each node's parent index in `tokens`; -1: a child of the root
+    probs: Tensor | None  # [N, V] the processed draft distribution each node was sampled from;
+    # None when greedy or when the nodes were chosen, not sampled (then each is a point mass)
+
+    @classmethod
+    def chain(cls, tokens: Tensor, probs: Tensor | None = None) -> "Proposal":
+        return cls(tokens, torch.arange(-1, tokens.shape[0] - 1), probs)
 
 
-EMPTY = Proposal(torch.empty(0, dtype=torch.long), None)
+EMPTY = Proposal.chain(torch.empty(0, dtype=torch.long))
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens for the target to verify; keeps whatever state it needs (a cache)."""
+
+    needs_target_features: bool  # the loop passes the target's final hidden states when set
+
+    def start(self, prompt: Tensor, capacity: int, features: Tensor | None) -> None:
+        """Prefill on the prompt ids; `features`: the target's hidden states of the prompt rows."""
+
+    def nodes(self, gamma: int) -> int:
+        """The most nodes a proposal at most `gamma` deep can hold (verify rows are this plus one)."""
+
+    def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Proposal:
+        """At most `gamma` tokens deep, continuing `seq` (every token so far)."""
+
+    def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
+        """seq[:length + 1] is settled; `path` are the indices of the last proposal's accepted
+        nodes (root to leaf), `features` the target's hidden states of the root and those nodes."""
 
 
 def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator,

@@ -8,6 +8,7 @@ from torch import Tensor
 from ..models import Model
 from ..sampling import SamplingConfig
 from .base import Proposal, choose
+from .tree import TreeShape, grow
 
 # The early stop used unless the caller picks one. transformers (assistant_confidence_threshold)
 # and llama.cpp (--draft-p-min) stop early by default too: with a draft that is often wrong, every
@@ -21,16 +22,25 @@ class SequenceDrafter:
     just drafted falls below it (as transformers' assistant_confidence_threshold): a weak draft
     then wastes fewer draft steps and verify rows. Output is unaffected: only the count changes."""
 
-    def __init__(self, draft: Model, target_vocab_size: int, min_confidence: float = 0.0):
+    needs_target_features = False
+
+    def __init__(self, draft: Model, target_vocab_size: int, min_confidence: float = 0.0,
+                 tree: TreeShape | None = None):
         self.net = draft.net
         self.vocab = target_vocab_size
         self.min_confidence = min_confidence
+        self.tree = tree
         self.cache = None
+        self.tree_start: int | None = None  # where the last tree's rows begin in the cache
+        self.base = 0  # len(seq) at the last proposal
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
-        self.cache = self.net.new_cache(capacity)
+        self.cache = self.net.new_cache(capacity + (self.tree.topk * self.tree.depth if self.tree else 0))
         if prompt.shape[0] > 1:  # the last prompt token is fed with the first proposal
             self.net(prompt[:-1], self.cache)
+
+    def nodes(self, gamma: int) -> int:
+        return self.tree.size if self.tree else gamma
 
     def _align(self, logits: Tensor) -> Tensor:
         """Draft logits on the target's vocabulary: drop extra rows, pad missing with -inf."""
@@ -44,6 +54,9 @@ class SequenceDrafter:
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
         pending = torch.tensor(seq[self.cache.length:], dtype=torch.long)
+        self.base = len(seq)  # the proposal's first token goes to position base
+        if self.tree:
+            return self._tree(pending, gamma)
         tokens, dists = [], []
         for _ in range(gamma):
             logits = self._align(self.net(pending, self.cache, last_only=True))
@@ -54,7 +67,21 @@ class SequenceDrafter:
             pending = token
             if not confident:
                 break
-        return Proposal(torch.cat(tokens), torch.cat(dists) if dists else None)
+        return Proposal.chain(torch.cat(tokens), torch.cat(dists) if dists else None)
 
-    def rollback(self, length: int, features: Tensor | None = None) -> None:
-        self.cache.crop(min(self.cache.length, length))
+    def _tree(self, pending: Tensor, depth: int) -> Proposal:
+        root = self._align(self.net(pending, self.cache, last_only=True))[0].log_softmax(-1)
+        self.tree_start = start = self.cache.length  # the root sits at position start - 1
+
+        def expand(tokens: Tensor, parent_rows: Tensor, depths: Tensor, mask: Tensor) -> Tensor:
+            logits = self.net(tokens, self.cache, positions=start - 1 + depths, mask=mask)
+            return self._align(logits).log_softmax(-1)
+
+        return grow(root, expand, self.tree, depth)
+
+    def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
+        """A chain's rows are in sequence order and the rows of its accepted tokens (`path`) stay;
+        a tree's rows are dropped (the accepted path is fed again with the next proposal)."""
+        keep = self.base + len(path) if self.tree_start is None else self.tree_start
+        self.cache.crop(min(self.cache.length, keep, length))
+        self.tree_start = None
