@@ -211,6 +211,11 @@ def test_tree_cells_run_losslessly_and_show_up_labelled(pair, tmp_path, monkeypa
     report = md.read_text()
     assert "| tree 6 (d2, k2) |" in report and "nodes per pass" in report
     assert "tree 6 (d auto, k2)" in html.read_text()
+    from specq.bench.report import plots
+
+    titles = [title for title, _ in plots(rows)]
+    assert "Tau and speedup vs tree size" in titles
+    assert "Tau and speedup vs tree size" not in [t for t, _ in plots([r for r in rows if not r["tree"]])]
 
 
 def test_a_corrupted_tree_output_is_a_correctness_failure_of_its_row(pair, tmp_path):

@@ -154,10 +154,10 @@ def plots(rows: list[dict]) -> list[tuple[str, str]]:
     fixed = [r for r in spec if r["gamma"] != AUTO]  # plotted against gamma or draft position
     out = []
     for title, draw in (("Per-position acceptance", _per_position), ("Speedup vs gamma", _vs_gamma),
-                        ("Speedup vs output length", _vs_length),
+                        ("Speedup vs output length", _vs_length), ("Tau and speedup vs tree size", _vs_tree),
                         ("Acceptance and speedup per target / draft precision", _per_precision),
                         ("Quality per target precision", _quality)):
-        data = draw(rows if draw is _quality else fixed if draw in (_per_position, _vs_gamma) else spec)
+        data = draw(rows if draw is _quality else fixed if draw in (_per_position, _vs_gamma, _vs_tree) else spec)
         if data:
             out.append((title, data))
     return out
@@ -255,6 +255,35 @@ def _vs_gamma(spec: list[dict]) -> str | None:
                ylabel="speedup over the target alone")
         _integer_x(ax)
     axes[0][-1].legend(fontsize=7)
+    return _png(fig)
+
+
+def _vs_tree(spec: list[dict]) -> str | None:
+    """Tau and speedup against the nodes per proposal (a chain of gamma g: g nodes), one line per
+    target precision, draft and depth: where a bigger tree stops paying for its verify rows."""
+    import matplotlib.pyplot as plt
+
+    rows = _longest(spec)
+    if not any(r.get("tree") for r in rows):
+        return None
+    lines: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("tree") or any(o.get("tree") and o["gamma"] == r["gamma"] and o["draft"] == r["draft"]
+                                and o["target"] == r["target"] for o in rows):  # a chain of a depth trees have
+            label = f"{r['target_precision']} | {r['draft']} | depth {r['gamma']}"
+            lines.setdefault(label, []).append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, group in lines.items():
+        group.sort(key=lambda r: r.get("tree") or r["gamma"])
+        size = [r.get("tree") or r["gamma"] for r in group]
+        for ax, key in ((axes[0], "tau"), (axes[1], "speedup")):
+            means, err = _err([r[key] for r in group])
+            ax.errorbar(size, means, yerr=err, marker="o", capsize=3, label=label)
+    axes[0].set(title="tau (bonus included)", xlabel="draft nodes per proposal (a chain: gamma)", ylabel="tau")
+    axes[1].set(title="speedup", xlabel="draft nodes per proposal (a chain: gamma)",
+                ylabel="speedup over the target alone")
+    axes[1].axhline(1, color="grey", lw=0.8)
+    axes[1].legend(fontsize=7)
     return _png(fig)
 
 
