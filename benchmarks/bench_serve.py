@@ -8,7 +8,7 @@ so both modes generate the same tokens). One JSON line per request and per round
 Markdown table is computed from that file.
 
     python benchmarks/bench_serve.py [--precisions fp32 int4-g64-rtn-head8] [--requests 32] [--max-tokens 64]
-                                     [--threads 2] [--out docs/results/serve-load.jsonl]
+                                     [--threads 2] [--parallel] [--out docs/results/serve-load.jsonl]
     python benchmarks/bench_serve.py --table docs/results/serve-load.jsonl
 """
 
@@ -37,9 +37,9 @@ CONCURRENCY = (1, 4, 16)
 MODES = {"speculative": {}, "plain": {"speculative": False}}
 
 
-def start_server(precisions: list[str], threads: int, queue: int) -> tuple[subprocess.Popen, str]:
+def start_server(precisions: list[str], threads: int, queue: int, parallel: bool) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "specq.cli", "serve", "--precisions", ",".join(precisions), "--port", "0",
-           "--threads", str(threads), "--queue", str(queue)]
+           "--threads", str(threads), "--queue", str(queue)] + (["--parallel"] if parallel else [])
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     url = None
     for line in proc.stderr:
@@ -80,8 +80,8 @@ def run_round(url: str, models: list[str], prompts: list[str], concurrency: int,
         if not hasattr(local, "client"):
             local.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
         model, prompt = models[i % len(models)], prompts[i % len(prompts)]
-        return {"kind": "request", "concurrency": concurrency, "mode": mode, "model": model, "prompt": i % len(prompts)} \
-            | one_request(local.client, model, prompt, max_tokens, MODES[mode])
+        row = {"kind": "request", "concurrency": concurrency, "mode": mode, "model": model, "prompt": i % len(prompts)}
+        return row | one_request(local.client, model, prompt, max_tokens, MODES[mode])
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -113,11 +113,13 @@ def table(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     run = next(r for r in rows if r["kind"] == "run")
     lines = [f"`{run['command']}` ({run['threads']} threads, {run['machine']}, {run['max_tokens']} tokens per "
-             f"request, precisions {', '.join(run['precisions'])})", "",
+             f"request, precisions {', '.join(run['precisions'])}, "
+             f"{'--parallel' if run['parallel'] else 'precisions taking turns'}, {run['time']})", "",
              "| clients | mode | requests | errors | tokens/s | latency p50 / p95 (s) | TTFT p50 / p95 (s) |",
              "|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["kind"] == "round"):
-        done = [q for q in rows if q["kind"] == "request" and (q["concurrency"], q["mode"]) == (r["concurrency"], r["mode"])]
+        done = [q for q in rows if q["kind"] == "request" and q["concurrency"] == r["concurrency"]
+                and q["mode"] == r["mode"]]
         ok = [q for q in done if q["error"] is None]
         lat, ttft = [q["latency_s"] for q in ok], [q["ttft_s"] for q in ok if q["ttft_s"] is not None]
         tokens = sum(q["completion_tokens"] or 0 for q in ok)
@@ -125,7 +127,8 @@ def table(path: Path) -> str:
                      f"{tokens / r['wall_s']:.1f} | {percentile(lat, 50):.2f} / {percentile(lat, 95):.2f} | "
                      f"{percentile(ttft, 50):.2f} / {percentile(ttft, 95):.2f} |")
     for m in (r for r in rows if r["kind"] == "metrics" and r["draft"] != "none"):
-        drafted, accepted = m["specq:spec_decode_num_draft_tokens_total"], m["specq:spec_decode_num_accepted_tokens_total"]
+        drafted = m["specq:spec_decode_num_draft_tokens_total"]
+        accepted = m["specq:spec_decode_num_accepted_tokens_total"]
         steps = m["specq:decode_steps_total"]
         lines.append(f"\n{m['model']} with {m['draft']}: acceptance {accepted / drafted:.3f}, "
                      f"tau {(accepted + steps) / steps:.2f} (bonus token included; all speculative rounds)")
@@ -138,6 +141,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests per round")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
+    ap.add_argument("--parallel", action="store_true", help="start the server with --parallel (no turns)")
     ap.add_argument("--url", default=None, help="an already running server (default: start one)")
     ap.add_argument("--out", type=Path, default=Path("docs/results/serve-load.jsonl"))
     ap.add_argument("--table", type=Path, default=None, help="print the table of a results file and exit")
@@ -145,13 +149,15 @@ def main() -> None:
     if args.table:
         print(table(args.table))
         return
-    proc, url = (None, args.url) if args.url else start_server(args.precisions, args.threads, max(CONCURRENCY) * 2)
+    proc, url = (None, args.url) if args.url else start_server(args.precisions, args.threads, max(CONCURRENCY) * 2,
+                                                                      args.parallel)
     try:
         models = [f"smollm2-135m@{p}" for p in args.precisions]
         prompts = chat_prompts("held_out")
         for mode in MODES:  # untimed warm-up of every (model, mode)
             run_round(url, models, prompts, len(models), mode, len(models), 8)
         rows = [{"kind": "run", "command": "python " + shlex.join(sys.argv), "threads": args.threads,
+                 "parallel": args.parallel,
                  "precisions": args.precisions, "max_tokens": args.max_tokens, "requests": args.requests,
                  "machine": platform.processor() or platform.machine(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}]
         before = spec_counters(url)

@@ -259,6 +259,16 @@ def test_a_client_that_disconnects_cancels_its_generation(server, dirs, slow_ste
         assert time.monotonic() - started < 10, "the generation was not cancelled"
         time.sleep(0.05)
     assert time.monotonic() - started < 400 * slow_steps[0] / 3  # far from running its 400 tokens
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)  # not streamed: hang up while it runs
+    conn.request("POST", "/v1/completions", json.dumps({"model": name(dirs), "prompt": PROMPT, "max_tokens": 400,
+                                                        "ignore_eos": True}),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    time.sleep(0.3)
+    conn.close()
+    started = time.monotonic()
+    while metric(port, "specq:request_success_total", finished_reason="abort") == aborted + 1:
+        assert time.monotonic() - started < 5, "the generation was not cancelled"
+        time.sleep(0.05)
     slow_steps[0] = 0
     out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=2, temperature=0)
     assert out.usage.completion_tokens == 2
@@ -374,3 +384,39 @@ def test_streamed_text_never_sends_what_it_must_take_back(text, stop, sent):
         assert not any(s in "".join(deltas) for s in stop or [])
     deltas.append(stream.finish(trim_at_stop(text, stop)))
     assert "".join(deltas) == sent
+
+
+def test_models_take_turns_a_step_each():
+    from specq.serve.turns import Turns
+
+    turns, log = Turns(), []
+
+    def worker(name: str) -> None:
+        with turns.turn():
+            for _ in range(3):
+                log.append(name)
+                turns.pass_on()
+
+    turns.acquire()  # both workers queue up behind this
+    threads = [threading.Thread(target=worker, args=(n,)) for n in "ab"]
+    for i, thread in enumerate(threads):
+        thread.start()
+        while len(turns._waiting) < i + 1:
+            time.sleep(0.001)
+    turns.release()
+    for thread in threads:
+        thread.join(10)
+    assert "".join(log) == "ababab"
+
+
+def test_concurrent_requests_to_both_precisions(server, dirs, models):
+    port, _ = server
+    want = {p: specq.generate(models[p], PROMPT, models["draft"], max_new_tokens=30).text for p in ("fp32", "bf16")}
+
+    def ask(precision: str) -> str:
+        out = client(port).completions.create(model=name(dirs, precision), prompt=PROMPT, max_tokens=30, temperature=0)
+        return out.choices[0].text
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(ask, ["fp32", "bf16", "bf16", "fp32"]))
+    assert got == [want["fp32"], want["bf16"], want["bf16"], want["fp32"]]
