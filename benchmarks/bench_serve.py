@@ -1,14 +1,18 @@
-"""Load on one `specq serve`: 1, 4 and 16 concurrent clients, mixed precisions, speculative vs plain.
+"""Load on `specq serve`: 1, 4 and 16 concurrent clients, mixed precisions, speculative vs plain.
 
-Starts `specq serve` on the built-in target at the given precisions (or uses --url), then for each
-concurrency, one round per mode (speculative: each precision's registry draft; plain:
-`speculative: false`), each round --requests streamed chat completions spread round-robin over
-the precisions and the held-out chat prompts, greedy, exactly --max-tokens tokens (EOS ignored,
-so both modes generate the same tokens). One JSON line per request and per round to --out; the
-Markdown table is computed from that file.
+Starts one `specq serve` per variant on the built-in target at the given precisions (`turns`: the
+default, precisions take turns a decoding step each; `parallel`: `--parallel`). For each
+concurrency and mode (speculative: each precision's registry draft; plain: `speculative: false`)
+it runs one round per variant, back to back, alternating which goes first (machine noise drifts
+by tens of percent over minutes, so only rounds run side by side are compared). A round is
+--requests streamed chat completions (at least one per client), round-robin over the precisions
+and the held-out chat prompts, greedy, exactly --max-tokens tokens (EOS ignored, so both modes
+generate the same tokens). One JSON line per request and per round to --out; the Markdown table
+is computed from that file.
 
-    python benchmarks/bench_serve.py [--precisions fp32 int4-g64-rtn-head8] [--requests 32] [--max-tokens 64]
-                                     [--threads 2] [--parallel] [--out docs/results/serve-load.jsonl]
+    python benchmarks/bench_serve.py [--precisions fp32 int4-g64-rtn-head8] [--variants turns parallel]
+                                     [--requests 8] [--max-tokens 32] [--threads 2]
+                                     [--out docs/results/serve-load.jsonl]
     python benchmarks/bench_serve.py --table docs/results/serve-load.jsonl
 """
 
@@ -35,11 +39,12 @@ from specq.data import chat_prompts
 
 CONCURRENCY = (1, 4, 16)
 MODES = {"speculative": {}, "plain": {"speculative": False}}
+VARIANTS = {"turns": [], "parallel": ["--parallel"]}
 
 
-def start_server(precisions: list[str], threads: int, queue: int, parallel: bool) -> tuple[subprocess.Popen, str]:
+def start_server(precisions: list[str], threads: int, queue: int, variant: str) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "specq.cli", "serve", "--precisions", ",".join(precisions), "--port", "0",
-           "--threads", str(threads), "--queue", str(queue)] + (["--parallel"] if parallel else [])
+           "--threads", str(threads), "--queue", str(queue), *VARIANTS[variant]]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     url = None
     for line in proc.stderr:
@@ -72,7 +77,7 @@ def one_request(client: openai.OpenAI, model: str, prompt: str, max_tokens: int,
             "completion_tokens": tokens, "error": error}
 
 
-def run_round(url: str, models: list[str], prompts: list[str], concurrency: int, mode: str, requests: int,
+def run_round(url: str, label: dict, models: list[str], prompts: list[str], concurrency: int, requests: int,
               max_tokens: int) -> list[dict]:
     local = threading.local()
 
@@ -80,8 +85,8 @@ def run_round(url: str, models: list[str], prompts: list[str], concurrency: int,
         if not hasattr(local, "client"):
             local.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
         model, prompt = models[i % len(models)], prompts[i % len(prompts)]
-        row = {"kind": "request", "concurrency": concurrency, "mode": mode, "model": model, "prompt": i % len(prompts)}
-        return row | one_request(local.client, model, prompt, max_tokens, MODES[mode])
+        row = {"kind": "request", **label, "model": model, "prompt": i % len(prompts)}
+        return row | one_request(local.client, model, prompt, max_tokens, MODES[label["mode"]])
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -89,23 +94,22 @@ def run_round(url: str, models: list[str], prompts: list[str], concurrency: int,
     wall = time.perf_counter() - started
     for row in rows:
         row["start_s"] -= started
-    return rows + [{"kind": "round", "concurrency": concurrency, "mode": mode, "requests": requests, "wall_s": wall}]
+    return rows + [{"kind": "round", **label, "requests": requests, "wall_s": wall}]
 
 
-def spec_counters(url: str) -> list[dict]:
-    """Drafted and accepted tokens per (model, draft) so far, from /metrics."""
+def spec_counters(url: str) -> dict[tuple, dict]:
+    """Drafted and accepted tokens and target steps per (model, draft) so far, from /metrics."""
     text = urllib.request.urlopen(f"{url}/metrics").read().decode()
     out: dict[tuple, dict] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in ("specq:spec_decode_num_draft_tokens_total", "specq:spec_decode_num_accepted_tokens_total",
                           "specq:decode_steps_total", "specq:generation_tokens_total"):
-                key = (s.labels["model"], s.labels["draft"])
-                out.setdefault(key, {"kind": "metrics", "model": key[0], "draft": key[1]})[s.name] = s.value
-    return list(out.values())
+                out.setdefault((s.labels["model"], s.labels["draft"]), {})[s.name] = s.value
+    return out
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
@@ -113,64 +117,72 @@ def table(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     run = next(r for r in rows if r["kind"] == "run")
     lines = [f"`{run['command']}` ({run['threads']} threads, {run['machine']}, {run['max_tokens']} tokens per "
-             f"request, precisions {', '.join(run['precisions'])}, "
-             f"{'--parallel' if run['parallel'] else 'precisions taking turns'}, {run['time']})", "",
-             "| clients | mode | requests | errors | tokens/s | latency p50 / p95 (s) | TTFT p50 / p95 (s) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in (r for r in rows if r["kind"] == "round"):
-        done = [q for q in rows if q["kind"] == "request" and q["concurrency"] == r["concurrency"]
-                and q["mode"] == r["mode"]]
+             f"request, precisions {', '.join(run['precisions'])}, {run['time']})", "",
+             "| clients | mode | server | requests | errors | tokens/s | latency p50 / p95 (s) | TTFT p50 / p95 (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    key = ("concurrency", "mode", "variant")
+    rounds = sorted((r for r in rows if r["kind"] == "round"),
+                    key=lambda r: (r["concurrency"], r["mode"] != "speculative", r["variant"] != "turns"))
+    for r in rounds:
+        done = [q for q in rows if q["kind"] == "request" and all(q[k] == r[k] for k in key)]
         ok = [q for q in done if q["error"] is None]
         lat, ttft = [q["latency_s"] for q in ok], [q["ttft_s"] for q in ok if q["ttft_s"] is not None]
         tokens = sum(q["completion_tokens"] or 0 for q in ok)
-        lines.append(f"| {r['concurrency']} | {r['mode']} | {len(done)} | {len(done) - len(ok)} | "
+        lines.append(f"| {r['concurrency']} | {r['mode']} | {r['variant']} | {len(done)} | {len(done) - len(ok)} | "
                      f"{tokens / r['wall_s']:.1f} | {percentile(lat, 50):.2f} / {percentile(lat, 95):.2f} | "
                      f"{percentile(ttft, 50):.2f} / {percentile(ttft, 95):.2f} |")
+    lines.append("")
     for m in (r for r in rows if r["kind"] == "metrics" and r["draft"] != "none"):
         drafted = m["specq:spec_decode_num_draft_tokens_total"]
         accepted = m["specq:spec_decode_num_accepted_tokens_total"]
         steps = m["specq:decode_steps_total"]
-        lines.append(f"\n{m['model']} with {m['draft']}: acceptance {accepted / drafted:.3f}, "
-                     f"tau {(accepted + steps) / steps:.2f} (bonus token included; all speculative rounds)")
+        lines.append(f"- {m['variant']}: {m['model']} with {m['draft']}: acceptance {accepted / drafted:.3f}, "
+                     f"tau {(accepted + steps) / steps:.2f} (bonus token included; speculative rounds)")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "int4-g64-rtn-head8"])
-    ap.add_argument("--requests", type=int, default=32, help="requests per round")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
-    ap.add_argument("--parallel", action="store_true", help="start the server with --parallel (no turns)")
-    ap.add_argument("--url", default=None, help="an already running server (default: start one)")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--requests", type=int, default=8, help="requests per round (at least its concurrency)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2, help="each server's torch threads")
     ap.add_argument("--out", type=Path, default=Path("docs/results/serve-load.jsonl"))
     ap.add_argument("--table", type=Path, default=None, help="print the table of a results file and exit")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
         return
-    proc, url = (None, args.url) if args.url else start_server(args.precisions, args.threads, max(CONCURRENCY) * 2,
-                                                                      args.parallel)
+    servers = {}
     try:
+        for variant in args.variants:
+            servers[variant] = start_server(args.precisions, args.threads, max(CONCURRENCY) * 2, variant)
         models = [f"smollm2-135m@{p}" for p in args.precisions]
         prompts = chat_prompts("held_out")
-        for mode in MODES:  # untimed warm-up of every (model, mode)
-            run_round(url, models, prompts, len(models), mode, len(models), 8)
+        for variant, (_, url) in servers.items():  # untimed warm-up of every (model, mode)
+            for mode in MODES:
+                run_round(url, {"mode": mode}, models, prompts, len(models), len(models), 8)
         rows = [{"kind": "run", "command": "python " + shlex.join(sys.argv), "threads": args.threads,
-                 "parallel": args.parallel,
                  "precisions": args.precisions, "max_tokens": args.max_tokens, "requests": args.requests,
                  "machine": platform.processor() or platform.machine(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}]
-        before = spec_counters(url)
+        before = {variant: spec_counters(url) for variant, (_, url) in servers.items()}
+        order = list(servers)
         for concurrency in CONCURRENCY:
             for mode in MODES:
-                rows += run_round(url, models, prompts, concurrency, mode, args.requests, args.max_tokens)
-                print(json.dumps(rows[-1]), flush=True)
-        start = {(m["model"], m["draft"]): m for m in before}
-        for m in spec_counters(url):
-            was = start.get((m["model"], m["draft"]), {})
-            rows.append(m | {k: v - was.get(k, 0) for k, v in m.items() if k.startswith("specq:")})
+                for variant in order:
+                    label = {"concurrency": concurrency, "mode": mode, "variant": variant}
+                    rows += run_round(servers[variant][1], label, models, prompts, concurrency,
+                                      max(args.requests, concurrency), args.max_tokens)
+                    print(json.dumps(rows[-1]), flush=True)
+                order.reverse()
+        for variant, (_, url) in servers.items():
+            for (model, draft), now in spec_counters(url).items():
+                was = before[variant].get((model, draft), {})
+                rows.append({"kind": "metrics", "variant": variant, "model": model, "draft": draft}
+                            | {k: v - was.get(k, 0) for k, v in now.items()})
     finally:
-        if proc is not None:
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
     args.out.parent.mkdir(parents=True, exist_ok=True)
