@@ -1,18 +1,15 @@
 """Load on `specq serve`: 1, 4 and 16 concurrent clients, mixed precisions, speculative vs plain.
 
-Starts one `specq serve` per variant on the built-in target at the given precisions (`turns`: the
-default, precisions take turns a decoding step each; `parallel`: `--parallel`). For each
-concurrency and mode (speculative: each precision's registry draft; plain: `speculative: false`)
-it runs one round per variant, back to back, alternating which goes first (machine noise drifts
-by tens of percent over minutes, so only rounds run side by side are compared). A round is
---requests streamed chat completions (at least one per client), round-robin over the precisions
-and the held-out chat prompts, greedy, exactly --max-tokens tokens (EOS ignored, so both modes
-generate the same tokens). One JSON line per request and per round to --out; the Markdown table
-is computed from that file.
+Starts `specq serve` on the built-in target at the given precisions. For each concurrency it runs
+one round per mode (speculative: each precision's registry draft; plain: `speculative: false`),
+back to back, alternating which goes first (machine noise drifts by tens of percent over minutes,
+so only rounds run side by side are compared). A round is --requests streamed chat completions
+(at least one per client), round-robin over the precisions and the held-out chat prompts, greedy,
+exactly --max-tokens tokens (EOS ignored, so both modes generate the same tokens). One JSON line
+per request and per round to --out; the Markdown table is computed from that file.
 
-    python benchmarks/bench_serve.py [--precisions fp32 int4-g64-rtn-head8] [--variants turns parallel]
-                                     [--requests 8] [--max-tokens 32] [--threads 2]
-                                     [--out docs/results/serve-load.jsonl]
+    python benchmarks/bench_serve.py [--precisions fp32 int4-g64-rtn-head8] [--requests 8] [--max-tokens 32]
+                                     [--threads 2] [--out docs/results/serve-load.jsonl]
     python benchmarks/bench_serve.py --table docs/results/serve-load.jsonl
 """
 
@@ -39,12 +36,11 @@ from specq.data import chat_prompts
 
 CONCURRENCY = (1, 4, 16)
 MODES = {"speculative": {}, "plain": {"speculative": False}}
-VARIANTS = {"turns": [], "parallel": ["--parallel"]}
 
 
-def start_server(precisions: list[str], threads: int, queue: int, variant: str) -> tuple[subprocess.Popen, str]:
+def start_server(precisions: list[str], threads: int, queue: int) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "specq.cli", "serve", "--precisions", ",".join(precisions), "--port", "0",
-           "--threads", str(threads), "--queue", str(queue), *VARIANTS[variant]]
+           "--threads", str(threads), "--queue", str(queue)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     url = None
     for line in proc.stderr:
@@ -118,17 +114,17 @@ def table(path: Path) -> str:
     run = next(r for r in rows if r["kind"] == "run")
     lines = [f"`{run['command']}` ({run['threads']} threads, {run['machine']}, {run['max_tokens']} tokens per "
              f"request, precisions {', '.join(run['precisions'])}, {run['time']})", "",
-             "| clients | mode | server | requests | errors | tokens/s | latency p50 / p95 (s) | TTFT p50 / p95 (s) |",
-             "|---|---|---|---|---|---|---|---|"]
-    key = ("concurrency", "mode", "variant")
+             "| clients | mode | requests | errors | tokens/s | latency p50 / p95 (s) | TTFT p50 / p95 (s) |",
+             "|---|---|---|---|---|---|---|"]
+    key = ("concurrency", "mode")
     rounds = sorted((r for r in rows if r["kind"] == "round"),
-                    key=lambda r: (r["concurrency"], r["mode"] != "speculative", r["variant"] != "turns"))
+                    key=lambda r: (r["concurrency"], r["mode"] != "speculative"))
     for r in rounds:
         done = [q for q in rows if q["kind"] == "request" and all(q[k] == r[k] for k in key)]
         ok = [q for q in done if q["error"] is None]
         lat, ttft = [q["latency_s"] for q in ok], [q["ttft_s"] for q in ok if q["ttft_s"] is not None]
         tokens = sum(q["completion_tokens"] or 0 for q in ok)
-        lines.append(f"| {r['concurrency']} | {r['mode']} | {r['variant']} | {len(done)} | {len(done) - len(ok)} | "
+        lines.append(f"| {r['concurrency']} | {r['mode']} | {len(done)} | {len(done) - len(ok)} | "
                      f"{tokens / r['wall_s']:.1f} | {percentile(lat, 50):.2f} / {percentile(lat, 95):.2f} | "
                      f"{percentile(ttft, 50):.2f} / {percentile(ttft, 95):.2f} |")
     lines.append("")
@@ -136,7 +132,7 @@ def table(path: Path) -> str:
         drafted = m["specq:spec_decode_num_draft_tokens_total"]
         accepted = m["specq:spec_decode_num_accepted_tokens_total"]
         steps = m["specq:decode_steps_total"]
-        lines.append(f"- {m['variant']}: {m['model']} with {m['draft']}: acceptance {accepted / drafted:.3f}, "
+        lines.append(f"- {m['model']} with {m['draft']}: acceptance {accepted / drafted:.3f}, "
                      f"tau {(accepted + steps) / steps:.2f} (bonus token included; speculative rounds)")
     return "\n".join(lines)
 
@@ -144,47 +140,40 @@ def table(path: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "int4-g64-rtn-head8"])
-    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--requests", type=int, default=8, help="requests per round (at least its concurrency)")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2, help="each server's torch threads")
+    ap.add_argument("--threads", type=int, default=2, help="the server's torch threads")
     ap.add_argument("--out", type=Path, default=Path("docs/results/serve-load.jsonl"))
     ap.add_argument("--table", type=Path, default=None, help="print the table of a results file and exit")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
         return
-    servers = {}
+    proc, url = start_server(args.precisions, args.threads, max(CONCURRENCY) * 2)
     try:
-        for variant in args.variants:
-            servers[variant] = start_server(args.precisions, args.threads, max(CONCURRENCY) * 2, variant)
         models = [f"smollm2-135m@{p}" for p in args.precisions]
         prompts = chat_prompts("held_out")
-        for variant, (_, url) in servers.items():  # untimed warm-up of every (model, mode)
-            for mode in MODES:
-                run_round(url, {"mode": mode}, models, prompts, len(models), len(models), 8)
+        for mode in MODES:  # untimed warm-up of every (model, mode)
+            run_round(url, {"mode": mode}, models, prompts, len(models), len(models), 8)
         rows = [{"kind": "run", "command": "python " + shlex.join(sys.argv), "threads": args.threads,
                  "precisions": args.precisions, "max_tokens": args.max_tokens, "requests": args.requests,
                  "machine": platform.processor() or platform.machine(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}]
-        before = {variant: spec_counters(url) for variant, (_, url) in servers.items()}
-        order = list(servers)
+        before = spec_counters(url)
+        order = list(MODES)
         for concurrency in CONCURRENCY:
-            for mode in MODES:
-                for variant in order:
-                    label = {"concurrency": concurrency, "mode": mode, "variant": variant}
-                    rows += run_round(servers[variant][1], label, models, prompts, concurrency,
-                                      max(args.requests, concurrency), args.max_tokens)
-                    print(json.dumps(rows[-1]), flush=True)
-                order.reverse()
-        for variant, (_, url) in servers.items():
-            for (model, draft), now in spec_counters(url).items():
-                was = before[variant].get((model, draft), {})
-                rows.append({"kind": "metrics", "variant": variant, "model": model, "draft": draft}
-                            | {k: v - was.get(k, 0) for k, v in now.items()})
+            for mode in order:
+                label = {"concurrency": concurrency, "mode": mode}
+                rows += run_round(url, label, models, prompts, concurrency, max(args.requests, concurrency),
+                                  args.max_tokens)
+                print(json.dumps(rows[-1]), flush=True)
+            order.reverse()
+        for (model, draft), now in spec_counters(url).items():
+            was = before.get((model, draft), {})
+            rows.append({"kind": "metrics", "model": model, "draft": draft}
+                        | {k: v - was.get(k, 0) for k, v in now.items()})
     finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(30)
+        proc.terminate()
+        proc.wait(30)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(table(args.out))

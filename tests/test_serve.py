@@ -386,29 +386,6 @@ def test_streamed_text_never_sends_what_it_must_take_back(text, stop, sent):
     assert "".join(deltas) == sent
 
 
-def test_models_take_turns_a_step_each():
-    from specq.serve.turns import Turns
-
-    turns, log = Turns(), []
-
-    def worker(name: str) -> None:
-        with turns.turn():
-            for _ in range(3):
-                log.append(name)
-                turns.pass_on()
-
-    turns.acquire()  # both workers queue up behind this
-    threads = [threading.Thread(target=worker, args=(n,)) for n in "ab"]
-    for i, thread in enumerate(threads):
-        thread.start()
-        while len(turns._waiting) < i + 1:
-            time.sleep(0.001)
-    turns.release()
-    for thread in threads:
-        thread.join(10)
-    assert "".join(log) == "ababab"
-
-
 def test_concurrent_requests_to_both_precisions(server, dirs, models):
     port, _ = server
     want = {p: specq.generate(models[p], PROMPT, models["draft"], max_new_tokens=30).text for p in ("fp32", "bf16")}

@@ -178,9 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
                    help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
-    s.add_argument("--parallel", action="store_true",
-                   help="precisions compute at the same time instead of taking turns a decoding step each (for a "
-                        "machine with cores for every precision's threads)")
     s.set_defaults(func=cmd_serve)
 
     add_bench_parser(sub)
@@ -204,7 +201,7 @@ def cmd_serve(args) -> int:
     if args.api_key is not None and (not args.api_key.strip() or any(c.isspace() for c in args.api_key)):
         raise SpecqError("--api-key must be a non-empty string without spaces")
     config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft, api_key=args.api_key,
-                         queue=args.queue, timeout_s=args.timeout, parallel=args.parallel)
+                         queue=args.queue, timeout_s=args.timeout)
     sock = bind(args.host, args.port)  # before the models load
     run(build_app(config), sock)
     return 0

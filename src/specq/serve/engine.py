@@ -1,11 +1,10 @@
 """One served model (a target at one precision): a bounded queue and one worker thread.
 
 Requests run one at a time per model, in arrival order (docs/serve.md says why there is no
-batching); the models of one server take turns on the CPU, a step each (`turns.py`). The worker
-owns the model and its tokenizer: prompts are encoded, generated and decoded on that thread only.
-It talks to the request's event loop through `Job.post`; the event loop talks back through two
-flags read after every decoding step: the client went away (`cancel`), or the request outlived
-the server's timeout.
+batching); the models of one server compute at the same time. The worker owns the model and its
+tokenizer: prompts are encoded, generated and decoded on that thread only. It talks to the
+request's event loop through `Job.post`; the event loop talks back through two flags read after
+every decoding step: the client went away (`cancel`), or the request outlived the server's timeout.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from .errors import APIError, bad_request
 from .metrics import Metrics
 from .options import CHAT_MAX_TOKENS, REGISTRY, Plan
 from .text import TextStream
-from .turns import Turns
 
 log = logging.getLogger("specq.serve")
 RETRY_AFTER_S = 1
@@ -61,10 +59,10 @@ class Job:
 
 class Engine:
     def __init__(self, name: str, pool: ModelPool, precision: str, metrics: Metrics, queue_size: int,
-                 timeout_s: float, turns: Turns):
+                 timeout_s: float):
         self.name, self.pool, self.precision = name, pool, precision
         self.target, self.draft, self.note = pool.models(precision)
-        self.metrics, self.timeout_s, self.turns = metrics, timeout_s, turns
+        self.metrics, self.timeout_s = metrics, timeout_s
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.thread = threading.Thread(target=self._work, name=f"specq-serve {name}", daemon=True)
         self.current: Job | None = None
@@ -145,12 +143,9 @@ class Engine:
             first_token_at = first_token_at or time.monotonic()
             if text:
                 job.post("text", text.push(new))
-            self.turns.pass_on()
             return job.keep_going()
 
-        with self.turns.turn():
-            out = api.generate(self.target, ids, draft, max_new_tokens=max_tokens, on_tokens=on_tokens,
-                               **plan.options)
+        out = api.generate(self.target, ids, draft, max_new_tokens=max_tokens, on_tokens=on_tokens, **plan.options)
         reason = ("timeout" if job.timed_out else "abort") if out.finish_reason == "cancelled" else \
             ("length" if out.finish_reason == "length" else "stop")
         self.metrics.record(self.name, draft.ref if draft else None, reason, out.stats,

@@ -18,7 +18,6 @@ from ..pool import ModelPool, precision_spec
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics
-from .turns import NoTurns, Turns
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,6 @@ class ServeConfig:
     api_key: str | None = None
     queue: int = 16  # requests waiting per served model, beyond the one running
     timeout_s: float = 600.0  # arrival to last token
-    parallel: bool = False  # precisions compute at the same time instead of taking turns (`turns.py`)
 
     def __post_init__(self):
         specs = [precision_spec(p) for p in self.precisions]
@@ -43,11 +41,11 @@ class ServeConfig:
 def build_app(config: ServeConfig) -> FastAPI:
     """Load every served model (the engines start, warm up and take requests with the app)."""
     pool = ModelPool(config.target, draft=config.draft)
-    metrics, turns = Metrics(), NoTurns() if config.parallel else Turns()
+    metrics = Metrics()
     engines = {}
     for spec in config.precisions:
         name = f"{pool.target}@{spec}"
-        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s, turns)
+        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s)
     drafts = known_drafts(pool.target) | {e.draft.ref for e in engines.values() if e.draft is not None}
     return create_app(engines, metrics, pool.target, drafts, config.api_key)
 
