@@ -127,6 +127,13 @@ def table(path: Path) -> str:
         lines.append(f"| {r['concurrency']} | {r['mode']} | {len(done)} | {len(done) - len(ok)} | "
                      f"{tokens / r['wall_s']:.1f} | {percentile(lat, 50):.2f} / {percentile(lat, 95):.2f} | "
                      f"{percentile(ttft, 50):.2f} / {percentile(ttft, 95):.2f} |")
+    lines += ["", "One client at a time, per model: median latency, speculative vs plain", ""]
+    for model in dict.fromkeys(q["model"] for q in rows if q["kind"] == "request"):
+        p50 = {mode: statistics.median(q["latency_s"] for q in rows if q["kind"] == "request" and q["model"] == model
+                                       and q["concurrency"] == 1 and q["mode"] == mode and q["error"] is None)
+               for mode in MODES}
+        lines.append(f"- {model}: {p50['speculative']:.2f} s vs {p50['plain']:.2f} s "
+                     f"(speedup {p50['plain'] / p50['speculative']:.2f}x)")
     lines.append("")
     for m in (r for r in rows if r["kind"] == "metrics" and r["draft"] != "none"):
         drafted = m["specq:spec_decode_num_draft_tokens_total"]

@@ -27,7 +27,7 @@ from .options import REGISTRY, plan
 from .responses import DONE, FINISH, Reply, event
 from .schemas import ChatRequest, CompletionRequest, invalid_body, unsupported_values
 
-DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
+DISCONNECT_POLL_S = 0.5  # how often a request with no response started checks that its client is still there
 
 
 def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts: set[str],
