@@ -47,6 +47,15 @@ BAD = [
     (["generate", "hi", "--tree", "0"], "--tree"),
     (["generate", "hi", "--tree", "65"], "--tree"),
     (["generate", "hi", "--tree", "8", "--tree-topk", "0"], "--tree-topk"),
+    (["serve", "--port", "70000"], "--port"),
+    (["serve", "--precisions", "fp32,int9"], "bad quant spec 'int9'"),
+    (["serve", "--precisions", "fp32,fp32"], "twice"),
+    (["serve", "--precisions", ""], "bad quant spec"),
+    (["serve", "--target", "smollm2-135m@int8"], "--precisions"),
+    (["serve", "--timeout", "0"], "--timeout"),
+    (["serve", "--queue", "0"], "--queue"),
+    (["serve", "--api-key", " "], "--api-key"),
+    (["serve", "--host", "192.0.2.1"], "cannot listen"),  # an address of no interface here
 ]
 
 

@@ -165,9 +165,48 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_distill)
 
+    s = sub.add_parser("serve", help="an OpenAI-compatible server: a target at several precisions, each with its draft")
+    s.add_argument("--target", default="smollm2-135m", help="model ref without @spec (default: smollm2-135m)")
+    s.add_argument("--precisions", type=_precisions, default=("fp32",),
+                   help="comma-separated precisions to serve, e.g. fp32,int4-g64-rtn-head8 (default: fp32); "
+                        "requests name one as model 'TARGET@PRECISION', the bare TARGET is the first")
+    s.add_argument("--draft", default=None, help="one draft for every precision (default: the registry's for each)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    s.add_argument("--port", type=arg_int(0, 65535), default=8000, help="port (default 8000; 0: any free port)")
+    s.add_argument("--api-key", default=os.environ.get("SPECQ_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $SPECQ_API_KEY, else none)")
+    s.add_argument("--queue", type=arg_int(1, 100_000), default=16,
+                   help="requests waiting per served model beyond the running one; more get 429 (default 16)")
+    s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
+                   help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
+    s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
+    s.set_defaults(func=cmd_serve)
+
     add_bench_parser(sub)
     add_report_parser(sub)
     return parser
+
+
+def _precisions(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(","))
+
+
+def cmd_serve(args) -> int:
+    import torch
+
+    from .serve import ServeConfig, bind, build_app, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if "@" in checks.text("--target", args.target):
+        raise SpecqError("give the target without @spec; list precisions with --precisions")
+    if args.api_key is not None and (not args.api_key.strip() or any(c.isspace() for c in args.api_key)):
+        raise SpecqError("--api-key must be a non-empty string without spaces")
+    config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft, api_key=args.api_key,
+                         queue=args.queue, timeout_s=args.timeout)
+    sock = bind(args.host, args.port)  # before the models load
+    run(build_app(config), sock)
+    return 0
 
 
 def _read_prompt(text: str) -> str:

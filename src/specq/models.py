@@ -107,10 +107,21 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     if found is None:
         return None, f"no draft known for {name}: plain decoding"
     path, entry, exact = found
-    ref = path.name if path.parent == ASSETS / "drafts" and path.name in SHIPPED_DRAFTS else str(path)  # portable
+    ref = _draft_ref(path)
     if exact:
         return ref, f"draft {entry.draft} (calibrated for {name}@{spec})"
     return ref, f"no draft calibrated for {name}@{spec}; using {entry.draft} (calibrated for {entry.precision})"
+
+
+def known_drafts(target: str) -> set[str]:
+    """Refs of every draft the registries hold for a target name, at any precision."""
+    return {_draft_ref(Path(d) / e.draft) for d in draft_dirs() for e in registry.read(d)
+            if e.target == target and registry.is_draft_dir(Path(d) / e.draft)}
+
+
+def _draft_ref(path: Path) -> str:
+    """A shipped draft by its built-in name (portable), any other by its path."""
+    return path.name if path.parent == ASSETS / "drafts" and path.name in SHIPPED_DRAFTS else str(path)
 
 
 def default_draft_ref(target_ref: str, quantizable: bool = False) -> str | None:

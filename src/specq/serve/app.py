@@ -1,0 +1,184 @@
+"""The FastAPI app: OpenAI's routes over the engines, plus /health and /metrics.
+
+A request's `model` is `target@precision` (`/v1/models` lists them) or the bare target name
+(the first served precision). Handlers never compute: they validate, queue a job on its model's
+engine and relay the worker's events, as one JSON body or as server-sent events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from ..errors import SpecqError
+from ..models import split_ref
+from ..pool import precision_spec
+from . import errors
+from .engine import Engine, Job
+from .errors import APIError
+from .metrics import Metrics
+from .options import REGISTRY, plan
+from .responses import DONE, FINISH, Reply, event
+from .schemas import ChatRequest, CompletionRequest, invalid_body, unsupported_values
+
+DISCONNECT_POLL_S = 0.5  # how often a request with no response started checks that its client is still there
+
+
+def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts: set[str],
+               api_key: str | None = None) -> FastAPI:
+    """`engines` by served name (`target@precision`, the first is the bare name's); `drafts`: the
+    draft refs a request may name (the registry's for the target, and the server's own)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        for engine in engines.values():
+            await asyncio.to_thread(engine.start)
+        yield
+        for engine in engines.values():
+            engine.stop()
+
+    app = FastAPI(title="specq serve", lifespan=lifespan)
+    app.state.engines = engines
+    errors.install(app)
+    created = int(time.time())
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    def engine_for(name: str) -> Engine:
+        if name in engines:
+            return engines[name]
+        base, spec = split_ref(name)
+        if base == target:
+            if "@" not in name:
+                return next(iter(engines.values()))
+            try:
+                canonical = f"{target}@{precision_spec(spec)}"
+            except SpecqError:
+                canonical = None
+            if canonical in engines:
+                return engines[canonical]
+        raise APIError(404, f"model '{name}' is not served here; served: {', '.join(engines)}", param="model",
+                       code="model_not_found")
+
+    async def parsed(request: Request, schema: type[BaseModel]) -> BaseModel:
+        try:
+            return schema.model_validate_json(await request.body())
+        except ValidationError as e:
+            raise invalid_body(e) from None
+
+    async def serve(request: Request, schema: type[BaseModel]) -> Response:
+        authorize(request)
+        body = await parsed(request, schema)
+        unsupported_values(body)
+        engine = engine_for(body.model)
+        job_plan = plan(body)
+        if job_plan.draft not in (REGISTRY, None) and job_plan.draft not in drafts:
+            raise APIError(400, f"unknown draft '{job_plan.draft}'; known: {', '.join(sorted(drafts)) or 'none'}",
+                           param="draft", code="draft_not_found")
+        job = engine.new_job(job_plan)
+        engine.submit(job)
+        reply = Reply(chat=schema is ChatRequest, model=engine.name)
+        if job_plan.stream:
+            return await stream(job, reply, request)
+        return await whole(job, reply, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, ChatRequest)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, CompletionRequest)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        authorize(request)
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "specq", "root": target,
+             "draft": engine.draft.ref if engine.draft else None} for name, engine in engines.items()]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        dead = [name for name, engine in engines.items() if not engine.alive()]
+        if dead:
+            return JSONResponse({"status": "error", "dead": dead}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type=metrics.content_type)
+
+    return app
+
+
+async def next_event(job: Job, request: Request) -> tuple | None:
+    """The worker's next event for this request, or None once the client has hung up (the
+    generation is then cancelled)."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+                return None
+
+
+async def whole(job: Job, reply: Reply, request: Request) -> Response:
+    while (got := await next_event(job, request)) is not None:
+        kind, *payload = got
+        if kind == "error":
+            raise payload[0]
+        if kind == "done":
+            return JSONResponse(reply.whole(payload[0]))
+    return Response(status_code=499)  # nobody reads it
+
+
+async def stream(job: Job, reply: Reply, request: Request) -> Response:
+    """Server-sent events. The status line waits for the first token, so a request that fails
+    before it (bad prompt, queue timeout) still gets its 4xx/5xx; a failure after it arrives as an
+    error event. A client that hangs up cancels the generation (the generator is closed)."""
+    first = await next_event(job, request)
+    if first is None:
+        return Response(status_code=499)
+    if first[0] == "error":
+        raise first[1]
+    usage = job.plan.include_usage
+
+    async def events():
+        try:
+            if reply.chat:
+                yield reply.chunk("", role=True, with_usage=usage)
+            kind, *payload = first
+            while True:
+                if kind == "text" and payload[0]:
+                    yield reply.chunk(payload[0], with_usage=usage)
+                elif kind == "error":
+                    yield event(payload[0].body())
+                    break
+                elif kind == "done":
+                    out, rest = payload
+                    if rest:
+                        yield reply.chunk(rest, with_usage=usage)
+                    yield reply.chunk(None, finish=FINISH[out.finish_reason], with_usage=usage)
+                    if usage:
+                        yield reply.usage_chunk(out)
+                    break
+                kind, *payload = await job.events.get()
+            yield DONE
+        finally:
+            job.cancel()  # a no-op once the generation has ended
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+

@@ -1,0 +1,186 @@
+"""One served model (a target at one precision): a bounded queue and one worker thread.
+
+Requests run one at a time per model, in arrival order (docs/serve.md says why there is no
+batching); the models of one server compute at the same time. The worker owns the model and its
+tokenizer: prompts are encoded, generated and decoded on that thread only. It talks to the
+request's event loop through `Job.post`; the event loop talks back through two flags read after
+every decoding step: the client went away (`cancel`), or the request outlived the server's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .. import api
+from ..errors import SpecqError
+from ..gamma import parse as parse_gamma
+from ..models import Model
+from ..pool import ModelPool
+from .errors import APIError, bad_request
+from .metrics import Metrics
+from .options import CHAT_MAX_TOKENS, REGISTRY, Plan
+from .text import TextStream
+
+log = logging.getLogger("specq.serve")
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class Job:
+    plan: Plan
+    loop: asyncio.AbstractEventLoop
+    deadline: float  # time.monotonic() after which the request is abandoned
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    timed_out: bool = False
+
+    def post(self, *event) -> None:
+        """Hand an event to the request's event loop: ("text", delta), ("done", Generation, last
+        delta) or ("error", APIError). A loop that has closed (server shutting down) gets nothing."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            pass
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def keep_going(self) -> bool:
+        if time.monotonic() > self.deadline:
+            self.timed_out = True
+        return not (self.cancelled or self.timed_out)
+
+
+class Engine:
+    def __init__(self, name: str, pool: ModelPool, precision: str, metrics: Metrics, queue_size: int,
+                 timeout_s: float):
+        self.name, self.pool, self.precision = name, pool, precision
+        self.target, self.draft, self.note = pool.models(precision)
+        self.metrics, self.timeout_s = metrics, timeout_s
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.thread = threading.Thread(target=self._work, name=f"specq-serve {name}", daemon=True)
+        self.current: Job | None = None
+        for gauge in (metrics.running, metrics.waiting):
+            gauge.labels(model=name).set(0)
+
+    def start(self) -> None:
+        """Warm up (first calls pay for allocation and lazy initialisation), then take requests."""
+        api.generate(self.target, api.encode_prompt(self.target, "Hello"), self.draft, max_new_tokens=4)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Refuse what is queued, cancel what runs, end the worker."""
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.post("error", APIError(503, "the server is shutting down", type="server_error"))
+        if self.current is not None:
+            self.current.cancel()
+        self.jobs.put(None)
+
+    def new_job(self, plan: Plan) -> Job:
+        return Job(plan=plan, loop=asyncio.get_running_loop(), deadline=time.monotonic() + self.timeout_s)
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            self.metrics.rejected.labels(model=self.name, reason="queue_full").inc()
+            raise APIError(429, f"the queue of '{self.name}' is full ({self.jobs.maxsize} waiting): retry later",
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        self.metrics.waiting.labels(model=self.name).inc()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            self.metrics.waiting.labels(model=self.name).dec()
+            if job.cancelled:
+                continue
+            if not job.keep_going():
+                self.metrics.rejected.labels(model=self.name, reason="timeout").inc()
+                job.post("error", _timeout(self.timeout_s))
+                continue
+            self.current = job
+            self.metrics.running.labels(model=self.name).inc()
+            try:
+                self._run(job)
+            except APIError as e:
+                job.post("error", e)
+            except SpecqError as e:
+                job.post("error", bad_request(e))
+            except Exception as e:  # a bug: this request fails, the server stays up
+                log.exception("generation failed")
+                job.post("error", APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
+            finally:
+                self.metrics.running.labels(model=self.name).dec()
+                self.current = None
+
+    def _run(self, job: Job) -> None:
+        plan = job.plan
+        draft = self._draft(plan.draft)
+        ids = self._prompt_ids(plan)
+        nodes = 0 if draft is None else (plan.options["tree"].size if plan.options["tree"] else
+                                         parse_gamma(plan.options["gamma"])[0])
+        max_tokens = plan.max_tokens or self._room(len(ids), nodes)
+        text = TextStream(self.target.tokenizer, plan.options["stop"]) if plan.stream else None
+        started = time.monotonic()
+        first_token_at = None
+
+        def on_tokens(new: list[int]) -> bool:
+            nonlocal first_token_at
+            first_token_at = first_token_at or time.monotonic()
+            if text:
+                job.post("text", text.push(new))
+            return job.keep_going()
+
+        out = api.generate(self.target, ids, draft, max_new_tokens=max_tokens, on_tokens=on_tokens, **plan.options)
+        reason = ("timeout" if job.timed_out else "abort") if out.finish_reason == "cancelled" else \
+            ("length" if out.finish_reason == "length" else "stop")
+        self.metrics.record(self.name, draft.ref if draft else None, reason, out.stats,
+                            time.monotonic() - job.arrived, started - job.arrived,
+                            first_token_at - job.arrived if first_token_at else None)
+        if job.timed_out:
+            job.post("error", _timeout(self.timeout_s))
+        elif not job.cancelled:
+            job.post("done", out, text.finish(out.text) if text else "")
+
+    def _draft(self, choice: str | None) -> Model | None:
+        if choice == REGISTRY:
+            return self.draft
+        return None if choice is None else self.pool.draft_model(self.precision, choice)
+
+    def _prompt_ids(self, plan: Plan) -> list[int]:
+        if not plan.chat:
+            prompt = plan.prompt
+            return api.token_ids(self.target, prompt) if isinstance(prompt, list) else \
+                api.encode_prompt(self.target, prompt)
+        tokenizer = self.target.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise APIError(400, f"model '{self.name}' has no chat template: use /v1/completions", param="model")
+        ids = tokenizer.apply_chat_template(plan.prompt, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def _room(self, prompt_len: int, nodes: int) -> int:
+        """A chat without max_tokens: up to the context, at most CHAT_MAX_TOKENS."""
+        limit = getattr(self.target.net.config, "max_position_embeddings", None) or prompt_len + CHAT_MAX_TOKENS
+        room = min(CHAT_MAX_TOKENS, limit - prompt_len - nodes - 1)
+        if room < 1:
+            api.check_context(self.target, nodes, 1, prompt_len)  # raises: the prompt alone fills the context
+        return max(room, 1)
+
+
+def _timeout(timeout_s: float) -> APIError:
+    return APIError(504, f"the request took longer than the server's timeout of {timeout_s:g} s",
+                    type="timeout_error", code="timeout")

@@ -1,0 +1,74 @@
+"""`specq serve`: load the target at each precision with its draft, bind, and run uvicorn.
+
+The socket is bound before any model loads, so a port in use is one error line at once, not
+after a minute of loading.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from ..errors import SpecqError
+from ..models import known_drafts
+from ..pool import ModelPool, precision_spec
+from .app import create_app
+from .engine import Engine
+from .metrics import Metrics
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    target: str = "smollm2-135m"
+    precisions: tuple[str, ...] = ("fp32",)
+    draft: str | None = None  # one draft for every precision (None: the registry's per precision)
+    api_key: str | None = None
+    queue: int = 16  # requests waiting per served model, beyond the one running
+    timeout_s: float = 600.0  # arrival to last token
+
+    def __post_init__(self):
+        specs = [precision_spec(p) for p in self.precisions]
+        if not specs:
+            raise SpecqError("give at least one precision to serve")
+        if len(set(specs)) != len(specs):
+            raise SpecqError(f"a precision is listed twice: {', '.join(self.precisions)}")
+        object.__setattr__(self, "precisions", tuple(specs))
+
+
+def build_app(config: ServeConfig) -> FastAPI:
+    """Load every served model (the engines start, warm up and take requests with the app)."""
+    pool = ModelPool(config.target, draft=config.draft)
+    metrics = Metrics()
+    engines = {}
+    for spec in config.precisions:
+        name = f"{pool.target}@{spec}"
+        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s)
+    drafts = known_drafts(pool.target) | {e.draft.ref for e in engines.values() if e.draft is not None}
+    return create_app(engines, metrics, pool.target, drafts, config.api_key)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: any free port)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise SpecqError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SpecqError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def run(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    print(f"specq serve: {', '.join(app.state.engines)} on http://{host}:{port}", file=sys.stderr, flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)).run(sockets=[sock])
