@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from specq import fastpath, generate
+from specq.drafters import TreeShape
 from specq.models import Model
 from specq.quant import quantize_model
 
 from conftest import perturbed, tiny_model
+from test_feature_draft import _feature_model
 
 PRECISIONS = ["fp32", "bf16", "int8", "int4-g32-rtn", "int4-g32-rtn-head8"]
 
@@ -63,6 +65,25 @@ def test_greedy_equality_on_the_fast_path(spec, gamma):
         assert s.accepted > 0
         rejected += s.drafted - s.accepted
     assert rejected > 0  # the reject path ran too
+
+
+@pytest.mark.parametrize("spec", PRECISIONS)
+@pytest.mark.parametrize("shape", [TreeShape(1, 1, 1), TreeShape(8, 3, 2), TreeShape(64, 6, 8)],
+                         ids=lambda s: f"{s.size}-nodes")
+def test_greedy_trees_on_the_fast_path_at_every_precision(spec, shape):
+    """Token trees of 1-64 nodes from a sequence draft and a feature draft, every precision: the
+    target's own output (each tree row attends to exactly its own path's keys)."""
+    base = tiny_model(scale=3.0, hidden=64)
+    target = at(base, spec, fast=True)
+    drafts = [at(perturbed(base, 0.5), "fp32", fast=True), _feature_model(target, vocab_ids=list(range(32)))]
+    for draft in drafts:
+        rejected = 0
+        for prompt in ([1, 2, 3], [7, 7, 7, 7, 8, 9, 10, 11]):
+            plain = generate(target, prompt, max_new_tokens=30)
+            tree = generate(target, prompt, draft, tree=shape, max_new_tokens=30)
+            assert tree.token_ids == plain.token_ids
+            rejected += tree.stats.drafted - tree.stats.accepted
+        assert rejected > 0 or shape.size == 1
 
 
 def verify_vs_steps(net, prompt: torch.Tensor, rows: torch.Tensor) -> float:
