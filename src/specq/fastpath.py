@@ -1,11 +1,13 @@
-"""The fast CPU path: put a loaded native Llama's float linear layers on oneDNN's packed GEMM.
+"""The fast CPU path: put a loaded model's float linear layers on oneDNN's packed GEMM, and its
+4-bit and 8-bit layers on specq's int8-activation kernel (`kernels/int8dot.py`).
 
 Why: `F.linear` on CPU goes to MKL's sgemm, whose small-batch path costs about linearly more per
 row up to a few rows, so a verify pass of 2-5 rows costs about two one-token steps and
 speculation loses. oneDNN (which inductor also uses for frozen CPU linears) takes the weight
 pre-packed into its blocked layout once, and its GEMM then grows far less with the row count
-(docs/fastpath.md). Packed int8 / int4 layers (`quant.modules`) have their own kernels and are
-left alone.
+(docs/fastpath.md). torch's packed int8 / int4 ops have the same problem in another form (they
+dequantize to float, so every row costs float FMAs); where the int8-activation kernel builds and
+takes the shape, integer layers switch to it (`Int8DotSwitch.use_int8dot`).
 
 The packed weight is a second copy in oneDNN's layout; the original stays (a buffer under the
 same state-dict name as `nn.Linear`'s weight) for saving, hashing and the embedding it may be tied
@@ -19,6 +21,8 @@ import functools
 
 import torch
 from torch import Tensor, nn
+
+from .quant.modules import Int8DotSwitch
 
 # oneDNN packs for an expected number of rows; any row count runs on the packed weight.
 PACK_ROWS_HINT = 4
@@ -60,19 +64,25 @@ def packs(dtype: torch.dtype) -> bool:
 
 
 def pack_linears(net: nn.Module) -> int:
-    """Replace every plain float `nn.Linear` without bias in `net` whose dtype this CPU packs by a
-    `PackedLinear`, in place; returns how many were replaced. Idempotent; inference only (no gradients flow to the pack)."""
+    """Put `net`'s linear layers on the fast kernels, in place: every plain float `nn.Linear` without
+    bias whose dtype this CPU packs becomes a `PackedLinear`, and every integer layer the
+    int8-activation kernel takes switches to it. Returns how many layers changed kernel.
+    Idempotent; inference only (no gradients flow to the packs)."""
     swapped = 0
     for name, module in list(net.named_modules()):
         if type(module) is nn.Linear and module.bias is None and packs(module.weight.dtype):
             net.set_submodule(name, PackedLinear(module.weight))
             swapped += 1
+        elif isinstance(module, Int8DotSwitch) and module._int8dot is None:
+            swapped += module.use_int8dot(True)
     return swapped
 
 
 def unpack_linears(net: nn.Module) -> None:
-    """Undo `pack_linears` (e.g. before training or saving a module tree), in place."""
+    """Undo `pack_linears` (e.g. before training, compiling or saving a module tree), in place."""
     for name, module in list(net.named_modules()):
+        if isinstance(module, Int8DotSwitch):
+            module.use_int8dot(False)
         if isinstance(module, PackedLinear):
             linear = nn.Linear(module.in_features, module.out_features, bias=False, dtype=module.weight.dtype)
             linear.weight = nn.Parameter(module.weight, requires_grad=False)

@@ -158,8 +158,8 @@ BF16_BLOCKS = ("Q8_0",)  # no CPU kernel takes int8 blocks of 32: d * q dequanti
 
 
 def _int4_blocks(raw: np.ndarray, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
-    """Codes u [out, in], scale and zero [out, blocks] of Q4_0 / Q4_1 rows, in the int4 kernel's
-    form w = (u - 8) * scale + zero. Q4_0 is d * (u - 8); Q4_1 is d * u + m, so zero = m + 8d.
+    """Codes u [out, in], scale d and offset m [out, blocks] of Q4_0 / Q4_1 rows: w = d * u + m.
+    Q4_1 stores m; Q4_0 is d * (u - 8), so m = -8d.
     A block is fp16 d (and m for Q4_1), then 16 bytes whose low nibbles are values 0-15 and high
     nibbles values 16-31."""
     rows = raw.shape[0]
@@ -169,8 +169,8 @@ def _int4_blocks(raw: np.ndarray, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
     m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if qtype == "Q4_1" else None
     qs = blocks[..., size - 16:]
     u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
-    zero = np.zeros_like(d) if m is None else m + 8 * d
-    return torch.from_numpy(u.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(zero)
+    m = -8 * d if m is None else m
+    return torch.from_numpy(u.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(m)
 
 
 def _linear_at_file_precision(g: GGUFFile, parts: tuple[str, ...]):
@@ -183,8 +183,8 @@ def _linear_at_file_precision(g: GGUFFile, parts: tuple[str, ...]):
         return None
     (qtype,) = qtypes
     if qtype in INT4_BLOCKS:
-        u, d, zero = (torch.cat(t) for t in zip(*(_int4_blocks(g.raw(p), qtype) for p in parts)))
-        return BlockInt4Linear(u, d, zero, qtype)
+        u, d, m = (torch.cat(t) for t in zip(*(_int4_blocks(g.raw(p), qtype) for p in parts)))
+        return BlockInt4Linear(u, d, m, qtype)
     if qtype in BF16_BLOCKS:
         weight = torch.cat([g.float_tensor(p) for p in parts]).to(torch.bfloat16)
         return FloatLinear(weight, f"{qtype} blocks dequantized to bf16")

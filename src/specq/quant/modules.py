@@ -14,7 +14,9 @@ and an optional float `bias`. Subclasses add the executed form:
   zero points, so this is exact, and 4x smaller and faster than a dequantized bf16 weight.
 
 The packed kernels need bf16 activations (fp32 ones hit a slow path), so they cast the input
-to bf16 and the output back to the input's dtype. Their kernel tensors are plain attributes,
+to bf16 and the output back to the input's dtype. On the fast path (`fastpath.pack_linears`) the
+4-bit and per-channel 8-bit modules switch to specq's int8-activation kernel instead
+(`kernels/int8dot.py`, `use_int8dot`), whose cost grows far less with the number of rows. Their kernel tensors are plain attributes,
 not buffers, so `model.to(dtype)` cannot turn them into formats the kernels reject. They are
 CPU kernels: move the model before quantizing, not after.
 """
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels import int8dot
 from .pack import pack_bits, unpack_bits
 from .rtn import QuantizedWeight
 
@@ -37,6 +40,32 @@ def from_storage(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bits: in
     """Rebuild a `QuantizedWeight` from the stored buffers (inverse of `QuantLinear.__init__`)."""
     codes = unpack_bits(qweight, bits, shape[0] * shape[1], signed=zeros is None).view(shape)
     return QuantizedWeight(codes, scales.to(torch.bfloat16), zeros, bits, group_size)
+
+
+class Int8DotSwitch:
+    """The fast path's int8-activation kernel for a module that can also run a torch op: `_int8dot`
+    holds the weight in that kernel's layout while it is in use (None: the torch op runs)."""
+
+    _int8dot: int8dot.Int8DotWeight | None = None
+
+    def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
+        """This weight in the int8-activation kernel's layout, or None when the kernel cannot take it."""
+        raise NotImplementedError
+
+    def use_int8dot(self, on: bool) -> bool:
+        """Switch to (or off) the int8-activation kernel; returns whether it is now in use."""
+        self._int8dot = self.int8dot_weight() if on and int8dot.available() else None
+        return self._int8dot is not None
+
+    def _int8dot_forward(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        y = int8dot.linear(x, self._int8dot)
+        return y if bias is None else y + bias.to(y.dtype)
+
+    def _kernel_name(self, torch_kernel: str) -> str:
+        if self._int8dot is None:
+            return torch_kernel
+        w = self._int8dot
+        return f"int{w.bits} weights x int8 activations (specq int8dot kernel, group {w.group_size})"
 
 
 class QuantLinear(nn.Module):
@@ -87,14 +116,24 @@ class DequantizedLinear(QuantLinear):
         return self.weight.nbytes + (0 if self.bias is None else self.bias.nbytes)
 
 
-class Int8Linear(QuantLinear):
+class Int8Linear(Int8DotSwitch, QuantLinear):
     def __init__(self, qw: QuantizedWeight, bias: Tensor | None):
         super().__init__(qw, bias)
         self._weight = self.qweight.view(torch.int8).view(self.out_features, self.in_features)
         self._scales = self.scales.view(-1)
-        self.kernel = "int8 packed kernel (_weight_int8pack_mm)"
+
+    @property
+    def kernel(self) -> str:
+        return self._kernel_name("int8 packed kernel (_weight_int8pack_mm)")
+
+    def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
+        if int8dot.shape_blocker(self.out_features, self.in_features, self.in_features):
+            return None
+        return int8dot.pack_int8(self._weight, self._scales.float().view(-1, 1))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._int8dot is not None:
+            return self._int8dot_forward(x, self.bias)
         y = torch.ops.aten._weight_int8pack_mm(
             x.reshape(-1, self.in_features).to(torch.bfloat16), self._weight, self._scales)
         if self.bias is not None:
@@ -102,10 +141,14 @@ class Int8Linear(QuantLinear):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def executed_bytes(self) -> int:
-        return self.stored_bytes()
+        return self.stored_bytes() if self._int8dot is None else self._int8dot.nbytes() + _nbytes(self.bias)
 
 
-class Int4Linear(QuantLinear):
+def _nbytes(t: Tensor | None) -> int:
+    return 0 if t is None else t.nbytes
+
+
+class Int4Linear(Int8DotSwitch, QuantLinear):
     def __init__(self, qw: QuantizedWeight, bias: Tensor | None):
         super().__init__(qw, bias)
         # The kernel computes w = (u - 8) * scale + zero with unsigned u in [0, 15]; codes of
@@ -116,15 +159,34 @@ class Int4Linear(QuantLinear):
         else:
             unsigned, zero = qw.codes.to(torch.int32), (8 - qw.zeros.float()) * scale
         self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, zero)
+
+    @property
+    def kernel(self) -> str:
         codes = "" if self.bits == 4 else f"int{self.bits} codes on the "
-        self.kernel = f"{codes}int4 packed kernel (_weight_int4pack_mm_for_cpu, group {self.group_size})"
+        if self._int8dot is not None:
+            return codes + self._kernel_name("")
+        return f"{codes}int4 packed kernel (_weight_int4pack_mm_for_cpu, group {self.group_size})"
+
+    def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
+        if int8dot.shape_blocker(self.out_features, self.in_features, self.group_size):
+            return None
+        qw = self.quantized()
+        scale = qw.scales.float()  # w = (u - zero_point) * scale = scale * u + m
+        if qw.zeros is None:
+            unsigned, m = qw.codes.to(torch.int32) + 8, -8 * scale
+        else:
+            unsigned, m = qw.codes.to(torch.int32), -qw.zeros.float() * scale
+        return int8dot.pack_int4(unsigned, scale, m)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._int8dot is not None:
+            return self._int8dot_forward(x, self.bias)
         return int4_linear(x, self._weight, self.group_size, self._scales_zeros, self.bias, self.out_features)
 
     def executed_bytes(self) -> int:
-        bias = 0 if self.bias is None else self.bias.nbytes
-        return self._weight.nbytes + self._scales_zeros.nbytes + bias
+        if self._int8dot is not None:
+            return self._int8dot.nbytes() + _nbytes(self.bias)
+        return self._weight.nbytes + self._scales_zeros.nbytes + _nbytes(self.bias)
 
 
 def int4_kernel_tensors(unsigned: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor]:
@@ -146,26 +208,41 @@ def int4_linear(x: Tensor, weight: Tensor, group_size: int, scales_zeros: Tensor
     return y.view(*x.shape[:-1], out_features).to(x.dtype)
 
 
-class BlockInt4Linear(nn.Module):
-    """4-bit blocks from a file (GGUF Q4_0 / Q4_1) on the int4 kernel, without requantizing:
-    both are w = (u - 8) * scale + zero per group of 32 with the file's own codes. The file is
-    the storage, so this module keeps only the kernel's tensors (scales and zeros rounded to the
-    kernel's bf16)."""
+class BlockInt4Linear(Int8DotSwitch, nn.Module):
+    """4-bit blocks from a file (GGUF Q4_0 / Q4_1) on an int4 kernel, without requantizing:
+    both are w = scale * u + m per group of 32 with the file's own codes. The file is
+    the storage, so this module keeps only the kernels' tensors: torch's (scales and zeros rounded
+    to its bf16) and the int8-activation kernel's (the file's float scales, as llama.cpp uses them)."""
 
-    def __init__(self, unsigned: Tensor, scale: Tensor, zero: Tensor, kind: str):
+    def __init__(self, unsigned: Tensor, scale: Tensor, m: Tensor, kind: str):
         super().__init__()
         self.out_features, self.in_features = unsigned.shape
         self.group_size = self.in_features // scale.shape[1]
-        self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, zero)
-        self.kernel = f"{kind} blocks on the int4 packed kernel (group {self.group_size})"
+        self.kind = kind
+        self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, m + 8 * scale)
+        blocker = int8dot.shape_blocker(self.out_features, self.in_features, self.group_size)
+        self._blocks = None if blocker else int8dot.pack_int4(unsigned, scale, m)
+
+    @property
+    def kernel(self) -> str:
+        if self._int8dot is not None:
+            return f"{self.kind} blocks, " + self._kernel_name("")
+        return f"{self.kind} blocks on the int4 packed kernel (group {self.group_size})"
+
+    def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
+        return self._blocks
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._int8dot is not None:
+            return self._int8dot_forward(x, None)
         return int4_linear(x, self._weight, self.group_size, self._scales_zeros, None, self.out_features)
 
     def stored_bytes(self) -> int:
         return self.executed_bytes()
 
     def executed_bytes(self) -> int:
+        if self._int8dot is not None:
+            return self._int8dot.nbytes()
         return self._weight.nbytes + self._scales_zeros.nbytes
 
 

@@ -1,0 +1,66 @@
+"""Compile a C kernel shipped with specq once per machine and load it with ctypes.
+
+The shared object lives under `$SPECQ_CACHE/kernels/`, keyed by the source, the flags and the
+compiler's version, so a second process loads it in milliseconds. C without torch headers keeps
+the compile to a second or two (a torch C++ extension takes about a minute on two cores). The
+kernels use OpenMP: `-fopenmp` links `libgomp.so.1`, which resolves to the copy torch has
+already loaded, so specq's kernels and torch's ops share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel cannot be built or loaded here (no C compiler, or it failed); callers fall back."""
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise KernelUnavailable("no C compiler (cc or gcc) on PATH")
+    return cc
+
+
+def _version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelUnavailable(f"{cc} --version failed: {e}") from e
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL:
+    """The compiled `specq/kernels/<name>.c`, built into the cache on first use."""
+    from ..models import cache_dir
+
+    source = resources.files("specq.kernels").joinpath(f"{name}.c").read_bytes()
+    cc = _compiler()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _version(cc).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{name}-{key}.so"
+    if not target.exists():
+        print(f"specq: compiling the {name} kernel (once per machine, a few seconds)", file=sys.stderr)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+            src.write_bytes(source)
+            done = subprocess.run([cc, *FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
+            if done.returncode:
+                raise KernelUnavailable(f"compiling {name}.c failed: {done.stderr.strip().splitlines()[-1:]}")
+            os.replace(out, target)  # atomic: a concurrent process sees no half-written file
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as e:
+        raise KernelUnavailable(f"loading {target} failed: {e}") from e
