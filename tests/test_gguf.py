@@ -106,11 +106,18 @@ def test_builtin_target_converts_from_an_empty_cache(tmp_path, monkeypatch):
     assert "Paris" in out.text  # a wrong q/k order or head would not answer this
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype):
-    """@gguf: Q4_0 / Q4_1 blocks on the int4 kernel (the file's codes, scales and zeros, only the
-    scales rounded to the kernel's bf16), Q8_0 in bf16; logits stay close to the dequantized model."""
-    from specq.quant.modules import BlockInt4Linear, FloatLinear
+def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
+    """@gguf: eager, Q4_0 / Q4_1 blocks on torch's int4 kernel (the file's codes, only the scales
+    rounded to its bf16) and Q8_0 in bf16; on the fast path, every type on the int8-activation
+    kernel with the file's own codes and scales. Logits stay close to the dequantized model."""
+    from specq import fastpath
+    from specq.kernels import int8dot
+    from specq.quant.modules import BlockInt4Linear, BlockInt8Linear
+
+    if fast and not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
 
     model = tiny_model(vocab=48, hidden=64, scale=3.0)
     path = tmp_path / "tiny.gguf"
@@ -118,8 +125,10 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype):
     parsed = gguf_io.read(path)
     net, notes = gguf_io.load_at_file_precision(parsed)
     assert notes == []
-    kind = FloatLinear if qtype == "Q8_0" else BlockInt4Linear
+    kind = BlockInt8Linear if qtype == "Q8_0" else BlockInt4Linear
     assert isinstance(net.layers[0].attention.wqkv, kind) and isinstance(net.layers[1].feed_forward.w2, kind)
+    if fast:
+        assert fastpath.pack_linears(net) == 2 * 4 + 1 and "int8dot" in net.output.kernel
 
     reference = parsed.float_state_dict()  # gguf's own dequantization, in the native layout
     for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w13", "output"):
@@ -128,8 +137,10 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype):
         weight = module(eye).t()  # every column of the executed weight
         expected = reference[f"{name}.weight"]
         assert weight.shape == expected.shape
-        # bf16 scales/zeros (int4) or bf16 weights (Q8_0): within a few bf16 steps of each value
-        assert torch.allclose(weight, expected, rtol=2 ** -6, atol=2 ** -6 * expected.abs().max().item()), name
+        if fast:  # one-hot rows quantize to int8 exactly: the file's own weights, up to float rounding
+            torch.testing.assert_close(weight, expected, rtol=1e-5, atol=1e-6)
+        else:  # bf16 scales/zeros (int4) or bf16 weights (Q8_0): within a few bf16 steps of each value
+            assert torch.allclose(weight, expected, rtol=2 ** -6, atol=2 ** -6 * expected.abs().max().item()), name
 
     ids = torch.tensor([1, 5, 9, 2, 7, 3])
     float_net = tiny_model(vocab=48, hidden=64).net

@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out chat prompts answered greedily by A, scored by both")
     c.add_argument("--temperature", type=_float, default=1.0)
     c.add_argument("--threads", type=_threads, default=None)
+    c.add_argument("--eager", action="store_true",
+                   help="both models on the plain eager kernels (what the fast path's kernels change: compare with and without)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
 
@@ -324,11 +326,11 @@ def cmd_compare(args) -> int:
         torch.set_num_threads(args.threads)
     if not 0 < args.temperature <= 100:
         raise SpecqError(f"--temperature must be in (0, 100], got {args.temperature}")
-    a, b = load(args.a), load(args.b)
+    a, b = load(args.a, fast=not args.eager), load(args.b, fast=not args.eager)
     check_compatible(b, a)  # and A can be a target (not a feature draft)
     chunks = held_out_chunks(a, args.chunks, args.chunk_len, args.chat_prompts)
     result = compare(a, b, chunks, temperature=args.temperature)
-    result.update(a=args.a, b=args.b)
+    result.update(a=args.a, b=args.b, kernels="eager" if args.eager else "fast")
     if args.json:
         print(json.dumps(result))
     else:

@@ -153,8 +153,8 @@ def tokenizer(path: Path):
 
 # ------------------------------------------------------------------ the file's own precision
 
-INT4_BLOCKS = ("Q4_0", "Q4_1")  # run as they are on the int4 kernel
-BF16_BLOCKS = ("Q8_0",)  # no CPU kernel takes int8 blocks of 32: d * q dequantized to bf16
+INT4_BLOCKS = ("Q4_0", "Q4_1")  # run as they are on the int4 kernels
+INT8_BLOCKS = ("Q8_0",)  # as they are on the int8-activation kernel; dequantized to bf16 on the eager path
 
 
 def _int4_blocks(raw: np.ndarray, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -173,10 +173,20 @@ def _int4_blocks(raw: np.ndarray, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
     return torch.from_numpy(u.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(m)
 
 
+def _int8_blocks(raw: np.ndarray) -> tuple[Tensor, Tensor]:
+    """Codes c [out, in] and scale d [out, blocks] of Q8_0 rows: w = d * c. A block is fp16 d,
+    then 32 int8 values."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+    return torch.from_numpy(codes), torch.from_numpy(d)
+
+
 def _linear_at_file_precision(g: GGUFFile, parts: tuple[str, ...]):
     """The module that runs these (row-concatenated) tensors at their stored precision, or None
     when they are float or of a type without a kernel here (then they run dequantized)."""
-    from .quant.modules import BlockInt4Linear, FloatLinear
+    from .quant.modules import BlockInt4Linear, BlockInt8Linear
 
     qtypes = {g.qtype(p) for p in parts}
     if len(qtypes) != 1:
@@ -185,15 +195,16 @@ def _linear_at_file_precision(g: GGUFFile, parts: tuple[str, ...]):
     if qtype in INT4_BLOCKS:
         u, d, m = (torch.cat(t) for t in zip(*(_int4_blocks(g.raw(p), qtype) for p in parts)))
         return BlockInt4Linear(u, d, m, qtype)
-    if qtype in BF16_BLOCKS:
-        weight = torch.cat([g.float_tensor(p) for p in parts]).to(torch.bfloat16)
-        return FloatLinear(weight, f"{qtype} blocks dequantized to bf16")
+    if qtype in INT8_BLOCKS:
+        codes, d = (torch.cat(t) for t in zip(*(_int8_blocks(g.raw(p)) for p in parts)))
+        return BlockInt8Linear(codes, d, qtype)
     return None
 
 
 def load_at_file_precision(g: GGUFFile):
     """A native Llama whose linear layers (the tied head included) run the file's own Q4_0 / Q4_1
-    blocks on the int4 kernel and Q8_0 blocks in bf16; norms and embeddings are float32.
+    blocks on the int4 kernels and Q8_0 blocks on the int8-activation kernel (in bf16 on the eager
+    path); norms and embeddings are float32.
     Returns (net, notes): a note for each tensor type that runs dequantized to float32."""
     from .llama import Llama
 

@@ -11,7 +11,7 @@
  *              values 0-15, high nibbles values 16-31: the layout of llama.cpp's Q4 blocks);
  *       8-bit: w = d_w[g] * c, c in [-128, 127].
  * Each block of 32 is an exact integer dot product (vpmaddubsw + vpmaddwd), scaled by
- * d_w * d_a into eight float lanes; the m_w term uses the exact float sum of x over the group.
+ * d_w * d_a into eight float lanes; the m_w term uses the group's sum of the quantized x.
  *
  * Every row is computed by the same sequence of operations whatever M is and wherever the row
  * sits in the batch, so a verify row equals the same position computed as a one-row step bit for
@@ -32,7 +32,11 @@
 /* Full unrolling of the tile loops keeps the accumulators in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
 
-/* x [M, K] -> q [M, K] int8, d [M, K/32] (block scales), s [M, K/G] (exact group sums, when s != NULL). */
+/* x [M, K] -> q [M, K] int8, d [M, K/32] (block scales), and when s != NULL s [M, K/G]: the sum of
+ * the quantized values over each group, sum(d * q), for the 4-bit offset term. Using the
+ * quantized sum (not the exact one) makes the result exactly sum(w * d * q): the offset
+ * m = -8 * scale then cancels the rounding it would otherwise amplify (llama.cpp's Q8_1 does
+ * the same). */
 static void quantize_rows(const float *x, int M, int K, int G, int8_t *q, float *d, float *s) {
     for (int r = 0; r < M; r++) {
         const float *xr = x + (size_t)r * K;
@@ -49,7 +53,11 @@ static void quantize_rows(const float *x, int M, int K, int G, int8_t *q, float 
         if (s) {
             for (int g = 0; g < K / G; g++) {
                 float sum = 0.0f;
-                for (int i = 0; i < G; i++) sum += xr[g * G + i];
+                for (int b = g * (G / QBLOCK); b < (g + 1) * (G / QBLOCK); b++) {
+                    int total = 0;
+                    for (int i = 0; i < QBLOCK; i++) total += q[(size_t)r * K + b * QBLOCK + i];
+                    sum += d[(size_t)r * (K / QBLOCK) + b] * (float)total;
+                }
                 s[(size_t)r * (K / G) + g] = sum;
             }
         }

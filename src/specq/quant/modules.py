@@ -246,23 +246,40 @@ class BlockInt4Linear(Int8DotSwitch, nn.Module):
         return self._weight.nbytes + self._scales_zeros.nbytes
 
 
-class FloatLinear(nn.Module):
-    """A fixed weight in its own float dtype (e.g. bf16) inside a model of another dtype."""
+class BlockInt8Linear(Int8DotSwitch, nn.Module):
+    """8-bit blocks from a file (GGUF Q8_0: w = d * c per block of 32). The fast path runs them as
+    they are on the int8-activation kernel; no torch op takes int8 blocks of 32, so the eager path
+    runs them dequantized to bf16."""
 
-    def __init__(self, weight: Tensor, kernel: str):
+    def __init__(self, codes: Tensor, d: Tensor, kind: str):
         super().__init__()
-        self.register_buffer("weight", weight, persistent=False)
-        self.out_features, self.in_features = weight.shape
-        self.kernel = kernel
+        self.out_features, self.in_features = codes.shape
+        self.group_size = self.in_features // d.shape[1]
+        self.kind = kind
+        weight = codes.float().view(self.out_features, -1, self.group_size) * d.float()[..., None]
+        self.register_buffer("weight", weight.view_as(codes).to(torch.bfloat16), persistent=False)
+        blocker = int8dot.shape_blocker(self.out_features, self.in_features, self.group_size)
+        self._blocks = None if blocker else int8dot.pack_int8(codes, d)
+
+    @property
+    def kernel(self) -> str:
+        if self._int8dot is not None:
+            return f"{self.kind} blocks, " + self._kernel_name("")
+        return f"{self.kind} blocks dequantized to bf16"
+
+    def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
+        return self._blocks
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        if self._int8dot is not None:
+            return self._int8dot_forward(x, None)
+        return F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
 
     def stored_bytes(self) -> int:
-        return self.weight.nbytes
+        return self.executed_bytes()
 
     def executed_bytes(self) -> int:
-        return self.weight.nbytes
+        return self.weight.nbytes if self._int8dot is None else self._int8dot.nbytes()
 
 
 def kernel_blocker(qw: QuantizedWeight) -> str | None:
