@@ -19,8 +19,9 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path, model, qtype: str = "F32") -> None:
-    """A tiny native Llama written the way llama.cpp's converter writes a Hugging Face Llama."""
+def write_tiny_gguf(path, model, qtype: str = "F32", extra=None) -> None:
+    """A tiny native Llama written the way llama.cpp's converter writes a Hugging Face Llama;
+    `extra(writer)` adds more metadata."""
     import gguf
     from gguf import GGMLQuantizationType, quants
 
@@ -36,6 +37,8 @@ def write_tiny_gguf(path, model, qtype: str = "F32") -> None:
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_context_length(c.max_position_embeddings)
     w.add_vocab_size(c.vocab_size)
+    if extra is not None:
+        extra(w)
 
     def add(name: str, array: np.ndarray) -> None:
         if array.ndim == 2 and qtype != "F32":
@@ -74,6 +77,46 @@ def test_float_gguf_reads_back_exactly(tmp_path):
     state = parsed.float_state_dict()
     for name, value in model.net.state_dict().items():
         assert torch.equal(state[name], value), name  # q/k rows back in the Hugging Face order
+
+
+def test_float32_copy_holds_the_dequantized_weights_and_the_metadata(tmp_path):
+    """`write_float32` (llama.cpp's side of the F32 comparison): every tensor is F32 and equal,
+    bit for bit, to gguf's dequantization of the source; every key/value is copied but the file type."""
+    import gguf
+    from gguf.quants import dequantize
+
+    def extra(w) -> None:
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list([f"t{i}" for i in range(48)])
+        w.add_token_scores([float(i) / 3 for i in range(48)])
+        w.add_bos_token_id(1)
+
+    model = tiny_model(vocab=48, hidden=64)
+    src, dst = tmp_path / "tiny.Q4_1.gguf", tmp_path / "out" / "tiny.F32.gguf"
+    write_tiny_gguf(src, model, "Q4_1", extra)
+    gguf_io.write_float32(src, dst)
+    a, b = gguf.GGUFReader(src), gguf.GGUFReader(dst)
+
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    assert {t.tensor_type.name for t in a.tensors} == {"Q4_1", "F32"}
+    for ta, tb in zip(a.tensors, b.tensors):
+        assert tb.tensor_type == gguf.GGMLQuantizationType.F32, tb.name
+        expected = np.asarray(ta.data) if ta.tensor_type.name == "F32" else dequantize(np.asarray(ta.data), ta.tensor_type)
+        assert tb.shape.tolist() == ta.shape.tolist() and np.array_equal(np.asarray(tb.data), expected), tb.name
+
+    file_type = gguf.Keys.General.FILE_TYPE
+    assert b.fields[file_type].contents() == gguf.LlamaFileType.ALL_F32
+    for name, field in a.fields.items():
+        if name.startswith("GGUF.") or name == file_type:
+            continue
+        assert b.fields[name].types == field.types and b.fields[name].contents() == field.contents(), name
+    assert set(b.fields) == set(a.fields)
+
+    same, converted = gguf_io.read(src), gguf_io.read(dst)  # the model specq builds from either file
+    assert converted.config == same.config
+    for name, value in same.float_state_dict().items():
+        assert torch.equal(converted.float_state_dict()[name], value), name
 
 
 @pytest.mark.parametrize("damage", ["empty", "random", "truncated"])

