@@ -13,7 +13,8 @@ bold) and `cells` (one row per configuration: speedup with CI, predicted, tau, U
 with the filters `tokens=N` and `gamma=N` (or `auto`); `calibration` (the calibration
 experiment's JSON, rows in the order `order=spec,spec,...`); `verify` (benchmarks/bench_verify.py's
 rows: ms per forward by precision, path and token count); `tree-verify`
-(benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and node count).
+(benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and node count);
+`llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side).
 
     python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
     python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
@@ -94,6 +95,12 @@ def tree_verify_table(results: str) -> str:
     return table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
 
 
+def llamacpp_table(results: str) -> str:
+    from bench_llamacpp import summary
+
+    return summary([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+
+
 def render(spec: str) -> str:
     results, kind, *args = spec.split()
     options = dict(a.split("=", 1) for a in args)
@@ -103,6 +110,8 @@ def render(spec: str) -> str:
         return verify_table(results)
     if kind == "tree-verify":
         return tree_verify_table(results)
+    if kind == "llamacpp":
+        return llamacpp_table(results)
     rows = _filtered(speculative_rows(results), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")
