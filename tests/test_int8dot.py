@@ -46,6 +46,7 @@ def test_int4_weights_match_the_reference(group, out):
     y = int8dot.linear(x, int8dot.pack_int4(codes, scale, offset))
     torch.testing.assert_close(y.double(), reference(x, codes, scale, offset), rtol=1e-5, atol=1e-5)
     assert torch.equal(y[3], torch.zeros(out))
+    assert int8dot.linear(x[:0], int8dot.pack_int4(codes, scale, offset)).shape == (0, out)  # no rows: no work
 
 
 @pytest.mark.parametrize("group", [32, 256])

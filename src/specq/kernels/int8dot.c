@@ -157,6 +157,7 @@ static inline __attribute__((always_inline)) void w8_tile(
 typedef struct { int8_t *q; float *d; float *s; } Acts;
 
 static int acts_alloc(Acts *a, int M, int K, int G) {
+    if (M == 0) { a->q = NULL; a->d = a->s = NULL; return 1; }  /* nothing to quantize or multiply */
     a->q = malloc((size_t)M * K);
     a->d = malloc(sizeof(float) * (size_t)M * (K / QBLOCK));
     a->s = malloc(sizeof(float) * (size_t)M * (K / G));

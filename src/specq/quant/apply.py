@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .modules import BlockInt4Linear, BlockInt8Linear, QuantLinear, make_quant_linear
+from .modules import FileBlocks, QuantLinear, make_quant_linear
 from .rtn import QuantizedWeight, quantize_rtn
 from .sequential import CalibrationConfig, quantize_calibrated
 from .spec import QuantSpec, parse_spec
@@ -110,7 +110,7 @@ def weight_bytes(model: nn.Module) -> WeightBytes:
     each (a tied embedding/head is one tensor)."""
     stored = executed = sum(p.nbytes for p in model.parameters())
     for m in model.modules():
-        if isinstance(m, (QuantLinear, BlockInt4Linear, BlockInt8Linear)):
+        if isinstance(m, (QuantLinear, FileBlocks)):
             stored += m.stored_bytes()
             executed += m.executed_bytes()
     return WeightBytes(stored, executed)

@@ -208,78 +208,76 @@ def int4_linear(x: Tensor, weight: Tensor, group_size: int, scales_zeros: Tensor
     return y.view(*x.shape[:-1], out_features).to(x.dtype)
 
 
-class BlockInt4Linear(Int8DotSwitch, nn.Module):
-    """4-bit blocks from a file (GGUF Q4_0 / Q4_1) on an int4 kernel, without requantizing:
-    both are w = scale * u + m per group of 32 with the file's own codes. The file is
-    the storage, so this module keeps only the kernels' tensors: torch's (scales and zeros rounded
-    to its bf16) and the int8-activation kernel's (the file's float scales, as llama.cpp uses them)."""
+class FileBlocks(Int8DotSwitch, nn.Module):
+    """Quantized blocks from a file (GGUF), run without requantizing: on the fast path as they are
+    on the int8-activation kernel (`_blocks`, the file's own codes and float scales, as llama.cpp
+    uses them), on the eager path on what torch offers (`_eager`). The file is the storage, so
+    these modules keep only the kernels' tensors."""
 
-    def __init__(self, unsigned: Tensor, scale: Tensor, m: Tensor, kind: str):
+    def __init__(self, shape: tuple[int, int], groups: int, kind: str, blocks: int8dot.Int8DotWeight):
         super().__init__()
-        self.out_features, self.in_features = unsigned.shape
-        self.group_size = self.in_features // scale.shape[1]
+        self.out_features, self.in_features = shape
+        self.group_size = self.in_features // groups
         self.kind = kind
-        self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, m + 8 * scale)
         blocker = int8dot.shape_blocker(self.out_features, self.in_features, self.group_size)
-        self._blocks = None if blocker else int8dot.pack_int4(unsigned, scale, m)
+        self._blocks = None if blocker else blocks
+
+    eager_kernel: str
 
     @property
     def kernel(self) -> str:
-        if self._int8dot is not None:
-            return f"{self.kind} blocks, " + self._kernel_name("")
-        return f"{self.kind} blocks on the int4 packed kernel (group {self.group_size})"
+        return self.eager_kernel if self._int8dot is None else f"{self.kind} blocks, " + self._kernel_name("")
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
         return self._blocks
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._int8dot is not None:
-            return self._int8dot_forward(x, None)
-        return int4_linear(x, self._weight, self.group_size, self._scales_zeros, None, self.out_features)
+        return self._eager(x) if self._int8dot is None else self._int8dot_forward(x, None)
+
+    def _eager(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
 
     def stored_bytes(self) -> int:
         return self.executed_bytes()
 
     def executed_bytes(self) -> int:
-        if self._int8dot is not None:
-            return self._int8dot.nbytes()
+        return self._eager_bytes() if self._int8dot is None else self._int8dot.nbytes()
+
+    def _eager_bytes(self) -> int:
+        raise NotImplementedError
+
+
+class BlockInt4Linear(FileBlocks):
+    """GGUF Q4_0 / Q4_1 blocks: w = scale * u + m per group of 32 with the file's own codes; on the
+    eager path on torch's int4 kernel (scales and zeros rounded to its bf16)."""
+
+    def __init__(self, unsigned: Tensor, scale: Tensor, m: Tensor, kind: str):
+        super().__init__(unsigned.shape, scale.shape[1], kind, int8dot.pack_int4(unsigned, scale, m))
+        self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, m + 8 * scale)
+        self.eager_kernel = f"{kind} blocks on the int4 packed kernel (group {self.group_size})"
+
+    def _eager(self, x: Tensor) -> Tensor:
+        return int4_linear(x, self._weight, self.group_size, self._scales_zeros, None, self.out_features)
+
+    def _eager_bytes(self) -> int:
         return self._weight.nbytes + self._scales_zeros.nbytes
 
 
-class BlockInt8Linear(Int8DotSwitch, nn.Module):
-    """8-bit blocks from a file (GGUF Q8_0: w = d * c per block of 32). The fast path runs them as
-    they are on the int8-activation kernel; no torch op takes int8 blocks of 32, so the eager path
-    runs them dequantized to bf16."""
+class BlockInt8Linear(FileBlocks):
+    """GGUF Q8_0 blocks: w = d * c per block of 32; no torch op takes int8 blocks of 32, so the eager
+    path runs them dequantized to bf16."""
 
     def __init__(self, codes: Tensor, d: Tensor, kind: str):
-        super().__init__()
-        self.out_features, self.in_features = codes.shape
-        self.group_size = self.in_features // d.shape[1]
-        self.kind = kind
+        super().__init__(codes.shape, d.shape[1], kind, int8dot.pack_int8(codes, d))
         weight = codes.float().view(self.out_features, -1, self.group_size) * d.float()[..., None]
         self.register_buffer("weight", weight.view_as(codes).to(torch.bfloat16), persistent=False)
-        blocker = int8dot.shape_blocker(self.out_features, self.in_features, self.group_size)
-        self._blocks = None if blocker else int8dot.pack_int8(codes, d)
+        self.eager_kernel = f"{kind} blocks dequantized to bf16"
 
-    @property
-    def kernel(self) -> str:
-        if self._int8dot is not None:
-            return f"{self.kind} blocks, " + self._kernel_name("")
-        return f"{self.kind} blocks dequantized to bf16"
-
-    def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
-        return self._blocks
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self._int8dot is not None:
-            return self._int8dot_forward(x, None)
+    def _eager(self, x: Tensor) -> Tensor:
         return F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
 
-    def stored_bytes(self) -> int:
-        return self.executed_bytes()
-
-    def executed_bytes(self) -> int:
-        return self.weight.nbytes if self._int8dot is None else self._int8dot.nbytes()
+    def _eager_bytes(self) -> int:
+        return self.weight.nbytes
 
 
 def kernel_blocker(qw: QuantizedWeight) -> str | None:
