@@ -13,7 +13,9 @@ bold) and `cells` (one row per configuration: speedup with CI, predicted, tau, U
 with the filters `tokens=N` and `gamma=N` (or `auto`); `calibration` (the calibration
 experiment's JSON, rows in the order `order=spec,spec,...`); `verify` (benchmarks/bench_verify.py's
 rows: ms per forward by precision, path and token count); `tree-verify`
-(benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and node count).
+(benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and node count);
+`serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
+clients, mode and --max-batch).
 
     python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
     python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
@@ -94,6 +96,12 @@ def tree_verify_table(results: str) -> str:
     return table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
 
 
+def serve_batch_table(results: str) -> str:
+    from bench_serve import load_table
+
+    return load_table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+
+
 def render(spec: str) -> str:
     results, kind, *args = spec.split()
     options = dict(a.split("=", 1) for a in args)
@@ -103,6 +111,8 @@ def render(spec: str) -> str:
         return verify_table(results)
     if kind == "tree-verify":
         return tree_verify_table(results)
+    if kind == "serve-batch":
+        return serve_batch_table(results)
     rows = _filtered(speculative_rows(results), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")
