@@ -351,6 +351,8 @@ class Llama(nn.Module):
         is bit-identical to the sequence's own `forward`."""
         if self.compiled_step is not None:  # compiled steps take one sequence at a time
             return [self._one(s, return_hidden) for s in seqs]
+        if len(seqs) == 1:  # nothing to stack (and no probe: `specq generate` never pays for it)
+            return self._stacked(seqs, return_hidden)
         out, group, rows, limit = [], [], 0, self.stack_limit()
         for s in seqs:
             if group and rows + s.ids.shape[0] > limit:

@@ -207,7 +207,11 @@ class Engine:
         if running.error is not None:
             job.post("error", running.error)
             return
-        out = api.finish(running.sequence, running.draft)
+        try:
+            out = api.finish(running.sequence, running.draft)
+        except Exception as e:  # a bug: this request fails, the server stays up
+            job.post("error", _error(e))
+            return
         reason = ("timeout" if job.timed_out else "abort") if out.finish_reason == "cancelled" else \
             ("length" if out.finish_reason == "length" else "stop")
         self.metrics.record(self.name, running.draft.ref if running.draft else None, reason, out.stats,
