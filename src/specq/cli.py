@@ -177,9 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $SPECQ_API_KEY, else none)")
     s.add_argument("--queue", type=arg_int(1, 100_000), default=16,
                    help="requests waiting per served model beyond the running ones; more get 429 (default 16)")
-    s.add_argument("--max-batch", type=arg_int(1, 256), default=8,
+    s.add_argument("--max-batch", type=arg_int(1, 256), default=16,
                    help="requests per served model decoded together, one target pass per step for all "
-                        "(default 8; 1: one at a time)")
+                        "(default 16; 1: one at a time)")
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
                    help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")

@@ -29,7 +29,7 @@ class ServeConfig:
     api_key: str | None = None
     queue: int = 16  # requests waiting per served model, beyond the running ones
     timeout_s: float = 600.0  # arrival to last token
-    max_batch: int = 8  # requests decoded together per served model (1: one at a time)
+    max_batch: int = 16  # requests decoded together per served model (1: one at a time); docs/serve.md
 
     def __post_init__(self):
         specs = [precision_spec(p) for p in self.precisions]
