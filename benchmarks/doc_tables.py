@@ -15,6 +15,8 @@ experiment's JSON, rows in the order `order=spec,spec,...`); `verify` (benchmark
 rows: ms per forward by precision, path and token count); `tree-verify`
 (benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and node count);
 `llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side).
+`serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
+clients, mode and --max-batch).
 
     python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
     python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
@@ -99,6 +101,10 @@ def llamacpp_table(results: str) -> str:
     from bench_llamacpp import summary
 
     return summary([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+def serve_batch_table(results: str) -> str:
+    from bench_serve import load_table
+
+    return load_table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
 
 
 def render(spec: str) -> str:
@@ -112,6 +118,8 @@ def render(spec: str) -> str:
         return tree_verify_table(results)
     if kind == "llamacpp":
         return llamacpp_table(results)
+    if kind == "serve-batch":
+        return serve_batch_table(results)
     rows = _filtered(speculative_rows(results), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")

@@ -1,8 +1,9 @@
 """`specq serve` against a live server on 127.0.0.1, called with the official openai client.
 
 The server runs in a thread of this process (uvicorn on a free port) over tiny saved models, so
-the tests can slow down or hold its worker (wrapping `specq.api.generate`) to test cancellation,
-timeouts and the queue bound. One test starts the real `specq serve` command in a subprocess.
+the tests can slow down or hold its workers (wrapping the engine's `step`) to test batching,
+cancellation, timeouts and the queue bound. One test starts the real `specq serve` command in a
+subprocess.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import specq
-from specq import api
 from specq.cli import main
+from specq.drafters import TreeShape
 from specq.models import save_native
 from specq.serve import ServeConfig, bind, build_app
+from specq.serve import engine as engine_module
 
 from conftest import perturbed, tiny_model
 
 KEY = "sk-test-key"
+MAX_BATCH = 3
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # the tiny vocabulary's "chat"
 PROMPT = "t1 t2 t3"
 
@@ -48,9 +51,10 @@ def dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(dirs):
-    """(port, app) of a live server: the tiny target at fp32 and bf16 with the perturbed draft."""
+    """(port, app) of a live server: the tiny target at fp32 and bf16 with the perturbed draft,
+    decoding up to MAX_BATCH requests together per precision."""
     config = ServeConfig(target=str(dirs / "target"), precisions=("fp32", "bf16"), draft=str(dirs / "draft"),
-                         api_key=KEY, queue=2, timeout_s=30)
+                         api_key=KEY, queue=2, timeout_s=30, max_batch=MAX_BATCH)
     app = build_app(config)
     sock = bind("127.0.0.1", 0)
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -102,16 +106,16 @@ def metric(port: int, family: str, **labels) -> float:
 
 @pytest.fixture
 def slow_steps(monkeypatch):
-    """Every decoding step of the server's generations sleeps `delay[0]` seconds first."""
-    real, delay = api.generate, [0.05]
+    """Every decoding step of the server's engines sleeps `delay[0]` seconds first; `delay[1:]`
+    records how many requests each step advanced."""
+    real, delay = engine_module.step, [0.05]
 
-    def slow(*args, on_tokens=None, **kwargs):
-        def tokens(ids):
-            time.sleep(delay[0])
-            return on_tokens(ids)
-        return real(*args, on_tokens=tokens, **kwargs)
+    def slow(sequences):
+        time.sleep(delay[0])
+        delay.append(len(sequences))
+        return real(sequences)
 
-    monkeypatch.setattr(api, "generate", slow)
+    monkeypatch.setattr(engine_module, "step", slow)
     return delay
 
 
@@ -289,23 +293,54 @@ def test_timeout_ends_whole_and_streamed_requests(server, dirs, slow_steps):
 
 
 def test_a_full_queue_answers_429(server, dirs, monkeypatch):
+    """Requests beyond the running ones (at most MAX_BATCH) and the queue's 2 get a 429."""
     port, app = server
     engine = app.state.engines[name(dirs)]
-    gate, real = threading.Event(), api.generate
-    monkeypatch.setattr(api, "generate", lambda *a, **k: gate.wait(30) and real(*a, **k))
+    gate, real = threading.Event(), engine_module.step
+    monkeypatch.setattr(engine_module, "step", lambda sequences: gate.wait(30) and real(sequences))
     request = dict(model=name(dirs), prompt=PROMPT, max_tokens=3, temperature=0)
-    with ThreadPoolExecutor(3) as pool:
-        running = pool.submit(client(port).completions.create, **request)
-        while engine.current is None:
-            time.sleep(0.01)
-        queued = [pool.submit(client(port).completions.create, **request) for _ in range(2)]
-        while engine.jobs.qsize() < 2:
-            time.sleep(0.01)
+    with ThreadPoolExecutor(MAX_BATCH + 2) as pool:
+        accepted = []
+        for _ in range(MAX_BATCH + 3):  # one at a time, each running or queued before the next
+            accepted.append(pool.submit(client(port).completions.create, **request))
+            while len(engine.running) + engine.jobs.qsize() < len(accepted) and not accepted[-1].done():
+                time.sleep(0.01)
+            if accepted[-1].done():
+                break
+        with pytest.raises(openai.RateLimitError):
+            accepted.pop().result()
+        assert 1 <= len(engine.running) <= MAX_BATCH and engine.jobs.qsize() == 2
         assert metric(port, "specq:num_requests_waiting", model=name(dirs)) == 2
         status, reply, headers = post(port, "/v1/completions", request)
         assert status == 429 and reply["error"]["code"] == "queue_full" and headers["retry-after"] == "1"
         gate.set()
-        assert [f.result().usage.completion_tokens for f in [running, *queued]] == [3, 3, 3]
+        assert [f.result().usage.completion_tokens for f in accepted] == [3] * len(accepted)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, dirs, models, slow_steps):
+    """Greedy requests with different prompts, lengths, gammas and drafts (plain, chains, gamma
+    auto, a token tree), sent at once: the engine steps them together, and each gets exactly what
+    `specq.generate` gives it alone."""
+    port, _ = server
+    target, draft = models["fp32"], models["draft"]
+    prompts = ["t1 t2 t3", "t9 t4", "t5 t5 t5 t6 t7", "t30 t2", "t11 t12 t13 t14"]
+    cases = [({"speculative": False}, dict(draft=None)), ({}, dict(draft=draft)), ({"gamma": 1}, dict(draft=draft, gamma=1)),
+             ({"gamma": 4}, dict(draft=draft, gamma=4)), ({"gamma": "auto"}, dict(draft=draft, gamma="auto")),
+             ({"tree": 6, "tree_depth": 3}, dict(draft=draft, tree=TreeShape(6, 3, 2)))]
+    jobs = [(prompts[i % len(prompts)], 12 + 5 * i, extra, options) for i, (extra, options) in enumerate(cases)]
+    want = [specq.generate(target, prompt, max_new_tokens=n, **options).text for prompt, n, _, options in jobs]
+    slow_steps[0] = 0.02
+
+    def ask(job) -> str:  # more requests than running + queued: a 429 is retried after a second
+        prompt, n, extra, _ = job
+        out = client(port).with_options(max_retries=5).completions.create(
+            model=name(dirs), prompt=prompt, max_tokens=n, temperature=0, extra_body=extra)
+        return out.choices[0].text
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        got = list(pool.map(ask, jobs))
+    assert got == want
+    assert max(slow_steps[1:]) == MAX_BATCH  # steps advanced several requests at once, never more than the cap
 
 
 def test_metrics_count_drafted_and_accepted_tokens(server, dirs):

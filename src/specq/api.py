@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import checks
-from .decode import decode
+from .decode import Sequence, run
 from .drafters import TreeShape, for_levels
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
@@ -135,6 +135,20 @@ def generate(target: Model, prompt: str | list[int], draft: Model | list[Model] 
     `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma is then the tree's
     depth, and "auto" chooses each step's depth up to it. `on_tokens`: called with each step's new
     token ids (streaming); returning False stops the run (finish reason 'cancelled')."""
+    sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
+                     top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
+                     draft_confidence=draft_confidence, drafter=drafter, tree=tree, on_tokens=on_tokens)
+    run(sequence)
+    return finish(sequence, draft)
+
+
+def start(target: Model, prompt: str | list[int], draft: Model | list[Model] | None = None, *,
+          gamma: int | str = DEFAULT_GAMMA, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+          top_p: float = 1.0, seed: int = 0, chat: bool = False, stop: list[str] | None = None,
+          ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
+          tree: TreeShape | None = None, on_tokens=None) -> Sequence:
+    """`generate` up to the decoding (options checked, prompt encoded, drafter built): a `Sequence`
+    to prefill and step with `decode.step`, alone or beside others (the server's batching)."""
     check_target(target)
     (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k, top_p, seed, stop,
                                                       draft_confidence)
@@ -147,11 +161,17 @@ def generate(target: Model, prompt: str | list[int], draft: Model | list[Model] 
             check_compatible(level, target)
         drafter = drafter or for_levels(levels, target, draft_confidence, tree)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
-    ids, reason, stats = decode(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
-                                max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
-                                generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens)
-    text = target.tokenizer.decode(ids, skip_special_tokens=True)
+    return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
+                    max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
+                    generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens)
+
+
+def finish(sequence: Sequence, draft: Model | list[Model] | None) -> Generation:
+    """A finished sequence as a `Generation` (the text ends before a stop string)."""
+    ids, reason, stats = sequence.result()
+    text = sequence.target.tokenizer.decode(ids, skip_special_tokens=True)
     if reason == "stop":
-        text = trim_at_stop(text, stop)
-    return Generation(text=text, token_ids=ids, prompt_ids=prompt_ids, finish_reason=reason, stats=stats,
-                      target=target.ref, draft=None if draft is None else ",".join(level.ref for level in levels))
+        text = trim_at_stop(text, sequence.stopper.stop_strings)
+    levels = [] if draft is None else draft if isinstance(draft, list) else [draft]
+    return Generation(text=text, token_ids=ids, prompt_ids=sequence.prompt_ids, finish_reason=reason, stats=stats,
+                      target=sequence.target.ref, draft=",".join(level.ref for level in levels) or None)

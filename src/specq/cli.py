@@ -178,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=os.environ.get("SPECQ_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $SPECQ_API_KEY, else none)")
     s.add_argument("--queue", type=arg_int(1, 100_000), default=16,
-                   help="requests waiting per served model beyond the running one; more get 429 (default 16)")
+                   help="requests waiting per served model beyond the running ones; more get 429 (default 16)")
+    s.add_argument("--max-batch", type=arg_int(1, 256), default=16,
+                   help="requests per served model decoded together, one target pass per step for all "
+                        "(default 16; 1: one at a time)")
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
                    help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
@@ -205,7 +208,7 @@ def cmd_serve(args) -> int:
     if args.api_key is not None and (not args.api_key.strip() or any(c.isspace() for c in args.api_key)):
         raise SpecqError("--api-key must be a non-empty string without spaces")
     config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft, api_key=args.api_key,
-                         queue=args.queue, timeout_s=args.timeout)
+                         queue=args.queue, timeout_s=args.timeout, max_batch=args.max_batch)
     sock = bind(args.host, args.port)  # before the models load
     run(build_app(config), sock)
     return 0

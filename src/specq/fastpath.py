@@ -87,3 +87,32 @@ def unpack_linears(net: nn.Module) -> None:
             linear = nn.Linear(module.in_features, module.out_features, bias=False, dtype=module.weight.dtype)
             linear.weight = nn.Parameter(module.weight, requires_grad=False)
             net.set_submodule(name, linear)
+
+
+# Row counts where a GEMM may change its blocking (powers of two and one past them, and the int4
+# kernel's blocks of 4): where `invariant_rows` looks for a row computed differently.
+PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256)
+
+
+@torch.inference_mode()
+def invariant_rows(net: nn.Module, limit: int, dtype: torch.dtype) -> int:
+    """The most rows, up to `limit`, that every linear layer of `net` takes at once while computing
+    each row bit for bit as it computes that row alone (`dtype` inputs); 1 if none. Why it matters:
+    the server stacks rows of several sequences into one pass, and each sequence must get exactly
+    what its own pass gives. Each distinct (kernel, shape) is probed on random rows at PROBE_ROWS (a
+    kernel picks its code path by the row count, not by the values), comparing the first and the
+    last row of each count, the rows a blocked kernel's edge cases land on, with the row alone."""
+    layers = {}
+    for module in net.modules():
+        if hasattr(module, "in_features") and hasattr(module, "out_features"):  # a linear layer, or wraps one
+            layers.setdefault((type(module), module.in_features, module.out_features), module)
+    generator = torch.Generator().manual_seed(0)
+    best = limit
+    for layer in layers.values():
+        x = torch.randn(limit, layer.in_features, generator=generator).to(dtype)
+        for rows in (r for r in PROBE_ROWS + (limit,) if r <= best):
+            together = layer(x[:rows])
+            if not all(torch.equal(together[i], layer(x[i:i + 1])[0]) for i in (0, rows - 1)):
+                best = max([1] + [r for r in PROBE_ROWS if r < rows])
+                break
+    return best

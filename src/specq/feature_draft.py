@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from . import atomic
 from .errors import SpecqError
-from .llama import KVCache, Llama, LlamaConfig, visibility
+from .llama import KVCache, Llama, LlamaConfig, Segment, visibility
 
 KIND = "specq-feature-draft"
 CONFIG_FILE = "feature_draft.json"
@@ -82,9 +82,9 @@ class FeatureDraft(nn.Module):
         body._ensure_rope(start + n)
         rope = slice(start, start + n) if positions is None else positions
         cos, sin = body.rope_cos[rope], body.rope_sin[rope]
-        seen = None if cache is None else visibility(cache, n, mask)
+        kv = None if cache is None else [Segment(cache, slice(0, n), visibility(cache, n, mask))]
         for i, layer in enumerate(body.layers):
-            x = layer(x, cos, sin, cache, i, seen)
+            x = layer(x, cos, sin, kv, i)
         if cache is not None:
             cache.length = start + n
         hidden = body.norm(x)

@@ -61,3 +61,10 @@ class HFCausalLM(nn.Module):
                           position_ids=positions, logits_to_keep=1 if last_only else 0)
         cache.length += n
         return out.logits[0].float()
+
+    def forward_many(self, seqs: list, return_hidden: bool = False) -> list[tuple[Tensor, None]]:
+        """`Llama.forward_many`'s contract, one sequence per pass (chains only, no hidden states:
+        token trees and feature drafts need the native module)."""
+        if return_hidden or any(s.positions is not None or s.mask is not None for s in seqs):
+            raise ValueError("a transformers target verifies chains only and has no hidden states to hand out")
+        return [(self(s.ids, s.cache, s.last_only), None) for s in seqs]

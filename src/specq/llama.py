@@ -28,6 +28,11 @@ MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
 # (tests/test_fastpath.py reports the differences). A prefill (an empty cache) and longer passes
 # use fused attention.
 ROW_BY_ROW_MAX = 65
+# Several sequences' rows share one pass (`Llama.forward_many`, the server's batching) up to this
+# many rows in all: the linear layers run once over the stacked rows, attention per sequence. Each
+# sequence's result is bit-identical to its own pass only where every linear kernel computes a row
+# the same whatever rows are beside it; `Llama.stack_limit` probes that per model, up to this cap.
+MAX_STACKED_ROWS = 256
 
 
 @dataclass
@@ -152,6 +157,24 @@ def visibility(cache: KVCache, n: int, mask: Tensor | None) -> Visibility:
     return Visibility(full, [torch.cat([prefix, seen_by_all + mask[i].nonzero()[:, 0]]) for i in range(n)])
 
 
+class Rows(NamedTuple):
+    """One sequence's part of a cached forward pass: new tokens written at the end of its cache."""
+
+    ids: Tensor  # [n]
+    cache: KVCache
+    positions: Tensor | None = None  # [n]; None: consecutive after the cache (a chain)
+    mask: Tensor | None = None  # [n, m], as in `visibility`; None: causal
+    last_only: bool = False  # logits of the last row only (a prefill)
+
+
+class Segment(NamedTuple):
+    """Where one sequence's rows sit in a (stacked) cached pass, and the keys each of them sees."""
+
+    cache: KVCache
+    rows: slice
+    seen: Visibility
+
+
 class StaticView(NamedTuple):
     """The cache as plain tensors for the compiled step: attention runs over the whole buffer
     and the causal mask hides slots past each query, so every shape is fixed."""
@@ -159,6 +182,7 @@ class StaticView(NamedTuple):
     k: Tensor
     v: Tensor
     positions: Tensor
+    mask: Tensor
 
 
 class RMSNorm(nn.Module):
@@ -196,35 +220,44 @@ class Attention(nn.Module):
         q, k = qk.split([self.n_heads, self.n_kv], dim=1)
         return q, k, v
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
-                seen: Visibility | Tensor | None) -> Tensor:
-        """`seen`: a `Visibility` with a cache, the static mask for the compiled step, None in training."""
-        b, n = x.shape[:2]  # b > 1 only in training (no cache)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: list[Segment] | StaticView | None,
+                layer: int) -> Tensor:
+        """`kv`: the `Segment` of each sequence whose rows x stacks (decoding), the static view of
+        the compiled step, or None (training: x [b, n] sequences from position 0, no cache)."""
+        b, n = x.shape[:2]
         q, k, v = self.qkv(x, cos, sin)
-        if cache is None:  # training: the whole sequence at once
+        if kv is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        elif isinstance(cache, StaticView):  # compiled: fixed shapes, positions as a tensor
-            cache.k[layer].index_copy_(2, cache.positions, k)
-            cache.v[layer].index_copy_(2, cache.positions, v)
-            out = F.scaled_dot_product_attention(q, cache.k[layer], cache.v[layer], attn_mask=seen,
-                                                 enable_gqa=True)
+        elif isinstance(kv, StaticView):  # compiled: fixed shapes, positions as a tensor
+            kv.k[layer].index_copy_(2, kv.positions, k)
+            kv.v[layer].index_copy_(2, kv.positions, v)
+            out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=kv.mask, enable_gqa=True)
         else:
-            start, end = cache.length, cache.length + n
-            cache.k[layer, :, :, start:end] = k
-            cache.v[layer, :, :, start:end] = v
-            keys, values = cache.k[layer], cache.v[layer]
-            if (n == 1 and seen.rows is None) or n > ROW_BY_ROW_MAX or start == 0:  # a step, or a prefill
-                out = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
-                                                     enable_gqa=True)
-            elif seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it
-                out = torch.cat([F.scaled_dot_product_attention(
-                    q[:, :, i:i + 1], keys[:, :, :start + i + 1], values[:, :, :start + i + 1],
-                    enable_gqa=True) for i in range(n)], dim=2)
-            else:  # a tree node sees the prefix and its ancestors: the keys of the step at its position
-                out = torch.cat([F.scaled_dot_product_attention(
-                    q[:, :, i:i + 1], keys.index_select(2, rows), values.index_select(2, rows),
-                    enable_gqa=True) for i, rows in enumerate(seen.rows)], dim=2)
+            parts = [attend(q[:, :, s.rows], k[:, :, s.rows], v[:, :, s.rows], s, layer) for s in kv]
+            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
         return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, segment: Segment, layer: int) -> Tensor:
+    """One sequence's rows of a cached pass: their keys and values go into its cache, and each row
+    attends exactly as it would in a pass of its own, whatever other sequences share the pass."""
+    cache, seen = segment.cache, segment.seen
+    n = q.shape[2]
+    start, end = cache.length, cache.length + n
+    cache.k[layer, :, :, start:end] = k
+    cache.v[layer, :, :, start:end] = v
+    keys, values = cache.k[layer], cache.v[layer]
+    if (n == 1 and seen.rows is None) or n > ROW_BY_ROW_MAX or start == 0:  # a step, or a prefill
+        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
+                                              enable_gqa=True)
+    if seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it
+        return torch.cat([F.scaled_dot_product_attention(
+            q[:, :, i:i + 1], keys[:, :, :start + i + 1], values[:, :, :start + i + 1],
+            enable_gqa=True) for i in range(n)], dim=2)
+    # a tree node sees the prefix and its ancestors: the keys of the step at its position
+    return torch.cat([F.scaled_dot_product_attention(
+        q[:, :, i:i + 1], keys.index_select(2, rows), values.index_select(2, rows),
+        enable_gqa=True) for i, rows in enumerate(seen.rows)], dim=2)
 
 
 class FeedForward(nn.Module):
@@ -247,8 +280,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.feed_forward = FeedForward(c)
 
-    def forward(self, x, cos, sin, cache, layer, seen):
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, seen)
+    def forward(self, x, cos, sin, kv, layer):
+        x = x + self.attention(self.attention_norm(x), cos, sin, kv, layer)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -296,38 +329,92 @@ class Llama(nn.Module):
         A token tree passes each row's `positions` [n] and a `mask` [n, m]: which of the last m keys
         (m >= n: the new rows and some cached ones) each row sees, every earlier key being seen
         (`visibility`). The default is a chain: consecutive positions, causal."""
-        n = ids.shape[0]
-        start = cache.length if cache is not None else 0
-        end = start + n
-        if cache is not None and end > cache.capacity:
-            raise ValueError(f"KV cache full: {end} positions needed, capacity {cache.capacity}")
-        self._ensure_rope(end)
-        if (cache is not None and self.compiled_step is not None and n <= MAX_COMPILED_TOKENS and not return_hidden
-                and mask is None):
+        if cache is None:
+            n = ids.shape[-1]
+            self._ensure_rope(n)
+            rope = slice(0, n) if positions is None else positions
+            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None)
+            logits = self._head(x, last_only)
+            return (logits, self.norm(x)[0]) if return_hidden else logits
+        if self.compiled_step is not None and ids.shape[0] <= MAX_COMPILED_TOKENS and not return_hidden and mask is None:
             logits = self._compiled_forward(ids, cache)
-            cache.length = end
-            return logits[n - 1:] if last_only else logits
-        if positions is None:
-            cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
-        else:
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        x = self._layers(ids, cos, sin, cache, None if cache is None else visibility(cache, n, mask))
-        logits = self._head(x, last_only)
-        if cache is not None:
-            cache.length = end
-        return (logits, self.norm(x)[0]) if return_hidden else logits
+            cache.length += ids.shape[0]
+            return logits[-1:] if last_only else logits
+        logits, hidden = self._stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden)[0]
+        return (logits, hidden) if return_hidden else logits
+
+    def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
+        """Several sequences' rows, each at the end of its own cache, in as few passes as exactness
+        allows: (logits, hidden states or None) per sequence, as `forward` returns them. Sequences
+        are stacked in order while their rows fit `stack_limit()`: the linear layers then read each
+        weight once for all of them, and each row attends to its own sequence only, so every result
+        is bit-identical to the sequence's own `forward`."""
+        if self.compiled_step is not None:  # compiled steps take one sequence at a time
+            return [self._one(s, return_hidden) for s in seqs]
+        if len(seqs) == 1:  # nothing to stack (and no probe: `specq generate` never pays for it)
+            return self._stacked(seqs, return_hidden)
+        out, group, rows, limit = [], [], 0, self.stack_limit()
+        for s in seqs:
+            if group and rows + s.ids.shape[0] > limit:
+                out += self._stacked(group, return_hidden)
+                group, rows = [], 0
+            group.append(s)
+            rows += s.ids.shape[0]
+        return out + self._stacked(group, return_hidden) if group else out
+
+    def _one(self, s: Rows, return_hidden: bool) -> tuple[Tensor, Tensor | None]:
+        out = self(s.ids, s.cache, s.last_only, return_hidden, s.positions, s.mask)
+        return out if return_hidden else (out, None)
+
+    _stack_limit: int | None = None
+
+    def stack_limit(self) -> int:
+        """How many rows of different sequences one pass may stack: the most rows (up to
+        MAX_STACKED_ROWS) at which every linear layer computes each row exactly as alone, probed
+        once on random inputs (`fastpath.invariant_rows`), after the model's kernels are in place;
+        1 where a kernel rounds a row by its neighbours (MKL's sgemm, the eager path)."""
+        if self._stack_limit is None:
+            from .fastpath import invariant_rows
+
+            self._stack_limit = invariant_rows(self, MAX_STACKED_ROWS, self.dtype)
+        return self._stack_limit
+
+    def _stacked(self, seqs: list[Rows], return_hidden: bool) -> list[tuple[Tensor, Tensor | None]]:
+        """One pass over the rows of `seqs` stacked in order (see `forward_many`)."""
+        segments, cos, sin, heads, at = [], [], [], [], 0
+        self._ensure_rope(max(s.cache.length + s.ids.shape[0] for s in seqs))
+        for s in seqs:
+            n, start = s.ids.shape[0], s.cache.length
+            if start + n > s.cache.capacity:
+                raise ValueError(f"KV cache full: {start + n} positions needed, capacity {s.cache.capacity}")
+            rope = slice(start, start + n) if s.positions is None else s.positions
+            cos.append(self.rope_cos[rope])
+            sin.append(self.rope_sin[rope])
+            segments.append(Segment(s.cache, slice(at, at + n), visibility(s.cache, n, s.mask)))
+            heads.append(slice(at + n - 1 if s.last_only else at, at + n))
+            at += n
+        x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments)
+        hidden = self.norm(x)[0]
+        logits = self.output(_cat([hidden[rows] for rows in heads])).float()
+        out, at = [], 0
+        for s, segment, rows in zip(seqs, segments, heads):
+            s.cache.length += s.ids.shape[0]
+            n = rows.stop - rows.start
+            out.append((logits[at:at + n], hidden[segment.rows] if return_hidden else None))
+            at += n
+        return out
 
     def hidden_states(self, ids: Tensor) -> Tensor:
         """Final hidden states [n, hidden] of a whole sequence (no cache, no output head)."""
         self._ensure_rope(ids.shape[0])
         cos, sin = self.rope_cos[:ids.shape[0]], self.rope_sin[:ids.shape[0]]
-        return self.norm(self._layers(ids, cos, sin, None, None))[0]
+        return self.norm(self._layers(ids, cos, sin, None))[0]
 
-    def _layers(self, ids, cos, sin, cache, seen) -> Tensor:
+    def _layers(self, ids, cos, sin, kv) -> Tensor:
         x = self.tok_embeddings(ids)
         x = x.unsqueeze(0) if x.dim() == 2 else x
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, seen)
+            x = layer(x, cos, sin, kv, i)
         return x
 
     def _head(self, x: Tensor, last_only: bool) -> Tensor:
@@ -335,9 +422,9 @@ class Llama(nn.Module):
             x = x[:, -1:]
         return self.output(self.norm(x))[0].float()
 
-    def _static_step(self, ids: Tensor, view: StaticView, mask: Tensor) -> Tensor:
+    def _static_step(self, ids: Tensor, view: StaticView) -> Tensor:
         cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
-        return self._head(self._layers(ids, cos, sin, view, mask), False)
+        return self._head(self._layers(ids, cos, sin, view), False)
 
     # ------------------------------------------------------------------ optional torch.compile
     compiled_step = None
@@ -369,11 +456,16 @@ class Llama(nn.Module):
             print(f"specq: compiling the {size}-token step of a {self.config.num_layers}-layer model (once per "
                   "machine, cached on disk; up to a few minutes on 2 cores)", file=sys.stderr, flush=True)
         started = time.perf_counter()
-        logits = self.compiled_step(padded, StaticView(cache.k, cache.v, positions), cache.causal[positions])
+        logits = self.compiled_step(padded, StaticView(cache.k, cache.v, positions, cache.causal[positions]))
         if size not in self._compiled_sizes:
             self._compiled_sizes.add(size)
             self.compile_s += time.perf_counter() - started
         return logits[:n]
+
+
+def _cat(tensors: list[Tensor]) -> Tensor:
+    """torch.cat, without a copy for one tensor (the common one-sequence pass)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 def hf_to_native_state_dict(sd: dict[str, Tensor], config: LlamaConfig) -> dict[str, Tensor]:

@@ -43,4 +43,4 @@ def run_block(model: nn.Module, index: int, x: Tensor) -> Tensor:
     """Decoder block `index` on a whole sequence x [1, n, hidden], without a KV cache."""
     n = x.shape[1]
     model._ensure_rope(n)
-    return model.layers[index](x, model.rope_cos[:n], model.rope_sin[:n], None, index, None)
+    return model.layers[index](x, model.rope_cos[:n], model.rope_sin[:n], None, index)

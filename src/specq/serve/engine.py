@@ -1,10 +1,17 @@
-"""One served model (a target at one precision): a bounded queue and one worker thread.
+"""One served model (a target at one precision): a bounded queue and one worker thread that
+decodes up to `max_batch` requests together (continuous batching).
 
-Requests run one at a time per model, in arrival order (docs/serve.md says why there is no
-batching); the models of one server compute at the same time. The worker owns the model and its
-tokenizer: prompts are encoded, generated and decoded on that thread only. It talks to the
-request's event loop through `Job.post`; the event loop talks back through two flags read after
-every decoding step: the client went away (`cancel`), or the request outlived the server's timeout.
+Each iteration the worker takes waiting requests while there is room (prefilling each on its
+own), then advances every running request by one decoding step in one stacked target pass
+(`decode.step`: each request drafts, accepts and rolls back on its own, so its output is what
+`specq generate` gives it alone); a finished request leaves and a waiting one takes its place at
+the next iteration. `max_batch` 1 runs requests one at a time, in arrival order. The models of
+one server compute at the same time.
+
+The worker owns the model and its tokenizer: prompts are encoded, generated and decoded on that
+thread only. It talks to a request's event loop through `Job.post`; the event loop talks back
+through two flags read after every decoding step: the client went away (`cancel`), or the
+request outlived the server's timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import api
+from ..decode import Sequence, step
 from ..errors import SpecqError
 from ..gamma import parse as parse_gamma
 from ..models import Model
@@ -57,21 +65,44 @@ class Job:
         return not (self.cancelled or self.timed_out)
 
 
+@dataclass
+class Running:
+    """A request being decoded."""
+
+    job: Job
+    sequence: Sequence
+    draft: Model | None
+    text: TextStream | None  # streamed requests only
+    started: float  # time.monotonic() when it left the queue
+    first_token_at: float | None = None
+    error: APIError | None = None  # it failed while stepping
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or self.sequence.done
+
+
 class Engine:
     def __init__(self, name: str, pool: ModelPool, precision: str, metrics: Metrics, queue_size: int,
-                 timeout_s: float):
+                 timeout_s: float, max_batch: int):
         self.name, self.pool, self.precision = name, pool, precision
         self.target, self.draft, self.note = pool.models(precision)
-        self.metrics, self.timeout_s = metrics, timeout_s
+        self.metrics, self.timeout_s, self.max_batch = metrics, timeout_s, max_batch
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.thread = threading.Thread(target=self._work, name=f"specq-serve {name}", daemon=True)
-        self.current: Job | None = None
+        self.running: list[Running] = []
         for gauge in (metrics.running, metrics.waiting):
             gauge.labels(model=name).set(0)
 
     def start(self) -> None:
-        """Warm up (first calls pay for allocation and lazy initialisation), then take requests."""
-        api.generate(self.target, api.encode_prompt(self.target, "Hello"), self.draft, max_new_tokens=4)
+        """Warm up (first calls pay for allocation and lazy initialisation, a batched step for
+        probing which row counts the kernels stack exactly), then take requests."""
+        hello = api.encode_prompt(self.target, "Hello")
+        warm = [api.start(self.target, hello, self.draft, max_new_tokens=4) for _ in range(min(2, self.max_batch))]
+        for sequence in warm:
+            sequence.prefill()
+        while live := [s for s in warm if not s.done]:
+            step(live)
         self.thread.start()
 
     def stop(self) -> None:
@@ -83,8 +114,8 @@ class Engine:
                 break
             if job is not None:
                 job.post("error", APIError(503, "the server is shutting down", type="server_error"))
-        if self.current is not None:
-            self.current.cancel()
+        for running in list(self.running):
+            running.job.cancel()
         self.jobs.put(None)
 
     def new_job(self, plan: Plan) -> Job:
@@ -104,7 +135,24 @@ class Engine:
         return self.thread.is_alive()
 
     def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
+        """Admit, step everything running together, let the finished go; until `stop`."""
+        while self._admit():
+            self._step([r for r in self.running if not r.finished])
+            for running in self.running:
+                if running.finished:
+                    self._end(running)
+            self.running = [r for r in self.running if not r.finished]
+
+    def _admit(self) -> bool:
+        """Start waiting jobs while fewer than max_batch run (waiting for one when none runs);
+        False once the server stops."""
+        while len(self.running) < self.max_batch:
+            try:
+                job = self.jobs.get(block=not self.running)
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
             self.metrics.waiting.labels(model=self.name).dec()
             if job.cancelled:
                 continue
@@ -112,22 +160,16 @@ class Engine:
                 self.metrics.rejected.labels(model=self.name, reason="timeout").inc()
                 job.post("error", _timeout(self.timeout_s))
                 continue
-            self.current = job
-            self.metrics.running.labels(model=self.name).inc()
             try:
-                self._run(job)
-            except APIError as e:
-                job.post("error", e)
-            except SpecqError as e:
-                job.post("error", bad_request(e))
-            except Exception as e:  # a bug: this request fails, the server stays up
-                log.exception("generation failed")
-                job.post("error", APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
-            finally:
-                self.metrics.running.labels(model=self.name).dec()
-                self.current = None
+                self.running.append(self._start(job))
+            except Exception as e:
+                job.post("error", _error(e))
+                continue
+            self.metrics.running.labels(model=self.name).inc()
+        return True
 
-    def _run(self, job: Job) -> None:
+    def _start(self, job: Job) -> Running:
+        """Build the request's sequence and prefill it (its first token is streamed at once)."""
         plan = job.plan
         draft = self._draft(plan.draft)
         ids = self._prompt_ids(plan)
@@ -135,26 +177,50 @@ class Engine:
                                          parse_gamma(plan.options["gamma"])[0])
         max_tokens = plan.max_tokens or self._room(len(ids), nodes)
         text = TextStream(self.target.tokenizer, plan.options["stop"]) if plan.stream else None
-        started = time.monotonic()
-        first_token_at = None
 
         def on_tokens(new: list[int]) -> bool:
-            nonlocal first_token_at
-            first_token_at = first_token_at or time.monotonic()
+            running.first_token_at = running.first_token_at or time.monotonic()
             if text:
                 job.post("text", text.push(new))
             return job.keep_going()
 
-        out = api.generate(self.target, ids, draft, max_new_tokens=max_tokens, on_tokens=on_tokens, **plan.options)
+        sequence = api.start(self.target, ids, draft, max_new_tokens=max_tokens, on_tokens=on_tokens,
+                             **plan.options)
+        running = Running(job, sequence, draft, text, time.monotonic())
+        sequence.prefill()
+        return running
+
+    def _step(self, running: list[Running]) -> None:
+        if not running:
+            return
+        try:
+            step([r.sequence for r in running])
+        except Exception as e:  # a bug: these requests fail, the server stays up
+            error = _error(e)
+            for r in running:
+                r.error = error
+
+    def _end(self, running: Running) -> None:
+        """Report a finished request: its metrics, then its response (or error) to the client."""
+        self.metrics.running.labels(model=self.name).dec()
+        job = running.job
+        if running.error is not None:
+            job.post("error", running.error)
+            return
+        try:
+            out = api.finish(running.sequence, running.draft)
+        except Exception as e:  # a bug: this request fails, the server stays up
+            job.post("error", _error(e))
+            return
         reason = ("timeout" if job.timed_out else "abort") if out.finish_reason == "cancelled" else \
             ("length" if out.finish_reason == "length" else "stop")
-        self.metrics.record(self.name, draft.ref if draft else None, reason, out.stats,
-                            time.monotonic() - job.arrived, started - job.arrived,
-                            first_token_at - job.arrived if first_token_at else None)
+        self.metrics.record(self.name, running.draft.ref if running.draft else None, reason, out.stats,
+                            time.monotonic() - job.arrived, running.started - job.arrived,
+                            running.first_token_at - job.arrived if running.first_token_at else None)
         if job.timed_out:
             job.post("error", _timeout(self.timeout_s))
         elif not job.cancelled:
-            job.post("done", out, text.finish(out.text) if text else "")
+            job.post("done", out, running.text.finish(out.text) if running.text else "")
 
     def _draft(self, choice: str | None) -> Model | None:
         if choice == REGISTRY:
@@ -179,6 +245,16 @@ class Engine:
         if room < 1:
             api.check_context(self.target, nodes, 1, prompt_len)  # raises: the prompt alone fills the context
         return max(room, 1)
+
+
+def _error(e: Exception) -> APIError:
+    """What a request that failed gets: a 4xx for bad input, a 500 for a bug (logged)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, SpecqError):
+        return bad_request(e)
+    log.exception("generation failed")
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
 
 
 def _timeout(timeout_s: float) -> APIError:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
+from .. import checks
 from ..errors import SpecqError
 from ..models import known_drafts
 from ..pool import ModelPool, precision_spec
@@ -26,8 +27,9 @@ class ServeConfig:
     precisions: tuple[str, ...] = ("fp32",)
     draft: str | None = None  # one draft for every precision (None: the registry's per precision)
     api_key: str | None = None
-    queue: int = 16  # requests waiting per served model, beyond the one running
+    queue: int = 16  # requests waiting per served model, beyond the running ones
     timeout_s: float = 600.0  # arrival to last token
+    max_batch: int = 16  # requests decoded together per served model (1: one at a time); docs/serve.md
 
     def __post_init__(self):
         specs = [precision_spec(p) for p in self.precisions]
@@ -35,6 +37,7 @@ class ServeConfig:
             raise SpecqError("give at least one precision to serve")
         if len(set(specs)) != len(specs):
             raise SpecqError(f"a precision is listed twice: {', '.join(self.precisions)}")
+        checks.integer("max_batch", self.max_batch, 1)
         object.__setattr__(self, "precisions", tuple(specs))
 
 
@@ -45,7 +48,7 @@ def build_app(config: ServeConfig) -> FastAPI:
     engines = {}
     for spec in config.precisions:
         name = f"{pool.target}@{spec}"
-        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s)
+        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s, config.max_batch)
     drafts = known_drafts(pool.target) | {e.draft.ref for e in engines.values() if e.draft is not None}
     return create_app(engines, metrics, pool.target, drafts, config.api_key)
 
