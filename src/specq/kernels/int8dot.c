@@ -1,4 +1,4 @@
-/* Integer-weight linear layers with int8 activations, for x86 CPUs with AVX2 (see kernels/__init__.py
+/* Integer-weight linear layers with int8 activations, for x86 CPUs with AVX2 (see kernels/int8dot.py
  * for why this is hand-written: no library op on x86 multiplies int8 activations by grouped 4-bit
  * weights, and torch's packed int4/int8 CPU ops dequantize to float, so their cost grows with
  * every verify row).
@@ -81,23 +81,33 @@ static inline __m256 block_dot(__m256i u, __m256i a) {
 /* A tile of `cols` (<= COL_TILE) consecutive outputs times `rows` (<= ROW_TILE) consecutive rows,
  * one accumulator each: a weight block is unpacked once and reused from a register by every row,
  * and the independent accumulators keep the FMA pipeline full even for one row. The sequence of
- * operations on one (row, output) accumulator is the same in every tile shape. */
-static inline __attribute__((always_inline)) void w4_tile(
-        int rows, int cols, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
+ * operations on one (row, output) accumulator is the same in every tile shape. `bits` (4 or 8) is
+ * a constant at every call, so each width compiles to its own straight-line code. vpmaddubsw
+ * multiplies unsigned by signed bytes: 4-bit codes are unsigned already; 8-bit codes go in as
+ * |w| with w's sign moved onto the activations. */
+static inline __attribute__((always_inline)) void tile(
+        int bits, int rows, int cols, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
         const int8_t *q, const float *d, const float *s, float *y, int N) {
     const __m128i low = _mm_set1_epi8(0x0F);
     const int blocks = K / QBLOCK, per_group = G / QBLOCK, groups = K / G;
+    const size_t row_bytes = bits == 4 ? K / 2 : K, block_bytes = bits == 4 ? QBLOCK / 2 : QBLOCK;
     __m256 acc[ROW_TILE][COL_TILE];
     UNROLL
     for (int r = 0; r < rows; r++)
         UNROLL
         for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; b++) {
-        __m256i u[COL_TILE];
+        __m256i u[COL_TILE], w[COL_TILE];  /* unsigned codes; 8-bit: the signed codes too */
         UNROLL
         for (int c = 0; c < cols; c++) {
-            __m128i packed = _mm_loadu_si128((const __m128i *)(wq + (size_t)c * (K / 2) + b * 16));
-            u[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+            const uint8_t *block = wq + (size_t)c * row_bytes + b * block_bytes;
+            if (bits == 4) {
+                __m128i packed = _mm_loadu_si128((const __m128i *)block);
+                u[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+            } else {
+                w[c] = _mm256_loadu_si256((const __m256i *)block);
+                u[c] = _mm256_sign_epi8(w[c], w[c]);  /* |w| as unsigned bytes (-128 becomes 128) */
+            }
         }
         UNROLL
         for (int r = 0; r < rows; r++) {
@@ -106,7 +116,8 @@ static inline __attribute__((always_inline)) void w4_tile(
             UNROLL
             for (int c = 0; c < cols; c++) {
                 __m256 scale = _mm256_set1_ps(wd[(size_t)c * groups + b / per_group] * da);
-                acc[r][c] = _mm256_fmadd_ps(scale, block_dot(u[c], a), acc[r][c]);
+                __m256i signed_a = bits == 4 ? a : _mm256_sign_epi8(a, w[c]);
+                acc[r][c] = _mm256_fmadd_ps(scale, block_dot(u[c], signed_a), acc[r][c]);
             }
         }
     }
@@ -114,43 +125,14 @@ static inline __attribute__((always_inline)) void w4_tile(
     for (int r = 0; r < rows; r++)
         UNROLL
         for (int c = 0; c < cols; c++) {
-            float m = 0.0f;
-            for (int g = 0; g < groups; g++) m += wm[(size_t)c * groups + g] * s[(size_t)r * groups + g];
-            y[(size_t)r * N + c] = hsum8(acc[r][c]) + m;
-        }
-}
-
-static inline __attribute__((always_inline)) void w8_tile(
-        int rows, int cols, int K, int G, const int8_t *wq, const float *wd,
-        const int8_t *q, const float *d, float *y, int N) {
-    const int blocks = K / QBLOCK, per_group = G / QBLOCK, groups = K / G;
-    __m256 acc[ROW_TILE][COL_TILE];
-    UNROLL
-    for (int r = 0; r < rows; r++)
-        UNROLL
-        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int b = 0; b < blocks; b++) {
-        __m256i w[COL_TILE], wabs[COL_TILE];
-        UNROLL
-        for (int c = 0; c < cols; c++) {
-            w[c] = _mm256_loadu_si256((const __m256i *)(wq + (size_t)c * K + b * QBLOCK));
-            wabs[c] = _mm256_sign_epi8(w[c], w[c]);  /* |w| as unsigned bytes (-128 becomes 128) */
-        }
-        UNROLL
-        for (int r = 0; r < rows; r++) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)(q + (size_t)r * K + b * QBLOCK));
-            float da = d[(size_t)r * blocks + b];
-            UNROLL
-            for (int c = 0; c < cols; c++) {
-                __m256 scale = _mm256_set1_ps(wd[(size_t)c * groups + b / per_group] * da);
-                acc[r][c] = _mm256_fmadd_ps(scale, block_dot(wabs[c], _mm256_sign_epi8(a, w[c])), acc[r][c]);
+            float sum = hsum8(acc[r][c]);
+            if (bits == 4) {  /* the offsets: m_w times the group sums of the quantized x */
+                float m = 0.0f;
+                for (int g = 0; g < groups; g++) m += wm[(size_t)c * groups + g] * s[(size_t)r * groups + g];
+                sum += m;
             }
+            y[(size_t)r * N + c] = sum;
         }
-    }
-    UNROLL
-    for (int r = 0; r < rows; r++)
-        UNROLL
-        for (int c = 0; c < cols; c++) y[(size_t)r * N + c] = hsum8(acc[r][c]);
 }
 
 /* The scratch space for the quantized activations, per call (M * K bytes plus scales). */
@@ -185,30 +167,25 @@ static void acts_free(Acts *a) { free(a->q); free(a->d); free(a->s); }
         }                                                                                   \
     }
 
-/* Returns 0 on success, -1 when out of memory. Output tiles are split across `threads` OpenMP threads. */
-int linear_w4a8(const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
-                const float *wm, float *y, int threads) {
+/* y = x w^T for `bits`-bit weights (4 or 8; `wm` is used for 4 only). Returns 0 on success, -1
+ * when out of memory. Output tiles are split across `threads` OpenMP threads. */
+int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
+              const float *wm, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
-    quantize_rows(x, M, K, G, a.q, a.d, a.s);
+    quantize_rows(x, M, K, G, a.q, a.d, bits == 4 ? a.s : NULL);
     const int groups = K / G, blocks = K / QBLOCK;
-#define W4(ROWS, COLS, r, n) w4_tile(ROWS, COLS, K, G, wq + (size_t)(n) * (K / 2), wd + (size_t)(n) * groups, \
-                                     wm + (size_t)(n) * groups, a.q + (size_t)(r) * K, a.d + (size_t)(r) * blocks, \
-                                     a.s + (size_t)(r) * groups, y + (size_t)(r) * N + (n), N)
-    SWEEP(W4, N, M)
-    acts_free(&a);
-    return 0;
-}
-
-int linear_w8a8(const float *x, int M, int K, int N, int G, const int8_t *wq, const float *wd,
-                float *y, int threads) {
-    Acts a;
-    if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
-    quantize_rows(x, M, K, G, a.q, a.d, NULL);
-    const int groups = K / G, blocks = K / QBLOCK;
-#define W8(ROWS, COLS, r, n) w8_tile(ROWS, COLS, K, G, wq + (size_t)(n) * K, wd + (size_t)(n) * groups, \
-                                     a.q + (size_t)(r) * K, a.d + (size_t)(r) * blocks, y + (size_t)(r) * N + (n), N)
-    SWEEP(W8, N, M)
+    const size_t row_bytes = bits == 4 ? K / 2 : K;
+#define TILE(BITS, ROWS, COLS, r, n) tile(BITS, ROWS, COLS, K, G, wq + (size_t)(n) * row_bytes, wd + (size_t)(n) * groups, \
+                                          BITS == 4 ? wm + (size_t)(n) * groups : NULL, a.q + (size_t)(r) * K, a.d + (size_t)(r) * blocks, \
+                                          a.s + (size_t)(r) * groups, y + (size_t)(r) * N + (n), N)
+#define TILE4(ROWS, COLS, r, n) TILE(4, ROWS, COLS, r, n)
+#define TILE8(ROWS, COLS, r, n) TILE(8, ROWS, COLS, r, n)
+    if (bits == 4) {
+        SWEEP(TILE4, N, M)
+    } else {
+        SWEEP(TILE8, N, M)
+    }
     acts_free(&a);
     return 0;
 }

@@ -6,8 +6,8 @@ of an int4 target costs well over a one-token step (docs/fastpath.md), and specu
 cannot pay. No library op on x86 without AVX512-VNNI multiplies int8 activations by grouped int4
 weights, so specq carries this small kernel: activations are quantized per row and per block of
 32 to int8 (as llama.cpp does), each block is an exact integer dot product, and a weight block
-is unpacked once for up to four rows. Every row is computed the same way whatever the row count,
-so verify rows equal one-token steps bit for bit.
+is unpacked once for a tile of up to two rows and four outputs. Every row is computed the same
+way whatever the row count, so verify rows equal one-token steps bit for bit.
 
 This is a different rounding of the activations than the torch ops' bf16 cast, so a model on
 this kernel is not bit-identical to the same model on torch's ops; `specq compare` measures what
@@ -44,9 +44,8 @@ def available() -> bool:
 def _library() -> ctypes.CDLL:
     lib = build.load("int8dot")
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.linear_w4a8.argtypes = [p, i, i, i, i, p, p, p, p, i]
-    lib.linear_w8a8.argtypes = [p, i, i, i, i, p, p, p, i]
-    lib.linear_w4a8.restype = lib.linear_w8a8.restype = ctypes.c_int
+    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i]
+    lib.linear_a8.restype = ctypes.c_int
     return lib
 
 
@@ -69,9 +68,8 @@ class Int8DotWeight:
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
         self.out_features = codes.shape[0]
         self.in_features = codes.shape[1] * (2 if bits == 4 else 1)
-        pointers = [t.data_ptr() for t in (codes, d, m) if t is not None]
         self._shape = (self.in_features, self.out_features, group_size)
-        self._pointers = tuple(pointers)
+        self._pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
         return Int8DotWeight(self.bits, *(copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m)),
@@ -101,7 +99,7 @@ def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
     if dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     y = torch.empty(x.shape[:-1] + (w.out_features,))
-    kernel = _library().linear_w4a8 if w.bits == 4 else _library().linear_w8a8
-    if kernel(x.data_ptr(), x.numel() // w.in_features, *w._shape, *w._pointers, y.data_ptr(), torch.get_num_threads()):
+    if _library().linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape, *w._pointers, y.data_ptr(),
+                            torch.get_num_threads()):
         raise MemoryError("int8dot: out of memory for the quantized activations")
     return y if dtype == torch.float32 else y.to(dtype)
