@@ -44,14 +44,8 @@ class GGUFFile:
 
     def float_tensor(self, name: str) -> Tensor:
         """The tensor dequantized to float32, in the Hugging Face row order."""
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
         if name not in self._floats:
-            t = self.tensors[name]
-            data = np.asarray(t.data)
-            if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                data = dequantize(data, t.tensor_type)
+            data = float32_array(self.tensors[name])
             self._floats[name] = torch.from_numpy(np.array(_unpermute(data, name, self.config), dtype=np.float32))
         return self._floats[name]
 

@@ -61,9 +61,7 @@ class Int8DotSwitch:
         y = int8dot.linear(x, self._int8dot)
         return y if bias is None else y + bias.to(y.dtype)
 
-    def _kernel_name(self, torch_kernel: str) -> str:
-        if self._int8dot is None:
-            return torch_kernel
+    def _int8dot_kernel(self) -> str:
         w = self._int8dot
         return f"int{w.bits} weights x int8 activations (specq int8dot kernel, group {w.group_size})"
 
@@ -124,7 +122,7 @@ class Int8Linear(Int8DotSwitch, QuantLinear):
 
     @property
     def kernel(self) -> str:
-        return self._kernel_name("int8 packed kernel (_weight_int8pack_mm)")
+        return "int8 packed kernel (_weight_int8pack_mm)" if self._int8dot is None else self._int8dot_kernel()
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
         if int8dot.shape_blocker(self.out_features, self.in_features, self.in_features):
@@ -164,7 +162,7 @@ class Int4Linear(Int8DotSwitch, QuantLinear):
     def kernel(self) -> str:
         codes = "" if self.bits == 4 else f"int{self.bits} codes on the "
         if self._int8dot is not None:
-            return codes + self._kernel_name("")
+            return codes + self._int8dot_kernel()
         return f"{codes}int4 packed kernel (_weight_int4pack_mm_for_cpu, group {self.group_size})"
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
@@ -226,7 +224,7 @@ class FileBlocks(Int8DotSwitch, nn.Module):
 
     @property
     def kernel(self) -> str:
-        return self.eager_kernel if self._int8dot is None else f"{self.kind} blocks, " + self._kernel_name("")
+        return self.eager_kernel if self._int8dot is None else f"{self.kind} blocks, " + self._int8dot_kernel()
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
         return self._blocks
