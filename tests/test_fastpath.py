@@ -24,7 +24,7 @@ def at(model: Model, spec: str, fast: bool) -> Model:
     net = copy.deepcopy(model.net)
     quantize_model(net, spec, progress=False)
     if fast:
-        fastpath.pack_linears(net)
+        fastpath.apply(net)
     return Model(ref=f"{model.ref}@{spec}", net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
                  source=model.source, precision=spec)
 
@@ -121,9 +121,10 @@ def test_compile_after_packing_stays_lossless():
     unpack the linears first and give the eager output token for token."""
     model = tiny_model(scale=3.0, hidden=64)
     base = generate(model, [1, 2, 3], max_new_tokens=12)
-    fastpath.pack_linears(model.net)
+    fastpath.apply(model.net)
     model.net.compile(capacity=128)
-    assert not any(isinstance(m, fastpath.PackedLinear) for m in model.net.modules())
+    assert not any(isinstance(m, fastpath.PackedLinear) or getattr(m, "kernel", False) is True
+                   for m in model.net.modules())
     draft = at(perturbed(tiny_model(scale=3.0, hidden=64), 0.5), "fp32", fast=True)
     out = generate(model, [1, 2, 3], draft, gamma=3, max_new_tokens=12, draft_confidence=0.0)
     assert out.token_ids == base.token_ids and out.stats.accepted < out.stats.drafted

@@ -7,7 +7,7 @@ from specq import generate
 from specq.acceptance import depths, tree_mask
 from specq.drafters import TreeShape, for_pair
 from specq.drafters.tree import grow
-from specq.fastpath import pack_linears
+from specq.fastpath import apply
 
 from conftest import perturbed, tiny_model
 from test_decode import _exact_sequence_distribution, chi_square_p
@@ -21,7 +21,7 @@ def test_a_tree_pass_gives_each_node_the_logits_of_its_own_path():
     """On the fast path every verify row of a tree equals the one-token step at the end of the
     node's own path, bit for bit (each row attends exactly to its path's keys)."""
     target = tiny_model(vocab=32, scale=3.0, seed=4)
-    assert pack_linears(target.net) > 0
+    assert apply(target.net) > 0
     prompt = torch.tensor([1, 2, 3, 4])
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, -1])
     tokens = torch.tensor([5, 6, 7, 8, 9, 10, 11])

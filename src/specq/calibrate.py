@@ -109,7 +109,7 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
         raise SpecqError(f"draft '{draft.ref}' must be a local model directory to calibrate")
     out = check_output(out or default_out(draft.ref, target.precision), force, resume)
     for model in (target, draft):  # training and the teacher read the weights themselves
-        fastpath.unpack_linears(model.net)
+        fastpath.revert(model.net)
     train_prompts = chat_prompts("train")[: settings.prompts]
     held_prompts = chat_prompts("held_out")[: settings.held_out]
     def measured(d: Model) -> dict | None:

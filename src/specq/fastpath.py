@@ -1,5 +1,6 @@
-"""The fast CPU path: put a loaded model's float linear layers on oneDNN's packed GEMM, and its
-4-bit and 8-bit layers on specq's int8-activation kernel (`kernels/int8dot.py`).
+"""The fast CPU path: put a loaded model's float linear layers on oneDNN's packed GEMM, its
+4-bit and 8-bit layers on specq's int8-activation kernel (`kernels/int8dot.py`), and the decoder's
+work between them (norms, attention rows, activations) on `kernels/decoder.py` (`apply`).
 
 Why: `F.linear` on CPU goes to MKL's sgemm, whose small-batch path costs about linearly more per
 row up to a few rows, so a verify pass of 2-5 rows costs about two one-token steps and
@@ -22,6 +23,8 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from .kernels import decoder
+from .llama import Attention, FeedForward, RMSNorm
 from .quant.modules import Int8DotSwitch
 
 # oneDNN packs for an expected number of rows; any row count runs on the packed weight.
@@ -61,6 +64,25 @@ def packs(dtype: torch.dtype) -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def apply(net: nn.Module) -> int:
+    """The whole fast path, in place: `pack_linears`, and the decoder's norms, cached attention rows
+    and activations on `kernels/decoder` where it builds (float32 inputs only; others keep torch's
+    ops). Returns how many linear layers changed kernel. Inference only; `revert` undoes it."""
+    glue = decoder.available()
+    for module in net.modules():
+        if isinstance(module, (RMSNorm, Attention, FeedForward)):
+            module.kernel = glue
+    return pack_linears(net)
+
+
+def revert(net: nn.Module) -> None:
+    """Undo `apply` (before training, compiling or saving a module tree), in place."""
+    for module in net.modules():
+        if isinstance(module, (RMSNorm, Attention, FeedForward)):
+            module.kernel = False
+    unpack_linears(net)
 
 
 def pack_linears(net: nn.Module) -> int:

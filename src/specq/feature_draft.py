@@ -115,7 +115,7 @@ class FeatureDraft(nn.Module):
             cos, sin = body.rope_cos[k:k + rows], body.rope_sin[k:k + rows]
             mask = torch.cat([causal] + [diagonal] * k, dim=1)
             for i, layer in enumerate(body.layers):
-                q, key, value = layer.attention.qkv(layer.attention_norm(x), cos, sin)
+                q, key, value = layer.attention.rotated(layer.attention.wqkv(layer.attention_norm(x)), cos, sin)
                 keys[i].append(key)
                 values[i].append(value)
                 att = F.scaled_dot_product_attention(q, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2),

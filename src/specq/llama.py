@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kernels import decoder
+
 
 MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
 # Fused attention over n query rows rounds differently from n one-row calls, and the bf16 casts in
@@ -191,7 +193,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
+    kernel = False  # the fast path's C loop (`kernels/decoder`), for float32 inference
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel and decoder.takes(x):
+            return decoder.rms_norm(x.contiguous(), self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -209,12 +215,16 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.wo = nn.Linear(self.q_size, c.hidden_size, bias=False)
 
-    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values [b, heads, n, head_dim], rotated to their positions. Queries and
-        keys are rotated in one go (the same elementwise ops: fewer dispatches per decode step)."""
-        b, n = x.shape[:2]
+    # The fast path's C attention (`kernels/decoder`) for the rows of cached passes that attend row
+    # by row (steps and verify passes), float32 inference only; prefills keep fused attention.
+    kernel = False
+
+    def rotated(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values [b, heads, n, head_dim] from the wqkv output [b, n, ...], rotated
+        to their positions. Queries and keys are rotated in one go (fewer dispatches per step)."""
+        b, n = qkv.shape[:2]
         heads = self.n_heads + self.n_kv
-        qkv = self.wqkv(x).view(b, n, heads + self.n_kv, self.head_dim).transpose(1, 2)
+        qkv = qkv.view(b, n, heads + self.n_kv, self.head_dim).transpose(1, 2)
         qk, v = qkv.split([heads, self.n_kv], dim=1)
         qk = qk * cos + rotate_half(qk) * sin
         q, k = qk.split([self.n_heads, self.n_kv], dim=1)
@@ -225,17 +235,36 @@ class Attention(nn.Module):
         """`kv`: the `Segment` of each sequence whose rows x stacks (decoding), the static view of
         the compiled step, or None (training: x [b, n] sequences from position 0, no cache)."""
         b, n = x.shape[:2]
-        q, k, v = self.qkv(x, cos, sin)
+        qkv = self.wqkv(x)
+        if isinstance(kv, list):
+            parts = [self.segment(qkv[:, s.rows], cos[s.rows], sin[s.rows], s, layer) for s in kv]
+            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            return self.wo(out)
+        q, k, v = self.rotated(qkv, cos, sin)
         if kv is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        elif isinstance(kv, StaticView):  # compiled: fixed shapes, positions as a tensor
+        else:  # compiled: fixed shapes, positions as a tensor
             kv.k[layer].index_copy_(2, kv.positions, k)
             kv.v[layer].index_copy_(2, kv.positions, v)
             out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=kv.mask, enable_gqa=True)
-        else:
-            parts = [attend(q[:, :, s.rows], k[:, :, s.rows], v[:, :, s.rows], s, layer) for s in kv]
-            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
         return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
+
+    def segment(self, qkv: Tensor, cos: Tensor, sin: Tensor, s: Segment, layer: int) -> Tensor:
+        """One sequence's rows of a cached pass: [1, n, q_size] attention outputs."""
+        n = qkv.shape[1]
+        if self.kernel and decoder.takes(qkv) and by_rows(s.cache.length, n):
+            rows = decoder.attend_rows(qkv[0].contiguous(), self.n_heads, self.n_kv, cos.contiguous(),
+                                       sin.contiguous(), s.cache.k[layer, 0], s.cache.v[layer, 0],
+                                       s.cache.length, s.seen.rows)
+            return rows.unsqueeze(0)
+        out = attend(*self.rotated(qkv, cos, sin), s, layer)
+        return out.transpose(1, 2).reshape(1, n, self.q_size)
+
+
+def by_rows(start: int, n: int) -> bool:
+    """Whether n rows written at `start` of a cache attend row by row (see ROW_BY_ROW_MAX): all but
+    prefills (an empty cache) and passes too long for it."""
+    return start > 0 and n <= ROW_BY_ROW_MAX
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, segment: Segment, layer: int) -> Tensor:
@@ -247,7 +276,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, segment: Segment, layer: int) -> Ten
     cache.k[layer, :, :, start:end] = k
     cache.v[layer, :, :, start:end] = v
     keys, values = cache.k[layer], cache.v[layer]
-    if (n == 1 and seen.rows is None) or n > ROW_BY_ROW_MAX or start == 0:  # a step, or a prefill
+    if (n == 1 and seen.rows is None) or not by_rows(start, n):  # a step, or a prefill
         return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
                                               enable_gqa=True)
     if seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it
@@ -267,8 +296,13 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
+    kernel = False  # the fast path's C loop for silu(gate) * up (`kernels/decoder`), float32 inference
+
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w13(x).split(self.intermediate, dim=-1)
+        gate_up = self.w13(x)
+        if self.kernel and decoder.takes(gate_up):
+            return self.w2(decoder.silu_mul(gate_up.contiguous()))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.w2(F.silu(gate) * up)
 
 
@@ -435,11 +469,11 @@ class Llama(nn.Module):
         padded to 1, 2, 4, 8 or 16 tokens (padding lands past the cache length, where it is masked
         and later overwritten), so at most five graphs exist; each costs a compilation (about a
         minute on 2 cores) on first use. Caches keep one `capacity` so graphs are reused.
-        Linears on the fast path are unpacked first: inductor cannot trace oneDNN's opaque packed
-        weights (and packs frozen weights itself when asked to)."""
-        from .fastpath import unpack_linears
+        The fast path is reverted first: inductor cannot trace oneDNN's opaque packed weights or
+        specq's C kernels (and packs frozen weights itself when asked to)."""
+        from .fastpath import revert
 
-        unpack_linears(self)
+        revert(self)
         self.compiled_step = torch.compile(self._static_step, dynamic=False, backend=backend)
         self.compile_capacity = capacity
         self._compiled_sizes: set[int] = set()

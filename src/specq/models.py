@@ -267,7 +267,7 @@ def load(ref: str, fast: bool = True) -> Model:
     (`fastpath.py`) for inference; code that trains, quantizes or saves the weights passes False."""
     model = _load(ref)
     if fast:
-        model.info["packed_linears"] = fastpath.pack_linears(model.net)
+        model.info["packed_linears"] = fastpath.apply(model.net)
     return model
 
 

@@ -271,7 +271,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     config = architecture(arch, target.vocab_size) if base is None and not feature else None
     for model in (target, base):  # the teacher and the student read the weights themselves
         if model is not None:
-            fastpath.unpack_linears(model.net)
+            fastpath.revert(model.net)
     started = time.perf_counter()
     train, held = teacher_data(target, settings, work, features=feature)
     data_s = time.perf_counter() - started

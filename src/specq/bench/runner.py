@@ -74,7 +74,7 @@ class _Models:
             model = self.load(ref)
             info = {"ref": ref, "precision": model.precision, "source": model.source, "sha256": model_hash(model)}
             if self.fast:
-                fastpath.pack_linears(model.net)
+                fastpath.apply(model.net)
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
 

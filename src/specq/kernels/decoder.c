@@ -1,0 +1,121 @@
+/* The decoder's work between its linear layers, for float32 models on x86 CPUs with AVX2 (see
+ * kernels/decoder.py for why it is hand-written): RMSNorm, SiLU(gate) * up, and the attention of
+ * the rows of a cached pass (rotary embedding, the cache write, and each row's softmax attention
+ * over exactly the keys it sees).
+ *
+ * Every row is computed by the same sequence of operations whatever the number of rows and
+ * wherever the row sits, so a verify row equals the same position computed as a one-row step bit
+ * for bit. Compile with -ffp-contract=off: the rotary embedding then rounds exactly as torch's
+ * `x * cos + rotate_half(x) * sin` does, so rows rotated here and rows rotated by torch (a
+ * prefill) agree.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* sum(a[i] * b[i]) over i < K: eight lanes in a fixed order, then the scalar tail. */
+static inline float dot(const float *a, const float *b, int K) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= K; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    float sum = hsum8(acc);
+    for (; i < K; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w per row of x [M, K]. */
+void rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
+    for (int r = 0; r < M; r++) {
+        const float *xr = x + (size_t)r * K;
+        float *yr = y + (size_t)r * K;
+        float inv = 1.0f / sqrtf(dot(xr, xr, K) / (float)K + eps);
+        for (int i = 0; i < K; i++) yr[i] = xr[i] * inv * w[i];
+    }
+}
+
+/* y [M, I] = silu(gate) * up, from gu [M, 2I] (gate, then up, per row). */
+void silu_mul(const float *gu, int M, int I, float *y) {
+    for (int r = 0; r < M; r++) {
+        const float *g = gu + (size_t)r * 2 * I, *u = g + I;
+        float *yr = y + (size_t)r * I;
+        for (int i = 0; i < I; i++) yr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* x [D] rotated by the angles whose cos and sin are given: x * cos + rotate_half(x) * sin, where
+ * rotate_half(x) = (-x[D/2:], x[:D/2]). */
+static inline void rotate(const float *x, const float *cos, const float *sin, int D, float *out) {
+    int half = D / 2;
+    for (int j = 0; j < half; j++) out[j] = x[j] * cos[j] + (-x[j + half]) * sin[j];
+    for (int j = half; j < D; j++) out[j] = x[j] * cos[j] + x[j - half] * sin[j];
+}
+
+/* The attention of n rows written at slots start..start+n-1 of one layer's cache.
+ *   qkv [n, (H + 2 Hkv) D]: each row's queries, keys and values, heads in order, not yet rotated;
+ *   cos, sin [n, D]: each row's rotary angles;
+ *   k_cache, v_cache [Hkv, capacity, D]: rotated keys and values of the slots before `start`; the
+ *     rows' own are written here;
+ *   seen: NULL for a chain (row i sees slots 0..start+i), else for each row i the slots
+ *     seen[offsets[i]..offsets[i+1]) in order (a token tree: the prefix and the row's ancestors);
+ *   out [n, H D]: per row and head, softmax(q k^T * scale) v over the seen slots.
+ * Query head h reads key/value head h / (H / Hkv). Returns 0, or -1 when out of memory. */
+int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const float *cos, const float *sin,
+                float *k_cache, float *v_cache, int capacity, int start, const int *seen, const int *offsets,
+                float scale, float *out, int threads) {
+    const size_t row = (size_t)(H + 2 * Hkv) * D;
+    float *q = malloc(sizeof(float) * (size_t)n * H * D);
+    int most = 0;
+    for (int i = 0; i < n; i++) {
+        int keys = seen ? offsets[i + 1] - offsets[i] : start + i + 1;
+        if (keys > most) most = keys;
+    }
+    float *scores = malloc(sizeof(float) * (size_t)most * n * H);
+    if (!q || !scores) { free(q); free(scores); return -1; }
+    for (int i = 0; i < n; i++) {
+        const float *r = qkv + i * row, *c = cos + (size_t)i * D, *s = sin + (size_t)i * D;
+        for (int h = 0; h < H; h++) rotate(r + (size_t)h * D, c, s, D, q + ((size_t)i * H + h) * D);
+        for (int h = 0; h < Hkv; h++) {
+            size_t slot = ((size_t)h * capacity + start + i) * D;
+            rotate(r + (size_t)(H + h) * D, c, s, D, k_cache + slot);
+            for (int j = 0; j < D; j++) v_cache[slot + j] = r[(size_t)(H + Hkv + h) * D + j];
+        }
+    }
+    const int group = H / Hkv;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < n * H; t++) {
+        int i = t / H, h = t % H, kv = h / group;
+        int keys = seen ? offsets[i + 1] - offsets[i] : start + i + 1;
+        const int *slots = seen ? seen + offsets[i] : NULL;
+        const float *qh = q + (size_t)t * D;
+        const float *kh = k_cache + (size_t)kv * capacity * D, *vh = v_cache + (size_t)kv * capacity * D;
+        float *p = scores + (size_t)t * most;
+        float top = -INFINITY;
+        for (int j = 0; j < keys; j++) {
+            p[j] = dot(qh, kh + (size_t)(slots ? slots[j] : j) * D, D) * scale;
+            top = fmaxf(top, p[j]);
+        }
+        float total = 0.0f;
+        for (int j = 0; j < keys; j++) {
+            p[j] = expf(p[j] - top);
+            total += p[j];
+        }
+        float *o = out + (size_t)i * H * D + (size_t)h * D;
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        for (int j = 0; j < keys; j++) {
+            const float *v = vh + (size_t)(slots ? slots[j] : j) * D;
+            for (int d = 0; d < D; d++) o[d] += p[j] * v[d];
+        }
+        for (int d = 0; d < D; d++) o[d] /= total;
+    }
+    free(q);
+    free(scores);
+    return 0;
+}

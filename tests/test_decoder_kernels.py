@@ -1,0 +1,117 @@
+"""kernels/decoder: the fast path's C loops between the linear layers (norms, attention rows,
+activations) against torch's ops, the switch, and rows that do not depend on their neighbours."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specq import fastpath
+from specq.kernels import decoder
+from specq.llama import Attention, FeedForward, RMSNorm, rotate_half
+
+from conftest import tiny_model
+
+pytestmark = pytest.mark.skipif(not decoder.available(), reason="needs AVX2 and a C compiler")
+
+
+def test_rms_norm_and_silu_mul_match_torch():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 576, generator=g) * 3, torch.randn(576, generator=g)
+    torch.testing.assert_close(decoder.rms_norm(x, w, 1e-5), F.rms_norm(x, (576,), w, 1e-5), rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(3, 2 * 100, generator=g) * 4
+    gate, up = gate_up.split(100, dim=-1)
+    torch.testing.assert_close(decoder.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+def reference_attention(qkv, heads, kv_heads, cos, sin, k_cache, v_cache, start, seen):
+    """What the kernel computes, in torch: rotate, write the rows' keys and values at `start`,
+    then each row attends to its seen slots (causal when `seen` is None)."""
+    n, dim = qkv.shape[0], cos.shape[-1]
+    q, k, v = qkv.view(n, heads + 2 * kv_heads, dim).split([heads, kv_heads, kv_heads], dim=1)
+    q, k = (t * cos[:, None] + rotate_half(t) * sin[:, None] for t in (q, k))
+    k_cache[:, start:start + n], v_cache[:, start:start + n] = k.transpose(0, 1), v.transpose(0, 1)
+    out = []
+    for i in range(n):
+        slots = torch.arange(start + i + 1) if seen is None else seen[i]
+        keys = k_cache[:, slots].repeat_interleave(heads // kv_heads, dim=0)
+        values = v_cache[:, slots].repeat_interleave(heads // kv_heads, dim=0)
+        weights = torch.softmax((q[i][:, None] @ keys.transpose(1, 2)) * dim ** -0.5, dim=-1)
+        out.append((weights @ values).reshape(-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_attend_rows_matches_torch(tree):
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim, capacity, start, n = 6, 2, 16, 40, 11, 4
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=g)
+    angles = torch.randn(n, dim // 2, generator=g).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    k_cache, v_cache = torch.randn(2, kv_heads, capacity, dim, generator=g)
+    seen = None
+    if tree:  # rows 0 and 1 are children of the root, 2 a child of 0, 3 a child of 2
+        prefix = list(range(start))
+        seen = [torch.tensor(prefix + p) for p in ([start], [start + 1], [start, start + 2],
+                                                    [start, start + 2, start + 3])]
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected = reference_attention(qkv, heads, kv_heads, cos, sin, expected_k, expected_v, start, seen)
+    out = decoder.attend_rows(qkv, heads, kv_heads, cos, sin, k_cache, v_cache, start, seen)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # the rotation rounds as torch's does: the cache rows are the same bits
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+def test_a_row_does_not_depend_on_the_rows_beside_it():
+    """Row i of a pass equals row i computed alone with the same keys in the cache, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, capacity, start, n = 9, 3, 64, 64, 20, 9
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=g)
+    angles = torch.randn(n, dim // 2, generator=g).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    caches = torch.randn(2, kv_heads, capacity, dim, generator=g)
+    together = decoder.attend_rows(qkv, heads, kv_heads, cos, sin, *caches.clone(), start, None)
+    k_cache, v_cache = caches.clone()
+    for i in range(n):  # one row at a time, each after the ones before it, as steps run
+        alone = decoder.attend_rows(qkv[i:i + 1].contiguous(), heads, kv_heads, cos[i:i + 1].contiguous(),
+                                    sin[i:i + 1].contiguous(), k_cache, v_cache, start + i, None)
+        assert torch.equal(alone[0], together[i]), i
+
+
+def test_apply_switches_the_decoder_and_revert_switches_back(monkeypatch):
+    model = tiny_model(scale=3.0, hidden=64)
+    eager = model.net
+    fast = copy.deepcopy(eager)
+    fastpath.apply(fast)
+    glue = [m for m in fast.modules() if isinstance(m, (RMSNorm, Attention, FeedForward))]
+    assert len(glue) == 2 * 4 + 1 and all(m.kernel for m in glue)  # 2 norms, attention, ffn per layer; the last norm
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
+    with torch.inference_mode():
+        logits = {}
+        for name, net in (("eager", eager), ("fast", fast)):
+            cache = net.new_cache(32)
+            net(ids[:6], cache)  # a prefill: fused attention in both
+            logits[name] = torch.cat([net(ids[6:8], cache), net(ids[8:9], cache), net(ids[9:], cache)])
+    torch.testing.assert_close(logits["fast"], logits["eager"], rtol=1e-4, atol=1e-4)
+    fastpath.revert(fast)
+    assert not any(m.kernel for m in glue)
+    decoder.available.cache_clear()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    try:
+        fastpath.apply(fast)
+        assert not any(m.kernel for m in glue)  # no AVX2: torch's ops
+    finally:
+        decoder.available.cache_clear()
+
+
+def test_training_keeps_torch_ops():
+    """A module left on the fast path still trains: the kernels step aside where gradients flow."""
+    model = tiny_model(scale=3.0, hidden=64)
+    fastpath.apply(model.net)
+    norm = model.net.layers[0].attention_norm
+    x = torch.randn(2, 3, 64)
+    norm(x).sum().backward()
+    assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
