@@ -35,7 +35,7 @@ def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, offset: tor
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("out", [64, 18])  # 18: outputs past the last full tile of 4
+@pytest.mark.parametrize("out", [64, 18])  # 18: a last panel of 2 outputs, padded to 8
 def test_int4_weights_match_the_reference(group, out):
     g = torch.Generator().manual_seed(group + out)
     codes = torch.randint(0, 16, (out, 256), generator=g)
@@ -71,7 +71,7 @@ def test_every_row_is_bit_identical_whatever_the_row_count(bits):
         weight = int8dot.pack_int8(torch.randint(-127, 128, (out, n_in), generator=g), torch.rand(out, 1, generator=g))
     x = torch.randn(11, n_in, generator=g)
     alone = torch.cat([int8dot.linear(x[i:i + 1], weight) for i in range(len(x))])
-    for rows in range(1, len(x) + 1):  # tiles of 1 x 4 and 2 x 2 outputs, odd tails
+    for rows in range(1, len(x) + 1):  # row tiles of 4, 2 and 1; a last panel of 4 of 8 outputs
         for start in (0, len(x) - rows):
             assert torch.equal(int8dot.linear(x[start:start + rows], weight), alone[start:start + rows]), (rows, start)
 

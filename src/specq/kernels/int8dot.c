@@ -6,12 +6,18 @@
  * y[r, n] = sum_k x[r, k] * w[n, k] for rows r < M, outputs n < N, inputs k < K, where
  *   - x is float32, quantized here per row and per block of 32 values to int8: x ~ d_a[b] * q_a
  *     (d_a = max|x| / 127), the scheme of llama.cpp's Q8_0;
- *   - w is stored per output n and per group g of G inputs (G a multiple of 32) as
- *       4-bit: w = d_w[g] * u + m_w[g], u in [0, 15], 16 bytes per block of 32 (low nibbles are
- *              values 0-15, high nibbles values 16-31: the layout of llama.cpp's Q4 blocks);
- *       8-bit: w = d_w[g] * c, c in [-128, 127].
- * Each block of 32 is an exact integer dot product (vpmaddubsw + vpmaddwd), scaled by
- * d_w * d_a into eight float lanes; the m_w term uses the group's sum of the quantized x.
+ *   - w is stored per group g of G inputs (G a multiple of 32) as
+ *       4-bit: w = d_w[g] * u + m_w[g], u in [0, 15];
+ *       8-bit: w = d_w[g] * c, c in [-128, 127];
+ *     in panels of 8 outputs, one per 32-bit lane of a vector (the layout of llama.cpp's repacked
+ *     Q4_0 8x8 kernels): per block of 32 inputs, 4-bit codes take 4 chunks of 32 bytes, chunk j
+ *     holding for each output o (bytes 4o..4o+3) inputs 8j..8j+3 in the low nibbles and 8j+4..8j+7
+ *     in the high ones; 8-bit codes take 8 chunks, chunk j holding inputs 4j..4j+3 of each output.
+ *     Scales and offsets are [panel][group][8]. N is padded to a multiple of 8 with zeros.
+ * Four activation bytes broadcast to every lane meet four inputs of each of the 8 outputs in one
+ * vpmaddubsw: a panel needs no horizontal sums, and the unpacked weights serve up to 4 rows.
+ * Each block's integer dot product is exact; it is scaled by d_w * d_a into the output's float
+ * lane, and the m_w term uses the group's sum of the quantized x.
  *
  * Every row is computed by the same sequence of operations whatever M is and wherever the row
  * sits in the batch, so a verify row equals the same position computed as a one-row step bit for
@@ -25,12 +31,10 @@
 #include <string.h>
 
 #define QBLOCK 32
-/* Tiles are 1 row x 4 outputs or 2 rows x 2 outputs: four accumulators, and at most 12 of the
- * 16 vector registers in use, so nothing spills to the stack. */
-#define ROW_TILE 2
-#define COL_TILE 4
-/* Full unrolling of the tile loops keeps the accumulators in registers. */
-#define UNROLL _Pragma("GCC unroll 8")
+#define PANEL 8     /* outputs per panel: one per 32-bit lane */
+#define ROW_TILE 4  /* rows sharing a panel's unpacked weights */
+/* Full unrolling of the row loops keeps the accumulators in registers. */
+#define UNROLL _Pragma("GCC unroll 4")
 
 /* x [M, K] -> q [M, K] int8, d [M, K/32] (block scales), and when s != NULL s [M, K/G]: the sum of
  * the quantized values over each group, sum(d * q), for the 4-bit offset term. Using the
@@ -64,75 +68,81 @@ static void quantize_rows(const float *x, int M, int K, int G, int8_t *q, float 
     }
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
+/* Four consecutive int8 activations broadcast to all eight 32-bit lanes. */
+static inline __m256i broadcast4(const int8_t *a) {
+    int32_t v;
+    memcpy(&v, a, sizeof v);
+    return _mm256_set1_epi32(v);
 }
 
-/* Eight int32 lanes of sum(u * a) over a block of 32, as floats; u unsigned (< 128), a signed. */
-static inline __m256 block_dot(__m256i u, __m256i a) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones));
-}
-
-/* A tile of `cols` (<= COL_TILE) consecutive outputs times `rows` (<= ROW_TILE) consecutive rows,
- * one accumulator each: a weight block is unpacked once and reused from a register by every row,
- * and the independent accumulators keep the FMA pipeline full even for one row. The sequence of
- * operations on one (row, output) accumulator is the same in every tile shape. `bits` (4 or 8) is
- * a constant at every call, so each width compiles to its own straight-line code. vpmaddubsw
- * multiplies unsigned by signed bytes: 4-bit codes are unsigned already; 8-bit codes go in as
- * |w| with w's sign moved onto the activations. */
-static inline __attribute__((always_inline)) void tile(
-        int bits, int rows, int cols, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *q, const float *d, const float *s, float *y, int N) {
-    const __m128i low = _mm_set1_epi8(0x0F);
+/* The 8 outputs of one panel for `rows` (<= ROW_TILE, a constant at each call) consecutive rows.
+ * `bits` (4 or 8) is a constant at every call, so each width compiles to its own straight-line
+ * code. The sequence of operations on one (row, output) lane is the same in every tile.
+ * vpmaddubsw multiplies unsigned by signed bytes: 4-bit codes are unsigned already, and a block's
+ * eight products of 4-bit codes sum in 16 bits without overflow (8 * 2 * 15 * 127 < 32768); 8-bit
+ * codes go in as |w| with w's sign moved onto the activations, widened to 32 bits at every step. */
+static inline __attribute__((always_inline)) void panel(
+        int bits, int rows, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
+        const int8_t *q, const float *d, const float *s, float *y, int N, int valid) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const int blocks = K / QBLOCK, per_group = G / QBLOCK, groups = K / G;
-    const size_t row_bytes = bits == 4 ? K / 2 : K, block_bytes = bits == 4 ? QBLOCK / 2 : QBLOCK;
-    __m256 acc[ROW_TILE][COL_TILE];
+    const size_t block_bytes = bits == 4 ? 4 * 32 : 8 * 32;
+    __m256 acc[ROW_TILE];
     UNROLL
-    for (int r = 0; r < rows; r++)
-        UNROLL
-        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; b++) {
-        __m256i u[COL_TILE], w[COL_TILE];  /* unsigned codes; 8-bit: the signed codes too */
+        const uint8_t *wb = wq + (size_t)b * block_bytes;
+        __m256i dots[ROW_TILE];
         UNROLL
-        for (int c = 0; c < cols; c++) {
-            const uint8_t *block = wq + (size_t)c * row_bytes + b * block_bytes;
-            if (bits == 4) {
-                __m128i packed = _mm_loadu_si128((const __m128i *)block);
-                u[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
-            } else {
-                w[c] = _mm256_loadu_si256((const __m256i *)block);
-                u[c] = _mm256_sign_epi8(w[c], w[c]);  /* |w| as unsigned bytes (-128 becomes 128) */
+        for (int r = 0; r < rows; r++) dots[r] = _mm256_setzero_si256();
+        if (bits == 4) {
+            for (int j = 0; j < 4; j++) {
+                __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
+                __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+                UNROLL
+                for (int r = 0; r < rows; r++) {
+                    const int8_t *a = q + (size_t)r * K + b * QBLOCK + 8 * j;
+                    dots[r] = _mm256_add_epi16(dots[r], _mm256_maddubs_epi16(lo, broadcast4(a)));
+                    dots[r] = _mm256_add_epi16(dots[r], _mm256_maddubs_epi16(hi, broadcast4(a + 4)));
+                }
+            }
+            UNROLL
+            for (int r = 0; r < rows; r++) dots[r] = _mm256_madd_epi16(dots[r], ones);
+        } else {
+            for (int j = 0; j < 8; j++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
+                __m256i u = _mm256_sign_epi8(w, w);  /* |w| as unsigned bytes (-128 becomes 128) */
+                UNROLL
+                for (int r = 0; r < rows; r++) {
+                    __m256i a = _mm256_sign_epi8(broadcast4(q + (size_t)r * K + b * QBLOCK + 4 * j), w);
+                    dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones));
+                }
             }
         }
+        __m256 wscale = _mm256_loadu_ps(wd + (size_t)(b / per_group) * PANEL);
         UNROLL
         for (int r = 0; r < rows; r++) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)(q + (size_t)r * K + b * QBLOCK));
-            float da = d[(size_t)r * blocks + b];
-            UNROLL
-            for (int c = 0; c < cols; c++) {
-                __m256 scale = _mm256_set1_ps(wd[(size_t)c * groups + b / per_group] * da);
-                __m256i signed_a = bits == 4 ? a : _mm256_sign_epi8(a, w[c]);
-                acc[r][c] = _mm256_fmadd_ps(scale, block_dot(u[c], signed_a), acc[r][c]);
-            }
+            __m256 scale = _mm256_mul_ps(wscale, _mm256_set1_ps(d[(size_t)r * blocks + b]));
+            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dots[r]), acc[r]);
         }
     }
     UNROLL
-    for (int r = 0; r < rows; r++)
-        UNROLL
-        for (int c = 0; c < cols; c++) {
-            float sum = hsum8(acc[r][c]);
-            if (bits == 4) {  /* the offsets: m_w times the group sums of the quantized x */
-                float m = 0.0f;
-                for (int g = 0; g < groups; g++) m += wm[(size_t)c * groups + g] * s[(size_t)r * groups + g];
-                sum += m;
-            }
-            y[(size_t)r * N + c] = sum;
+    for (int r = 0; r < rows; r++) {
+        __m256 out = acc[r];
+        if (bits == 4) {  /* the offsets: m_w times the group sums of the quantized x */
+            __m256 m = _mm256_setzero_ps();
+            for (int g = 0; g < groups; g++)
+                m = _mm256_add_ps(m, _mm256_mul_ps(_mm256_loadu_ps(wm + (size_t)g * PANEL), _mm256_set1_ps(s[(size_t)r * groups + g])));
+            out = _mm256_add_ps(out, m);
         }
+        if (valid == PANEL) {
+            _mm256_storeu_ps(y + (size_t)r * N, out);
+        } else {
+            float lanes[PANEL];
+            _mm256_storeu_ps(lanes, out);
+            memcpy(y + (size_t)r * N, lanes, sizeof(float) * valid);
+        }
+    }
 }
 
 /* The scratch space for the quantized activations, per call (M * K bytes plus scales). */
@@ -148,43 +158,33 @@ static int acts_alloc(Acts *a, int M, int K, int G) {
 
 static void acts_free(Acts *a) { free(a->q); free(a->d); free(a->s); }
 
-/* Outputs [n0, n0 + cols) for all M rows: tiles of 1 row x 4 outputs when M == 1, else of
- * 2 rows x 2 outputs (an odd last row goes 1 x 2); outputs past the last full tile go 1 x 1. */
-#define SWEEP(TILE, N, M)                                                                   \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                       \
-    for (int n0 = 0; n0 < (N); n0 += COL_TILE) {                                            \
-        if (n0 + COL_TILE > (N)) {                                                          \
-            for (int n = n0; n < (N); n++)                                                  \
-                for (int r = 0; r < (M); r++) TILE(1, 1, r, n);                             \
-        } else if ((M) == 1) {                                                              \
-            TILE(1, 4, 0, n0);                                                              \
-        } else {                                                                            \
-            for (int c = 0; c < COL_TILE; c += 2) {                                         \
-                int r = 0;                                                                  \
-                for (; r + 2 <= (M); r += 2) TILE(2, 2, r, n0 + c);                         \
-                if (r < (M)) TILE(1, 2, r, n0 + c);                                         \
-            }                                                                               \
-        }                                                                                   \
+/* All M rows of panel p: tiles of 4 rows, then one of 2 and one of 1 for the rest. */
+#define SWEEP(BITS)                                                                          \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
+    for (int p = 0; p < panels; p++) {                                                       \
+        int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL, r = 0;                    \
+        for (; r + 4 <= M; r += 4) PANEL_AT(BITS, 4, r, p, valid);                          \
+        if (r + 2 <= M) { PANEL_AT(BITS, 2, r, p, valid); r += 2; }                          \
+        if (r < M) PANEL_AT(BITS, 1, r, p, valid);                                           \
     }
 
-/* y = x w^T for `bits`-bit weights (4 or 8; `wm` is used for 4 only). Returns 0 on success, -1
- * when out of memory. Output tiles are split across `threads` OpenMP threads. */
+/* y = x w^T for `bits`-bit weights (4 or 8; `wm` is used for 4 only) in the panel layout above.
+ * Returns 0 on success, -1 when out of memory. Panels are split across `threads` OpenMP threads. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
               const float *wm, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
     quantize_rows(x, M, K, G, a.q, a.d, bits == 4 ? a.s : NULL);
-    const int groups = K / G, blocks = K / QBLOCK;
-    const size_t row_bytes = bits == 4 ? K / 2 : K;
-#define TILE(BITS, ROWS, COLS, r, n) tile(BITS, ROWS, COLS, K, G, wq + (size_t)(n) * row_bytes, wd + (size_t)(n) * groups, \
-                                          BITS == 4 ? wm + (size_t)(n) * groups : NULL, a.q + (size_t)(r) * K, a.d + (size_t)(r) * blocks, \
-                                          a.s + (size_t)(r) * groups, y + (size_t)(r) * N + (n), N)
-#define TILE4(ROWS, COLS, r, n) TILE(4, ROWS, COLS, r, n)
-#define TILE8(ROWS, COLS, r, n) TILE(8, ROWS, COLS, r, n)
+    const int groups = K / G, blocks = K / QBLOCK, panels = (N + PANEL - 1) / PANEL;
+    const size_t panel_bytes = (size_t)blocks * (bits == 4 ? 4 * 32 : 8 * 32);
+#define PANEL_AT(BITS, ROWS, r, p, valid)                                                                     \
+    panel(BITS, ROWS, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * groups * PANEL,                 \
+          BITS == 4 ? wm + (size_t)(p) * groups * PANEL : NULL, a.q + (size_t)(r) * K, a.d + (size_t)(r) * blocks, \
+          a.s + (size_t)(r) * groups, y + (size_t)(r) * N + (size_t)(p) * PANEL, N, valid)
     if (bits == 4) {
-        SWEEP(TILE4, N, M)
+        SWEEP(4)
     } else {
-        SWEEP(TILE8, N, M)
+        SWEEP(8)
     }
     acts_free(&a);
     return 0;

@@ -5,8 +5,9 @@ into floats and multiply in float, so on AVX2 their time grows with every row: a
 of an int4 target costs well over a one-token step (docs/fastpath.md), and speculative decoding
 cannot pay. No library op on x86 without AVX512-VNNI multiplies int8 activations by grouped int4
 weights, so specq carries this small kernel: activations are quantized per row and per block of
-32 to int8 (as llama.cpp does), each block is an exact integer dot product, and a weight block
-is unpacked once for a tile of up to two rows and four outputs. Every row is computed the same
+32 to int8 (as llama.cpp does), each block is an exact integer dot product, and the weights are
+laid out in panels of 8 outputs (as llama.cpp repacks Q4_0 for its AVX2 kernels), unpacked once
+for up to four rows. Every row is computed the same
 way whatever the row count, so verify rows equal one-token steps bit for bit.
 
 This is a different rounding of the activations than the torch ops' bf16 cast, so a model on
@@ -57,40 +58,60 @@ def shape_blocker(out_features: int, in_features: int, group_size: int) -> str |
 
 
 class Int8DotWeight:
-    """A weight in the kernel's layout: per output row, its codes (4-bit: 16 bytes of nibbles per
-    block of 32, low nibbles first; 8-bit: one byte per value), then per group a float scale `d`
-    and, for 4 bits, an offset `m`: w = d * code + m.
+    """A weight in the kernel's layout (`int8dot.c`): panels of PANEL outputs, each panel's codes
+    interleaved so that one vector holds a few inputs of all its outputs (4-bit: two codes per
+    byte), then per panel and group the float scales `d` and, for 4 bits, offsets `m`:
+    w = d * code + m. Outputs are padded to whole panels with zeros.
 
     The call's constant arguments are prepared once (a decode step makes over a hundred calls, so
     the Python side of each call matters); copies rebuild them for their own tensors."""
 
-    def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, group_size: int):
+    def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, group_size: int,
+                 out_features: int, in_features: int):
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
-        self.out_features = codes.shape[0]
-        self.in_features = codes.shape[1] * (2 if bits == 4 else 1)
-        self._shape = (self.in_features, self.out_features, group_size)
+        self.out_features, self.in_features = out_features, in_features
+        self._shape = (in_features, out_features, group_size)
         self._pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
         return Int8DotWeight(self.bits, *(copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m)),
-                             self.group_size)
+                             self.group_size, self.out_features, self.in_features)
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.codes, self.d, self.m) if t is not None)
 
 
+PANEL = 8  # outputs per panel, one per 32-bit lane of an AVX2 vector
+
+
+def _panels(t: Tensor) -> Tensor:
+    """t [out, ...] padded with zero rows to a whole number of panels, as [panels, PANEL, ...]."""
+    pad = -t.shape[0] % PANEL
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.view(-1, PANEL, *t.shape[1:])
+
+
+def _group_params(t: Tensor) -> Tensor:
+    """Per-group floats [out, groups] as [panels, groups, PANEL]."""
+    return _panels(t.float()).transpose(1, 2).contiguous()
+
+
 def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor) -> Int8DotWeight:
     """From codes u in [0, 15] [out, in] and float d, m [out, groups] with w = d * u + m."""
     out, n_in = unsigned.shape
-    blocks = unsigned.to(torch.uint8).view(out, n_in // BLOCK, 2, BLOCK // 2)
-    codes = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(out, n_in // 2).contiguous()
-    return Int8DotWeight(4, codes, d.float().contiguous(), m.float().contiguous(), n_in // d.shape[1])
+    # input 32b + 8j + 4h + t of output o -> panel, block b, chunk j, byte 4o + t, nibble h
+    u = _panels(unsigned.to(torch.uint8)).view(-1, PANEL, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    codes = (u[..., 0] | (u[..., 1] << 4)).contiguous()
+    return Int8DotWeight(4, codes, _group_params(d), _group_params(m), n_in // d.shape[1], out, n_in)
 
 
 def pack_int8(codes: Tensor, d: Tensor) -> Int8DotWeight:
     """From signed codes c [out, in] and float d [out, groups] with w = d * c."""
-    return Int8DotWeight(8, codes.to(torch.int8).contiguous(), d.float().contiguous(), None,
-                         codes.shape[1] // d.shape[1])
+    out, n_in = codes.shape
+    # input 32b + 4j + t of output o -> panel, block b, chunk j, byte 4o + t
+    c = _panels(codes.to(torch.int8)).view(-1, PANEL, n_in // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
+    return Int8DotWeight(8, c, _group_params(d), None, n_in // d.shape[1], out, n_in)
 
 
 def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
