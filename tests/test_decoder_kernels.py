@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from specq import fastpath
+from specq.acceptance import verify_layout
 from specq.kernels import decoder
 from specq.llama import Attention, FeedForward, RMSNorm, rotate_half
+from specq.quant import quantize_model
 
 from conftest import tiny_model
 
@@ -115,3 +117,33 @@ def test_training_keeps_torch_ops():
     x = torch.randn(2, 3, 64)
     norm(x).sum().backward()
     assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
+
+
+@torch.inference_mode()
+def test_the_layer_stack_computes_what_the_modules_compute():
+    """Where every linear layer runs on int8dot, a one-sequence pass goes through all layers in one
+    C call (`decoder.Stack`); steps, a chain verify pass and a tree pass give the modules' logits
+    and cache bit for bit, and a copied model gets a stack of its own copied weights."""
+    model = tiny_model(scale=3.0, hidden=64)
+    quantize_model(model.net, "int4-g32-rtn-head8", progress=False)
+    fastpath.apply(model.net)
+    stacked = model.net
+    assert stacked.stack is not None
+    modules = copy.deepcopy(stacked)
+    assert modules.stack.layers[0].wqkv is modules.layers[0].attention.wqkv._int8dot
+    modules.stack = None
+    prompt, chain = torch.tensor([3, 1, 4, 1, 5, 9]), torch.tensor([2, 6, 5, 3, 5])
+    tree, parents = torch.tensor([4, 8, 9, 7, 9]), torch.tensor([-1, -1, 0, 2])  # the root, then 4 nodes
+    results = []
+    for net in (stacked, modules):
+        cache = net.new_cache(32)
+        out = [net(prompt, cache), net(chain, cache), net(chain[:1], cache)]
+        out.append(net(tree, cache, **verify_layout(parents, cache.length)))
+        results.append((out, cache.k[:, :, :, :cache.length].clone(), cache.v[:, :, :, :cache.length].clone()))
+    (a, ka, va), (b, kb, vb) = results
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and torch.equal(ka, kb) and torch.equal(va, vb)
+    fastpath.revert(stacked)
+    assert stacked.stack is None
+    fp32 = tiny_model(scale=3.0, hidden=64).net
+    fastpath.apply(fp32)
+    assert fp32.stack is None  # oneDNN's float GEMMs cannot be called from C: the modules run

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .kernels import decoder
-from .llama import Attention, FeedForward, RMSNorm
+from .llama import Attention, FeedForward, Llama, RMSNorm
 from .quant.modules import Int8DotSwitch
 
 # oneDNN packs for an expected number of rows; any row count runs on the packed weight.
@@ -74,7 +74,28 @@ def apply(net: nn.Module) -> int:
     for module in net.modules():
         if isinstance(module, (RMSNorm, Attention, FeedForward)):
             module.kernel = glue
-    return pack_linears(net)
+    swapped = pack_linears(net)
+    for module in net.modules():
+        if isinstance(module, Llama):
+            module.stack = layer_stack(module) if glue else None
+    return swapped
+
+
+def layer_stack(net: Llama) -> decoder.Stack | None:
+    """All of `net`'s decoder layers as one C call (`decoder.Stack`), if every linear layer runs on
+    int8dot without a bias and the norms are float32; else None (the modules run one by one)."""
+    layers = []
+    for block in net.layers:
+        attention, ffn = block.attention, block.feed_forward
+        linears = (attention.wqkv, attention.wo, ffn.w13, ffn.w2)
+        weights = [getattr(m, "_int8dot", None) for m in linears]
+        norms = (block.attention_norm.weight, block.ffn_norm.weight)
+        if any(w is None for w in weights) or any(getattr(m, "bias", None) is not None for m in linears) \
+                or any(w.dtype != torch.float32 for w in norms):
+            return None
+        layers.append(decoder.LayerWeights(*norms, *weights))
+    c = net.config
+    return decoder.Stack(layers, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps)
 
 
 def revert(net: nn.Module) -> None:
@@ -82,6 +103,8 @@ def revert(net: nn.Module) -> None:
     for module in net.modules():
         if isinstance(module, (RMSNorm, Attention, FeedForward)):
             module.kernel = False
+        if isinstance(module, Llama):
+            module.stack = None
     unpack_linears(net)
 
 

@@ -444,9 +444,18 @@ class Llama(nn.Module):
         cos, sin = self.rope_cos[:ids.shape[0]], self.rope_sin[:ids.shape[0]]
         return self.norm(self._layers(ids, cos, sin, None))[0]
 
+    # The fast path's C loop over every layer (`kernels/decoder.Stack`) where all linear layers run on
+    # int8dot: one call per cached pass of one sequence that attends row by row. Set by
+    # `fastpath.apply`; it computes what the modules compute, bit for bit.
+    stack = None
+
     def _layers(self, ids, cos, sin, kv) -> Tensor:
         x = self.tok_embeddings(ids)
         x = x.unsqueeze(0) if x.dim() == 2 else x
+        if (self.stack is not None and isinstance(kv, list) and len(kv) == 1 and decoder.takes(x)
+                and by_rows(kv[0].cache.length, x.shape[1])):
+            cache = kv[0].cache
+            return self.stack(x.contiguous(), cos, sin, cache.k, cache.v, cache.length, kv[0].seen.rows)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv, i)
         return x

@@ -1,7 +1,9 @@
-"""Compile a C kernel shipped with specq once per machine and load it with ctypes.
+"""Compile the C kernels shipped with specq (every `kernels/*.c`, into one shared object) once per
+machine and load it with ctypes.
 
-The shared object lives under `$SPECQ_CACHE/kernels/`, keyed by the source, the flags and the
-compiler's version, so a second process loads it in milliseconds. C without torch headers keeps
+The shared object lives under `$SPECQ_CACHE/kernels/`, keyed by the sources, the flags and the
+compiler's version, so a second process loads it in milliseconds. One object for all sources lets
+one kernel call another (`decoder.c`'s layer stack calls `int8dot.c`'s linear layers). C without torch headers keeps
 the compile to a second or two (a torch C++ extension takes about a minute on two cores). The
 kernels use OpenMP: `-fopenmp` links `libgomp.so.1`, which resolves to the copy torch has
 already loaded, so specq's kernels and torch's ops share one thread pool.
@@ -42,23 +44,29 @@ def _version(cc: str) -> str:
 
 
 @functools.cache
-def load(name: str) -> ctypes.CDLL:
-    """The compiled `specq/kernels/<name>.c`, built into the cache on first use."""
+def load() -> ctypes.CDLL:
+    """specq's compiled kernels, built into the cache on first use."""
     from ..models import cache_dir
 
-    source = resources.files("specq.kernels").joinpath(f"{name}.c").read_bytes()
+    files = sorted((f for f in resources.files("specq.kernels").iterdir() if f.name.endswith(".c")),
+                   key=lambda f: f.name)
+    sources = {f.name: f.read_bytes() for f in files}
     cc = _compiler()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _version(cc).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{name}-{key}.so"
+    key = hashlib.sha256(b"".join(name.encode() + src for name, src in sources.items())
+                         + " ".join(FLAGS).encode() + _version(cc).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"specq-{key}.so"
     if not target.exists():
-        print(f"specq: compiling the {name} kernel (once per machine, a few seconds)", file=sys.stderr)
+        print(f"specq: compiling specq's CPU kernels ({', '.join(sources)}; once per machine, a few seconds)",
+              file=sys.stderr)
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
-            src.write_bytes(source)
-            done = subprocess.run([cc, *FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
+            paths = [Path(tmp) / name for name in sources]
+            for path in paths:
+                path.write_bytes(sources[path.name])
+            out = Path(tmp) / "specq.so"
+            done = subprocess.run([cc, *FLAGS, *map(str, paths), "-o", str(out), "-lm"], capture_output=True, text=True)
             if done.returncode:
-                raise KernelUnavailable(f"compiling {name}.c failed: {done.stderr.strip().splitlines()[-1:]}")
+                raise KernelUnavailable(f"compiling specq's kernels failed: {done.stderr.strip().splitlines()[-1:]}")
             os.replace(out, target)  # atomic: a concurrent process sees no half-written file
     try:
         return ctypes.CDLL(str(target))

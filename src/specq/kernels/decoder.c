@@ -1,7 +1,9 @@
 /* The decoder's work between its linear layers, for float32 models on x86 CPUs with AVX2 (see
  * kernels/decoder.py for why it is hand-written): RMSNorm, SiLU(gate) * up, and the attention of
  * the rows of a cached pass (rotary embedding, the cache write, and each row's softmax attention
- * over exactly the keys it sees).
+ * over exactly the keys it sees); and `decoder_layers`, every layer of a model whose linear layers
+ * all run on int8dot (`int8dot.c`, compiled into the same object) in one call, which leaves no
+ * Python between the kernels of a pass.
  *
  * Every row is computed by the same sequence of operations whatever the number of rows and
  * wherever the row sits, so a verify row equals the same position computed as a one-row step bit
@@ -11,6 +13,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 static inline float hsum8(__m256 v) {
@@ -118,4 +121,54 @@ int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const float *cos
     free(q);
     free(scores);
     return 0;
+}
+
+/* ------------------------------------------------------------------ whole layers in one call */
+
+/* int8dot.c, compiled into the same shared object. */
+int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
+              const float *wm, float *y, int threads);
+
+typedef struct { int bits, group; const uint8_t *codes; const float *d, *m; } QuantWeight;
+typedef struct { const float *attention_norm, *ffn_norm; QuantWeight wqkv, wo, w13, w2; } Layer;
+
+static int linear(const QuantWeight *w, const float *x, int M, int K, int N, float *y, int threads) {
+    return linear_a8(w->bits, x, M, K, N, w->group, w->codes, w->d, w->m, y, threads);
+}
+
+static void add_into(float *x, const float *y, size_t count) {
+    for (size_t i = 0; i < count; i++) x[i] = x[i] + y[i];
+}
+
+/* The L decoder layers of a cached pass of one sequence, x [n, hidden] updated in place, for a
+ * model whose linear layers all run on int8dot: what `Block.forward` computes with every module
+ * on the fast path's kernels, the same calls in the same order, so the result is bit-identical to
+ * that path (which passes stacking several sequences take). k_cache, v_cache: layer 0's
+ * [Hkv, capacity, D]; each next layer's starts layer_stride floats further. The other arguments
+ * are those of attend_rows, rms_norm and linear_a8. Returns 0, or -1 when out of memory. */
+int decoder_layers(int L, const Layer *layers, float *x, int n, int hidden, int H, int Hkv, int D, int inter,
+                   float eps, float scale, const float *cos, const float *sin, float *k_cache, float *v_cache,
+                   long layer_stride, int capacity, int start, const int *seen, const int *offsets, int threads) {
+    const int width = (H + 2 * Hkv) * D, q_size = H * D;
+    float *h = malloc(sizeof(float) * (size_t)n * (2 * hidden + width + q_size + 3 * inter));
+    if (!h) return -1;
+    float *qkv = h + (size_t)n * hidden, *att = qkv + (size_t)n * width, *o = att + (size_t)n * q_size;
+    float *gate_up = o + (size_t)n * hidden, *act = gate_up + (size_t)n * 2 * inter;
+    int failed = 0;
+    for (int l = 0; l < L && !failed; l++) {
+        const Layer *w = layers + l;
+        rms_norm(x, n, hidden, w->attention_norm, eps, h);
+        failed |= linear(&w->wqkv, h, n, hidden, width, qkv, threads);
+        failed |= attend_rows(qkv, n, H, Hkv, D, cos, sin, k_cache + l * layer_stride, v_cache + l * layer_stride,
+                              capacity, start, seen, offsets, scale, att, threads);
+        failed |= linear(&w->wo, att, n, q_size, hidden, o, threads);
+        add_into(x, o, (size_t)n * hidden);
+        rms_norm(x, n, hidden, w->ffn_norm, eps, h);
+        failed |= linear(&w->w13, h, n, hidden, 2 * inter, gate_up, threads);
+        silu_mul(gate_up, n, inter, act);
+        failed |= linear(&w->w2, act, n, inter, hidden, o, threads);
+        add_into(x, o, (size_t)n * hidden);
+    }
+    free(h);
+    return failed ? -1 : 0;
 }

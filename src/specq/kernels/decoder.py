@@ -1,5 +1,6 @@
 """The decoder's work between its linear layers in one C call each (`decoder.c`): RMSNorm,
-SiLU(gate) * up, and the attention of a cached pass's rows.
+SiLU(gate) * up, and the attention of a cached pass's rows; and, where every linear layer runs on
+int8dot, all layers of a pass in one call (`Stack`).
 
 Why by hand: a decode step of a 135M model runs 30 thin layers, and in eager PyTorch the dozen
 small ops between the linear layers of each (norms, rotary embedding, cache writes, attention,
@@ -14,13 +15,16 @@ torch's ops.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from . import build
+from .int8dot import Int8DotWeight
 
 
 @functools.cache
@@ -37,7 +41,7 @@ def available() -> bool:
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    lib = build.load("decoder")
+    lib = build.load()
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.rms_norm.argtypes = [p, i, i, p, f, p]
     lib.rms_norm.restype = None
@@ -45,6 +49,8 @@ def _library() -> ctypes.CDLL:
     lib.silu_mul.restype = None
     lib.attend_rows.argtypes = [p, i, i, i, i, p, p, p, p, i, i, p, p, f, p, i]
     lib.attend_rows.restype = ctypes.c_int
+    lib.decoder_layers.argtypes = [i, p, p, i, i, i, i, i, i, f, f, p, p, p, p, ctypes.c_long, i, i, p, p, i]
+    lib.decoder_layers.restype = ctypes.c_int
     return lib
 
 
@@ -77,13 +83,82 @@ def attend_rows(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, sin: Tensor
     Returns [n, heads * head_dim]."""
     n, dim = qkv.shape[0], cos.shape[-1]
     out = qkv.new_empty(n, heads * dim)
-    slots = offsets = None
-    if seen is not None:
-        slots = torch.cat(seen).to(torch.int32)
-        offsets = torch.tensor([0] + [len(s) for s in seen], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    slots, offsets = _seen_arrays(seen)
     if _library().attend_rows(
             qkv.data_ptr(), n, heads, kv_heads, dim, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
             v_cache.data_ptr(), k_cache.shape[1], start, None if slots is None else slots.data_ptr(),
             None if offsets is None else offsets.data_ptr(), dim ** -0.5, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("decoder kernel: out of memory for the attention scores")
     return out
+
+
+def _seen_arrays(seen: list[Tensor] | None) -> tuple[Tensor | None, Tensor | None]:
+    """Each row's key slots, flat, and where each row's start (int32), for the C side."""
+    if seen is None:
+        return None, None
+    slots = torch.cat(seen).to(torch.int32)
+    offsets = torch.tensor([0] + [len(s) for s in seen], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return slots, offsets
+
+
+class _QuantWeight(ctypes.Structure):
+    _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("m", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attention_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)] + [
+        (name, _QuantWeight) for name in ("wqkv", "wo", "w13", "w2")]
+
+
+class LayerWeights(NamedTuple):
+    """One decoder layer as `decoder_layers` takes it: float32 norm weights, int8dot linears."""
+
+    attention_norm: Tensor
+    ffn_norm: Tensor
+    wqkv: Int8DotWeight
+    wo: Int8DotWeight
+    w13: Int8DotWeight
+    w2: Int8DotWeight
+
+
+class Stack:
+    """Every decoder layer of a model whose linear layers all run on int8dot, in one C call per
+    cached pass (`decoder_layers`). Why: with the layers' work in C, what is left of a decode step
+    in eager PyTorch is Python calling a dozen modules per layer; this removes it. The call makes
+    the same kernel calls in the same order as the modules do, so the result is bit-identical to
+    theirs (tests/test_decoder_kernels.py): a pass may take either way. The weights' addresses are
+    read once; a copy of the model gets a `Stack` of its own copied weights."""
+
+    def __init__(self, layers: list[LayerWeights], heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                 eps: float):
+        self.layers, self.heads, self.kv_heads = layers, heads, kv_heads
+        self.head_dim, self.intermediate, self.eps = head_dim, intermediate, eps
+        table = (_Layer * len(layers))()
+        for row, layer in zip(table, layers):
+            row.attention_norm, row.ffn_norm = layer.attention_norm.data_ptr(), layer.ffn_norm.data_ptr()
+            for name in ("wqkv", "wo", "w13", "w2"):
+                w = getattr(layer, name)
+                setattr(row, name, _QuantWeight(w.bits, w.group_size, *w._pointers))
+        self._table = table
+
+    def __deepcopy__(self, memo: dict) -> "Stack":
+        return Stack(copy.deepcopy(self.layers, memo), self.heads, self.kv_heads, self.head_dim, self.intermediate,
+                     self.eps)
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
+                 seen: list[Tensor] | None) -> Tensor:
+        """x [1, n, hidden] (float32, contiguous, updated in place) through every layer, its rows
+        written at `start` of the caches [layers, 1, kv_heads, capacity, head_dim]; `seen` as in
+        `attend_rows`."""
+        n, hidden = x.shape[1], x.shape[2]
+        cos, sin = cos.contiguous(), sin.contiguous()  # held here while C reads them
+        slots, offsets = _seen_arrays(seen)
+        capacity = k_cache.shape[3]
+        if _library().decoder_layers(
+                len(self.layers), ctypes.addressof(self._table), x.data_ptr(), n, hidden, self.heads, self.kv_heads,
+                self.head_dim, self.intermediate, self.eps, self.head_dim ** -0.5, cos.data_ptr(), sin.data_ptr(),
+                k_cache.data_ptr(), v_cache.data_ptr(), k_cache[0].numel(), capacity, start, None if slots is None else slots.data_ptr(), None if offsets is None else offsets.data_ptr(),
+                torch.get_num_threads()):
+            raise MemoryError("decoder kernel: out of memory for a pass's activations")
+        return x

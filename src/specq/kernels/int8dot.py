@@ -43,7 +43,7 @@ def available() -> bool:
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    lib = build.load("int8dot")
+    lib = build.load()
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i]
     lib.linear_a8.restype = ctypes.c_int
