@@ -14,6 +14,7 @@ from specq.acceptance import verify_layout
 from specq.decode import Sequence, step
 from specq.drafters import TreeShape
 from specq.fastpath import invariant_rows
+from specq.kernels import f32dot
 from specq.llama import MAX_STACKED_ROWS, Rows
 
 from conftest import perturbed, tiny_model
@@ -64,7 +65,10 @@ def assert_same_as_alone(net, seqs: list[Rows]) -> None:
 @torch.inference_mode()
 def test_stacked_rows_equal_each_sequence_alone(spec):
     net = at(tiny_model(scale=3.0, hidden=64), spec, fast=True).net
-    assert net.stack_limit() == MAX_STACKED_ROWS  # every kernel row-invariant up to the cap
+    # every kernel row-invariant up to the cap; float layers (fp32, and the fp32 head of int4-g32-rtn)
+    # only up to f32dot's rows: beyond them torch's GEMM takes over and rounds differently
+    floats = spec != "int4-g32-rtn-head8" and f32dot.available()
+    assert net.stack_limit() == (f32dot.MAX_ROWS if floats else MAX_STACKED_ROWS)
     rng = torch.Generator().manual_seed(0)
     assert_same_as_alone(net, passes(net, rng))
     # the cap full: 16 sequences of 16 rows, and beyond it (split into several passes)
@@ -171,7 +175,8 @@ def test_step_refuses_sequences_of_different_targets():
 
 def test_linear_kernels_at_the_real_models_shapes_stack_exactly():
     """The built-in target's layer shapes (hidden 576, MLP 1536, vocabulary 49,152) on the fast
-    path's kernels, at fp32 and int4 with an int8 head: row-invariant up to the stacking cap."""
+    path's kernels, at fp32 and int4 with an int8 head: row-invariant up to the stacking cap (float
+    layers up to f32dot's rows, where torch's GEMM takes over)."""
     from specq import fastpath
     from specq.quant import quantize_model
 
@@ -190,7 +195,8 @@ def test_linear_kernels_at_the_real_models_shapes_stack_exactly():
         if spec != "fp32":
             quantize_model(net, spec, progress=False)
         fastpath.pack_linears(net)
-        assert invariant_rows(net, MAX_STACKED_ROWS, torch.float32) == MAX_STACKED_ROWS, spec
+        cap = f32dot.MAX_ROWS if spec == "fp32" and f32dot.available() else MAX_STACKED_ROWS
+        assert invariant_rows(net, MAX_STACKED_ROWS, torch.float32) == cap, spec
 
 
 def test_hidden_states_need_the_native_module():

@@ -119,18 +119,20 @@ def test_training_keeps_torch_ops():
     assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
 @torch.inference_mode()
-def test_the_layer_stack_computes_what_the_modules_compute():
-    """Where every linear layer runs on int8dot, a one-sequence pass goes through all layers in one
-    C call (`decoder.Stack`); steps, a chain verify pass and a tree pass give the modules' logits
-    and cache bit for bit, and a copied model gets a stack of its own copied weights."""
+def test_the_layer_stack_computes_what_the_modules_compute(spec):
+    """Where every linear layer runs on f32dot or int8dot, a one-sequence pass goes through all
+    layers in one C call (`decoder.Stack`); steps, a chain verify pass and a tree pass give the
+    modules' logits and cache bit for bit, and a copied model gets a stack of its own copied weights."""
     model = tiny_model(scale=3.0, hidden=64)
-    quantize_model(model.net, "int4-g32-rtn-head8", progress=False)
+    quantize_model(model.net, spec, progress=False)
     fastpath.apply(model.net)
     stacked = model.net
     assert stacked.stack is not None
     modules = copy.deepcopy(stacked)
-    assert modules.stack.layers[0].wqkv is modules.layers[0].attention.wqkv._int8dot
+    wqkv = modules.layers[0].attention.wqkv
+    assert modules.stack.layers[0].wqkv is (wqkv.float_panels() if spec == "fp32" else wqkv._int8dot)
     modules.stack = None
     prompt, chain = torch.tensor([3, 1, 4, 1, 5, 9]), torch.tensor([2, 6, 5, 3, 5])
     tree, parents = torch.tensor([4, 8, 9, 7, 9]), torch.tensor([-1, -1, 0, 2])  # the root, then 4 nodes
@@ -144,6 +146,10 @@ def test_the_layer_stack_computes_what_the_modules_compute():
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and torch.equal(ka, kb) and torch.equal(va, vb)
     fastpath.revert(stacked)
     assert stacked.stack is None
-    fp32 = tiny_model(scale=3.0, hidden=64).net
-    fastpath.apply(fp32)
-    assert fp32.stack is None  # oneDNN's float GEMMs cannot be called from C: the modules run
+
+
+def test_no_stack_where_a_layer_stays_on_torch():
+    """bf16 layers (f32dot is float32 only) keep torch's kernels, so the modules run one by one."""
+    net = tiny_model(scale=3.0, hidden=64).net.to(torch.bfloat16)
+    fastpath.apply(net)
+    assert net.stack is None

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-warmup", action="store_true", help="time the first call too")
     g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
     g.add_argument("--eager", action="store_true",
-                   help="plain eager kernels instead of the fast path (packed oneDNN GEMMs for float layers), for debugging")
+                   help="plain eager kernels instead of the fast path (specq's and oneDNN's CPU kernels), for debugging")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile the target's and a sequence draft's steps (about a minute per new shape, paid "
                         "in the warm-up; a feature draft stays eager)")

@@ -26,7 +26,7 @@ MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
 # up to this many rows (gamma 64, the longest, plus the root; trees of up to 64 nodes) therefore
 # attend row by row, each row over exactly the keys of its own path, like a decode step.
 # Their logits are then bit-identical to one-token steps wherever every matmul is row-invariant:
-# the packed int8/int4 kernels and oneDNN's packed GEMM (the fast path), not MKL's fp32 sgemm
+# specq's f32dot and int8dot, oneDNN's packed GEMM and torch's packed int8/int4 kernels, not MKL's fp32 sgemm
 # (tests/test_fastpath.py reports the differences). A prefill (an empty cache) and longer passes
 # use fused attention.
 ROW_BY_ROW_MAX = 65
@@ -478,8 +478,8 @@ class Llama(nn.Module):
         padded to 1, 2, 4, 8 or 16 tokens (padding lands past the cache length, where it is masked
         and later overwritten), so at most five graphs exist; each costs a compilation (about a
         minute on 2 cores) on first use. Caches keep one `capacity` so graphs are reused.
-        The fast path is reverted first: inductor cannot trace oneDNN's opaque packed weights or
-        specq's C kernels (and packs frozen weights itself when asked to)."""
+        The fast path is reverted first: inductor cannot trace specq's C kernels or oneDNN's opaque
+        packed weights (and packs frozen weights itself when asked to)."""
         from .fastpath import revert
 
         revert(self)

@@ -101,7 +101,7 @@ HELP = {
     "seed": "sampling seed",
     "ignore_eos": "run every output to max_new_tokens (default true)",
     "peer": "also time transformers' assisted generation on the same float pair",
-    "eager": "run the plain eager kernels instead of the fast path (packed oneDNN GEMMs for float layers)",
+    "eager": "run the plain eager kernels instead of the fast path (specq's and oneDNN's CPU kernels)",
     "paired": "time the target alone right next to every speculative run, and take speedups from those pairs",
     "profile": "print ms per forward for each model and phase",
     "quality_chunks": ("held-out text chunks for each target precision's perplexity and top-1 agreement with "

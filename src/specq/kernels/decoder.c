@@ -2,7 +2,7 @@
  * kernels/decoder.py for why it is hand-written): RMSNorm, SiLU(gate) * up, and the attention of
  * the rows of a cached pass (rotary embedding, the cache write, and each row's softmax attention
  * over exactly the keys it sees); and `decoder_layers`, every layer of a model whose linear layers
- * all run on int8dot (`int8dot.c`, compiled into the same object) in one call, which leaves no
+ * all run on int8dot or f32dot (compiled into the same object) in one call, which leaves no
  * Python between the kernels of a pass.
  *
  * Every row is computed by the same sequence of operations whatever the number of rows and
@@ -125,14 +125,20 @@ int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const float *cos
 
 /* ------------------------------------------------------------------ whole layers in one call */
 
-/* int8dot.c, compiled into the same shared object. */
+/* int8dot.c and f32dot.c, compiled into the same shared object. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
               const float *wm, float *y, int threads);
+void linear_f32(const float *x, int M, int K, int N, const float *w, float *y, int threads);
 
 typedef struct { int bits, group; const uint8_t *codes; const float *d, *m; } QuantWeight;
 typedef struct { const float *attention_norm, *ffn_norm; QuantWeight wqkv, wo, w13, w2; } Layer;
 
+/* bits 4 or 8: int8dot's codes and scales; bits 32: f32dot's float panels in `codes`. */
 static int linear(const QuantWeight *w, const float *x, int M, int K, int N, float *y, int threads) {
+    if (w->bits == 32) {
+        linear_f32(x, M, K, N, (const float *)w->codes, y, threads);
+        return 0;
+    }
     return linear_a8(w->bits, x, M, K, N, w->group, w->codes, w->d, w->m, y, threads);
 }
 
@@ -141,7 +147,7 @@ static void add_into(float *x, const float *y, size_t count) {
 }
 
 /* The L decoder layers of a cached pass of one sequence, x [n, hidden] updated in place, for a
- * model whose linear layers all run on int8dot: what `Block.forward` computes with every module
+ * model whose linear layers all run on int8dot or f32dot: what `Block.forward` computes with every module
  * on the fast path's kernels, the same calls in the same order, so the result is bit-identical to
  * that path (which passes stacking several sequences take). k_cache, v_cache: layer 0's
  * [Hkv, capacity, D]; each next layer's starts layer_stride floats further. The other arguments

@@ -1,0 +1,75 @@
+"""Float32 linear layers for the few rows of decode steps and verify passes (`f32dot.c`).
+
+Why by hand: a decode step of a float model reads every weight once for one row, so it is bound by
+memory bandwidth, and a verify pass of a few rows should cost little more. MKL's sgemm grows about
+linearly per row at small row counts, and oneDNN's pre-packed GEMM (the fast path's float kernel
+before this one, and what inductor uses for frozen linears) read the weights of this model's
+layers more slowly than this loop does at 1-8 rows on this AVX2 machine (docs/fastpath.md). The
+loop also lets `decoder.Stack` run float layers from C. Beyond `MAX_ROWS` rows (prefills) the
+layer goes back to torch's GEMM, which is compute-efficient there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from . import build
+
+PANEL = 8  # outputs per panel, one per lane of an AVX2 vector
+# Up to this many rows run here: every row of a pass that attends row by row
+# (`llama.ROW_BY_ROW_MAX`), so a verify row and the one-token step at its position take the same
+# kernel and agree bit for bit. More rows (prefills, large batches) take torch's GEMM.
+MAX_ROWS = 65
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this CPU has AVX2 and the kernels build."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    try:
+        _library()
+    except build.KernelUnavailable:
+        return False
+    return True
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = build.load()
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.linear_f32.argtypes = [p, i, i, i, p, p, i]
+    lib.linear_f32.restype = None
+    return lib
+
+
+class FloatPanels:
+    """A float32 weight [out, in] in the kernel's layout: panels of PANEL outputs, each holding for
+    every input the PANEL weights of that input (outputs padded with zeros to whole panels)."""
+
+    bits, group_size = 32, 0  # as `decoder.Stack` reads a weight
+
+    def __init__(self, weight: Tensor):
+        self.out_features, self.in_features = weight.shape
+        pad = -self.out_features % PANEL
+        w = weight.detach().float()
+        if pad:
+            w = torch.cat([w, w.new_zeros(pad, self.in_features)])
+        self.panels = w.view(-1, PANEL, self.in_features).transpose(1, 2).contiguous()
+        self._pointers = (self.panels.data_ptr(), None, None)
+
+    def nbytes(self) -> int:
+        return self.panels.nbytes
+
+
+def linear(x: Tensor, w: FloatPanels) -> Tensor:
+    """x [..., in] float32 times `w`, as float32."""
+    x = x.contiguous()
+    y = x.new_empty(x.shape[:-1] + (w.out_features,))
+    _library().linear_f32(x.data_ptr(), x.numel() // w.in_features, w.in_features, w.out_features, w._pointers[0],
+                          y.data_ptr(), torch.get_num_threads())
+    return y
