@@ -228,3 +228,26 @@ def test_bench_runs_a_feature_draft_and_skips_its_peer(trained, tmp_path):
     assert row["peer_skipped"]
     save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
     assert "feature draft" in runner.peer_skip_reason(models.load(str(tmp_path / "fd")))
+
+
+def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
+    """`draft@int8-head8`: the draft's layers and head as per-channel int8 on the fast path's
+    kernels (a cheaper draft); still lossless, with accepted and rejected tokens. Calibrated
+    methods need data a draft load does not have: refused in one line."""
+    from specq.errors import SpecqError
+
+    target, draft, _, _ = trained
+    save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
+    cheap = models.load(f"{tmp_path / 'fd'}@int8-head8")
+    kernels = [m.kernel for m in cheap.net.modules() if hasattr(m, "kernel") and isinstance(m.kernel, str)]
+    assert len(kernels) == 1 + 4 + 1 and all("int8dot" in k for k in kernels)  # fc, the layer's 4, the head
+    accepted = rejected = 0
+    for prompt in PROMPTS[:3]:
+        plain = generate(target, prompt, max_new_tokens=24)
+        out = generate(target, prompt, cheap, gamma=3, max_new_tokens=24, draft_confidence=0.0)
+        assert out.token_ids == plain.token_ids
+        accepted += out.stats.accepted
+        rejected += out.stats.drafted - out.stats.accepted
+    assert accepted > 0 and rejected > 0
+    with pytest.raises(SpecqError, match="RTN integer weights"):
+        models.load(f"{tmp_path / 'fd'}@int4-g32-gptq")

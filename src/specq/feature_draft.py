@@ -60,7 +60,7 @@ class FeatureDraft(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.body.dtype  # the norms' (linear layers may be quantized)
 
     def new_cache(self, capacity: int) -> KVCache:
         self.body._ensure_rope(capacity)

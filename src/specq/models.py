@@ -24,6 +24,7 @@ from . import atomic, fastpath, feature_draft, gguf_io, precision, registry
 from .errors import SpecqError
 from .hf_backend import HFCausalLM
 from .llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
+from .quant import quantize_model
 
 @dataclass
 class Model:
@@ -100,7 +101,7 @@ def draft_dirs() -> list[Path]:
 def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None, str | None]:
     """(draft ref, note) for a target ref from the registries: calibrated for the target's exact
     precision, else the nearest precision (the note says so), else (None, note). `quantizable`:
-    only drafts that can be quantized (not feature drafts)."""
+    only drafts that can be quantized by every method (not feature drafts: RTN only)."""
     name, spec = split_ref(target_ref)
     spec = spec if spec == FILE_PRECISION else str(precision.parse(spec))
     found = registry.select(draft_dirs(), name, spec, quantizable)
@@ -289,11 +290,14 @@ def _load(ref: str) -> Model:
         return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=f"hub:{name}",
                      precision=str(spec), info={"load_s": time.perf_counter() - started})
     if feature_draft.is_feature_draft(source):
-        if not spec.is_float:
-            raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16), not {spec}")
+        if not spec.is_float and spec.method != "rtn":
+            raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16) or with RTN "
+                             f"integer weights (e.g. int8-head8), not {spec}")
         from transformers import AutoTokenizer
 
-        net = feature_draft.load(source, spec.dtype)
+        net = feature_draft.load(source, spec.dtype or torch.float32)
+        if not spec.is_float:  # RTN of one small layer and a head: seconds, not worth a disk cache
+            quantize_model(net, spec, progress=False)
         tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
         eos = _generation_eos(source, None, local_only=True)  # no config.json: generation_config.json only
         return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(source),

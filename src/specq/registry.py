@@ -74,7 +74,7 @@ def select(directories: list[Path], target: str, precision: str,
            quantizable: bool = False) -> tuple[Path, Entry, bool] | None:
     """(draft dir, entry, exact?) for the target at this precision, or None if none is known.
     Later entries win ties (the user's calibrated drafts over the shipped ones). `quantizable`
-    leaves out feature drafts, which run only at a float precision."""
+    leaves out feature drafts, which run only at a float precision or with RTN weights."""
     candidates = [(Path(d) / e.draft, e) for d in directories for e in read(d)
                   if e.target == target and is_draft_dir(Path(d) / e.draft)
                   and not (quantizable and feature_draft.is_feature_draft(Path(d) / e.draft))]
