@@ -6,7 +6,7 @@ import torch
 from specq import decode as decode_module
 from specq import generate
 from specq.errors import SpecqError
-from specq.gamma import AUTO_MAX_GAMMA, PROBE_EVERY, CostAwareGamma, parse
+from specq.gamma import AUTO_MAX_GAMMA, MAX_PROBE_EVERY, PROBE_EVERY, CostAwareGamma, parse
 from specq.sampling import SamplingConfig
 from specq.stats import DecodeStats
 
@@ -52,11 +52,24 @@ def test_first_a_full_proposal_then_a_plain_step():
     assert chooser.verify_cost(2.5) == pytest.approx(1.3)  # interpolated between the counts timed
 
 
-def test_plain_decoding_when_the_draft_does_not_pay_with_probes():
+def test_plain_decoding_when_the_draft_does_not_pay_with_probes_ever_rarer():
     chooser = CostAwareGamma(4)
-    _run(chooser, 30, accept=0.1, draft_s=0.3, verify_s=_linear(1.0, 0.1))
-    picks = _run(chooser, 3 * (PROBE_EVERY + 1), accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1), seed=1)
-    assert picks.count(1) == 3 and set(picks) == {0, 1}  # a one-token probe after PROBE_EVERY plain steps
+    picks = _run(chooser, 250, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    assert picks[:2] == [4, 0]
+    tries = [i for i, cap in enumerate(picks) if cap]
+    gaps = [b - a - 1 for a, b in zip(tries, tries[1:])]  # plain steps between tries
+    assert gaps[:3] == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY]  # each unchanged probe doubles the wait
+    # beyond that, fading evidence (COUNT_DECAY) has the draft tried about every 30 steps; probing
+    # every PROBE_EVERY steps would have been 27 tries
+    assert len(tries) <= 12 and picks.count(0) >= 235
+
+
+def test_a_probe_that_changes_the_choice_resets_the_interval():
+    chooser = CostAwareGamma(4)
+    _run(chooser, 40, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    assert chooser.interval > PROBE_EVERY  # probes kept finding plain best
+    _run(chooser, 60, accept=1.0, draft_s=0.01, verify_s=_linear(1.0, 0.01), seed=2)  # the draft starts to agree
+    assert chooser.next() == 4 and chooser.interval == PROBE_EVERY
 
 
 def test_long_proposals_when_the_draft_agrees_and_is_cheap():

@@ -20,9 +20,12 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   extra row costs most of what four do), so each count is timed on its own. Timings are
   recency-weighted: the machine's load drifts.
 - g = 0 is plain decoding. The run starts with a full proposal (the drafter is in step with the
-  sequence right after prefill) and a plain step, so both ends of the verify table are timed; when the last PROBE_EVERY steps all had the same cap, the next one
-  tries one token more (one token while plain decoding wins: a stretch the draft predicts well,
-  code or a repeated phrase, is noticed).
+  sequence right after prefill) and a plain step, so both ends of the verify table are timed; when
+  the last `interval` steps all had the same cap, the next one tries one token more (one token
+  while plain decoding wins: a stretch the draft predicts well, code or a repeated phrase, is
+  noticed). A probe is not free (after plain steps the drafter first catches up on the tokens it
+  missed), so each probe that leaves the choice where it was doubles the interval, from
+  PROBE_EVERY up to MAX_PROBE_EVERY steps, and a changed choice resets it.
 
 Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
 """
@@ -37,7 +40,8 @@ from .errors import SpecqError
 AUTO = "auto"
 AUTO_MAX_GAMMA = 4  # the longest proposal "auto" considers
 MAX_GAMMA = 64  # the longest fixed proposal
-PROBE_EVERY = 8
+PROBE_EVERY = 8  # steps with one cap before trying one token more ...
+MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to this
 RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about the last 10 count)
 COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
 
@@ -65,7 +69,9 @@ def _recent_mean(old: float | None, new: float) -> float:
 class CostAwareGamma:
     def __init__(self, max_gamma: int = AUTO_MAX_GAMMA):
         self.max_gamma = max_gamma
-        self.recent_caps: deque[int] = deque(maxlen=PROBE_EVERY)
+        self.recent_caps: deque[int] = deque(maxlen=MAX_PROBE_EVERY)
+        self.interval = PROBE_EVERY  # steps with one cap before the next probe
+        self.probed_from: int | None = None  # the choice a probe just tried one more than
         # per position j, recency-weighted counts over steps whose cap passed j
         self.allowed = [0.0] * max_gamma
         self.drafted_past = [0.0] * max_gamma  # ... that drafted more than j tokens
@@ -80,7 +86,12 @@ class CostAwareGamma:
         if 1 not in self.verify_s:
             return 0
         best = max(range(self.max_gamma + 1), key=self.tokens_per_second)
-        if len(self.recent_caps) == PROBE_EVERY and len(set(self.recent_caps)) == 1 and best < self.max_gamma:
+        if self.probed_from is not None:  # the step after a probe: did it change anything?
+            self.interval = min(2 * self.interval, MAX_PROBE_EVERY) if best == self.probed_from else PROBE_EVERY
+            self.probed_from = None
+        recent = list(self.recent_caps)[-self.interval:]
+        if len(recent) == self.interval and set(recent) == {best} and best < self.max_gamma:
+            self.probed_from = best
             return best + 1  # one cap lately: learn what one more token would bring
         return best
 
