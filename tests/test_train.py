@@ -85,9 +85,9 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
     assert isinstance(tuned.net, FeatureDraft)
     base = specq.generate(other, [4, 5], max_new_tokens=16)
     assert specq.generate(other, [4, 5], tuned, gamma=2, max_new_tokens=16).token_ids == base.token_ids
-    assert main(["generate", "t1 t2", "--target", f"{files / 'target'}@int8", "--draft", str(out) + "@int4",
+    assert main(["generate", "t1 t2", "--target", f"{files / 'target'}@int8", "--draft", str(out) + "@int4-gptq",
                  "--max-new-tokens", "4"]) == 2
-    assert "float precision" in capsys.readouterr().err
+    assert "RTN integer weights" in capsys.readouterr().err
 
 
 def test_unfinished_run_needs_resume(files, capsys):
