@@ -26,7 +26,7 @@ def test_every_row_is_bit_identical_whatever_the_row_count():
     weight = f32dot.FloatPanels(torch.randn(44, 75, generator=g))
     x = torch.randn(11, 75, generator=g)
     alone = torch.cat([f32dot.linear(x[i:i + 1], weight) for i in range(len(x))])
-    for rows in range(1, len(x) + 1):  # row tiles of 4, 2 and 1
+    for rows in range(1, len(x) + 1):  # row tiles of 4, 3, 2 (and 1 alone)
         for start in (0, len(x) - rows):
             assert torch.equal(f32dot.linear(x[start:start + rows], weight), alone[start:start + rows]), (rows, start)
 

@@ -3,13 +3,15 @@
  *
  * y[r, n] = sum_k x[r, k] * w[n, k] for rows r < M, outputs n < N, inputs k < K, with w stored in
  * panels of 8 outputs: panel p holds, for each input k in order, the 8 weights w[8p..8p+7, k] (one
- * vector), so a broadcast x[r, k] times one vector is one FMA for 8 outputs and the weights stream
- * through memory once per tile of up to 4 rows. N is padded to a multiple of 8 with zeros.
+ * vector), so a broadcast x[r, k] times one vector is one FMA for 8 outputs, and the weights stream
+ * through memory once per tile of up to 4 rows (a panel's later tiles find them in cache).
  *
- * Every (row, output) is summed in the same order whatever M is (even inputs into one
- * accumulator, odd ones into another, then the two added), so a verify row equals the same
- * position computed as a one-row step bit for bit. Compile with -ffp-contract=off (the FMAs are
- * explicit).
+ * Each (row, output) sums its even inputs into one accumulator and its odd ones into another,
+ * added at the end: the same order whatever M is, so a verify row equals the same position
+ * computed as a one-row step bit for bit. A tile's rows give it 2 to 8 independent FMA chains; a
+ * lone row's two chains wait on FMA latency, which a one-row step streaming from memory hides but
+ * a leftover row after a 2-row tile would not (3 rows then cost more than 4), so several rows go
+ * in tiles of 4, 3 and 2 only. Compile with -ffp-contract=off (the FMAs are explicit).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -49,16 +51,26 @@ static inline __attribute__((always_inline)) void float_panel(
     }
 }
 
-/* y [M, N] = x [M, K] w^T, w in the panel layout above; panels split across `threads` OpenMP threads. */
+/* y [M, N] = x [M, K] w^T, w in the panel layout above; panels split across `threads` OpenMP threads.
+ * One row goes alone; more go in tiles of 4, and the last 2, 3 or 5 in tiles of 2 and 3. */
 void linear_f32(const float *x, int M, int K, int N, const float *w, float *y, int threads) {
     const int panels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int p = 0; p < panels; p++) {
         const float *wp = w + (size_t)p * K * PANEL;
         float *yp = y + (size_t)p * PANEL;
-        int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL, r = 0;
-        for (; r + 4 <= M; r += 4) float_panel(4, K, wp, x + (size_t)r * K, yp + (size_t)r * N, N, valid);
-        if (r + 2 <= M) { float_panel(2, K, wp, x + (size_t)r * K, yp + (size_t)r * N, N, valid); r += 2; }
-        if (r < M) float_panel(1, K, wp, x + (size_t)r * K, yp + (size_t)r * N, N, valid);
+        int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+        for (int r = 0; r < M;) {
+            int left = M - r, rows = left == 1 ? 1 : left == 5 ? 3 : left >= 4 ? 4 : left;
+            const float *xr = x + (size_t)r * K;
+            float *yr = yp + (size_t)r * N;
+            switch (rows) {  /* constant row counts: each tile compiles to straight-line code */
+                case 4: float_panel(4, K, wp, xr, yr, N, valid); break;
+                case 3: float_panel(3, K, wp, xr, yr, N, valid); break;
+                case 2: float_panel(2, K, wp, xr, yr, N, valid); break;
+                default: float_panel(1, K, wp, xr, yr, N, valid);
+            }
+            r += rows;
+        }
     }
 }
