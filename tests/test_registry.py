@@ -82,3 +82,16 @@ def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch)
         assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft.endswith("for-fp32")
     with pytest.warns(UserWarning, match="no draft calibrated"):  # int3: the nearest is the int4 draft
         assert pool.generate([1, 2, 3], precision="int3-g32-rtn", max_new_tokens=4).draft.endswith("for-int4")
+
+
+def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
+    """`draft_spec` runs the selected draft at that precision: the selected ref carries it."""
+    from specq.models import select_draft
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    drafts = tmp_path / "cache" / "drafts"
+    _draft(drafts, "small")
+    registry.add(drafts, registry.Entry("m", "int8", "small", draft_spec="int8-head8"))
+    registry.add(drafts, registry.Entry("m", "fp32", "small"))
+    assert select_draft("m@int8")[0] == f"{drafts / 'small'}@int8-head8"
+    assert select_draft("m")[0] == str(drafts / "small")  # no spec: the draft as stored

@@ -1,7 +1,9 @@
 """Which draft to use for a target at a given precision.
 
 A drafts directory holds `manifest.json`: entries mapping (target, target precision) to a draft
-model directory (relative to the manifest) calibrated for that precision. specq reads two: the
+model directory (relative to the manifest) calibrated for that precision, and optionally the
+precision the draft itself runs at (`draft_spec`, e.g. a feature draft at `int8-head8`, a cheaper
+draft with the same acceptance, measured in docs/fastpath.md). specq reads two: the
 drafts shipped in the package, and the user's (`$SPECQ_CACHE/drafts`, where `specq calibrate`
 writes). Selection: the exact precision if any draft has it, else the nearest precision with a
 warning. "Nearest" compares quantization step sizes, 2^-bits: how far a quantized target moves
@@ -28,6 +30,7 @@ class Entry:
     target: str  # base target name, e.g. "smollm2-135m"
     precision: str  # target precision spec it was calibrated on, e.g. "int4-g64-gptq"
     draft: str  # draft directory, relative to the manifest's directory
+    draft_spec: str = ""  # the precision the draft runs at (e.g. "int8-head8"); "": as stored
     info: dict = field(default_factory=dict, compare=False)
 
 
