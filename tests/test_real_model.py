@@ -34,8 +34,8 @@ def test_shipped_drafts_are_chosen_by_their_builtin_names(tmp_path, monkeypatch)
     from specq.models import select_draft
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))  # no user-calibrated drafts
-    assert select_draft("smollm2-135m")[0] == "smollm2-135m-feature-draft"
-    assert select_draft("smollm2-135m@int4-g64-rtn")[0] == "smollm2-135m-feature-draft"
+    assert select_draft("smollm2-135m")[0] == "smollm2-135m-feature-draft@int8-head8"
+    assert select_draft("smollm2-135m@int4-g64-rtn")[0] == "smollm2-135m-feature-draft@int8-head8"
 
 
 def test_builtin_target_answers(real_target):
