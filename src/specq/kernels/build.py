@@ -44,27 +44,43 @@ def _version(cc: str) -> str:
 
 
 @functools.cache
+def available() -> bool:
+    """Whether this CPU has AVX2 and specq's kernels build and load here; where not, the fast path
+    keeps torch's ops."""
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    try:
+        load()
+    except KernelUnavailable:
+        return False
+    return True
+
+
+@functools.cache
 def load() -> ctypes.CDLL:
     """specq's compiled kernels, built into the cache on first use."""
     from ..models import cache_dir
 
-    files = sorted((f for f in resources.files("specq.kernels").iterdir() if f.name.endswith(".c")),
+    files = sorted((f for f in resources.files("specq.kernels").iterdir() if f.name.endswith((".c", ".h"))),
                    key=lambda f: f.name)
-    sources = {f.name: f.read_bytes() for f in files}
+    sources = {f.name: f.read_bytes() for f in files}  # headers too: they change what compiles
     cc = _compiler()
     key = hashlib.sha256(b"".join(name.encode() + src for name, src in sources.items())
                          + " ".join(FLAGS).encode() + _version(cc).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"specq-{key}.so"
     if not target.exists():
-        print(f"specq: compiling specq's CPU kernels ({', '.join(sources)}; once per machine, a few seconds)",
+        units = [name for name in sources if name.endswith(".c")]
+        print(f"specq: compiling specq's CPU kernels ({', '.join(units)}; once per machine, a few seconds)",
               file=sys.stderr)
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            paths = [Path(tmp) / name for name in sources]
-            for path in paths:
-                path.write_bytes(sources[path.name])
+            for name, source in sources.items():
+                (Path(tmp) / name).write_bytes(source)
             out = Path(tmp) / "specq.so"
-            done = subprocess.run([cc, *FLAGS, *map(str, paths), "-o", str(out), "-lm"], capture_output=True, text=True)
+            done = subprocess.run([cc, *FLAGS, *(str(Path(tmp) / name) for name in units), "-o", str(out), "-lm"],
+                                  capture_output=True, text=True)
             if done.returncode:
                 raise KernelUnavailable(f"compiling specq's kernels failed: {done.stderr.strip().splitlines()[-1:]}")
             os.replace(out, target)  # atomic: a concurrent process sees no half-written file

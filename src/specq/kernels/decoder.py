@@ -27,16 +27,7 @@ from . import build
 from .int8dot import Int8DotWeight
 
 
-@functools.cache
-def available() -> bool:
-    """Whether this CPU has AVX2 and the kernels build; the fast path keeps torch's ops if not."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return False
-    try:
-        _library()
-    except build.KernelUnavailable:
-        return False
-    return True
+available = build.available  # AVX2 and a C compiler: specq's kernels build here
 
 
 @functools.cache

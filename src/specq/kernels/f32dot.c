@@ -13,10 +13,8 @@
  * a leftover row after a 2-row tile would not (3 rows then cost more than 4), so several rows go
  * in tiles of 4, 3 and 2 only. Compile with -ffp-contract=off (the FMAs are explicit).
  */
-#include <immintrin.h>
-#include <string.h>
+#include "panel.h"
 
-#define PANEL 8
 #define UNROLL _Pragma("GCC unroll 4")
 
 static inline __attribute__((always_inline)) void float_panel(
@@ -41,13 +39,7 @@ static inline __attribute__((always_inline)) void float_panel(
     UNROLL
     for (int r = 0; r < rows; r++) {
         __m256 out = _mm256_add_ps(even[r], odd[r]);
-        if (valid == PANEL) {
-            _mm256_storeu_ps(y + (size_t)r * N, out);
-        } else {
-            float lanes[PANEL];
-            _mm256_storeu_ps(lanes, out);
-            memcpy(y + (size_t)r * N, lanes, sizeof(float) * valid);
-        }
+        store_panel(y + (size_t)r * N, out, valid);
     }
 }
 

@@ -24,14 +24,13 @@
  * bit (speculative decoding is lossless only if it does). Compile with -ffp-contract=off so the
  * compiler cannot fuse differently in differently inlined copies.
  */
-#include <immintrin.h>
+#include "panel.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define QBLOCK 32
-#define PANEL 8     /* outputs per panel: one per 32-bit lane */
 #define ROW_TILE 4  /* rows sharing a panel's unpacked weights */
 /* Full unrolling of the row loops keeps the accumulators in registers. */
 #define UNROLL _Pragma("GCC unroll 4")
@@ -135,13 +134,7 @@ static inline __attribute__((always_inline)) void panel(
                 m = _mm256_add_ps(m, _mm256_mul_ps(_mm256_loadu_ps(wm + (size_t)g * PANEL), _mm256_set1_ps(s[(size_t)r * groups + g])));
             out = _mm256_add_ps(out, m);
         }
-        if (valid == PANEL) {
-            _mm256_storeu_ps(y + (size_t)r * N, out);
-        } else {
-            float lanes[PANEL];
-            _mm256_storeu_ps(lanes, out);
-            memcpy(y + (size_t)r * N, lanes, sizeof(float) * valid);
-        }
+        store_panel(y + (size_t)r * N, out, valid);
     }
 }
 
