@@ -108,10 +108,11 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     if found is None:
         return None, f"no draft known for {name}: plain decoding"
     path, entry, exact = found
-    ref = _draft_ref(path) + (f"@{entry.draft_spec}" if entry.draft_spec else "")
+    at = f"@{entry.draft_spec}" if entry.draft_spec else ""
+    ref = _draft_ref(path) + at
     if exact:
-        return ref, f"draft {entry.draft} (calibrated for {name}@{spec})"
-    return ref, f"no draft calibrated for {name}@{spec}; using {entry.draft} (calibrated for {entry.precision})"
+        return ref, f"draft {entry.draft}{at} (calibrated for {name}@{spec})"
+    return ref, f"no draft calibrated for {name}@{spec}; using {entry.draft}{at} (calibrated for {entry.precision})"
 
 
 def known_drafts(target: str) -> set[str]:
