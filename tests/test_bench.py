@@ -425,3 +425,23 @@ def test_bench_and_generate_share_the_default_gamma():
     args = build_parser().parse_args(["generate", "hi"])
     assert BenchConfig().gamma == [_decode_gamma(args)]  # an unset --gamma is resolved after parsing (--tree)
     assert BenchConfig().tree_topk == [args.tree_topk]
+
+
+def test_a_gguf_files_own_precision_is_a_target_precision(tmp_path):
+    """`target_quant = ["gguf"]` (a GGUF file at its own precision) is a precision like the others:
+    accepted, crossed with every target, spelled as is; its cells skip the transformers peer
+    (quantized blocks), and a typo is still a one-line error."""
+    from specq.models import Model
+
+    model = tmp_path / "model.gguf"
+    model.touch()  # the config stage checks only that the file exists
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'targets = ["{model}"]\ntarget_quant = ["gguf", "int8"]\n')
+    config = load_config(str(path))
+    assert config.target_refs() == [f"{model}@gguf", f"{model}@int8"]
+    gguf_target = Model(ref=f"{model}@gguf", net=None, tokenizer=None, eos_ids=frozenset(), source=str(model),
+                        precision="gguf")
+    assert "quantized" in runner.peer_skip_reason(gguf_target)
+    path.write_text(f'targets = ["{model}"]\ntarget_quant = ["ggfu"]\n')
+    with pytest.raises(SpecqError, match="target_quant"):
+        load_config(str(path))

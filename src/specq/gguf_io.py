@@ -171,20 +171,21 @@ def write_float32(src: Path, dst: Path) -> None:
     tmp = dst.with_name(f".{dst.name}.tmp")
     writer = gguf.GGUFWriter(tmp, arch)
     try:
-        _copy_metadata(reader, writer)
-        for t in reader.tensors:
-            shape = _float32_shape(t)
-            writer.add_tensor_info(t.name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for t in reader.tensors:
-            writer.write_tensor_data(float32_array(t))
-        writer.close()
+        try:
+            _copy_metadata(reader, writer)
+            for t in reader.tensors:
+                shape = _float32_shape(t)
+                writer.add_tensor_info(t.name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for t in reader.tensors:
+                writer.write_tensor_data(float32_array(t))
+        finally:
+            writer.close()
         tmp.replace(dst)
     finally:
-        writer.close()
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # a failed write leaves no partial file
 
 
 def _float32_shape(tensor) -> tuple[int, ...]:

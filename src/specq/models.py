@@ -103,7 +103,7 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     precision, else the nearest precision (the note says so), else (None, note). `quantizable`:
     only drafts that can be quantized by every method (not feature drafts: RTN only)."""
     name, spec = split_ref(target_ref)
-    spec = spec if spec == FILE_PRECISION else str(precision.parse(spec))
+    spec = precision.canonical(spec)
     found = registry.select(draft_dirs(), name, spec, quantizable)
     if found is None:
         return None, f"no draft known for {name}: plain decoding"
@@ -331,7 +331,7 @@ def _load(ref: str) -> Model:
                  precision=str(spec), info={"load_s": time.perf_counter() - started})
 
 
-FILE_PRECISION = "gguf"  # `name@gguf`: run a GGUF file's own quantized tensors
+FILE_PRECISION = precision.FILE_PRECISION  # `name@gguf`: run a GGUF file's own quantized tensors
 BUILTIN_GGUF = {"smollm2-135m": _smollm2_gguf}
 
 

@@ -21,6 +21,19 @@ from .llama import Llama, LlamaConfig
 QUANT_CONFIG = "quant_config.json"
 
 
+FILE_PRECISION = "gguf"  # `name@gguf`: a GGUF file's own quantized tensors (`models.load`)
+
+
+def canonical(spec_text: str) -> str:
+    """The canonical spelling of a precision: the parsed spec's, or `gguf`, which names no spec."""
+    return spec_text if spec_text == FILE_PRECISION else str(parse(spec_text))
+
+
+def is_float(spec_text: str) -> bool:
+    """Whether a precision keeps float weights (`gguf` files hold quantized blocks)."""
+    return spec_text != FILE_PRECISION and parse(spec_text).is_float
+
+
 def parse(spec_text: str):
     from .quant import parse_spec
 

@@ -122,14 +122,14 @@ def _cross(refs: list[str], specs: list[str]) -> list[str]:
     out = []
     for ref in refs:
         if "," in ref:
-            out.append(",".join(f"{name}@{precision.parse(spec)}" for name, spec in map(split_ref, ref.split(","))))
+            out.append(",".join(f"{name}@{precision.canonical(spec)}" for name, spec in map(split_ref, ref.split(","))))
             continue
         if ref == REGISTRY:
             out += [REGISTRY if not specs else f"{REGISTRY}@{s}" for s in specs or [None]]
             continue
         name, spec = split_ref(ref)
         for s in specs or [spec]:
-            out.append(f"{name}@{precision.parse(s)}")
+            out.append(f"{name}@{precision.canonical(s)}")
     return list(dict.fromkeys(out))
 
 
@@ -229,13 +229,13 @@ def _list(key: str, value, kind: type) -> list:
 def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
     for spec in specs:
         try:
-            precision.parse(spec)
+            precision.canonical(spec)
         except SpecqError as e:
             raise SpecqError(f"bench config '{key[:-1]}_quant': {e}") from None
     for ref in refs:
         try:
             for level in ref.split(","):
-                precision.parse(split_ref(level)[1])
+                precision.canonical(split_ref(level)[1])
         except SpecqError as e:
             raise SpecqError(f"bench config '{key}': {e}") from None
         if specs and "," in ref:
@@ -376,11 +376,11 @@ def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) ->
             out.append(entry)
             continue
         quant = entry.partition("@")[2]
-        chosen = registry(target, bool(quant) and not precision.parse(quant).is_float)
+        chosen = registry(target, bool(quant) and not precision.is_float(quant))
         if chosen is None:
             notes.append(f"the registry has no draft for {target}: its 'registry' cells are skipped")
             continue
         notes.append(f"registry draft for {target}: {chosen}")
         name, spec = split_ref(chosen)
-        out.append(f"{name}@{precision.parse(entry.partition('@')[2] or spec)}")
+        out.append(f"{name}@{precision.canonical(entry.partition('@')[2] or spec)}")
     return list(dict.fromkeys(out))

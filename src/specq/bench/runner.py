@@ -101,7 +101,7 @@ class _Models:
 
 def peer_skip_reason(model: Model) -> str | None:
     """Why transformers cannot run this model as is (None: it can)."""
-    if not precision.parse(model.precision).is_float:
+    if not precision.is_float(model.precision):
         return f"{model.ref} is quantized"
     source = Path(model.source)
     if feature_draft.is_feature_draft(source):
