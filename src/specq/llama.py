@@ -445,7 +445,7 @@ class Llama(nn.Module):
         return self.norm(self._layers(ids, cos, sin, None))[0]
 
     # The fast path's C loop over every layer (`kernels/decoder.Stack`) where all linear layers run on
-    # int8dot: one call per cached pass of one sequence that attends row by row. Set by
+    # int8dot or f32dot: one call per cached pass of one sequence that attends row by row. Set by
     # `fastpath.apply`; it computes what the modules compute, bit for bit.
     stack = None
 

@@ -3,8 +3,8 @@ machine and load it with ctypes.
 
 The shared object lives under `$SPECQ_CACHE/kernels/`, keyed by the sources, the flags and the
 compiler's version, so a second process loads it in milliseconds. One object for all sources lets
-one kernel call another (`decoder.c`'s layer stack calls `int8dot.c`'s linear layers). C without torch headers keeps
-the compile to a second or two (a torch C++ extension takes about a minute on two cores). The
+one kernel call another (`decoder.c`'s layer stack calls the linear layers of `int8dot.c` and
+`f32dot.c`). C without torch headers keeps the compile to a second or two (a torch C++ extension takes about a minute on two cores). The
 kernels use OpenMP: `-fopenmp` links `libgomp.so.1`, which resolves to the copy torch has
 already loaded, so specq's kernels and torch's ops share one thread pool.
 """

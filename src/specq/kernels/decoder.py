@@ -1,6 +1,6 @@
 """The decoder's work between its linear layers in one C call each (`decoder.c`): RMSNorm,
 SiLU(gate) * up, and the attention of a cached pass's rows; and, where every linear layer runs on
-int8dot, all layers of a pass in one call (`Stack`).
+int8dot or f32dot, all layers of a pass in one call (`Stack`).
 
 Why by hand: a decode step of a 135M model runs 30 thin layers, and in eager PyTorch the dozen
 small ops between the linear layers of each (norms, rotary embedding, cache writes, attention,
@@ -18,13 +18,12 @@ from __future__ import annotations
 import copy
 import ctypes
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from . import build
-from .int8dot import Int8DotWeight
 
 
 available = build.available  # AVX2 and a C compiler: specq's kernels build here
@@ -92,6 +91,18 @@ def _seen_arrays(seen: list[Tensor] | None) -> tuple[Tensor | None, Tensor | Non
     return slots, offsets
 
 
+class KernelWeight(Protocol):
+    """A linear layer's weight as `decoder_layers` reads it: `int8dot.Int8DotWeight` (bits 4 or 8)
+    or `f32dot.FloatPanels` (bits 32)."""
+
+    bits: int
+    group_size: int  # int8dot's scale groups (0 for float panels)
+    pointers: tuple[int | None, int | None, int | None]  # codes or float panels, scales, offsets
+
+
+LINEARS = ("wqkv", "wo", "w13", "w2")  # a layer's linear layers, in the order `decoder_layers` runs them
+
+
 class _QuantWeight(ctypes.Structure):
     _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p),
                 ("m", ctypes.c_void_p)]
@@ -99,23 +110,24 @@ class _QuantWeight(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("attention_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)] + [
-        (name, _QuantWeight) for name in ("wqkv", "wo", "w13", "w2")]
+        (name, _QuantWeight) for name in LINEARS]
 
 
 class LayerWeights(NamedTuple):
-    """One decoder layer as `decoder_layers` takes it: float32 norm weights, int8dot linears."""
+    """One decoder layer as `decoder_layers` takes it: float32 norm weights, the linear layers' kernel
+    weights."""
 
     attention_norm: Tensor
     ffn_norm: Tensor
-    wqkv: Int8DotWeight
-    wo: Int8DotWeight
-    w13: Int8DotWeight
-    w2: Int8DotWeight
+    wqkv: KernelWeight
+    wo: KernelWeight
+    w13: KernelWeight
+    w2: KernelWeight
 
 
 class Stack:
-    """Every decoder layer of a model whose linear layers all run on int8dot, in one C call per
-    cached pass (`decoder_layers`). Why: with the layers' work in C, what is left of a decode step
+    """Every decoder layer of a model whose linear layers all run on int8dot or f32dot, in one C call
+    per cached pass (`decoder_layers`). Why: with the layers' work in C, what is left of a decode step
     in eager PyTorch is Python calling a dozen modules per layer; this removes it. The call makes
     the same kernel calls in the same order as the modules do, so the result is bit-identical to
     theirs (tests/test_decoder_kernels.py): a pass may take either way. The weights' addresses are
@@ -128,9 +140,9 @@ class Stack:
         table = (_Layer * len(layers))()
         for row, layer in zip(table, layers):
             row.attention_norm, row.ffn_norm = layer.attention_norm.data_ptr(), layer.ffn_norm.data_ptr()
-            for name in ("wqkv", "wo", "w13", "w2"):
+            for name in LINEARS:
                 w = getattr(layer, name)
-                setattr(row, name, _QuantWeight(w.bits, w.group_size, *w._pointers))
+                setattr(row, name, _QuantWeight(w.bits, w.group_size, *w.pointers))
         self._table = table
 
     def __deepcopy__(self, memo: dict) -> "Stack":

@@ -15,8 +15,6 @@
  */
 #include "panel.h"
 
-#define UNROLL _Pragma("GCC unroll 4")
-
 static inline __attribute__((always_inline)) void float_panel(
         int rows, int K, const float *w, const float *x, float *y, int N, int valid) {
     __m256 even[4], odd[4];

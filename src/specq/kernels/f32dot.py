@@ -18,8 +18,7 @@ import torch
 from torch import Tensor
 
 from . import build
-
-PANEL = 8  # outputs per panel, one per lane of an AVX2 vector
+from .int8dot import panel_major
 # Up to this many rows run here: every row of a pass that attends row by row
 # (`llama.ROW_BY_ROW_MAX`), so a verify row and the one-token step at its position take the same
 # kernel and agree bit for bit. More rows (prefills, large batches) take torch's GEMM.
@@ -39,19 +38,15 @@ def _library() -> ctypes.CDLL:
 
 
 class FloatPanels:
-    """A float32 weight [out, in] in the kernel's layout: panels of PANEL outputs, each holding for
-    every input the PANEL weights of that input (outputs padded with zeros to whole panels)."""
+    """A float32 weight [out, in] in the kernel's layout: panels of 8 outputs, each holding for
+    every input the 8 weights of that input (outputs padded with zeros to whole panels)."""
 
     bits, group_size = 32, 0  # as `decoder.Stack` reads a weight
 
     def __init__(self, weight: Tensor):
         self.out_features, self.in_features = weight.shape
-        pad = -self.out_features % PANEL
-        w = weight.detach().float()
-        if pad:
-            w = torch.cat([w, w.new_zeros(pad, self.in_features)])
-        self.panels = w.view(-1, PANEL, self.in_features).transpose(1, 2).contiguous()
-        self._pointers = (self.panels.data_ptr(), None, None)
+        self.panels = panel_major(weight.detach())
+        self.pointers = (self.panels.data_ptr(), None, None)
 
     def nbytes(self) -> int:
         return self.panels.nbytes
@@ -61,6 +56,6 @@ def linear(x: Tensor, w: FloatPanels) -> Tensor:
     """x [..., in] float32 times `w`, as float32."""
     x = x.contiguous()
     y = x.new_empty(x.shape[:-1] + (w.out_features,))
-    _library().linear_f32(x.data_ptr(), x.numel() // w.in_features, w.in_features, w.out_features, w._pointers[0],
+    _library().linear_f32(x.data_ptr(), x.numel() // w.in_features, w.in_features, w.out_features, w.pointers[0],
                           y.data_ptr(), torch.get_num_threads())
     return y

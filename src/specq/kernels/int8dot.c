@@ -32,8 +32,6 @@
 
 #define QBLOCK 32
 #define ROW_TILE 4  /* rows sharing a panel's unpacked weights */
-/* Full unrolling of the row loops keeps the accumulators in registers. */
-#define UNROLL _Pragma("GCC unroll 4")
 
 /* x [M, K] -> q [M, K] int8, d [M, K/32] (block scales), and when s != NULL s [M, K/G]: the sum of
  * the quantized values over each group, sum(d * q), for the 4-bit offset term. Using the

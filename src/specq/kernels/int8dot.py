@@ -62,7 +62,7 @@ class Int8DotWeight:
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
         self.out_features, self.in_features = out_features, in_features
         self._shape = (in_features, out_features, group_size)
-        self._pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m))
+        self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
         return Int8DotWeight(self.bits, *(copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m)),
@@ -83,8 +83,9 @@ def _panels(t: Tensor) -> Tensor:
     return t.view(-1, PANEL, *t.shape[1:])
 
 
-def _group_params(t: Tensor) -> Tensor:
-    """Per-group floats [out, groups] as [panels, groups, PANEL]."""
+def panel_major(t: Tensor) -> Tensor:
+    """Floats [out, k] as [panels, k, PANEL]: for each k, a panel's PANEL outputs side by side (the
+    per-group scales here, `f32dot`'s float weights)."""
     return _panels(t.float()).transpose(1, 2).contiguous()
 
 
@@ -94,7 +95,7 @@ def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor) -> Int8DotWeight:
     # input 32b + 8j + 4h + t of output o -> panel, block b, chunk j, byte 4o + t, nibble h
     u = _panels(unsigned.to(torch.uint8)).view(-1, PANEL, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
     codes = (u[..., 0] | (u[..., 1] << 4)).contiguous()
-    return Int8DotWeight(4, codes, _group_params(d), _group_params(m), n_in // d.shape[1], out, n_in)
+    return Int8DotWeight(4, codes, panel_major(d), panel_major(m), n_in // d.shape[1], out, n_in)
 
 
 def pack_int8(codes: Tensor, d: Tensor) -> Int8DotWeight:
@@ -102,7 +103,7 @@ def pack_int8(codes: Tensor, d: Tensor) -> Int8DotWeight:
     out, n_in = codes.shape
     # input 32b + 4j + t of output o -> panel, block b, chunk j, byte 4o + t
     c = _panels(codes.to(torch.int8)).view(-1, PANEL, n_in // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
-    return Int8DotWeight(8, c, _group_params(d), None, n_in // d.shape[1], out, n_in)
+    return Int8DotWeight(8, c, panel_major(d), None, n_in // d.shape[1], out, n_in)
 
 
 def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
@@ -111,7 +112,7 @@ def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
     if dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     y = torch.empty(x.shape[:-1] + (w.out_features,))
-    if _library().linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape, *w._pointers, y.data_ptr(),
+    if _library().linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape, *w.pointers, y.data_ptr(),
                             torch.get_num_threads()):
         raise MemoryError("int8dot: out of memory for the quantized activations")
     return y if dtype == torch.float32 else y.to(dtype)

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #define PANEL 8
+/* Full unrolling of the row loops keeps a tile's accumulators in registers. */
+#define UNROLL _Pragma("GCC unroll 4")
 
 /* One row's results for a panel into y: all 8 lanes, or the first `valid` of them in the last
  * panel of a layer whose outputs are not a multiple of 8. */
