@@ -17,12 +17,7 @@ import warnings
 from . import checks
 from . import precision as precisions
 from .api import Generation, generate
-from .models import FILE_PRECISION, Model, load, select_draft, split_ref
-
-
-def precision_spec(precision: str) -> str:
-    """The canonical spelling of a precision (`gguf`: a GGUF file's own blocks)."""
-    return precision if precision == FILE_PRECISION else str(precisions.parse(precision))
+from .models import Model, load, select_draft, split_ref
 
 
 class ModelPool:
@@ -36,7 +31,7 @@ class ModelPool:
         self._pairs: dict[str, tuple[Model, Model | None, str | None]] = {}
 
     def target_model(self, precision: str = "fp32") -> Model:
-        spec = precision_spec(precision)
+        spec = precisions.canonical(precision)
         with self._lock:
             if spec not in self._targets:
                 self._targets[spec] = load(f"{self.target}@{spec}")
@@ -45,7 +40,7 @@ class ModelPool:
     def draft_model(self, precision: str, ref: str) -> Model:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
         draft binds to its target's embedding, and precisions may decode at the same time."""
-        key = (precision_spec(precision), ref)
+        key = (precisions.canonical(precision), ref)
         with self._lock:
             if key not in self._drafts:
                 self._drafts[key] = load(ref)
@@ -53,7 +48,7 @@ class ModelPool:
 
     def models(self, precision: str = "fp32") -> tuple[Model, Model | None, str | None]:
         """(target at `precision`, its draft or None, a note on how the draft was chosen)."""
-        spec = precision_spec(precision)
+        spec = precisions.canonical(precision)
         with self._lock:
             if spec not in self._pairs:
                 target = self.target_model(spec)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecqError
 from ..models import split_ref
-from ..pool import precision_spec
+from .. import precision
 from . import errors
 from .engine import Engine, Job
 from .errors import APIError
@@ -64,7 +64,7 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
             if "@" not in name:
                 return next(iter(engines.values()))
             try:
-                canonical = f"{target}@{precision_spec(spec)}"
+                canonical = f"{target}@{precision.canonical(spec)}"
             except SpecqError:
                 canonical = None
             if canonical in engines:

@@ -15,7 +15,8 @@ from fastapi import FastAPI
 from .. import checks
 from ..errors import SpecqError
 from ..models import known_drafts
-from ..pool import ModelPool, precision_spec
+from ..pool import ModelPool
+from ..precision import canonical
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics
@@ -32,7 +33,7 @@ class ServeConfig:
     max_batch: int = 16  # requests decoded together per served model (1: one at a time); docs/serve.md
 
     def __post_init__(self):
-        specs = [precision_spec(p) for p in self.precisions]
+        specs = [canonical(p) for p in self.precisions]
         if not specs:
             raise SpecqError("give at least one precision to serve")
         if len(set(specs)) != len(specs):
