@@ -33,7 +33,11 @@ def test_calibrate_registers_draft_for_target_precision(dirs):
     assert (out / "config.json").is_file() and not list(out.parent.glob(".*ckpt"))
     path, entry, exact = registry.select([out.parent], str(dirs / "target"), "int4-g32-rtn")
     assert exact and path == out
-    tuned = specq.load(str(out))  # the calibrated draft still gives the target's own output
+    from specq.models import select_draft
+
+    ref, _ = select_draft(f"{dirs / 'target'}@int4-g32-rtn")  # what `specq generate` picks: loadable as is
+    assert ref == str(out) and entry.draft_spec == "" and entry.info["base"] == draft.ref
+    tuned = specq.load(ref)  # the calibrated draft still gives the target's own output
     base = specq.generate(target, [1, 2, 3], max_new_tokens=20)
     assert specq.generate(target, [1, 2, 3], tuned, gamma=3, max_new_tokens=20).token_ids == base.token_ids
 

@@ -45,7 +45,7 @@ def test_a_feature_draft_wins_unless_the_draft_is_to_be_quantized(tmp_path):
 def test_add_replaces_and_skips_missing_dirs(tmp_path):
     registry.add(tmp_path, registry.Entry("m", "int8", "gone"))
     assert registry.select([tmp_path], "m", "int8") is None  # the draft directory does not exist
-    registry.add(tmp_path, registry.Entry("m", "int8", "gone", {"beta": 0.9}))
+    registry.add(tmp_path, registry.Entry("m", "int8", "gone", info={"beta": 0.9}))
     assert len(registry.read(tmp_path)) == 1
 
 

@@ -147,7 +147,7 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     info = {"base": draft.ref, "held_out_beta": result["held_out"]["beta"]}
     if measure:
         info |= {"acceptance_before": before["acceptance_rate"][0], "acceptance_after": after["acceptance_rate"][0]}
-    registry.add(registry_dir(), registry.Entry(target_name, target.precision, _entry_path(out), info))
+    registry.add(registry_dir(), registry.Entry(target_name, target.precision, _entry_path(out), info=info))
     return report
 
 

@@ -30,8 +30,9 @@ class Entry:
     target: str  # base target name, e.g. "smollm2-135m"
     precision: str  # target precision spec it was calibrated on, e.g. "int4-g64-gptq"
     draft: str  # draft directory, relative to the manifest's directory
-    draft_spec: str = ""  # the precision the draft runs at (e.g. "int8-head8"); "": as stored
-    info: dict = field(default_factory=dict, compare=False)
+    # keyword-only: a positional dict once landed in draft_spec and made the selected ref unloadable
+    draft_spec: str = field(default="", kw_only=True)  # the precision the draft runs at (e.g. "int8-head8"); "": as stored
+    info: dict = field(default_factory=dict, compare=False, kw_only=True)
 
 
 def precision_bits(spec: str) -> float:
