@@ -451,7 +451,11 @@ class Llama(nn.Module):
 
     def _layers(self, ids, cos, sin, kv) -> Tensor:
         x = self.tok_embeddings(ids)
-        x = x.unsqueeze(0) if x.dim() == 2 else x
+        return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv)
+
+    def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv) -> Tensor:
+        """x [B, n, hidden] through every decoder layer (no final norm): in one C call where the
+        stack takes the pass, else module by module. `kv` as `Attention.forward` takes it."""
         if (self.stack is not None and isinstance(kv, list) and len(kv) == 1 and decoder.takes(x)
                 and by_rows(kv[0].cache.length, x.shape[1])):
             cache = kv[0].cache
