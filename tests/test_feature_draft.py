@@ -251,3 +251,67 @@ def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
     assert accepted > 0 and rejected > 0
     with pytest.raises(SpecqError, match="RTN integer weights"):
         models.load(f"{tmp_path / 'fd'}@int4-g32-gptq")
+
+
+@torch.inference_mode()
+def test_a_draft_on_the_fast_path_runs_its_layer_in_one_call(trained, tmp_path):
+    """At an RTN integer spec every linear layer of the draft runs on int8dot, so its cached passes
+    (a chain step, several rows, a tree's rows) go through `decoder.Stack` like a target's, and
+    give the modules' logits, features and cache bit for bit."""
+    import copy
+
+    from specq.acceptance import verify_layout
+
+    target, draft, _, _ = trained
+    save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
+    stacked = models.load(f"{tmp_path / 'fd'}@int8-head8").net.attach(target.net)
+    assert stacked.body.stack is not None
+    modules = copy.deepcopy(stacked).attach(target.net)
+    modules.body.stack = None
+    calls = []
+    stack = stacked.body.stack
+    stacked.body.stack = lambda *args: calls.append(1) or stack(*args)
+    g = torch.Generator().manual_seed(0)
+    ids, features = torch.randint(0, VOCAB, (12,), generator=g), torch.randn(12, target.net.config.hidden_size,
+                                                                              generator=g)
+    results = []
+    for net in (stacked, modules):
+        cache = net.new_cache(32)
+        out = [net(ids[:6], features[:6], cache), net(ids[6:7], features[6:7], cache),
+               net(ids[7:9], features[7:9], cache)]
+        out.append(net(ids[9:12], features[9:12], cache, **verify_layout(torch.tensor([-1, -1]), cache.length)))
+        results.append(([t for pair in out for t in pair], cache.k[:, :, :, :cache.length].clone()))
+    (a, ka), (b, kb) = results
+    assert len(calls) == 3  # every cached pass but the prefill
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and torch.equal(ka, kb)
+
+
+@torch.inference_mode()
+def test_a_narrowed_head_keeps_its_rows_and_stays_lossless(trained, tmp_path):
+    """`restrict_head` keeps the draft's scores of the tokens it keeps and drops the rest (which are
+    then never drafted); greedy output is still the target's, with rejections, and it saves and loads.
+    Tokens outside the head cannot be kept."""
+    from specq.errors import SpecqError
+    from specq.feature_draft import restrict_head
+
+    target, draft, _, _ = trained
+    keep = torch.tensor([1, 3, 4, 8, 9, 15, 16, 20, 23, 31])
+    narrow = restrict_head(draft.net, keep)
+    assert narrow.config.vocab_size == 10 and torch.equal(narrow.vocab_ids, keep)
+    ids, features = torch.tensor([5, 9, 2]), torch.randn(3, target.net.config.hidden_size)
+    wide_logits, wide_hidden = draft.net(ids, features, draft.net.new_cache(8))
+    logits, hidden = narrow(ids, features, narrow.new_cache(8))
+    torch.testing.assert_close(hidden, wide_hidden)  # the copy runs on torch's kernels, which may round
+    torch.testing.assert_close(logits, wide_logits[:, keep])  # differently (also: a narrower GEMM)
+    save(narrow, tmp_path / "narrow", target.tokenizer, target.eos_ids)
+    loaded = models.load(str(tmp_path / "narrow"))
+    drafted = rejected = 0
+    for prompt in PROMPTS:
+        out = generate(target, prompt, loaded, gamma=3, max_new_tokens=25, draft_confidence=0.0)
+        assert out.token_ids == generate(target, prompt, max_new_tokens=25).token_ids
+        assert set(out.token_ids) - set(keep.tolist())  # the target wrote tokens the draft cannot
+        drafted += out.stats.drafted
+        rejected += out.stats.drafted - out.stats.accepted
+    assert drafted > rejected > 0
+    with pytest.raises(SpecqError, match="not in the draft's head"):
+        restrict_head(narrow, torch.tensor([1, 2]))

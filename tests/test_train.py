@@ -41,6 +41,7 @@ def test_distill_trains_saves_and_registers(files, capsys):
     assert not (files / "drafts" / "mine.work" / "ckpt").exists()  # finished runs leave no checkpoint
     path, entry, exact = registry.select([out.parent], str(files / "target"), "int4-g32-rtn")
     assert exact and path == out
+    assert entry.draft_spec == "" and entry.info["base"] == "new:2x32"  # the draft runs as stored
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
     base = specq.generate(target, [1, 2, 3], max_new_tokens=16)
     assert specq.generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=16).token_ids == base.token_ids
@@ -66,11 +67,22 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
     assert report["kind"] == "feature" and report["draft_config"]["vocab_size"] <= 41 and report["steps"] == 6
     assert list((files / "drafts" / "feat.work" / "teacher").glob("*/shard_000.features.pt"))
     assert report["settings"]["head_vocab"] == 40
-    more = [a if a != str(out) else str(files / "more" / "feat") for a in args]
-    assert main(more + ["--from", str(out)] + [a for a in FAST if a not in ("--arch", "2x32")]) == 0
-    continued = json.loads(capsys.readouterr().out)  # the base's head is kept: --head-vocab is not reported
+    more = [a if a != str(out) else str(files / "more" / "feat") for a in args[:-2]]  # no --head-vocab
+    continuing = ["--from", str(out)] + [a for a in FAST if a not in ("--arch", "2x32")]
+    assert main(more + continuing) == 0
+    continued = json.loads(capsys.readouterr().out)  # the base's head is kept
     assert continued["draft_config"]["vocab_size"] == report["draft_config"]["vocab_size"]
-    assert "head_vocab" not in continued["settings"]
+    assert continued["settings"]["head_vocab"] is None
+    # --head-vocab with --from narrows the base's head to its most frequent tokens; --steps 0 only exports
+    narrow = [a if a != str(out) else str(files / "narrow" / "feat") for a in args[:-2]]
+    assert main(narrow + continuing + ["--head-vocab", "12", "--steps", "0"]) == 0
+    narrowed = json.loads(capsys.readouterr().out)
+    assert narrowed["steps"] == 0 and narrowed["draft_config"]["vocab_size"] <= 13
+    kept = specq.load(str(files / "narrow" / "feat")).net.vocab_ids
+    assert set(kept.tolist()) < set(specq.load(str(out)).net.vocab_ids.tolist())
+    wide = [a if a != str(out) else str(files / "wide" / "feat") for a in args[:-2]]
+    assert main(wide + continuing + ["--head-vocab", "100"]) == 2
+    assert "can only be narrowed" in capsys.readouterr().err
     path, _, exact = registry.select([out.parent], str(files / "target"), "int4-g32-rtn")
     assert exact and path == out
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))

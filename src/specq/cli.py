@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--arch", default="small",
                        help="shape of a new draft: small (6x256), tiny, LxWIDTH, or feature[:LAYERS] (a feature draft: "
                             "reads the target's hidden states, EAGLE style)")
-    d.add_argument("--head-vocab", type=_positive_int, default=16384,
-                   help="feature drafts: tokens the output head covers (the most frequent in the training data)")
+    d.add_argument("--head-vocab", type=_positive_int, default=None,
+                   help="feature drafts: tokens the output head covers, the most frequent in the training data "
+                        "(default 16384 for a new draft; with --from, narrows the base's head to that many)")
     d.add_argument("--work", default=None, help="cache and checkpoints (default: OUT.work beside OUT)")
     d.add_argument("--resume", action="store_true", help="continue the unfinished run in --work")
     d.add_argument("--texts", nargs="*", default=["shakespeare"],
@@ -150,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--new-tokens", type=_positive_int, default=128, help="length of the target's answers")
     d.add_argument("--text-windows", type=_positive_int, default=160, help="training windows of text")
     d.add_argument("--seq-len", type=arg_int(16), default=256, help="tokens per text window")
-    d.add_argument("--steps", type=_positive_int, default=2000)
+    d.add_argument("--steps", type=_nonnegative_int, default=2000,
+                   help="training steps (0: no training, e.g. only narrow a base's head, then measure and export)")
     d.add_argument("--minutes", type=_float, default=None, help="time budget of the training stage")
     d.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
     d.add_argument("--lr", type=_float, default=2e-3)

@@ -83,8 +83,7 @@ class FeatureDraft(nn.Module):
         rope = slice(start, start + n) if positions is None else positions
         cos, sin = body.rope_cos[rope], body.rope_sin[rope]
         kv = None if cache is None else [Segment(cache, slice(0, n), visibility(cache, n, mask))]
-        for i, layer in enumerate(body.layers):
-            x = layer(x, cos, sin, kv, i)
+        x = body.decoder_pass(x, cos, sin, kv)
         if cache is not None:
             cache.length = start + n
         hidden = body.norm(x)
@@ -179,14 +178,39 @@ def write(draft: FeatureDraft, directory: Path, tokenizer, eos_ids, info: dict |
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(eos_ids)}))
 
 
-def frequent_tokens(sequences: list[Tensor], size: int, vocab_size: int, always=()) -> Tensor:
+def frequent_tokens(sequences: list[Tensor], size: int, vocab_size: int, always=(),
+                    within: Tensor | None = None) -> Tensor:
     """The `size` token ids that occur most often in `sequences` (plus `always`, e.g. EOS), sorted:
-    the head's vocabulary. Ties break towards lower ids, so the choice is deterministic."""
+    the head's vocabulary; only ids in `within` (an existing head's) when given. Ties break towards
+    lower ids, so the choice is deterministic."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for ids in sequences:
         counts += torch.bincount(ids.long().clamp(0, vocab_size - 1), minlength=vocab_size)
+    if within is not None:
+        allowed = torch.zeros(vocab_size, dtype=torch.bool)
+        allowed[within.long()] = True
+        counts[~allowed] = -1
+        always = [t for t in always if allowed[t]]
     order = torch.argsort(-counts, stable=True)[:size]
     return torch.unique(torch.cat([order, torch.tensor(sorted(always), dtype=torch.long)]))
+
+
+def restrict_head(draft: FeatureDraft, keep: Tensor) -> FeatureDraft:
+    """A copy of `draft` whose head covers only the tokens `keep` (a subset of its head's; the
+    rows for them are kept as they are). Why: the head is most of a draft step's cost and reads
+    its weights from memory every step, so a head over the tokens the target writes most drafts
+    faster; a dropped token is never drafted (costs acceptance, never correctness)."""
+    keep = torch.unique(keep.long())
+    rows = draft.subset_index(keep)
+    if (rows < 0).any():
+        raise SpecqError(f"{int((rows < 0).sum())} of the tokens to keep are not in the draft's head")
+    config = LlamaConfig(**{**asdict(draft.config), "vocab_size": keep.numel()})
+    out = FeatureDraft(config, keep, draft.target_vocab_size).to(draft.dtype)
+    state = {k: v for k, v in draft.state_dict().items() if k not in ("vocab_ids", "body.output.weight")}
+    state["body.tok_embeddings.weight"] = draft.body.tok_embeddings.weight.detach()[rows]
+    out.load_state_dict(state | {"vocab_ids": keep, "body.output.weight": state["body.tok_embeddings.weight"]})
+    out.token_embedding = draft.token_embedding
+    return out
 
 
 def is_feature_draft(directory: Path | str) -> bool:

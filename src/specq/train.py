@@ -28,7 +28,7 @@ from .calibrate import acceptance
 from .distill import TeacherSet, atomic_save, chunk_tokens, distill, feature_forward, float_teacher, init_draft, \
     sequence_forward, teacher_continuations, teacher_on_text, to_native
 from .errors import SpecqError
-from .feature_draft import FeatureDraft, frequent_tokens, new_feature_draft
+from .feature_draft import FeatureDraft, frequent_tokens, new_feature_draft, restrict_head
 from .llama import Llama, LlamaConfig
 from .models import Model, check_compatible, check_target, split_ref, write_native
 
@@ -37,6 +37,7 @@ from .models import Model, check_compatible, check_target, split_ref, write_nati
 ARCHITECTURES = {"small": (6, 256), "tiny": (2, 64)}
 MAX_LAYERS, MAX_WIDTH = 64, 8192  # a draft far larger than any target specq runs would never pay
 FEATURE = "feature"
+NEW_HEAD_VOCAB = 16384  # a new feature draft's head: its most frequent tokens in the training data
 MAX_SYNTHETIC = 100_000  # synthetic prompts: far more than any run uses, far fewer than the templates can make
 
 
@@ -58,7 +59,8 @@ class DistillSettings:
     gen_batch: int = 48  # prompts the target answers at once (one cached shard)
     accept_prompts: int = 10  # held-out chat prompts for the final speculative runs
     gamma: int = 4
-    head_vocab: int = 16384  # feature drafts: tokens the head covers (the most frequent in the data)
+    head_vocab: int | None = None  # feature drafts: tokens the head covers (the most frequent in the
+    # data); a new draft's default is NEW_HEAD_VOCAB, a base's head is kept unless this is given
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -266,6 +268,11 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         source = Path(base.source)
         if not (source / "config.json").is_file() and not feature:
             raise SpecqError(f"draft '{base.ref}' must be a local model directory to start from")
+    if settings.head_vocab is not None and not feature:
+        raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a feature draft)")
+    if feature and base is not None and (settings.head_vocab or 0) > base.net.config.vocab_size:
+        raise SpecqError(f"--head-vocab {settings.head_vocab} is more than the {base.net.config.vocab_size} tokens "
+                         f"of the head of '{base.ref}' (a base's head can only be narrowed)")
     if feature and not isinstance(target.net, Llama):
         raise SpecqError(f"a feature draft reads the target's hidden states: '{target.ref}' must be a Llama model")
     config = architecture(arch, target.vocab_size) if base is None and not feature else None
@@ -276,9 +283,13 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     train, held = teacher_data(target, settings, work, features=feature)
     data_s = time.perf_counter() - started
     if feature and base is not None:
-        student = copy.deepcopy(base.net).float().attach(target.net).train()
+        student = copy.deepcopy(base.net).float().attach(target.net)
+        if settings.head_vocab is not None:
+            student = restrict_head(student, frequent_tokens(train.ids, settings.head_vocab, target.vocab_size,
+                                                             target.eos_ids, within=student.vocab_ids))
+        student.train()
     elif feature:
-        head = frequent_tokens(train.ids, settings.head_vocab, target.vocab_size, target.eos_ids)
+        head = frequent_tokens(train.ids, settings.head_vocab or NEW_HEAD_VOCAB, target.vocab_size, target.eos_ids)
         student = new_feature_draft(target.net, head, feature_layers(arch), seed=settings.seed)
     elif base is not None:
         student = init_draft(None, from_dir=base.source)
@@ -297,7 +308,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     spec = acceptance(target, draft, data.chat_prompts("held_out")[:settings.accept_prompts], settings.gamma,
                       settings.new_tokens) if settings.accept_prompts else None
     target_ms, draft_ms = step_ms(target.net), step_ms(draft.net)
-    unused = {"extra"} if feature and base is None else {"extra", "head_vocab"}  # only a new feature draft picks a head
+    unused = {"extra"} if feature else {"extra", "head_vocab"}  # only feature drafts have a vocabulary head
     report = {
         "target": target.ref, "target_precision": target.precision, "base": base.ref if base else f"new:{arch}",
         "kind": "feature" if feature else "sequence",
@@ -325,6 +336,6 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
 
     atomic.write_dir(out, write)
     registry.add(out.parent, registry.Entry(split_ref(target.ref)[0], target.precision, out.name,
-                                            {"base": report["base"], "held_out_beta": result["held_out"]["beta"]}))
+                                            info={"base": report["base"], "held_out_beta": result["held_out"]["beta"]}))
     shutil.rmtree(work / "ckpt", ignore_errors=True)  # finished: a later run in `work` starts afresh
     return report
