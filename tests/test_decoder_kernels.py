@@ -148,6 +148,47 @@ def test_the_layer_stack_computes_what_the_modules_compute(spec):
     assert stacked.stack is None
 
 
+@pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
+@torch.inference_mode()
+def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec):
+    """The server's batched verify pass (`forward_many`: a step, a chain and a tree of three
+    sequences, each at the end of its own cache) runs in one C call, and each sequence's logits,
+    hidden states and cache are the modules' bit for bit; passes beyond ROW_BY_ROW_MAX rows in all
+    take the modules."""
+    from specq.llama import ROW_BY_ROW_MAX, Rows
+
+    model = tiny_model(scale=3.0, hidden=64)
+    quantize_model(model.net, spec, progress=False)
+    fastpath.apply(model.net)
+    stacked = model.net
+    modules = copy.deepcopy(stacked)
+    modules.stack = None
+    calls = []
+    stack = stacked.stack
+    stacked.stack = lambda x, cos, sin, segments: calls.append(len(segments)) or stack(x, cos, sin, segments)
+    prompts = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6]), torch.tensor([5, 3, 5, 8, 9, 7, 9])]
+    tree, parents = torch.tensor([4, 8, 9, 7, 9]), torch.tensor([-1, -1, 0, 2])
+    results = []
+    for net in (stacked, modules):
+        caches = [net.new_cache(96) for _ in prompts]
+        for prompt, cache in zip(prompts, caches):
+            net(prompt, cache)
+        rows = [Rows(torch.tensor([2]), caches[0]), Rows(torch.tensor([6, 5, 3]), caches[1]),
+                Rows(tree, caches[2], **verify_layout(parents, caches[2].length))]
+        out = net.forward_many(rows, return_hidden=True)
+        long = [Rows(torch.arange(40) % 32, cache) for cache in caches[:2]]  # 80 rows: past the stack's limit
+        out += net.forward_many(long, return_hidden=True)
+        results.append(([t for pair in out for t in pair],
+                        [(c.k[:, :, :, :c.length].clone(), c.v[:, :, :, :c.length].clone()) for c in caches]))
+    # the three sequences' pass in one call; 80 rows stacked (int8dot keeps rows invariant that far)
+    # take the modules, while fp32 passes stack at most 65 rows, so its 40 + 40 run as two passes
+    assert calls == [3] + ([] if stacked.stack_limit() >= 80 else [1, 1]) and 80 > ROW_BY_ROW_MAX
+    assert (stacked.stack_limit() >= 80) == (spec != "fp32")
+    (a, ca), (b, cb) = results
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for pair_a, pair_b in zip(ca, cb) for x, y in zip(pair_a, pair_b))
+
+
 def test_no_stack_where_a_layer_stays_on_torch():
     """bf16 layers (f32dot is float32 only) keep torch's kernels, so the modules run one by one."""
     net = tiny_model(scale=3.0, hidden=64).net.to(torch.bfloat16)

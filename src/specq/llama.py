@@ -445,8 +445,9 @@ class Llama(nn.Module):
         return self.norm(self._layers(ids, cos, sin, None))[0]
 
     # The fast path's C loop over every layer (`kernels/decoder.Stack`) where all linear layers run on
-    # int8dot or f32dot: one call per cached pass of one sequence that attends row by row. Set by
-    # `fastpath.apply`; it computes what the modules compute, bit for bit.
+    # int8dot or f32dot: one call per cached pass of up to ROW_BY_ROW_MAX rows, of one sequence or
+    # several stacked, each attending row by row. Set by `fastpath.apply`; it computes what the
+    # modules compute, bit for bit.
     stack = None
 
     def _layers(self, ids, cos, sin, kv) -> Tensor:
@@ -456,10 +457,9 @@ class Llama(nn.Module):
     def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv) -> Tensor:
         """x [B, n, hidden] through every decoder layer (no final norm): in one C call where the
         stack takes the pass, else module by module. `kv` as `Attention.forward` takes it."""
-        if (self.stack is not None and isinstance(kv, list) and len(kv) == 1 and decoder.takes(x)
-                and by_rows(kv[0].cache.length, x.shape[1])):
-            cache = kv[0].cache
-            return self.stack(x.contiguous(), cos, sin, cache.k, cache.v, cache.length, kv[0].seen.rows)
+        if (self.stack is not None and isinstance(kv, list) and decoder.takes(x) and x.shape[1] <= ROW_BY_ROW_MAX
+                and all(by_rows(s.cache.length, s.rows.stop - s.rows.start) for s in kv)):
+            return self.stack(x.contiguous(), cos, sin, kv)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv, i)
         return x

@@ -146,15 +146,25 @@ static void add_into(float *x, const float *y, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = x[i] + y[i];
 }
 
-/* The L decoder layers of a cached pass of one sequence, x [n, hidden] updated in place, for a
- * model whose linear layers all run on int8dot or f32dot: what `Block.forward` computes with every module
- * on the fast path's kernels, the same calls in the same order, so the result is bit-identical to
- * that path (which passes stacking several sequences take). k_cache, v_cache: layer 0's
- * [Hkv, capacity, D]; each next layer's starts layer_stride floats further. The other arguments
+/* One sequence's rows in a pass: `rows` rows (consecutive in x) written at `start` of its own
+ * cache, whose layer 0 is k, v [Hkv, capacity, D] and each next layer layer_stride floats further;
+ * seen, offsets as in attend_rows. */
+typedef struct {
+    int rows, start, capacity;
+    long layer_stride;
+    float *k, *v;
+    const int *seen, *offsets;
+} Part;
+
+/* The L decoder layers of a cached pass, x [n, hidden] updated in place, for a model whose linear
+ * layers all run on int8dot or f32dot: what `Block.forward` computes with every module on the fast
+ * path's kernels, the same calls in the same order, so the result is bit-identical to that path.
+ * The n rows may be several sequences' (`parts`, in order): the linear layers run once over all of
+ * them (each weight read once), and each part attends to its own cache only. The other arguments
  * are those of attend_rows, rms_norm and linear_a8. Returns 0, or -1 when out of memory. */
 int decoder_layers(int L, const Layer *layers, float *x, int n, int hidden, int H, int Hkv, int D, int inter,
-                   float eps, float scale, const float *cos, const float *sin, float *k_cache, float *v_cache,
-                   long layer_stride, int capacity, int start, const int *seen, const int *offsets, int threads) {
+                   float eps, float scale, const float *cos, const float *sin, int parts, const Part *part,
+                   int threads) {
     const int width = (H + 2 * Hkv) * D, q_size = H * D;
     float *h = malloc(sizeof(float) * (size_t)n * (2 * hidden + width + q_size + 3 * inter));
     if (!h) return -1;
@@ -165,8 +175,13 @@ int decoder_layers(int L, const Layer *layers, float *x, int n, int hidden, int 
         const Layer *w = layers + l;
         rms_norm(x, n, hidden, w->attention_norm, eps, h);
         failed |= linear(&w->wqkv, h, n, hidden, width, qkv, threads);
-        failed |= attend_rows(qkv, n, H, Hkv, D, cos, sin, k_cache + l * layer_stride, v_cache + l * layer_stride,
-                              capacity, start, seen, offsets, scale, att, threads);
+        for (int p = 0, at = 0; p < parts; at += part[p].rows, p++) {
+            const Part *s = part + p;
+            failed |= attend_rows(qkv + (size_t)at * width, s->rows, H, Hkv, D, cos + (size_t)at * D,
+                                  sin + (size_t)at * D, s->k + l * s->layer_stride, s->v + l * s->layer_stride,
+                                  s->capacity, s->start, s->seen, s->offsets, scale, att + (size_t)at * q_size,
+                                  threads);
+        }
         failed |= linear(&w->wo, att, n, q_size, hidden, o, threads);
         add_into(x, o, (size_t)n * hidden);
         rms_norm(x, n, hidden, w->ffn_norm, eps, h);

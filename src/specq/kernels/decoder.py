@@ -39,7 +39,7 @@ def _library() -> ctypes.CDLL:
     lib.silu_mul.restype = None
     lib.attend_rows.argtypes = [p, i, i, i, i, p, p, p, p, i, i, p, p, f, p, i]
     lib.attend_rows.restype = ctypes.c_int
-    lib.decoder_layers.argtypes = [i, p, p, i, i, i, i, i, i, f, f, p, p, p, p, ctypes.c_long, i, i, p, p, i]
+    lib.decoder_layers.argtypes = [i, p, p, i, i, i, i, i, i, f, f, p, p, i, p, i]
     lib.decoder_layers.restype = ctypes.c_int
     return lib
 
@@ -108,6 +108,12 @@ class _QuantWeight(ctypes.Structure):
                 ("m", ctypes.c_void_p)]
 
 
+class _Part(ctypes.Structure):
+    _fields_ = [("rows", ctypes.c_int), ("start", ctypes.c_int), ("capacity", ctypes.c_int),
+                ("layer_stride", ctypes.c_long), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                ("seen", ctypes.c_void_p), ("offsets", ctypes.c_void_p)]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("attention_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)] + [
         (name, _QuantWeight) for name in LINEARS]
@@ -127,7 +133,7 @@ class LayerWeights(NamedTuple):
 
 class Stack:
     """Every decoder layer of a model whose linear layers all run on int8dot or f32dot, in one C call
-    per cached pass (`decoder_layers`). Why: with the layers' work in C, what is left of a decode step
+    per cached pass (`decoder_layers`), of one sequence or several stacked (the server's batches). Why: with the layers' work in C, what is left of a decode step
     in eager PyTorch is Python calling a dozen modules per layer; this removes it. The call makes
     the same kernel calls in the same order as the modules do, so the result is bit-identical to
     theirs (tests/test_decoder_kernels.py): a pass may take either way. The weights' addresses are
@@ -149,19 +155,26 @@ class Stack:
         return Stack(copy.deepcopy(self.layers, memo), self.heads, self.kv_heads, self.head_dim, self.intermediate,
                      self.eps)
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
-                 seen: list[Tensor] | None) -> Tensor:
-        """x [1, n, hidden] (float32, contiguous, updated in place) through every layer, its rows
-        written at `start` of the caches [layers, 1, kv_heads, capacity, head_dim]; `seen` as in
-        `attend_rows`."""
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, segments: list) -> Tensor:
+        """x [1, n, hidden] (float32, contiguous, updated in place) through every layer. `segments`:
+        each sequence's `llama.Segment` (its cache, its consecutive rows of x, the keys each row
+        sees), in order; their rows are written at the end of their caches, and each attends to its
+        own cache only (see `attend_rows`)."""
         n, hidden = x.shape[1], x.shape[2]
         cos, sin = cos.contiguous(), sin.contiguous()  # held here while C reads them
-        slots, offsets = _seen_arrays(seen)
-        capacity = k_cache.shape[3]
+        parts = (_Part * len(segments))()
+        held = []  # the seen-slot arrays, alive while C reads them
+        for part, s in zip(parts, segments):
+            slots, offsets = _seen_arrays(s.seen.rows)
+            held += [slots, offsets]
+            k, v = s.cache.k, s.cache.v
+            part.rows, part.start, part.capacity = s.rows.stop - s.rows.start, s.cache.length, k.shape[3]
+            part.layer_stride, part.k, part.v = k[0].numel(), k.data_ptr(), v.data_ptr()
+            part.seen = None if slots is None else slots.data_ptr()
+            part.offsets = None if offsets is None else offsets.data_ptr()
         if _library().decoder_layers(
                 len(self.layers), ctypes.addressof(self._table), x.data_ptr(), n, hidden, self.heads, self.kv_heads,
                 self.head_dim, self.intermediate, self.eps, self.head_dim ** -0.5, cos.data_ptr(), sin.data_ptr(),
-                k_cache.data_ptr(), v_cache.data_ptr(), k_cache[0].numel(), capacity, start, None if slots is None else slots.data_ptr(), None if offsets is None else offsets.data_ptr(),
-                torch.get_num_threads()):
+                len(segments), ctypes.addressof(parts), torch.get_num_threads()):
             raise MemoryError("decoder kernel: out of memory for a pass's activations")
         return x
