@@ -106,9 +106,10 @@ def test_a_kernel_that_rounds_by_its_neighbours_caps_the_stack():
     assert calls[-3:] == [6, 6, 3]  # stacks of at most 8 rows
 
 
-def run_together(target, requests: list[dict], join_every: int = 2) -> list[Sequence]:
+def run_together(target, requests: list[dict], join_every: int = 2, speculate=lambda step: True) -> list[Sequence]:
     """Step the requests' sequences together as the server does: one joins every `join_every`
-    steps (prefilled on its own), the finished leave."""
+    steps (prefilled on its own), the finished leave; `speculate(step)`: whether step number
+    `step` may draft."""
     sequences = [api.start(target, **r) for r in requests]
     waiting, running, steps = list(sequences), [], 0
     while waiting or running:
@@ -117,7 +118,7 @@ def run_together(target, requests: list[dict], join_every: int = 2) -> list[Sequ
             running.append(waiting.pop(0))
         running = [s for s in running if not s.done]
         if running:
-            step(running)
+            step(running, speculate=speculate(steps))
             steps += 1
     return sequences
 
@@ -146,6 +147,33 @@ def test_batched_greedy_decoding_equals_generate(spec):
         assert got.text == alone.text and got.finish_reason == alone.finish_reason
         rejected += got.stats.drafted - got.stats.accepted
     assert rejected > 0 and sum(s.stats.accepted for s in together) > 0  # both outcomes ran
+
+
+def test_plain_steps_in_a_batch_keep_every_output():
+    """A server under load may make a whole step plain (`step(..., speculate=False)`): nothing is
+    drafted in it, gamma auto does not learn from it, and every greedy request still gets exactly
+    `specq.generate`'s tokens."""
+    base = tiny_model(scale=3.0, hidden=64)
+    target = at(base, "fp32", fast=True)
+    draft = at(perturbed(base, 0.5), "fp32", fast=True)
+    requests = [dict(prompt=[7, 7, 7, 7, 8], draft=draft, gamma=3, max_new_tokens=25, draft_confidence=0.0),
+                dict(prompt=[4, 9], draft=draft, gamma="auto", max_new_tokens=40),
+                dict(prompt=[3, 1, 4, 1, 5], draft=draft, tree=TreeShape(8, 3, 2), max_new_tokens=30),
+                dict(prompt=[2, 7, 1], draft=draft, gamma=2, max_new_tokens=30)]
+    drafted = {}
+    for name, rule in (("always", lambda n: True), ("every third", lambda n: n % 3 == 0)):
+        together = run_together(target, requests, speculate=rule)
+        for request, sequence in zip(requests, together):
+            assert api.finish(sequence, draft).token_ids == generate(target, **request).token_ids, (name, request)
+        drafted[name] = [s.stats.drafted for s in together]
+    fixed = [0, 2, 3]  # gamma auto drafts rarely here either way
+    assert all(drafted["every third"][i] < drafted["always"][i] / 2 for i in fixed)
+    auto = api.start(target, [4, 9], draft, gamma="auto", max_new_tokens=8)
+    auto.prefill()
+    step([auto], speculate=False)
+    assert auto.stats.drafted == 0 and auto.stats.steps == 1 and not auto.chooser.recent_caps
+    step([auto])
+    assert auto.stats.drafted > 0 and list(auto.chooser.recent_caps) == [auto.cap]
 
 
 def test_batched_sampling_follows_each_requests_seed():

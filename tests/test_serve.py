@@ -110,10 +110,10 @@ def slow_steps(monkeypatch):
     records how many requests each step advanced."""
     real, delay = engine_module.step, [0.05]
 
-    def slow(sequences):
+    def slow(sequences, **options):
         time.sleep(delay[0])
         delay.append(len(sequences))
-        return real(sequences)
+        return real(sequences, **options)
 
     monkeypatch.setattr(engine_module, "step", slow)
     return delay

@@ -46,13 +46,15 @@ def run(sequence: Sequence) -> tuple[list[int], str, DecodeStats]:
 
 
 @torch.inference_mode()
-def step(sequences: list[Sequence]) -> None:
+def step(sequences: list[Sequence], speculate: bool = True) -> None:
     """One verify pass for each sequence (all prefilled, none done, one target): each drafts, one
-    target forward verifies every proposal (rows stacked: `Llama.forward_many`), each accepts."""
+    target forward verifies every proposal (rows stacked: `Llama.forward_many`), each accepts.
+    `speculate=False`: every sequence takes a plain step this time (a server under load, where
+    draft rows cost more than they save); lossless either way."""
     net = sequences[0].target.net
     if any(s.target.net is not net for s in sequences):
         raise ValueError("sequences stepped together must share their target")
-    rows = [s.propose() for s in sequences]
+    rows = [s.propose(speculate) for s in sequences]
     started = time.perf_counter()
     outputs = net.forward_many(rows, return_hidden=any(s.wants_features for s in sequences))
     verify_s = time.perf_counter() - started
@@ -90,6 +92,7 @@ class Sequence:
         self.sent = 0  # tokens passed to on_tokens
         self.proposal: Proposal = EMPTY  # this step's
         self.cap = 0  # this step's cap on the proposal (gamma auto)
+        self.chosen = False  # whether gamma auto chose this step's cap
         self.draft_s = 0.0  # this step's drafting time
 
     @property
@@ -114,10 +117,13 @@ class Sequence:
         self.decode_started = time.perf_counter()
         self._emit(1)
 
-    def propose(self) -> Rows:
-        """Draft (never past the token budget) and return the rows the target verifies: the last
-        token (the root) and every draft node, a tree's with its positions and mask."""
-        self.cap = min(self.chooser.next() if self.chooser else self.gamma, self.max_new_tokens - len(self.generated) - 1)
+    def propose(self, speculate: bool = True) -> Rows:
+        """Draft (never past the token budget; nothing when not `speculate`) and return the rows the
+        target verifies: the last token (the root) and every draft node, a tree's with its
+        positions and mask."""
+        self.chosen = speculate and self.chooser is not None  # gamma auto learns from its own choices only
+        cap = (self.chooser.next() if self.chosen else self.gamma) if speculate else 0
+        self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)
         started = time.perf_counter()
         self.proposal = self.drafter.propose(self.seq, self.cap, self.sampling, self.generator) if self.cap > 0 \
             else EMPTY
@@ -141,7 +147,7 @@ class Sequence:
         self.stats.draft_s += self.draft_s
         self.stats.verify_s += verify_s
         self.stats.record_step(len(tokens), len(path), int(depths(parents).max()) if len(tokens) else 0)
-        if self.chooser:
+        if self.chosen:
             self.chooser.observe(self.cap, len(tokens), len(path), self.draft_s, verify_s)
 
         rows = torch.tensor([0] + [node + 1 for node in path])
