@@ -13,7 +13,7 @@ from that file.
 
     python benchmarks/bench_serve.py [--max-batch 1 4 16] [--precisions fp32 int4-g64-rtn-head8]
                                      [--clients 1 4 16] [--requests 16] [--max-tokens 32] [--repeats 2]
-                                     [--threads 2] [--out docs/results/serve-batch.jsonl]
+                                     [--threads 2] [--spec-max-batch N] [--out docs/results/serve-batch.jsonl]
     python benchmarks/bench_serve.py --table docs/results/serve-batch.jsonl
 """
 
@@ -37,9 +37,12 @@ MODES = {"speculative": {}, "plain": {"speculative": False}}
 TARGET = "smollm2-135m"
 
 
-def start_server(precisions: list[str], threads: int, queue: int, max_batch: int) -> tuple[subprocess.Popen, str]:
+def start_server(precisions: list[str], threads: int, queue: int, max_batch: int,
+                 spec_max_batch: int | None = None) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "specq.cli", "serve", "--precisions", ",".join(precisions), "--port", "0",
            "--threads", str(threads), "--queue", str(queue), "--max-batch", str(max_batch)]
+    if spec_max_batch is not None:
+        cmd += ["--spec-max-batch", str(spec_max_batch)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     url = None
     for line in proc.stderr:
@@ -186,6 +189,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="times the whole sweep runs")
     ap.add_argument("--threads", type=int, default=2, help="each server's torch threads")
+    ap.add_argument("--spec-max-batch", type=int, default=None, help="every server's --spec-max-batch")
     ap.add_argument("--out", type=Path, default=Path("docs/results/serve-batch.jsonl"))
     ap.add_argument("--table", type=Path, default=None, help="print the tables of a results file and exit")
     args = ap.parse_args()
@@ -198,14 +202,15 @@ def main() -> None:
     servers = {}
     try:
         for batch in args.max_batch:
-            proc, url = start_server(args.precisions, args.threads, max(args.clients) * 2, batch)
+            proc, url = start_server(args.precisions, args.threads, max(args.clients) * 2, batch, args.spec_max_batch)
             servers[batch] = (url, proc)
         for url, _ in servers.values():  # untimed warm-up of every (model, mode)
             for precision in args.precisions:
                 for mode in MODES:
                     run_round(url, {"mode": mode}, f"{TARGET}@{precision}", prompts, 2, 2, 8)
         rows = [{"kind": "run", "command": "python " + shlex.join(sys.argv), "threads": args.threads,
-                 "precisions": args.precisions, "max_batch": args.max_batch, "max_tokens": args.max_tokens,
+                 "precisions": args.precisions, "max_batch": args.max_batch, "spec_max_batch": args.spec_max_batch,
+                 "max_tokens": args.max_tokens,
                  "requests": args.requests, "repeats": args.repeats,
                  "machine": platform.processor() or platform.machine(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}]
         before = {batch: spec_counters(url) for batch, (url, _) in servers.items()}

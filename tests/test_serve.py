@@ -113,9 +113,13 @@ def slow_steps(monkeypatch):
     def slow(sequences, **options):
         time.sleep(delay[0])
         delay.append(len(sequences))
+        speculated.append((len(sequences), options.get("speculate", True)))
         return real(sequences, **options)
 
+    speculated = slow.speculated = []
+
     monkeypatch.setattr(engine_module, "step", slow)
+    monkeypatch.setattr(engine_module, "speculated", speculated, raising=False)  # (requests, speculate) per step
     return delay
 
 
@@ -297,7 +301,7 @@ def test_a_full_queue_answers_429(server, dirs, monkeypatch):
     port, app = server
     engine = app.state.engines[name(dirs)]
     gate, real = threading.Event(), engine_module.step
-    monkeypatch.setattr(engine_module, "step", lambda sequences: gate.wait(30) and real(sequences))
+    monkeypatch.setattr(engine_module, "step", lambda sequences, **options: gate.wait(30) and real(sequences, **options))
     request = dict(model=name(dirs), prompt=PROMPT, max_tokens=3, temperature=0)
     with ThreadPoolExecutor(MAX_BATCH + 2) as pool:
         accepted = []
@@ -341,6 +345,28 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, di
         got = list(pool.map(ask, jobs))
     assert got == want
     assert max(slow_steps[1:]) == MAX_BATCH  # steps advanced several requests at once, never more than the cap
+
+
+def test_spec_max_batch_makes_larger_steps_plain(server, dirs, models, slow_steps):
+    """`--spec-max-batch 1`: a step of two or more requests decodes plainly, a lone request still
+    speculates, and every greedy request gets `specq.generate`'s output."""
+    port, app = server
+    engine = app.state.engines[name(dirs)]
+    target, draft = models["fp32"], models["draft"]
+    jobs = [("t1 t2 t3", 14), ("t9 t4", 20), ("t5 t5 t5 t6 t7", 26)]
+    want = [specq.generate(target, prompt, draft, max_new_tokens=n).text for prompt, n in jobs]
+    slow_steps[0] = 0.02
+    engine.spec_max_batch = 1
+    try:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            got = list(pool.map(lambda job: client(port).completions.create(
+                model=name(dirs), prompt=job[0], max_tokens=job[1], temperature=0).choices[0].text, jobs))
+    finally:
+        engine.spec_max_batch = None
+    assert got == want
+    steps = engine_module.speculated
+    assert {n > 1 for n, _ in steps} == {True, False}  # both kinds of step happened
+    assert all(speculate == (n == 1) for n, speculate in steps)
 
 
 def test_metrics_count_drafted_and_accepted_tokens(server, dirs):

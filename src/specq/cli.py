@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch", type=arg_int(1, 256), default=16,
                    help="requests per served model decoded together, one target pass per step for all "
                         "(default 16; 1: one at a time)")
+    s.add_argument("--spec-max-batch", type=arg_int(0, 256), default=None,
+                   help="speculate only in steps of at most this many requests; a larger step decodes "
+                        "plainly, lossless either way (default: always speculate; docs/serve.md)")
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
                    help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
@@ -210,7 +213,8 @@ def cmd_serve(args) -> int:
     if args.api_key is not None and (not args.api_key.strip() or any(c.isspace() for c in args.api_key)):
         raise SpecqError("--api-key must be a non-empty string without spaces")
     config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft, api_key=args.api_key,
-                         queue=args.queue, timeout_s=args.timeout, max_batch=args.max_batch)
+                         queue=args.queue, timeout_s=args.timeout, max_batch=args.max_batch,
+                         spec_max_batch=args.spec_max_batch)
     sock = bind(args.host, args.port)  # before the models load
     run(build_app(config), sock)
     return 0

@@ -84,10 +84,11 @@ class Running:
 
 class Engine:
     def __init__(self, name: str, pool: ModelPool, precision: str, metrics: Metrics, queue_size: int,
-                 timeout_s: float, max_batch: int):
+                 timeout_s: float, max_batch: int, spec_max_batch: int | None = None):
         self.name, self.pool, self.precision = name, pool, precision
         self.target, self.draft, self.note = pool.models(precision)
         self.metrics, self.timeout_s, self.max_batch = metrics, timeout_s, max_batch
+        self.spec_max_batch = spec_max_batch  # larger steps decode plainly; None: always speculate
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.thread = threading.Thread(target=self._work, name=f"specq-serve {name}", daemon=True)
         self.running: list[Running] = []
@@ -194,7 +195,8 @@ class Engine:
         if not running:
             return
         try:
-            step([r.sequence for r in running])
+            step([r.sequence for r in running],
+                 speculate=self.spec_max_batch is None or len(running) <= self.spec_max_batch)
         except Exception as e:  # a bug: these requests fail, the server stays up
             error = _error(e)
             for r in running:

@@ -31,6 +31,8 @@ class ServeConfig:
     queue: int = 16  # requests waiting per served model, beyond the running ones
     timeout_s: float = 600.0  # arrival to last token
     max_batch: int = 16  # requests decoded together per served model (1: one at a time); docs/serve.md
+    # speculate only in steps of at most this many requests; larger steps decode plainly (None: always)
+    spec_max_batch: int | None = None
 
     def __post_init__(self):
         specs = [canonical(p) for p in self.precisions]
@@ -39,6 +41,8 @@ class ServeConfig:
         if len(set(specs)) != len(specs):
             raise SpecqError(f"a precision is listed twice: {', '.join(self.precisions)}")
         checks.integer("max_batch", self.max_batch, 1)
+        if self.spec_max_batch is not None:
+            checks.integer("spec_max_batch", self.spec_max_batch, 0)
         object.__setattr__(self, "precisions", tuple(specs))
 
 
@@ -49,7 +53,8 @@ def build_app(config: ServeConfig) -> FastAPI:
     engines = {}
     for spec in config.precisions:
         name = f"{pool.target}@{spec}"
-        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s, config.max_batch)
+        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s, config.max_batch,
+                               config.spec_max_batch)
     drafts = known_drafts(pool.target) | {e.draft.ref for e in engines.values() if e.draft is not None}
     return create_app(engines, metrics, pool.target, drafts, config.api_key)
 
