@@ -111,3 +111,28 @@ def test_generate_with_a_tree_is_the_target_own_output(tiny_dirs, capsys):
         outputs.append(json.loads(out))
     assert outputs[1]["token_ids"] == outputs[0]["token_ids"] == outputs[2]["token_ids"]
     assert outputs[1]["stats"]["drafted"] > outputs[1]["stats"]["steps"]  # more than one node per pass
+
+
+def test_the_vocabulary_check_reads_each_tokenizer_once(monkeypatch):
+    """A draft/target vocabulary check reads each tokenizer's map once (the server checks before
+    every speculative request); a token added later, or a foreign tokenizer, still fails it."""
+    from specq import check_compatible
+    from specq.errors import SpecqError
+
+    from conftest import tiny_model, tiny_tokenizer
+
+    target, draft = tiny_model(vocab=32), tiny_model(vocab=32, seed=1)
+    draft.tokenizer = tiny_tokenizer(32)
+    reads = []
+    for model in (target, draft):
+        real = model.tokenizer.get_vocab
+        monkeypatch.setattr(model.tokenizer, "get_vocab", lambda real=real: reads.append(1) or real())
+    for _ in range(3):
+        check_compatible(draft, target)
+    assert len(reads) == 2
+    draft.tokenizer.add_tokens(["u1"])
+    with pytest.raises(SpecqError, match="1 tokens only in the draft"):
+        check_compatible(draft, target)
+    draft.tokenizer = tiny_tokenizer(32, prefix="u")
+    with pytest.raises(SpecqError, match="different vocabularies"):
+        check_compatible(draft, target)
