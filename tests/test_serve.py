@@ -356,13 +356,13 @@ def test_spec_max_batch_makes_larger_steps_plain(server, dirs, models, slow_step
     jobs = [("t1 t2 t3", 14), ("t9 t4", 20), ("t5 t5 t5 t6 t7", 26)]
     want = [specq.generate(target, prompt, draft, max_new_tokens=n).text for prompt, n in jobs]
     slow_steps[0] = 0.02
-    engine.spec_max_batch = 1
+    default, engine.spec_max_batch = engine.spec_max_batch, 1
     try:
         with ThreadPoolExecutor(len(jobs)) as pool:
             got = list(pool.map(lambda job: client(port).completions.create(
                 model=name(dirs), prompt=job[0], max_tokens=job[1], temperature=0).choices[0].text, jobs))
     finally:
-        engine.spec_max_batch = None
+        engine.spec_max_batch = default
     assert got == want
     steps = engine_module.speculated
     assert {n > 1 for n, _ in steps} == {True, False}  # both kinds of step happened

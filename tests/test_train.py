@@ -120,6 +120,7 @@ def test_unfinished_run_needs_resume(files, capsys):
     (["--loss", "l2"], "loss"),
     (["--texts", "--prompts"], "no training data"),
     (["--temperatures", "-1"], "temperatures"),
+    (["--head-vocab", "64"], "for feature drafts"),  # FAST's --arch is a sequence draft's
 ])
 def test_bad_distill_input_is_one_line(files, capsys, bad, message):
     args = ["distill", "--target", str(files / "target"), "--out", str(files / "d")] + FAST + bad

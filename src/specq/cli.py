@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 16; 1: one at a time)")
     s.add_argument("--spec-max-batch", type=arg_int(0, 256), default=None,
                    help="speculate only in steps of at most this many requests; a larger step decodes "
-                        "plainly, lossless either way (default: always speculate; docs/serve.md)")
+                        "plainly, lossless either way (default 2, from the measurements in docs/serve.md; "
+                        "256: always speculate, 0: never)")
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
                    help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
@@ -212,9 +213,9 @@ def cmd_serve(args) -> int:
         raise SpecqError("give the target without @spec; list precisions with --precisions")
     if args.api_key is not None and (not args.api_key.strip() or any(c.isspace() for c in args.api_key)):
         raise SpecqError("--api-key must be a non-empty string without spaces")
+    given = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
     config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft, api_key=args.api_key,
-                         queue=args.queue, timeout_s=args.timeout, max_batch=args.max_batch,
-                         spec_max_batch=args.spec_max_batch)
+                         queue=args.queue, timeout_s=args.timeout, max_batch=args.max_batch, **given)
     sock = bind(args.host, args.port)  # before the models load
     run(build_app(config), sock)
     return 0
@@ -400,6 +401,8 @@ def cmd_distill(args) -> int:
         raise SpecqError("no training data: give --texts and/or --prompts")
     if args.base is None and feature_layers(args.arch) is None:  # validate before loading anything
         architecture(args.arch, 1)
+        if args.head_vocab is not None:
+            raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a feature draft)")
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
     check_run(out, work, args.force, args.resume)

@@ -22,6 +22,11 @@ from .engine import Engine
 from .metrics import Metrics
 
 
+# On this project's 2-core CPU a batch of two fp32 requests still gained from speculating, while at
+# four and more requests plain steps gave more tokens/s on both measured targets (docs/serve.md).
+SPEC_MAX_BATCH = 2
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     target: str = "smollm2-135m"
@@ -31,8 +36,9 @@ class ServeConfig:
     queue: int = 16  # requests waiting per served model, beyond the running ones
     timeout_s: float = 600.0  # arrival to last token
     max_batch: int = 16  # requests decoded together per served model (1: one at a time); docs/serve.md
-    # speculate only in steps of at most this many requests; larger steps decode plainly (None: always)
-    spec_max_batch: int | None = None
+    # speculate only in steps of at most this many requests, larger steps decode plainly (None: always);
+    # the default follows docs/serve.md, "Speculation under load"
+    spec_max_batch: int | None = SPEC_MAX_BATCH
 
     def __post_init__(self):
         specs = [canonical(p) for p in self.precisions]
