@@ -122,7 +122,7 @@ class Sequence:
         target verifies: the last token (the root) and every draft node, a tree's with its
         positions and mask."""
         self.chosen = speculate and self.chooser is not None  # gamma auto learns from its own choices only
-        cap = (self.chooser.next() if self.chosen else self.gamma) if speculate else 0
+        cap = self.chooser.next() if self.chosen else (self.gamma if speculate else 0)
         self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)
         started = time.perf_counter()
         self.proposal = self.drafter.propose(self.seq, self.cap, self.sampling, self.generator) if self.cap > 0 \

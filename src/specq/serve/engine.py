@@ -84,7 +84,7 @@ class Running:
 
 class Engine:
     def __init__(self, name: str, pool: ModelPool, precision: str, metrics: Metrics, queue_size: int,
-                 timeout_s: float, max_batch: int, spec_max_batch: int | None = None):
+                 timeout_s: float, max_batch: int, spec_max_batch: int | None):
         self.name, self.pool, self.precision = name, pool, precision
         self.target, self.draft, self.note = pool.models(precision)
         self.metrics, self.timeout_s, self.max_batch = metrics, timeout_s, max_batch
