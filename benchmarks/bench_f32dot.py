@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specq import fastpath
+from specq.backends import fastpath
 from specq.kernels import f32dot
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]  # (out, in): wqkv, wo, w13, w2, head

@@ -13,8 +13,8 @@ Speedups are per prompt, then averaged. Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import copy
+import dataclasses
 import json
 import platform
 import statistics
@@ -24,7 +24,7 @@ import time
 import torch
 
 import specq
-from specq.models import BUILTINS, default_draft_ref
+from specq.loading.models import BUILTINS, default_draft_ref
 
 PROMPTS = [
     "Explain in three sentences why the sky is blue.",

@@ -46,9 +46,10 @@ import numpy as np
 import torch
 
 import specq
-from specq import gguf_io, models
+from specq import paths
 from specq.api import encode_prompt
 from specq.bench.prompts import load_set
+from specq.loading import gguf_io, models
 
 CONTEXT = 128
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,7 +73,7 @@ def q4_1_file() -> Path:
 def f32_file(src: Path) -> Path:
     """The same weights as an F32 GGUF file, written once into the cache: llama.cpp's side of the
     fp32 comparison (specq's fp32 model is converted from `src` by the same dequantization)."""
-    dst = models.cache_dir() / "llamacpp" / f"{src.name.removesuffix('.gguf').rsplit('.', 1)[0]}.F32.gguf"
+    dst = paths.cache_dir() / "llamacpp" / f"{src.name.removesuffix('.gguf').rsplit('.', 1)[0]}.F32.gguf"
     if not dst.is_file():
         print(f"writing {dst} (the Q4_1 file's tensors dequantized to F32, once)", flush=True)
         gguf_io.write_float32(src, dst)

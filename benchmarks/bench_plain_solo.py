@@ -13,7 +13,7 @@ import torch
 from bench_generate import PROMPTS, _specq, hf_generate
 
 import specq
-from specq.models import BUILTINS
+from specq.loading.models import BUILTINS
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ import time
 import torch
 
 import specq
-from specq.divergence import held_out_chunks, token_divergences
-from specq.quant import weight_bytes
-from specq.stats import bootstrap_ci
+from specq.core.stats import bootstrap_ci
+from specq.training.divergence import held_out_chunks, token_divergences
+from specq.weights.quant import weight_bytes
 
 DEFAULT_SPECS = ["fp32", "bf16", "int8", "int4-g64-rtn", "int4-g64-gptq", "int4-g64-awq", "int4-g32-rtn",
                  "int3-g64-rtn", "int3-g64-gptq", "int3-g64-awq", "int2-g32-rtn", "int2-g32-gptq", "int2-g32-awq"]
@@ -115,7 +115,7 @@ def main() -> None:
 
 
 def kernel_of(net) -> str:
-    from specq.quant import quantized_layers
+    from specq.weights.quant import quantized_layers
 
     layers = quantized_layers(net)
     if not layers:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import specq
-from specq.acceptance import depths, verify_layout
+from specq.core.acceptance import depths, verify_layout
 
 CONTEXT = 128
 BRANCHING = 4

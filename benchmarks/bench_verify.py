@@ -1,5 +1,5 @@
 """What a verify pass costs: one forward of n tokens (n = gamma + 1) at 128 tokens of context, for
-each target precision, on the eager path and on the fast path (`specq.fastpath`), interleaved
+each target precision, on the eager path and on the fast path (`specq.backends.fastpath`), interleaved
 call by call so both see the same machine. Speculative decoding pays off only if the n-token
 pass costs little more than a 1-token step.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import specq
-from specq import fastpath
+from specq.backends import fastpath
 
 CONTEXT = 128
 

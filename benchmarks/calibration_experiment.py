@@ -27,10 +27,10 @@ import torch
 
 import specq
 from specq import atomic
-from specq.calibrate import CalibrationSettings, acceptance, calibrate
+from specq.core.stats import bootstrap_ci
 from specq.data import chat_prompts
-from specq.divergence import compare, held_out_chunks
-from specq.stats import bootstrap_ci
+from specq.training.calibrate import CalibrationSettings, acceptance, calibrate
+from specq.training.divergence import compare, held_out_chunks
 
 SPECS = ["fp32", "int8", "int8-gptq", "int4-g64-gptq", "int4-g64-rtn", "int3-g64-gptq", "int3-g64-rtn",
          "int2-g32-gptq", "int2-g32-rtn"]

@@ -14,9 +14,9 @@ import json
 import torch
 
 import specq
-from specq.calibrate import has_chat
+from specq.core.stats import bootstrap_ci
 from specq.data import chat_prompts
-from specq.stats import bootstrap_ci
+from specq.training.calibrate import has_chat
 
 
 def main() -> None:

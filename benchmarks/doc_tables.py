@@ -32,11 +32,11 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from sweep_tables import draft_label, pivot
+
 from specq.bench import store
 from specq.bench.aggregate import summarize
-from specq.gamma import sort_key as gamma_order
-
-from sweep_tables import draft_label, pivot
+from specq.core.gamma import sort_key as gamma_order
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from specq.distill import TeacherSet
-from specq.feature_draft import load
+from specq.model.feature_draft import load
+from specq.training.distill import TeacherSet
 
 
 def main() -> None:

@@ -32,8 +32,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import specq  # noqa: E402
-from specq.cli import main  # noqa: E402
-from specq.errors import SpecqError  # noqa: E402
+from specq.cli import main
+from specq.errors import SpecqError
 
 HUGE = str(10 ** 30)
 TIMEOUT_S = 120
@@ -122,10 +122,11 @@ def verdict(case: Case, code, err: str, before: dict, scratch: Path) -> str | No
 
 def make_models(root: Path) -> None:
     """Tiny models on disk: target, draft, foreign vocabulary, small embedding, feature draft."""
+    from specq.loading.models import save_native
+    from specq.model import feature_draft
+    from specq.model.feature_draft import new_feature_draft
+
     from conftest import perturbed, tiny_model, tiny_tokenizer
-    from specq import feature_draft
-    from specq.feature_draft import new_feature_draft
-    from specq.models import save_native
 
     target = tiny_model(scale=3.0)
     save_native(target, root / "target")

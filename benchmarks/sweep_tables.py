@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specq.bench import store
 from specq.bench.aggregate import summarize
-from specq.gamma import sort_key as gamma_order
+from specq.core.gamma import sort_key as gamma_order
 
 
 def draft_label(row: dict) -> str:

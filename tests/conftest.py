@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
+from scipy.stats import chisquare
 
-from specq.llama import Llama, LlamaConfig
-from specq.models import Model
+from specq.backends import fastpath
+from specq.core.sampling import SamplingConfig, probabilities
+from specq.loading.models import Model
+from specq.loading.precision import parse, quantize_net
+from specq.model.feature_draft import new_feature_draft
+from specq.model.llama import Llama, LlamaConfig
+from specq.weights.quant import quantize_model
+
+PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 8, 9, 10, 11]]
+VOCAB = 32
 
 
 def tiny_tokenizer(vocab_size: int, prefix: str = "t"):
@@ -58,3 +68,66 @@ def real_target():
     import specq
 
     return specq.load("smollm2-135m")
+
+
+def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: SamplingConfig) -> dict:
+    """P(t1..tn) under the target's processed distribution, by enumeration."""
+    v = target.vocab_size
+    probs = {}
+    for seq in itertools.product(range(v), repeat=n):
+        with torch.no_grad():
+            logits = target.net(torch.tensor(prompt + list(seq)), None)[len(prompt) - 1:]
+        p = probabilities(logits, cfg)
+        probs[seq] = float(torch.prod(torch.stack([p[i, t] for i, t in enumerate(seq)])))
+    return probs
+
+
+def chi_square_p(counts: dict, exact: dict, runs: int) -> float:
+    """p-value of sampled sequence counts against the exact distribution (cells expected below 5
+    pooled); asserts first that no sequence the target cannot produce was sampled."""
+    cells = [(counts[k], exact[k] * runs) for k in exact]
+    assert sum(c for c, e in cells if e == 0) == 0  # never a token the target cannot produce
+    big = [(c, e) for c, e in cells if e >= 5]
+    small = [(c, e) for c, e in cells if 0 < e < 5]
+    observed = [c for c, _ in big] + ([sum(c for c, _ in small)] if small else [])
+    expected = [e for _, e in big] + ([sum(e for _, e in small)] if small else [])
+    scale = sum(observed) / sum(expected)
+    return chisquare(observed, [e * scale for e in expected]).pvalue
+
+
+def _feature_model(target: Model, vocab_ids=None, seed: int = 0) -> Model:
+    ids = torch.arange(VOCAB) if vocab_ids is None else torch.tensor(vocab_ids)
+    net = new_feature_draft(target.net, ids, seed=seed).eval()
+    return Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids, source="random")
+
+
+def at(model: Model, spec: str, fast: bool) -> Model:
+    net = copy.deepcopy(model.net)
+    quantize_model(net, spec, progress=False)
+    if fast:
+        fastpath.apply(net)
+    return Model(ref=f"{model.ref}@{spec}", net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
+                 source=model.source, precision=spec)
+
+
+def verify_vs_steps(net, prompt: torch.Tensor, rows: torch.Tensor) -> float:
+    """Largest |logit| difference between one pass over `rows` and the same rows fed one at a time."""
+    with torch.inference_mode():
+        cache = net.new_cache(64)
+        net(prompt, cache)
+        together = net(rows, cache)
+        cache.crop(len(prompt))
+        apart = torch.cat([net(rows[i:i + 1], cache) for i in range(len(rows))])
+    return (together - apart).abs().max().item()
+
+
+def _self_draft(target: Model, spec: str = "int8") -> Model:
+    net = quantize_net(copy.deepcopy(target.net), target.tokenizer, parse(spec), progress=False)
+    return Model(ref=f"self@{spec}", net=net.eval(), tokenizer=target.tokenizer, eos_ids=target.eos_ids,
+                 source="quantized copy", precision=spec)
+
+
+def _config():
+    from specq.core.sampling import SamplingConfig
+
+    return SamplingConfig(temperature=1.0)

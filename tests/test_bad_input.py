@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import specq
-from specq import feature_draft
 from specq.checks import MARKER
 from specq.cli import main
 from specq.errors import SpecqError
-from specq.feature_draft import new_feature_draft
-from specq.models import save_native
+from specq.loading.models import save_native
+from specq.model import feature_draft
+from specq.model.feature_draft import new_feature_draft
 
 from conftest import tiny_model, tiny_tokenizer
 
@@ -234,7 +234,7 @@ def test_api_models_must_be_models(models):
 
 
 def test_calibrate_registers_in_the_user_registry(files, tmp_path, monkeypatch):
-    from specq import registry
+    from specq.loading import registry
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "elsewhere" / "cal"

@@ -1,10 +1,10 @@
 """specq: lossless speculative decoding with quantized models."""
 
 from .api import Generation, generate
+from .core.sampling import SamplingConfig
 from .errors import SpecqError
-from .models import Model, check_compatible, load
-from .pool import ModelPool
-from .sampling import SamplingConfig
+from .loading.models import Model, check_compatible, load
+from .loading.pool import ModelPool
 
 __version__ = "0.1.0"
 __all__ = ["Generation", "Model", "ModelPool", "SamplingConfig", "SpecqError", "check_compatible", "generate", "load"]

@@ -14,17 +14,17 @@ from dataclasses import dataclass
 import torch
 
 from . import checks
-from .decode import Sequence, run
+from .core.decode import Sequence, run
+from .core.gamma import MAX_GAMMA
+from .core.gamma import parse as parse_gamma
+from .core.sampling import SamplingConfig
+from .core.stats import DecodeStats
+from .core.stopping import trim_at_stop
 from .drafters import TreeShape, for_levels
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
-from .gamma import MAX_GAMMA
-from .gamma import parse as parse_gamma
-from .models import Model, check_compatible, check_target
-from .sampling import SamplingConfig
-from .stats import DecodeStats
-from .stopping import trim_at_stop
+from .loading.models import Model, check_compatible, check_target
 
 
 @dataclass

@@ -14,11 +14,11 @@ import sys
 from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, read_text
+from .core.gamma import AUTO, MAX_GAMMA
 from .drafters.base import DEFAULT_GAMMA
-from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
+from .drafters.tree import DEFAULT_TREE, TreeShape
 from .errors import SpecqError
-from .gamma import AUTO, MAX_GAMMA
 
 
 class _Parser(argparse.ArgumentParser):
@@ -231,7 +231,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api
-    from .models import load, resolve_draft_ref, select_draft
+    from .loading.models import load, resolve_draft_ref, select_draft
     from .report import print_generation
 
     if args.threads:
@@ -281,9 +281,10 @@ def _decode_gamma(args) -> int | str:
 
 
 def _compile(models, args) -> None:
-    from .feature_draft import FeatureDraft
-    from .llama import Llama
-    from .models import cache_dir
+    from .backends import compiled
+    from .model.feature_draft import FeatureDraft
+    from .model.llama import Llama
+    from .paths import cache_dir
 
     # inductor's graph and autotuning caches live on disk: under $SPECQ_CACHE, so a second process
     # on this machine reuses every compiled shape (unless the user points inductor elsewhere)
@@ -293,7 +294,7 @@ def _compile(models, args) -> None:
             continue  # one small layer fed the target's features: it stays eager
         if not isinstance(m.net, Llama):
             raise SpecqError(f"--compile needs Llama-architecture models; '{m.ref}' runs through transformers")
-        m.net.compile(capacity=_bucket(args.max_new_tokens + 512))
+        compiled.compile(m.net, capacity=_bucket(args.max_new_tokens + 512))
 
 
 def _bucket(n: int) -> int:
@@ -304,9 +305,9 @@ def _bucket(n: int) -> int:
 def cmd_quantize(args) -> int:
     import torch
 
-    from . import precision
-    from .models import load, split_ref
-    from .quant import weight_bytes
+    from .loading import precision
+    from .loading.models import load, split_ref
+    from .weights.quant import weight_bytes
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -328,9 +329,9 @@ def cmd_quantize(args) -> int:
 def cmd_compare(args) -> int:
     import torch
 
-    from .divergence import compare, held_out_chunks
-    from .models import check_compatible, load
+    from .loading.models import check_compatible, load
     from .report import print_comparison
+    from .training.divergence import compare, held_out_chunks
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -352,7 +353,7 @@ def _training_options(args) -> None:
     """Checks and thread count shared by the commands that train a draft (calibrate, distill)."""
     import torch
 
-    from .distill import tv_weight
+    from .training.distill import tv_weight
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -365,8 +366,8 @@ def _training_options(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
-    from .models import load
+    from .loading.models import load
+    from .training.calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
 
     _training_options(args)
     settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out, max_new_tokens=args.max_new_tokens,
@@ -391,8 +392,8 @@ def cmd_distill(args) -> int:
 
     import torch
 
-    from .models import load
-    from .train import DistillSettings, architecture, check_run, check_sources, feature_layers, run
+    from .loading.models import load
+    from .training.train import DistillSettings, architecture, check_run, check_sources, feature_layers, run
 
     _training_options(args)
     if args.minutes is not None and args.minutes <= 0:

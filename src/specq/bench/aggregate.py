@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from ..gamma import parse as parse_gamma
-from ..gamma import sort_key as gamma_order
-from ..stats import DecodeStats, bootstrap_ci
+from ..core.gamma import parse as parse_gamma
+from ..core.gamma import sort_key as gamma_order
+from ..core.stats import DecodeStats, bootstrap_ci
 from . import quality, store
 from .config import cell_key, related, tree_shape
 

@@ -15,15 +15,15 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import precision
-from ..drafters.base import DEFAULT_GAMMA
-from ..drafters.tree import DEFAULT_TREE, TreeShape
-from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
+from ..core.gamma import AUTO, AUTO_MAX_GAMMA, MAX_GAMMA
 from ..data import user_texts
+from ..drafters.base import DEFAULT_GAMMA
+from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
+from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..errors import SpecqError
-from ..gamma import AUTO, AUTO_MAX_GAMMA, MAX_GAMMA
-from ..models import BUILTINS, SELF, default_draft_ref, resolve_draft_ref, split_ref
+from ..loading import precision
+from ..loading.models import BUILTINS, SELF, default_draft_ref, resolve_draft_ref, split_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"

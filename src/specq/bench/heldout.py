@@ -12,8 +12,8 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from .. import divergence
-from ..models import Model, split_ref
+from ..loading.models import Model, split_ref
+from ..training import divergence
 from . import store
 
 CHUNK_LEN = 128  # tokens per held-out chunk

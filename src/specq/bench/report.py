@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from .. import atomic, checks
+from ..core.gamma import AUTO
 from ..errors import SpecqError
-from ..gamma import AUTO
 from . import aggregate, store, tables
 from .tables import Table
 

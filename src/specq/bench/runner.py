@@ -25,9 +25,12 @@ from pathlib import Path
 
 import torch
 
-from .. import api, fastpath, feature_draft, models, precision
-from ..feature_draft import FeatureDraft
-from ..models import Model
+from .. import api
+from ..backends import fastpath
+from ..loading import models, precision
+from ..loading.models import Model
+from ..model import feature_draft
+from ..model.feature_draft import FeatureDraft
 from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
 from .prompts import Prompt, load_set
@@ -151,8 +154,14 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.lo
 
 def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: str, pool: _Models, generate,
                console, progress: bool) -> None:
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     total = sum(c.n_prompts * c.repeats for c in pending)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
@@ -258,7 +267,7 @@ def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int, 
     from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
-    from ..stats import DecodeStats
+    from ..core.stats import DecodeStats
 
     eos = None if ignore_eos else sorted(eos_ids) or None
     cfg = GenerationConfig(max_new_tokens=n, min_new_tokens=n if ignore_eos else 0, do_sample=False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..gamma import AUTO_MAX_GAMMA
+from ..core.gamma import AUTO_MAX_GAMMA
 from .aggregate import MIN_STEPS
 
 TAU = "tau (bonus incl.)"

@@ -12,8 +12,8 @@ New drafters plug in without touching the loop.
 """
 
 from ..errors import SpecqError
-from ..feature_draft import FeatureDraft
-from ..llama import Llama
+from ..model.feature_draft import FeatureDraft
+from ..model.llama import Llama
 from .base import Drafter, Proposal
 from .feature import FeatureDrafter
 from .hierarchy import HierarchicalDrafter

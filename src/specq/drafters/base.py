@@ -7,7 +7,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from ..sampling import SamplingConfig, probabilities, sample
+from ..core.sampling import SamplingConfig, probabilities, sample
 
 # Draft tokens per step when the caller does not say. On the 2-core CPU this project measures on,
 # the shipped drafts pay best at gamma 1-2 (docs/benchmarks.md, "The shipped feature draft"):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..feature_draft import FeatureDraft
-from ..sampling import SamplingConfig
+from ..core.sampling import SamplingConfig
+from ..model.feature_draft import FeatureDraft
 from .base import Proposal, choose
 from .tree import TreeShape, grow
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..acceptance import accept_greedy, accept_sampling, is_chain, verify_layout
-from ..llama import ROW_BY_ROW_MAX, Llama
-from ..models import Model
-from ..sampling import SamplingConfig, probabilities
+from ..core.acceptance import accept_greedy, accept_sampling, is_chain, verify_layout
+from ..core.sampling import SamplingConfig, probabilities
+from ..loading.models import Model
+from ..model.llama import ROW_BY_ROW_MAX, Llama
 from .base import Drafter, Proposal
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..models import Model
-from ..sampling import SamplingConfig
+from ..core.sampling import SamplingConfig
+from ..loading.models import Model
 from .base import Proposal, choose
 from .tree import TreeShape, grow
 

@@ -22,6 +22,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from ..paths import cache_dir
+
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
 
 
@@ -61,8 +63,6 @@ def available() -> bool:
 @functools.cache
 def load() -> ctypes.CDLL:
     """specq's compiled kernels, built into the cache on first use."""
-    from ..models import cache_dir
-
     files = sorted((f for f in resources.files("specq.kernels").iterdir() if f.name.endswith((".c", ".h"))),
                    key=lambda f: f.name)
     sources = {f.name: f.read_bytes() for f in files}  # headers too: they change what compiles

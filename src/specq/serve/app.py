@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecqError
-from ..models import split_ref
-from .. import precision
+from ..loading import precision
+from ..loading.models import split_ref
 from . import errors
 from .engine import Engine, Job
 from .errors import APIError

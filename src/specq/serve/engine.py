@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass, field
 
 from .. import api
-from ..decode import Sequence, step
+from ..core.decode import Sequence, step
+from ..core.gamma import parse as parse_gamma
 from ..errors import SpecqError
-from ..gamma import parse as parse_gamma
-from ..models import Model
-from ..pool import ModelPool
+from ..loading.models import Model
+from ..loading.pool import ModelPool
 from .errors import APIError, bad_request
 from .metrics import Metrics
 from .options import CHAT_MAX_TOKENS, REGISTRY, Plan

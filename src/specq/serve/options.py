@@ -7,9 +7,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from ..core.gamma import AUTO
 from ..drafters.base import DEFAULT_GAMMA
 from ..drafters.tree import DEFAULT_TREE, TreeShape
-from ..gamma import AUTO
 from .errors import APIError
 from .schemas import ChatRequest, CompletionRequest
 

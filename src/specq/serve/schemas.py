@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..checks import MAX_SEED
-from ..gamma import MAX_GAMMA
+from ..core.gamma import MAX_GAMMA
 from .errors import APIError
 
 STRICT = ConfigDict(extra="forbid", strict=True)

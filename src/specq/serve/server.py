@@ -14,13 +14,12 @@ from fastapi import FastAPI
 
 from .. import checks
 from ..errors import SpecqError
-from ..models import known_drafts
-from ..pool import ModelPool
-from ..precision import canonical
+from ..loading.models import known_drafts
+from ..loading.pool import ModelPool
+from ..loading.precision import canonical
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics
-
 
 # On this project's 2-core CPU a batch of two fp32 requests still gained from speculating, while at
 # four and more requests plain steps gave more tokens/s on both measured targets (docs/serve.md).

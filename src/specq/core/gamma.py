@@ -1,0 +1,138 @@
+"""gamma "auto": choose each step's draft length from what this run has measured.
+
+A fixed gamma pays only where the draft agrees with the target often enough for its cost. That
+depends on the pair, the target's precision (a packed int4 target steps faster, so the same draft
+costs relatively more), the text and the machine. `CostAwareGamma` picks, before every step, the
+cap g in 0..max_gamma on the proposal length with the most expected tokens per second:
+
+    tokens(g) / (draft_s * drafted(g) + verify_s(1 + drafted(g)))
+
+- tokens(g) = 1 + sum_{j<g} R_j, with R_j the share of steps allowed past position j whose
+  proposal had more than j tokens accepted; drafted(g) = sum_{j<g} D_j, with D_j the share that
+  drafted more than j tokens. Both count what happened under a cap, so a drafter that stops early
+  on low confidence (`--draft-confidence`) is priced at what it really drafts, and the tie
+  between its confidence and acceptance is in the data. A position not yet seen is estimated as
+  half the one before (neither trusted nor written off).
+- draft_s: seconds per draft forward, not timed on a proposal right after a plain step: that one
+  first feeds the drafter the tokens it missed (a longer forward after a plain stretch), and
+  counting it would price drafting out for good; verify_s(n): seconds of an n-row verify pass, per row count,
+  interpolated between the counts seen. Verify cost is not a line in n on the fast path (one
+  extra row costs most of what four do), so each count is timed on its own. Timings are
+  recency-weighted: the machine's load drifts.
+- g = 0 is plain decoding. The run starts with a full proposal (the drafter is in step with the
+  sequence right after prefill) and a plain step, so both ends of the verify table are timed; when
+  the last `interval` steps all had the same cap, the next one tries one token more (one token
+  while plain decoding wins: a stretch the draft predicts well, code or a repeated phrase, is
+  noticed). A probe is not free (after plain steps the drafter first catches up on the tokens it
+  missed), so each probe that leaves the choice where it was doubles the interval, from
+  PROBE_EVERY up to MAX_PROBE_EVERY steps, and a changed choice resets it.
+
+Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from ..errors import SpecqError
+
+AUTO = "auto"
+AUTO_MAX_GAMMA = 4  # the longest proposal "auto" considers
+MAX_GAMMA = 64  # the longest fixed proposal
+PROBE_EVERY = 8  # steps with one cap before trying one token more ...
+MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to this
+RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about the last 10 count)
+COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
+
+
+def parse(gamma: int | str) -> tuple[int, bool]:
+    """(the longest proposal, whether each step's length is chosen) for gamma N or "auto"."""
+    if gamma == AUTO:
+        return AUTO_MAX_GAMMA, True
+    if isinstance(gamma, str) and gamma.isdigit():
+        return int(gamma), False
+    if isinstance(gamma, int) and not isinstance(gamma, bool):
+        return gamma, False
+    raise SpecqError(f"gamma must be a whole number or '{AUTO}', got {gamma!r}")
+
+
+def sort_key(gamma: int | str | None) -> tuple[bool, int]:
+    """Orders table rows: no gamma (plain), then 1, 2, ..., then "auto"."""
+    return gamma == AUTO, gamma if isinstance(gamma, int) else 0
+
+
+def _recent_mean(old: float | None, new: float) -> float:
+    return new if old is None else (1 - RECENT) * old + RECENT * new
+
+
+class CostAwareGamma:
+    def __init__(self, max_gamma: int = AUTO_MAX_GAMMA):
+        self.max_gamma = max_gamma
+        self.recent_caps: deque[int] = deque(maxlen=MAX_PROBE_EVERY)
+        self.interval = PROBE_EVERY  # steps with one cap before the next probe
+        self.probed_from: int | None = None  # the choice a probe just tried one more than
+        # per position j, recency-weighted counts over steps whose cap passed j
+        self.allowed = [0.0] * max_gamma
+        self.drafted_past = [0.0] * max_gamma  # ... that drafted more than j tokens
+        self.accepted_past = [0.0] * max_gamma  # ... that had more than j accepted
+        self.draft_s: float | None = None  # one draft forward
+        self.verify_s: dict[int, float] = {}  # rows -> one verify pass
+
+    def next(self) -> int:
+        """The cap on the next step's proposal length."""
+        if self.draft_s is None:
+            return self.max_gamma
+        if 1 not in self.verify_s:
+            return 0
+        best = max(range(self.max_gamma + 1), key=self.tokens_per_second)
+        if self.probed_from is not None:  # the step after a probe: did it change anything?
+            self.interval = min(2 * self.interval, MAX_PROBE_EVERY) if best == self.probed_from else PROBE_EVERY
+            self.probed_from = None
+        recent = list(self.recent_caps)[-self.interval:]
+        if len(recent) == self.interval and set(recent) == {best} and best < self.max_gamma:
+            self.probed_from = best
+            return best + 1  # one cap lately: learn what one more token would bring
+        return best
+
+    def observe(self, cap: int, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """Record one step: its cap, how many tokens it drafted and had accepted, and the seconds
+        drafting and verifying took."""
+        self.recent_caps.append(cap)
+        for j in range(self.max_gamma):
+            self.allowed[j] *= COUNT_DECAY
+            self.drafted_past[j] *= COUNT_DECAY
+            self.accepted_past[j] *= COUNT_DECAY
+        for j in range(min(cap, self.max_gamma)):
+            self.allowed[j] += 1
+            self.drafted_past[j] += drafted > j
+            self.accepted_past[j] += accepted > j
+        if drafted and (self.draft_s is None or len(self.recent_caps) < 2 or self.recent_caps[-2] != 0):
+            self.draft_s = _recent_mean(self.draft_s, draft_s / drafted)
+        self.verify_s[drafted + 1] = _recent_mean(self.verify_s.get(drafted + 1), verify_s)
+
+    def tokens_per_second(self, g: int) -> float:
+        tokens, drafted = self.expected(g)
+        return tokens / ((self.draft_s or 0.0) * drafted + self.verify_cost(1 + drafted))
+
+    def expected(self, g: int) -> tuple[float, float]:
+        """(tokens emitted, tokens drafted) expected of a step with cap g."""
+        tokens, drafted, accept, draft = 1.0, 0.0, 1.0, 1.0
+        for j in range(g):  # an unseen position: half the one before (one pseudo-step)
+            accept = (self.accepted_past[j] + accept / 2) / (self.allowed[j] + 1)
+            draft = (self.drafted_past[j] + draft / 2) / (self.allowed[j] + 1)
+            tokens, drafted = tokens + accept, drafted + draft
+        return tokens, drafted
+
+    def verify_cost(self, rows: float) -> float:
+        """Seconds of a verify pass of `rows` rows: linear between the row counts timed, the
+        nearest one's beyond them."""
+        counts = sorted(self.verify_s)
+        i = bisect.bisect_left(counts, rows)
+        if i == 0:
+            return self.verify_s[counts[0]]
+        if i == len(counts):
+            return self.verify_s[counts[-1]]
+        lo, hi = counts[i - 1], counts[i]
+        share = (rows - lo) / (hi - lo)
+        return (1 - share) * self.verify_s[lo] + share * self.verify_s[hi]

@@ -1,0 +1,291 @@
+"""Read Llama GGUF files (llama.cpp's format) with the `gguf` library.
+
+Why not transformers' GGUF loader: it needs `accelerate` only for this path, dequantizes every
+tensor to fp32, and cannot hand back the file's own quantized blocks. Reading the file here
+gives both: float weights for the one-off safetensors conversion, and the raw Q4_0 / Q4_1 / Q8_0
+blocks for running the file at its own precision (`quant.gguf_blocks`). The tokenizer still comes
+from transformers, which builds it from the file's metadata without `accelerate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import SpecqError
+from ..model.llama import LlamaConfig
+
+# GGUF tensor names -> the native module's names (per block, then global).
+BLOCK_NAMES = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "attn_output": "attention.wo",
+               "ffn_down": "feed_forward.w2"}
+FUSED = {"attention.wqkv": ("attn_q", "attn_k", "attn_v"), "feed_forward.w13": ("ffn_gate", "ffn_up")}
+
+
+@dataclass
+class GGUFFile:
+    """A parsed GGUF file: the Llama config and its tensors by GGUF name (still in the file's format)."""
+
+    path: Path
+    config: LlamaConfig
+    tensors: dict  # name -> gguf.ReaderTensor
+    _floats: dict = field(default_factory=dict, repr=False)  # dequantized once (a tied embedding is read twice)
+
+    def qtype(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's stored rows, de-permuted like `float_tensor` (quantized: the byte blocks)."""
+        data = np.asarray(self.tensors[name].data)
+        return _unpermute(data, name, self.config)
+
+    def float_tensor(self, name: str) -> Tensor:
+        """The tensor dequantized to float32, in the Hugging Face row order."""
+        if name not in self._floats:
+            data = float32_array(self.tensors[name])
+            self._floats[name] = torch.from_numpy(np.array(_unpermute(data, name, self.config), dtype=np.float32))
+        return self._floats[name]
+
+    def native_names(self) -> dict[str, tuple[str, ...]]:
+        """Each native parameter name -> the GGUF tensors it is made of (concatenated by rows)."""
+        names: dict[str, tuple[str, ...]] = {"tok_embeddings.weight": ("token_embd.weight",),
+                                             "norm.weight": ("output_norm.weight",)}
+        if not self.config.tie_word_embeddings:
+            names["output.weight"] = ("output.weight",)
+        for i in range(self.config.num_layers):
+            for gguf_name, native in BLOCK_NAMES.items():
+                names[f"layers.{i}.{native}.weight"] = (f"blk.{i}.{gguf_name}.weight",)
+            for native, parts in FUSED.items():
+                names[f"layers.{i}.{native}.weight"] = tuple(f"blk.{i}.{p}.weight" for p in parts)
+        return names
+
+    def float_state_dict(self) -> dict[str, Tensor]:
+        """Every weight dequantized to float32, in the native module's fused layout."""
+        sd = {name: torch.cat([self.float_tensor(p) for p in parts]) if len(parts) > 1 else self.float_tensor(parts[0])
+              for name, parts in self.native_names().items()}
+        if self.config.tie_word_embeddings:
+            sd["output.weight"] = sd["tok_embeddings.weight"]
+        return sd
+
+
+def _unpermute(rows: np.ndarray, name: str, config: LlamaConfig) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its rope pairs adjacent dims; HF's rotates halves).
+    Rows are output features, so the same permutation applies to float rows and quantized blocks."""
+    if ".attn_q." in name:
+        heads = config.num_heads
+    elif ".attn_k." in name:
+        heads = config.num_kv_heads
+    else:
+        return rows
+    half = rows.shape[0] // heads // 2
+    return rows.reshape(heads, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.parts[field.data[0]]
+    if field.types and field.types[0].name == "STRING":
+        return bytes(value).decode("utf-8", errors="replace")
+    if value.dtype == np.float32:  # 1e-5 stored as float32: read back the 1e-5 it was written from
+        return float(str(value[0]))
+    return value.tolist()[0]
+
+
+def read(path: Path) -> GGUFFile:
+    """Parse a GGUF file's header; a corrupt, truncated or non-Llama file is a one-line error."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # bad magic, truncated header or tensor data: numpy/struct errors of all kinds
+        raise SpecqError(f"'{path}' is not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'corrupt'})") from None
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise SpecqError(f"'{path}' holds a '{arch}' model; specq reads Llama-architecture GGUF files "
+                         "(convert other architectures to a Hugging Face directory)")
+    tensors = {t.name: t for t in reader.tensors}
+    try:
+        heads = _field(reader, "llama.attention.head_count")
+        hidden = _field(reader, "llama.embedding_length")
+        vocab = _field(reader, "llama.vocab_size") or int(tensors["token_embd.weight"].shape[-1])
+        config = LlamaConfig(
+            vocab_size=int(vocab), hidden_size=int(hidden),
+            intermediate_size=int(_field(reader, "llama.feed_forward_length")),
+            num_layers=int(_field(reader, "llama.block_count")), num_heads=int(heads),
+            num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
+            head_dim=int(_field(reader, "llama.attention.key_length", hidden // heads)),
+            rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
+            tie_word_embeddings="output.weight" not in tensors,
+            max_position_embeddings=int(_field(reader, "llama.context_length", 2048)))
+    except (TypeError, KeyError, ValueError) as e:
+        raise SpecqError(f"'{path}' lacks Llama metadata the model needs ({e})") from None
+    if _field(reader, "llama.rope.scaling.type") not in (None, "none"):
+        raise SpecqError(f"'{path}' uses rope scaling, which the native Llama does not implement")
+    gguf_file = GGUFFile(path, config, tensors)
+    missing = [p for parts in gguf_file.native_names().values() for p in parts if p not in tensors]
+    if missing:
+        raise SpecqError(f"'{path}' is missing tensors (e.g. {missing[0]}): truncated or not a full Llama model")
+    return gguf_file
+
+
+def tokenizer(path: Path):
+    """The file's tokenizer, built by transformers from the GGUF metadata (slow: cache it)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as e:
+        raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__})") from None
+
+
+def float32_array(tensor) -> np.ndarray:
+    """A GGUF tensor as float32 in the file's own row order (no q/k de-permutation), as llama.cpp
+    would read it back from an F32 file."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    data = np.asarray(tensor.data)
+    if tensor.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        data = dequantize(data, tensor.tensor_type)
+    return np.ascontiguousarray(data, dtype=np.float32)
+
+
+def write_float32(src: Path, dst: Path) -> None:
+    """Write GGUF file `src` again as `dst` with every tensor dequantized to float32 and its metadata
+    copied (the file type set to all-F32). Why: so llama.cpp can run exactly the float weights that
+    specq's fp32 model is converted from, for a like-for-like comparison. Tensors are dequantized
+    one at a time (the F32 file can be several times the source's size); `dst` appears atomically."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = _field(reader, "general.architecture")
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    writer = gguf.GGUFWriter(tmp, arch)
+    try:
+        try:
+            _copy_metadata(reader, writer)
+            for t in reader.tensors:
+                shape = _float32_shape(t)
+                writer.add_tensor_info(t.name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for t in reader.tensors:
+                writer.write_tensor_data(float32_array(t))
+        finally:
+            writer.close()
+        tmp.replace(dst)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no partial file
+
+
+def _float32_shape(tensor) -> tuple[int, ...]:
+    """The numpy shape (outermost first) of a GGUF tensor once dequantized."""
+    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
+
+
+def _copy_metadata(reader, writer) -> None:
+    """Every key/value of `reader` onto `writer` (the file type set to all-F32), but the fields the
+    writer writes itself (GGUF.*, general.architecture)."""
+    import gguf
+
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == gguf.Keys.General.ARCHITECTURE:
+            continue
+        vtype = f.types[0]
+        sub_type = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        value = f.contents()
+        if f.name == gguf.Keys.General.FILE_TYPE:
+            value = int(gguf.LlamaFileType.ALL_F32)
+        elif f.name == gguf.Keys.General.ALIGNMENT:
+            writer.data_alignment = int(value)
+        writer.add_key_value(f.name, value, vtype, sub_type=sub_type)
+
+
+# ------------------------------------------------------------------ the file's own precision
+
+INT4_BLOCKS = ("Q4_0", "Q4_1")  # run as they are on the int4 kernels
+INT8_BLOCKS = ("Q8_0",)  # as they are on the int8-activation kernel; dequantized to bf16 on the eager path
+
+
+def _int4_blocks(raw: np.ndarray, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes u [out, in], scale d and offset m [out, blocks] of Q4_0 / Q4_1 rows: w = d * u + m.
+    Q4_1 stores m; Q4_0 is d * (u - 8), so m = -8d.
+    A block is fp16 d (and m for Q4_1), then 16 bytes whose low nibbles are values 0-15 and high
+    nibbles values 16-31."""
+    rows = raw.shape[0]
+    size = 18 if qtype == "Q4_0" else 20
+    blocks = raw.reshape(rows, -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if qtype == "Q4_1" else None
+    qs = blocks[..., size - 16:]
+    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
+    m = -8 * d if m is None else m
+    return torch.from_numpy(u.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(m)
+
+
+def _int8_blocks(raw: np.ndarray) -> tuple[Tensor, Tensor]:
+    """Codes c [out, in] and scale d [out, blocks] of Q8_0 rows: w = d * c. A block is fp16 d,
+    then 32 int8 values."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+    return torch.from_numpy(codes), torch.from_numpy(d)
+
+
+def _linear_at_file_precision(g: GGUFFile, parts: tuple[str, ...]):
+    """The module that runs these (row-concatenated) tensors at their stored precision, or None
+    when they are float or of a type without a kernel here (then they run dequantized)."""
+    from ..weights.quant.modules import BlockInt4Linear, BlockInt8Linear
+
+    qtypes = {g.qtype(p) for p in parts}
+    if len(qtypes) != 1:
+        return None
+    (qtype,) = qtypes
+    if qtype in INT4_BLOCKS:
+        u, d, m = (torch.cat(t) for t in zip(*(_int4_blocks(g.raw(p), qtype) for p in parts)))
+        return BlockInt4Linear(u, d, m, qtype)
+    if qtype in INT8_BLOCKS:
+        codes, d = (torch.cat(t) for t in zip(*(_int8_blocks(g.raw(p)) for p in parts)))
+        return BlockInt8Linear(codes, d, qtype)
+    return None
+
+
+def load_at_file_precision(g: GGUFFile):
+    """A native Llama whose linear layers (the tied head included) run the file's own Q4_0 / Q4_1
+    blocks on the int4 kernels and Q8_0 blocks on the int8-activation kernel (in bf16 on the eager
+    path); norms and embeddings are float32.
+    Returns (net, notes): a note for each tensor type that runs dequantized to float32."""
+    from ..model.llama import Llama
+
+    net = Llama(g.config)
+    floats, notes = {}, set()
+    names = g.native_names()
+    if g.config.tie_word_embeddings:
+        names["output.weight"] = names["tok_embeddings.weight"]
+    for name, parts in names.items():
+        module = None
+        if name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
+            module = _linear_at_file_precision(g, parts)
+        if module is not None:
+            net.set_submodule(name.removesuffix(".weight"), module)
+            continue
+        if name == "output.weight" and g.config.tie_word_embeddings:
+            continue  # tied to the float embedding
+        floats[name] = torch.cat([g.float_tensor(p) for p in parts]) if len(parts) > 1 else g.float_tensor(parts[0])
+        notes.update(f"{g.qtype(p)} tensors run dequantized to float32" for p in parts
+                     if g.qtype(p) not in ("F32", "F16") and not name.endswith(("norm.weight", "tok_embeddings.weight")))
+    missing, unexpected = net.load_state_dict(floats, strict=False)
+    if unexpected or [k for k in missing if k != "output.weight"]:
+        raise SpecqError(f"'{g.path}': tensors do not fit the model ({(unexpected or missing)[0]})")
+    return net.eval(), sorted(notes)

@@ -1,0 +1,69 @@
+"""Mixed-precision serving: one target at several precisions, each request naming its precision
+and getting the draft calibrated for it.
+
+    pool = specq.ModelPool("smollm2-135m")
+    pool.generate("Why is the sea salty?", precision="int4-g64-gptq", chat=True)
+
+Models load on first use and stay loaded; the draft comes from the registries (exact precision,
+else the nearest, with a warning), as for `specq generate`, unless the pool is given one draft for
+every precision. Loading is thread-safe (`specq serve` runs one worker thread per precision).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+from .. import checks
+from ..api import Generation, generate
+from . import precision as precisions
+from .models import Model, load, select_draft, split_ref
+
+
+class ModelPool:
+    def __init__(self, target: str, speculative: bool = True, draft: str | None = None):
+        self.target = split_ref(checks.text("the target", target))[0]
+        self.speculative = speculative
+        self.draft = None if draft is None else checks.text("the draft", draft)  # None: the registry's
+        self._lock = threading.RLock()
+        self._targets: dict[str, Model] = {}
+        self._drafts: dict[tuple[str, str], Model] = {}
+        self._pairs: dict[str, tuple[Model, Model | None, str | None]] = {}
+
+    def target_model(self, precision: str = "fp32") -> Model:
+        spec = precisions.canonical(precision)
+        with self._lock:
+            if spec not in self._targets:
+                self._targets[spec] = load(f"{self.target}@{spec}")
+            return self._targets[spec]
+
+    def draft_model(self, precision: str, ref: str) -> Model:
+        """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
+        draft binds to its target's embedding, and precisions may decode at the same time."""
+        key = (precisions.canonical(precision), ref)
+        with self._lock:
+            if key not in self._drafts:
+                self._drafts[key] = load(ref)
+            return self._drafts[key]
+
+    def models(self, precision: str = "fp32") -> tuple[Model, Model | None, str | None]:
+        """(target at `precision`, its draft or None, a note on how the draft was chosen)."""
+        spec = precisions.canonical(precision)
+        with self._lock:
+            if spec not in self._pairs:
+                target = self.target_model(spec)
+                if not self.speculative:
+                    draft_ref, note = None, None
+                elif self.draft is not None:
+                    draft_ref, note = self.draft, f"draft {self.draft} (given)"
+                else:
+                    draft_ref, note = select_draft(f"{self.target}@{spec}")
+                self._pairs[spec] = (target, self.draft_model(spec, draft_ref) if draft_ref else None, note)
+            return self._pairs[spec]
+
+    def generate(self, prompt: str | list[int], precision: str = "fp32", **options) -> Generation:
+        """`specq.generate` on the target at `precision` with the draft selected for it."""
+        target, draft, note = self.models(precision)
+        if self.speculative and note and note.startswith("no draft"):  # none, or another precision's
+            warnings.warn(note, stacklevel=2)
+        return generate(target, prompt, draft, **options)

@@ -1,0 +1,135 @@
+"""Put a loaded model at a precision spec: a float dtype, or quantized weights.
+
+Quantizing with GPTQ or AWQ takes minutes, so the result is saved once under
+`$SPECQ_CACHE/quantized/` (atomically) and later loads take seconds. Calibration text is the
+training split of the shipped Shakespeare corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import atomic
+from ..errors import SpecqError
+from ..model.llama import Llama, LlamaConfig
+
+QUANT_CONFIG = "quant_config.json"
+
+
+FILE_PRECISION = "gguf"  # `name@gguf`: a GGUF file's own quantized tensors (`models.load`)
+
+
+def canonical(spec_text: str) -> str:
+    """The canonical spelling of a precision: the parsed spec's, or `gguf`, which names no spec."""
+    return spec_text if spec_text == FILE_PRECISION else str(parse(spec_text))
+
+
+def is_float(spec_text: str) -> bool:
+    """Whether a precision keeps float weights (`gguf` files hold quantized blocks)."""
+    return spec_text != FILE_PRECISION and parse(spec_text).is_float
+
+
+def parse(spec_text: str):
+    from ..weights.quant import parse_spec
+
+    if not isinstance(spec_text, str):
+        raise SpecqError(f"a precision is a string such as 'fp32' or 'int4-g64-gptq', got {spec_text!r}")
+    try:
+        return parse_spec(spec_text)
+    except ValueError as e:
+        raise SpecqError(str(e)) from None
+
+
+def calibration_token_ids(tokenizer, n_samples: int = 32, seq_len: int = 512, seed: int = 0) -> list[torch.Tensor]:
+    from ..data import shakespeare_texts, split
+    from ..weights.quant import calibration_samples
+
+    train, _ = split(shakespeare_texts())
+    stream = []
+    for text in train:  # enough text for the windows asked for, and no more
+        stream.append(torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long))
+        if sum(len(t) for t in stream) >= 4 * n_samples * seq_len:
+            break
+    return calibration_samples(stream, n_samples=n_samples, seq_len=seq_len, seed=seed)
+
+
+def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int = 512, progress: bool = True) -> Llama:
+    """Quantize a native model in place (calibrating GPTQ/AWQ on corpus text)."""
+    from ..weights.quant import quantize_model
+
+    if not isinstance(net, Llama):
+        raise SpecqError("quantization needs a Llama-architecture model (the native module)")
+    try:
+        calibration = calibration_token_ids(tokenizer, n_samples, seq_len) if spec.method in ("gptq", "awq") else None
+        return quantize_model(net, spec, calibration=calibration, progress=progress)
+    except ValueError as e:
+        raise SpecqError(str(e)) from None
+
+
+def check_quantizable(net: Llama, spec) -> None:
+    """Raise the one-line error `quantize_net` would raise for this spec's group sizes, before any
+    work (and before the 'quantizing' announcement), so a bad spec stays one stderr line."""
+    import warnings
+
+    from ..weights.quant.apply import layer_group_sizes, quant_targets
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fallback groups are announced by the quantization itself
+        try:
+            layer_group_sizes(quant_targets(net, spec), spec)
+        except ValueError as e:
+            raise SpecqError(str(e)) from None
+
+
+def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str) -> None:
+    """A self-contained quantized model directory: HF config + tokenizer + specq quant weights."""
+    from ..weights.quant import save_quantized
+
+    def write(tmp: Path) -> None:
+        save_quantized(net, spec, tmp / "weights")
+        for f in (tmp / "weights").iterdir():
+            f.rename(tmp / f.name)
+        (tmp / "weights").rmdir()
+        net.config.to_hf().save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(eos_ids)}))
+
+    atomic.write_dir(out, write)
+
+
+def is_quantized_dir(path: Path) -> bool:
+    return (path / QUANT_CONFIG).is_file()
+
+
+def load_quantized_dir(path: Path) -> tuple[Llama, str]:
+    """A native model from a directory written by `save_quantized_dir`, and its spec."""
+    from transformers import AutoConfig
+
+    from ..weights.quant import load_quantized, read_spec
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    net = Llama(LlamaConfig.from_hf(config))
+    try:
+        load_quantized(net, path)
+        spec = read_spec(path)
+    except (ValueError, KeyError, OSError) as e:
+        raise SpecqError(f"cannot load quantized model from '{path}': {e}") from None
+    return net.eval(), str(spec)
+
+
+def cached_quantized_dir(cache_root: Path, base_name: str, source: Path, spec) -> Path:
+    """Where `base_name@spec` lives in the cache, keyed by the base weights' identity."""
+    weights = sorted(source.glob("*.safetensors"))
+    ident = "|".join(f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights)
+    digest = hashlib.sha256(f"{source.resolve()}|{ident}".encode()).hexdigest()[:12]
+    safe = base_name.replace("/", "_")
+    return cache_root / "quantized" / f"{safe}-{digest}@{spec}"
+
+
+def announce(message: str) -> None:
+    print(f"specq: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,581 @@
+"""A lean Llama decoder (gpt-fast style) with a preallocated KV cache.
+
+Why not the Hugging Face module: a 135M model has 30 thin layers, and on a CPU the Python and
+dispatch overhead outside the matmuls is a large share of a decode step. This module fuses q/k/v and
+gate/up into one matmul each, writes keys and values into a preallocated cache, and rolls back
+by moving an integer. Weights load from any Hugging Face Llama state dict.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..kernels import decoder
+
+MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
+# Fused attention over n query rows rounds differently from n one-row calls, and the bf16 casts in
+# front of packed int4/int8 kernels can amplify that into a flipped greedy token. Verify passes of
+# up to this many rows (gamma 64, the longest, plus the root; trees of up to 64 nodes) therefore
+# attend row by row, each row over exactly the keys of its own path, like a decode step.
+# Their logits are then bit-identical to one-token steps wherever every matmul is row-invariant:
+# specq's f32dot and int8dot, oneDNN's packed GEMM and torch's packed int8/int4 kernels, not MKL's fp32 sgemm
+# (tests/test_fastpath.py reports the differences). A prefill (an empty cache) and longer passes
+# use fused attention.
+ROW_BY_ROW_MAX = 65
+# Several sequences' rows share one pass (`Llama.forward_many`, the server's batching) up to this
+# many rows in all: the linear layers run once over the stacked rows, attention per sequence. Each
+# sequence's result is bit-identical to its own pass only where every linear kernel computes a row
+# the same whatever rows are beside it; `Llama.stack_limit` probes that per model, up to this cap.
+MAX_STACKED_ROWS = 256
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_hf(cls, hf) -> "LlamaConfig":
+        rope = getattr(hf, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        return cls(
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers,
+            num_heads=hf.num_attention_heads,
+            num_kv_heads=hf.num_key_value_heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+            rms_norm_eps=hf.rms_norm_eps,
+            rope_theta=float(theta),
+            tie_word_embeddings=bool(hf.tie_word_embeddings),
+            max_position_embeddings=hf.max_position_embeddings,
+        )
+
+    def to_hf(self):
+        """The equivalent transformers LlamaConfig (so saved drafts load in transformers too)."""
+        from transformers import LlamaConfig as HFLlamaConfig
+
+        return HFLlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def supports_hf_config(hf_config) -> bool:
+    """True when the native module reproduces this Hugging Face config exactly."""
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    return (
+        getattr(hf_config, "model_type", None) == "llama"
+        and rope.get("rope_type", rope.get("type", "default")) == "default"
+        and not getattr(hf_config, "attention_bias", False)
+        and not getattr(hf_config, "mlp_bias", False)
+        and getattr(hf_config, "hidden_act", "silu") == "silu"
+    )
+
+
+class KVCache:
+    """Keys and values of every layer in one preallocated buffer; `length` is the valid prefix.
+
+    Rolling back after a rejected draft is `crop(n)`: later writes overwrite the stale tail.
+    """
+
+    def __init__(self, config: LlamaConfig, capacity: int, dtype: torch.dtype):
+        shape = (config.num_layers, 1, config.num_kv_heads, capacity, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.capacity = capacity
+        self.length = 0
+        # Row i of the causal mask: key j is visible to the query at position i iff j <= i.
+        self.causal = torch.ones(capacity, capacity, dtype=torch.bool).tril_()
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self.length = length
+
+    def keep(self, start: int, rows: Tensor) -> None:
+        """Keep the rows start + rows (in that order) right after the first `start` and drop the
+        rest: the accepted path of a token tree becomes contiguous. A prefix is a plain crop."""
+        n = rows.shape[0]
+        if start + n > self.length or (n and (int(rows.min()) < 0 or start + int(rows.max()) >= self.length)):
+            raise ValueError(f"cannot keep rows {rows.tolist()} after {start} of a cache of length {self.length}")
+        if not torch.equal(rows, torch.arange(n)):
+            slots = start + rows
+            self.k[:, :, :, start:start + n] = self.k[:, :, :, slots]
+            self.v[:, :, :, start:start + n] = self.v[:, :, :, slots]
+        self.length = start + n
+
+
+class Visibility(NamedTuple):
+    """Which keys each of a cached pass's n query rows attends to. A chain (plain steps and chain
+    verification) is causal; a token tree sees the cached prefix plus the row's own ancestors."""
+
+    mask: Tensor | None  # [n, end] bool, for fused attention; None: a single row sees every key
+    rows: list[Tensor] | None  # per row, its key slots in order, for row-by-row attention; None: causal
+
+
+def visibility(cache: KVCache, n: int, mask: Tensor | None) -> Visibility:
+    """The `Visibility` of n rows written at the end of `cache`. `mask` [n, m] (m >= n) says which
+    of the last m keys (the new rows and the m - n before them) each row sees; all earlier keys
+    are seen. None: causal, the cheap case (contiguous key ranges, no gathers)."""
+    start, end = cache.length, cache.length + n
+    if n == 1 and mask is None:
+        return Visibility(None, None)
+    if mask is None:
+        return Visibility(cache.causal[start:end, :end], None)
+    seen_by_all = end - mask.shape[1]
+    full = torch.cat([mask.new_ones(n, seen_by_all), mask], dim=1)
+    prefix = torch.arange(seen_by_all)
+    return Visibility(full, [torch.cat([prefix, seen_by_all + mask[i].nonzero()[:, 0]]) for i in range(n)])
+
+
+class Rows(NamedTuple):
+    """One sequence's part of a cached forward pass: new tokens written at the end of its cache."""
+
+    ids: Tensor  # [n]
+    cache: KVCache
+    positions: Tensor | None = None  # [n]; None: consecutive after the cache (a chain)
+    mask: Tensor | None = None  # [n, m], as in `visibility`; None: causal
+    last_only: bool = False  # logits of the last row only (a prefill)
+
+
+class Segment(NamedTuple):
+    """Where one sequence's rows sit in a (stacked) cached pass, and the keys each of them sees."""
+
+    cache: KVCache
+    rows: slice
+    seen: Visibility
+
+
+class StaticView(NamedTuple):
+    """The cache as plain tensors for the compiled step: attention runs over the whole buffer
+    and the causal mask hides slots past each query, so every shape is fixed."""
+
+    k: Tensor
+    v: Tensor
+    positions: Tensor
+    mask: Tensor
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    kernel = False  # the fast path's C loop (`kernels/decoder`), for float32 inference
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kernel and decoder.takes(x):
+            return decoder.rms_norm(x.contiguous(), self.weight, self.eps)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+        self.wqkv = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.wo = nn.Linear(self.q_size, c.hidden_size, bias=False)
+
+    # The fast path's C attention (`kernels/decoder`) for the rows of cached passes that attend row
+    # by row (steps and verify passes), float32 inference only; prefills keep fused attention.
+    kernel = False
+
+    def rotated(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values [b, heads, n, head_dim] from the wqkv output [b, n, ...], rotated
+        to their positions. Queries and keys are rotated in one go (fewer dispatches per step)."""
+        b, n = qkv.shape[:2]
+        heads = self.n_heads + self.n_kv
+        qkv = qkv.view(b, n, heads + self.n_kv, self.head_dim).transpose(1, 2)
+        qk, v = qkv.split([heads, self.n_kv], dim=1)
+        qk = qk * cos + rotate_half(qk) * sin
+        q, k = qk.split([self.n_heads, self.n_kv], dim=1)
+        return q, k, v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: list[Segment] | StaticView | None,
+                layer: int) -> Tensor:
+        """`kv`: the `Segment` of each sequence whose rows x stacks (decoding), the static view of
+        the compiled step, or None (training: x [b, n] sequences from position 0, no cache)."""
+        b, n = x.shape[:2]
+        qkv = self.wqkv(x)
+        if isinstance(kv, list):
+            parts = [self.segment(qkv[:, s.rows], cos[s.rows], sin[s.rows], s, layer) for s in kv]
+            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            return self.wo(out)
+        q, k, v = self.rotated(qkv, cos, sin)
+        if kv is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:  # compiled: fixed shapes, positions as a tensor
+            kv.k[layer].index_copy_(2, kv.positions, k)
+            kv.v[layer].index_copy_(2, kv.positions, v)
+            out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=kv.mask, enable_gqa=True)
+        return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
+
+    def segment(self, qkv: Tensor, cos: Tensor, sin: Tensor, s: Segment, layer: int) -> Tensor:
+        """One sequence's rows of a cached pass: [1, n, q_size] attention outputs."""
+        n = qkv.shape[1]
+        if self.kernel and decoder.takes(qkv) and by_rows(s.cache.length, n):
+            rows = decoder.attend_rows(qkv[0].contiguous(), self.n_heads, self.n_kv, cos.contiguous(),
+                                       sin.contiguous(), s.cache.k[layer, 0], s.cache.v[layer, 0],
+                                       s.cache.length, s.seen.rows)
+            return rows.unsqueeze(0)
+        out = attend(*self.rotated(qkv, cos, sin), s, layer)
+        return out.transpose(1, 2).reshape(1, n, self.q_size)
+
+
+def by_rows(start: int, n: int) -> bool:
+    """Whether n rows written at `start` of a cache attend row by row (see ROW_BY_ROW_MAX): all but
+    prefills (an empty cache) and passes too long for it."""
+    return start > 0 and n <= ROW_BY_ROW_MAX
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, segment: Segment, layer: int) -> Tensor:
+    """One sequence's rows of a cached pass: their keys and values go into its cache, and each row
+    attends exactly as it would in a pass of its own, whatever other sequences share the pass."""
+    cache, seen = segment.cache, segment.seen
+    n = q.shape[2]
+    start, end = cache.length, cache.length + n
+    cache.k[layer, :, :, start:end] = k
+    cache.v[layer, :, :, start:end] = v
+    keys, values = cache.k[layer], cache.v[layer]
+    if (n == 1 and seen.rows is None) or not by_rows(start, n):  # a step, or a prefill
+        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
+                                              enable_gqa=True)
+    if seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it
+        return torch.cat([F.scaled_dot_product_attention(
+            q[:, :, i:i + 1], keys[:, :, :start + i + 1], values[:, :, :start + i + 1],
+            enable_gqa=True) for i in range(n)], dim=2)
+    # a tree node sees the prefix and its ancestors: the keys of the step at its position
+    return torch.cat([F.scaled_dot_product_attention(
+        q[:, :, i:i + 1], keys.index_select(2, rows), values.index_select(2, rows),
+        enable_gqa=True) for i, rows in enumerate(seen.rows)], dim=2)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.intermediate = c.intermediate_size
+        self.w13 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    kernel = False  # the fast path's C loop for silu(gate) * up (`kernels/decoder`), float32 inference
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate_up = self.w13(x)
+        if self.kernel and decoder.takes(gate_up):
+            return self.w2(decoder.silu_mul(gate_up.contiguous()))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attention = Attention(c)
+        self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.feed_forward = FeedForward(c)
+
+    def forward(self, x, cos, sin, kv, layer):
+        x = x + self.attention(self.attention_norm(x), cos, sin, kv, layer)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self._rope_len = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    def new_cache(self, capacity: int) -> KVCache:
+        if self.compiled_step is not None:  # one buffer shape, so compiled steps are reused
+            capacity = max(capacity + MAX_COMPILED_TOKENS, self.compile_capacity)
+        self._ensure_rope(capacity)
+        return KVCache(self.config, capacity, self.dtype)
+
+    def _ensure_rope(self, length: int) -> None:
+        if length <= self._rope_len and self.rope_cos.dtype == self.dtype:
+            return
+        length = max(length, self._rope_len)
+        c = self.config
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.rope_cos = angles.cos().to(self.dtype)
+        self.rope_sin = angles.sin().to(self.dtype)
+        self._rope_len = length
+
+    def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
+                return_hidden: bool = False, positions: Tensor | None = None,
+                mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """Run `ids` (1-D) at the end of `cache`; return float logits [n, vocab] ([1, vocab] if
+        `last_only`). Without a cache the sequence is processed from position 0 (training).
+        `return_hidden` also returns the final hidden states [n, hidden] of every row (the output
+        head's input), which a feature draft reads; the logits are computed exactly as without it.
+        A token tree passes each row's `positions` [n] and a `mask` [n, m]: which of the last m keys
+        (m >= n: the new rows and some cached ones) each row sees, every earlier key being seen
+        (`visibility`). The default is a chain: consecutive positions, causal."""
+        if cache is None:
+            n = ids.shape[-1]
+            self._ensure_rope(n)
+            rope = slice(0, n) if positions is None else positions
+            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None)
+            logits = self._head(x, last_only)
+            return (logits, self.norm(x)[0]) if return_hidden else logits
+        if self.compiled_step is not None and ids.shape[0] <= MAX_COMPILED_TOKENS and not return_hidden and mask is None:
+            logits = self._compiled_forward(ids, cache)
+            cache.length += ids.shape[0]
+            return logits[-1:] if last_only else logits
+        logits, hidden = self._stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden)[0]
+        return (logits, hidden) if return_hidden else logits
+
+    def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
+        """Several sequences' rows, each at the end of its own cache, in as few passes as exactness
+        allows: (logits, hidden states or None) per sequence, as `forward` returns them. Sequences
+        are stacked in order while their rows fit `stack_limit()`: the linear layers then read each
+        weight once for all of them, and each row attends to its own sequence only, so every result
+        is bit-identical to the sequence's own `forward`."""
+        if self.compiled_step is not None:  # compiled steps take one sequence at a time
+            return [self._one(s, return_hidden) for s in seqs]
+        if len(seqs) == 1:  # nothing to stack (and no probe: `specq generate` never pays for it)
+            return self._stacked(seqs, return_hidden)
+        out, group, rows, limit = [], [], 0, self.stack_limit()
+        for s in seqs:
+            if group and rows + s.ids.shape[0] > limit:
+                out += self._stacked(group, return_hidden)
+                group, rows = [], 0
+            group.append(s)
+            rows += s.ids.shape[0]
+        return out + self._stacked(group, return_hidden) if group else out
+
+    def _one(self, s: Rows, return_hidden: bool) -> tuple[Tensor, Tensor | None]:
+        out = self(s.ids, s.cache, s.last_only, return_hidden, s.positions, s.mask)
+        return out if return_hidden else (out, None)
+
+    _stack_limit: int | None = None
+
+    def stack_limit(self) -> int:
+        """How many rows of different sequences one pass may stack: the most rows (up to
+        MAX_STACKED_ROWS) at which every linear layer computes each row exactly as alone, probed
+        once on random inputs (`invariant_rows`), after the model's kernels are in place;
+        1 where a kernel rounds a row by its neighbours (MKL's sgemm, the eager path)."""
+        if self._stack_limit is None:
+            self._stack_limit = invariant_rows(self, MAX_STACKED_ROWS, self.dtype)
+        return self._stack_limit
+
+    def _stacked(self, seqs: list[Rows], return_hidden: bool) -> list[tuple[Tensor, Tensor | None]]:
+        """One pass over the rows of `seqs` stacked in order (see `forward_many`)."""
+        segments, cos, sin, heads, at = [], [], [], [], 0
+        self._ensure_rope(max(s.cache.length + s.ids.shape[0] for s in seqs))
+        for s in seqs:
+            n, start = s.ids.shape[0], s.cache.length
+            if start + n > s.cache.capacity:
+                raise ValueError(f"KV cache full: {start + n} positions needed, capacity {s.cache.capacity}")
+            rope = slice(start, start + n) if s.positions is None else s.positions
+            cos.append(self.rope_cos[rope])
+            sin.append(self.rope_sin[rope])
+            segments.append(Segment(s.cache, slice(at, at + n), visibility(s.cache, n, s.mask)))
+            heads.append(slice(at + n - 1 if s.last_only else at, at + n))
+            at += n
+        x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments)
+        hidden = self.norm(x)[0]
+        logits = self.output(_cat([hidden[rows] for rows in heads])).float()
+        out, at = [], 0
+        for s, segment, rows in zip(seqs, segments, heads):
+            s.cache.length += s.ids.shape[0]
+            n = rows.stop - rows.start
+            out.append((logits[at:at + n], hidden[segment.rows] if return_hidden else None))
+            at += n
+        return out
+
+    def hidden_states(self, ids: Tensor) -> Tensor:
+        """Final hidden states [n, hidden] of a whole sequence (no cache, no output head)."""
+        self._ensure_rope(ids.shape[0])
+        cos, sin = self.rope_cos[:ids.shape[0]], self.rope_sin[:ids.shape[0]]
+        return self.norm(self._layers(ids, cos, sin, None))[0]
+
+    # The fast path's C loop over every layer (`kernels/decoder.Stack`) where all linear layers run on
+    # int8dot or f32dot: one call per cached pass of up to ROW_BY_ROW_MAX rows, of one sequence or
+    # several stacked, each attending row by row. Set by `fastpath.apply`; it computes what the
+    # modules compute, bit for bit.
+    stack = None
+
+    def _layers(self, ids, cos, sin, kv) -> Tensor:
+        x = self.tok_embeddings(ids)
+        return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv)
+
+    def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv) -> Tensor:
+        """x [B, n, hidden] through every decoder layer (no final norm): in one C call where the
+        stack takes the pass, else module by module. `kv` as `Attention.forward` takes it."""
+        if (self.stack is not None and isinstance(kv, list) and decoder.takes(x) and x.shape[1] <= ROW_BY_ROW_MAX
+                and all(by_rows(s.cache.length, s.rows.stop - s.rows.start) for s in kv)):
+            return self.stack(x.contiguous(), cos, sin, kv)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, kv, i)
+        return x
+
+    def _head(self, x: Tensor, last_only: bool) -> Tensor:
+        if last_only:
+            x = x[:, -1:]
+        return self.output(self.norm(x))[0].float()
+
+    def _static_step(self, ids: Tensor, view: StaticView) -> Tensor:
+        cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
+        return self._head(self._layers(ids, cos, sin, view), False)
+
+    # ------------------------------------------------------------------ optional torch.compile
+    compiled_step = None
+    compile_s = 0.0  # time spent compiling new shapes so far (reported by the CLI)
+
+    def compile(self, capacity: int = 1024, backend: str = "inductor") -> None:
+        """Compile cached steps of up to MAX_COMPILED_TOKENS tokens with torch.compile. Inputs are
+        padded to 1, 2, 4, 8 or 16 tokens (padding lands past the cache length, where it is masked
+        and later overwritten), so at most five graphs exist; each costs a compilation (about a
+        minute on 2 cores) on first use. Caches keep one `capacity` so graphs are reused.
+        Call it on a module of plain torch layers (`backends.compiled.compile` reverts the fast path
+        first)."""
+        self.compiled_step = torch.compile(self._static_step, dynamic=False, backend=backend)
+        self.compile_capacity = capacity
+        self._compiled_sizes: set[int] = set()
+
+    def _compiled_forward(self, ids: Tensor, cache: KVCache) -> Tensor:
+        n = ids.shape[0]
+        size = 1 << (n - 1).bit_length()
+        if cache.length + size > cache.capacity:
+            raise ValueError(f"KV cache full: {cache.length + size} positions needed, capacity {cache.capacity}")
+        self._ensure_rope(cache.length + size)
+        padded = torch.cat([ids, ids.new_zeros(size - n)]) if size > n else ids
+        positions = torch.arange(cache.length, cache.length + size)
+        if size not in self._compiled_sizes:
+            print(f"specq: compiling the {size}-token step of a {self.config.num_layers}-layer model (once per "
+                  "machine, cached on disk; up to a few minutes on 2 cores)", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        logits = self.compiled_step(padded, StaticView(cache.k, cache.v, positions, cache.causal[positions]))
+        if size not in self._compiled_sizes:
+            self._compiled_sizes.add(size)
+            self.compile_s += time.perf_counter() - started
+        return logits[:n]
+
+
+def _cat(tensors: list[Tensor]) -> Tensor:
+    """torch.cat, without a copy for one tensor (the common one-sequence pass)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+def hf_to_native_state_dict(sd: dict[str, Tensor], config: LlamaConfig) -> dict[str, Tensor]:
+    """Map a Hugging Face Llama state dict onto this module's fused layout."""
+    sd = {k.removeprefix("model."): v for k, v in sd.items()}
+    out = {
+        "tok_embeddings.weight": sd["embed_tokens.weight"],
+        "norm.weight": sd["norm.weight"],
+        "output.weight": sd.get("lm_head.weight", sd["embed_tokens.weight"]),
+    }
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        out[p + "attention_norm.weight"] = sd[p + "input_layernorm.weight"]
+        out[p + "ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        out[p + "attention.wqkv.weight"] = torch.cat(
+            [sd[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
+        out[p + "attention.wo.weight"] = sd[p + "self_attn.o_proj.weight"]
+        out[p + "feed_forward.w13.weight"] = torch.cat(
+            [sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+        out[p + "feed_forward.w2.weight"] = sd[p + "mlp.down_proj.weight"]
+    return out
+
+
+def native_to_hf_state_dict(model: Llama) -> dict[str, Tensor]:
+    """The inverse of `hf_to_native_state_dict`, for saving in the Hugging Face layout."""
+    c = model.config
+    sd = model.state_dict()
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    out = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"]}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = sd["output.weight"]
+    for i in range(c.num_layers):
+        p, h = f"layers.{i}.", f"model.layers.{i}."
+        out[h + "input_layernorm.weight"] = sd[p + "attention_norm.weight"]
+        out[h + "post_attention_layernorm.weight"] = sd[p + "ffn_norm.weight"]
+        wq, wk, wv = sd[p + "attention.wqkv.weight"].split([q, kv, kv])
+        out[h + "self_attn.q_proj.weight"], out[h + "self_attn.k_proj.weight"] = wq, wk
+        out[h + "self_attn.v_proj.weight"] = wv
+        out[h + "self_attn.o_proj.weight"] = sd[p + "attention.wo.weight"]
+        gate, up = sd[p + "feed_forward.w13.weight"].split(c.intermediate_size)
+        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate, up
+        out[h + "mlp.down_proj.weight"] = sd[p + "feed_forward.w2.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+# Row counts where a GEMM may change its blocking (powers of two and one past them, and the int4
+# kernel's blocks of 4): where `invariant_rows` looks for a row computed differently.
+PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256)
+
+
+@torch.inference_mode()
+def invariant_rows(net: nn.Module, limit: int, dtype: torch.dtype) -> int:
+    """The most rows, up to `limit`, that every linear layer of `net` takes at once while computing
+    each row bit for bit as it computes that row alone (`dtype` inputs); 1 if none. Why it matters:
+    the server stacks rows of several sequences into one pass, and each sequence must get exactly
+    what its own pass gives. Each distinct (kernel, shape) is probed on random rows at PROBE_ROWS (a
+    kernel picks its code path by the row count, not by the values), comparing the first and the
+    last row of each count, the rows a blocked kernel's edge cases land on, with the row alone."""
+    layers = {}
+    for module in net.modules():
+        if hasattr(module, "in_features") and hasattr(module, "out_features"):  # a linear layer, or wraps one
+            layers.setdefault((type(module), module.in_features, module.out_features), module)
+    generator = torch.Generator().manual_seed(0)
+    best = limit
+    for layer in layers.values():
+        x = torch.randn(limit, layer.in_features, generator=generator).to(dtype)
+        for rows in (r for r in PROBE_ROWS + (limit,) if r <= best):
+            together = layer(x[:rows])
+            if not all(torch.equal(together[i], layer(x[i:i + 1])[0]) for i in (0, rows - 1)):
+                best = max([1] + [r for r in PROBE_ROWS if r < rows])
+                break
+    return best

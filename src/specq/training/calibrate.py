@@ -1,0 +1,168 @@
+"""Calibrate an existing draft to a (quantized) target: let the target answer prompts, fine-tune
+the draft on the target's own distributions, and measure acceptance before and after.
+
+A draft distilled from the fp32 target loses acceptance when the target is quantized, because
+the quantized target's distribution moved. Training on the quantized target's own outputs and
+next-token distributions (top-k, as in `distill`) moves the draft after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import checks
+from ..api import generate
+from ..backends import fastpath
+from ..core.stats import bootstrap_ci
+from ..data import chat_prompts
+from ..errors import SpecqError
+from ..loading import precision, registry
+from ..loading.models import Model, check_compatible, save_native, split_ref
+from ..model import feature_draft
+from ..model.feature_draft import FeatureDraft
+from ..paths import cache_dir
+from .distill import (
+    distill,
+    feature_forward,
+    float_teacher,
+    init_draft,
+    sequence_forward,
+    teacher_continuations,
+    to_native,
+)
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    prompts: int = 48  # training prompts the target answers
+    held_out: int = 8  # held-out prompts for acceptance before / after
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # of the target's answers (their distributions are kept at T=1)
+    steps: int = 300
+    loss: str = "mix:0.5"  # (1 - W) * KL + W * TV
+    lr: float = 5e-4
+    batch: int = 8
+    gamma: int = 4
+
+
+def acceptance(target: Model, draft: Model, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
+    """Greedy speculative runs without an early draft stop (so every proposal is gamma tokens):
+    per-prompt acceptance rate and tau, with bootstrap CIs."""
+    rates, taus = [], []
+    for prompt in prompts:
+        stats = generate(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
+                         chat=has_chat(target), draft_confidence=0.0).stats
+        rates.append(stats.acceptance_rate)
+        taus.append(stats.tau)
+    return {"acceptance_rate": bootstrap_ci(rates), "tau": bootstrap_ci(taus), "per_prompt": rates}
+
+
+def has_chat(model: Model) -> bool:
+    return bool(getattr(model.tokenizer, "chat_template", None))
+
+
+def default_out(draft_ref: str, target_precision: str) -> Path:
+    """Where a calibrated draft goes by default: the user's registry, named after draft and precision."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(split_ref(draft_ref)[0]).name)
+    return registry_dir() / f"{base}-for-{target_precision}"
+
+
+def ref_precision(target_ref: str) -> str:
+    """The precision a target ref loads at, without loading it (a quantized folder's own spec)."""
+    name, spec = split_ref(target_ref)
+    path = Path(name).expanduser()
+    if precision.is_quantized_dir(path):
+        from ..weights.quant import read_spec
+
+        try:
+            return str(read_spec(path))
+        except (ValueError, KeyError, OSError) as e:
+            raise SpecqError(f"cannot read the quantization of '{path}': {e}") from None
+    return str(precision.parse(spec))
+
+
+def registry_dir() -> Path:
+    """The user's draft registry (docs/drafts.md): `calibrate` registers every draft here."""
+    return cache_dir() / "drafts"
+
+
+def checkpoint_dir(out: Path) -> Path:
+    return out.parent / f".{out.name}.ckpt"
+
+
+def check_output(out: Path | str, force: bool = False, resume: bool = False) -> Path:
+    """`out` may be written (see `checks.output`), and an unfinished run for it is continued
+    only when asked (as `distill --resume`), never silently."""
+    out = checks.output(out, force, "--out")
+    if (checkpoint_dir(out) / "last.pt").exists() and not resume:
+        raise SpecqError(f"'{checkpoint_dir(out)}' holds an unfinished calibration for '{out}': add --resume "
+                         "to continue it, or remove it")
+    return out
+
+
+def calibrate(target: Model, draft: Model, settings: CalibrationSettings = CalibrationSettings(),
+              out: Path | str | None = None, progress: bool = True, measure: bool = True, *,
+              force: bool = False, resume: bool = False) -> dict:
+    """Fine-tune `draft` on `target`'s own outputs; save it and register it for the target's
+    precision in the user's registry (`registry_dir`). Returns the report, with acceptance
+    before and after on held-out prompts unless `measure` is False. An existing `out` is replaced
+    only with `force`; an interrupted run continues only with `resume`."""
+    check_compatible(draft, target)
+    if draft.precision not in ("fp32", "bf16", "fp16"):
+        raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
+    source = Path(draft.source)
+    feature = isinstance(draft.net, FeatureDraft)
+    if not (source / "config.json").is_file() and not feature:
+        raise SpecqError(f"draft '{draft.ref}' must be a local model directory to calibrate")
+    out = check_output(out or default_out(draft.ref, target.precision), force, resume)
+    for model in (target, draft):  # training and the teacher read the weights themselves
+        fastpath.revert(model.net)
+    train_prompts = chat_prompts("train")[: settings.prompts]
+    held_prompts = chat_prompts("held_out")[: settings.held_out]
+    def measured(d: Model) -> dict | None:
+        return acceptance(target, d, held_prompts, settings.gamma, settings.max_new_tokens) if measure else None
+
+    before = measured(draft)
+    teacher = float_teacher(target.net)  # batched answers; the same weights as the target
+    train = teacher_continuations(teacher, target.tokenizer, train_prompts, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, progress=progress)
+    held = teacher_continuations(teacher, target.tokenizer, held_prompts, max_new_tokens=settings.max_new_tokens,
+                                 progress=progress)
+    del teacher
+    if feature:  # it learns from this target's own hidden states
+        train, held = train.with_features(target.net), held.with_features(target.net)
+        student = copy.deepcopy(draft.net).float().attach(target.net).train()
+    else:
+        student = init_draft(None, from_dir=source)
+    checkpoints = checkpoint_dir(out)  # an interrupted run resumes from here
+    result = distill(student, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,
+                     batch=settings.batch, checkpoint_dir=checkpoints, eval_every=max(1, settings.steps // 5),
+                     progress=progress, forward=feature_forward if feature else sequence_forward)
+    net = student.to(draft.net.dtype).eval() if feature else to_native(student, draft.net.dtype)
+    tuned = Model(ref=str(out), net=net, tokenizer=draft.tokenizer, eos_ids=draft.eos_ids, source=str(out),
+                  precision=draft.precision)
+    after = measured(tuned)
+    if feature:
+        feature_draft.save(net, out, draft.tokenizer, draft.eos_ids, {"base": draft.ref})
+    else:
+        save_native(tuned, out)
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    target_name = split_ref(target.ref)[0]
+    report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,
+              "draft": str(out), "settings": settings.__dict__, "before": before, "after": after,
+              "held_out_teacher": result["held_out"], "train_positions": train.positions()}
+    info = {"base": draft.ref, "held_out_beta": result["held_out"]["beta"]}
+    if measure:
+        info |= {"acceptance_before": before["acceptance_rate"][0], "acceptance_after": after["acceptance_rate"][0]}
+    registry.add(registry_dir(), registry.Entry(target_name, target.precision, _entry_path(out), info=info))
+    return report
+
+
+def _entry_path(out: Path) -> str:
+    """The draft's path in the registry's manifest: relative when it lies in the registry."""
+    out = out.resolve()
+    return out.name if out.parent == registry_dir().resolve() else str(out)

@@ -1,0 +1,355 @@
+"""`specq distill`: make a draft for a target from text and from the target's own answers.
+
+Stages, each cached in a work directory so that an interrupted run continues where it stopped:
+1. teacher data: the target's top-k distributions on text windows (teacher forcing) and on
+   its own answers to prompts (sequence-level distillation), written shard by shard;
+2. training (`distill.distill`), checkpointed every few steps;
+3. export of the draft (native layout, chosen dtype) with `distill.json`: settings, data,
+   held-out beta / top-1, acceptance and tau in real speculative runs, and the draft's cost
+   relative to the target; the draft is registered for the target's precision.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import atomic, checks, data
+from ..backends import fastpath
+from ..errors import SpecqError
+from ..loading import registry
+from ..loading.models import Model, check_compatible, check_target, split_ref, write_native
+from ..model import feature_draft
+from ..model.feature_draft import FeatureDraft, frequent_tokens, new_feature_draft, restrict_head
+from ..model.llama import Llama, LlamaConfig
+from .calibrate import acceptance
+from .distill import (
+    TeacherSet,
+    atomic_save,
+    chunk_tokens,
+    distill,
+    feature_forward,
+    float_teacher,
+    init_draft,
+    sequence_forward,
+    teacher_continuations,
+    teacher_on_text,
+    to_native,
+)
+
+# Named draft shapes on the SmolLM2 vocabulary; "LxH" (e.g. 4x192) gives L layers of width H.
+# "feature" (or "feature:L") is a feature draft (`feature_draft.py`) of L decoder layers.
+ARCHITECTURES = {"small": (6, 256), "tiny": (2, 64)}
+MAX_LAYERS, MAX_WIDTH = 64, 8192  # a draft far larger than any target specq runs would never pay
+FEATURE = "feature"
+NEW_HEAD_VOCAB = 16384  # a new feature draft's head: its most frequent tokens in the training data
+MAX_SYNTHETIC = 100_000  # synthetic prompts: far more than any run uses, far fewer than the templates can make
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    texts: tuple[str, ...] = ("shakespeare",)  # 'shakespeare' or .txt / .jsonl files
+    prompts: tuple[str, ...] = ("chat",)  # 'chat', 'synthetic:N', or a file (one prompt per line / .jsonl)
+    temperatures: tuple[float, ...] = (0.0,)  # one target answer per prompt per temperature
+    new_tokens: int = 128
+    text_windows: int = 160  # training windows of `seq_len` tokens, spread over the corpora
+    seq_len: int = 256
+    steps: int = 2000
+    minutes: float | None = None  # time budget; the learning rate decays to fit it
+    loss: str = "mix:0.5"
+    lr: float = 2e-3
+    batch: int = 8
+    eval_every: int = 100
+    checkpoint_every: int = 50
+    gen_batch: int = 48  # prompts the target answers at once (one cached shard)
+    accept_prompts: int = 10  # held-out chat prompts for the final speculative runs
+    gamma: int = 4
+    head_vocab: int | None = None  # feature drafts: tokens the head covers (the most frequent in the
+    # data); a new draft's default is NEW_HEAD_VOCAB, a base's head is kept unless this is given
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+def feature_layers(name: str) -> int | None:
+    """Decoder layers of a feature-draft architecture name ('feature', 'feature:L'); None for
+    the names of classic drafts."""
+    kind, _, layers = name.partition(":")
+    if kind != FEATURE:
+        return None
+    if not layers:
+        return 1
+    if not layers.isdigit() or not 1 <= int(layers) <= MAX_LAYERS:
+        raise SpecqError(f"--arch feature:L needs 1 to {MAX_LAYERS} layers, got '{name}'")
+    return int(layers)
+
+
+def architecture(name: str, vocab_size: int) -> LlamaConfig:
+    """A draft config from a name in ARCHITECTURES or 'LxH'."""
+    layers_width = ARCHITECTURES.get(name)
+    if layers_width is None:
+        try:
+            layers_width = tuple(int(x) for x in name.lower().split("x"))
+        except ValueError:
+            layers_width = ()
+    if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32 or layers_width[0] > MAX_LAYERS \
+            or layers_width[1] > MAX_WIDTH:
+        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with LAYERS <= {MAX_LAYERS} "
+                         f"and WIDTH a multiple of 32 up to {MAX_WIDTH} (e.g. 4x192), or feature[:LAYERS], got '{name}'")
+    layers, width = layers_width
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=3 * width, num_layers=layers,
+                       num_heads=max(1, width // 64), num_kv_heads=max(1, width // 128), head_dim=min(64, width),
+                       rope_theta=100000.0, max_position_embeddings=8192)
+
+
+# ------------------------------------------------------------------------------ data sources
+
+
+def prompt_list(source: str) -> list[str]:
+    if source == "chat":
+        return data.chat_prompts("train")
+    if source.startswith("synthetic:"):  # synthetic:N, or synthetic:A-B (items A..B-1 of the same list)
+        first, _, last = source.split(":", 1)[1].partition("-")
+        try:
+            start, end = (int(first), int(last)) if last else (0, int(first))
+        except ValueError:
+            start, end = 0, 0
+        if not 0 <= start < end <= MAX_SYNTHETIC:
+            raise SpecqError(f"prompt source '{source}': use synthetic:N or synthetic:A-B with 0 <= A < B <= "
+                             f"{MAX_SYNTHETIC}")
+        return data.synthetic_chat_prompts(end)[start:]
+    path = Path(source)
+    if not path.is_file():
+        raise SpecqError(f"prompt source '{source}' is neither 'chat', 'synthetic:N' nor a readable file")
+    if path.suffix == ".jsonl":
+        items = data.user_texts(path, field="prompt")
+    else:
+        items = [line for line in checks.read_text(path, "prompt file").splitlines() if line.strip()]
+    if not items:
+        raise SpecqError(f"prompt file '{source}' holds no prompts")
+    return items
+
+
+def text_list(source: str) -> tuple[list[str], list[str]]:
+    """(train, held-out) documents of a text source."""
+    docs = data.shakespeare_texts() if source == "shakespeare" else data.user_texts(source)
+    if len(docs) < 2:  # one document: hold out its last eighth
+        text = docs[0] if docs else ""
+        cut = len(text) * 7 // 8
+        return [text[:cut]], [text[cut:]]
+    return data.split(docs)
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _sharded(directory: Path, items: list, shard: int, make, label: str, features_of=None) -> TeacherSet:
+    """Teacher data for `items`, computed `shard` items at a time; finished shards are kept.
+    With `features_of` (the target's native module) each shard also gets the target's hidden
+    states, cached beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = TeacherSet([], [], [], [])
+    n_shards = (len(items) + shard - 1) // shard
+    for s in range(n_shards):
+        path = directory / f"shard_{s:03d}.pt"
+        if not path.exists():
+            print(f"{label}: shard {s + 1}/{n_shards}", file=sys.stderr, flush=True)
+            make(items[s * shard:(s + 1) * shard]).save(path)
+        part = TeacherSet.load(path)
+        if features_of is not None:
+            cached = path.with_name(f"{path.stem}.features.pt")
+            if not cached.exists():
+                atomic_save(part.with_features(features_of).features, cached)
+            part.features = torch.load(cached, weights_only=True)
+        out += part
+    return out
+
+
+def teacher_data(target: Model, settings: DistillSettings, work: Path,
+                 features: bool = False) -> tuple[TeacherSet, TeacherSet]:
+    """(train, held-out) teacher sets, from the cache in `work/teacher` where possible; with
+    `features`, each record also holds the target's hidden states (for a feature draft)."""
+    teacher = None
+
+    def model():
+        nonlocal teacher
+        if teacher is None:
+            teacher = float_teacher(target.net)
+        return teacher
+
+    tok, who = target.tokenizer, [split_ref(target.ref)[0], target.precision]
+    feats = target.net if features else None
+    train, held = TeacherSet([], [], [], []), TeacherSet([], [], [], [])
+    for source in settings.prompts:
+        prompts = prompt_list(source)
+        for t in settings.temperatures:
+            where = work / "teacher" / f"answers-{_key(who, source, t, settings.new_tokens)}"
+            train += _sharded(where, prompts, settings.gen_batch, lambda p, t=t: teacher_continuations(
+                model(), tok, p, max_new_tokens=settings.new_tokens, temperature=t, batch=settings.gen_batch,
+                seed=settings.seed), f"answers to {source} (T={t})", feats)
+    held_prompts = data.chat_prompts("held_out")
+    held += _sharded(work / "teacher" / f"held-answers-{_key(who, settings.new_tokens)}", held_prompts,
+                     settings.gen_batch, lambda p: teacher_continuations(
+                         model(), tok, p, max_new_tokens=settings.new_tokens, batch=settings.gen_batch),
+                     "held-out answers", feats)
+    per_source = max(1, settings.text_windows // max(1, len(settings.texts)))
+    for source in settings.texts:
+        train_docs, held_docs = text_list(source)
+        windows = chunk_tokens(tok, train_docs, settings.seq_len)
+        windows = windows[::max(1, len(windows) // per_source)][:per_source]
+        held_windows = chunk_tokens(tok, held_docs, settings.seq_len)
+        held_windows = held_windows[::max(1, len(held_windows) // 16)][:16]
+        key = _key(who, source, settings.seq_len, per_source)
+        train += _sharded(work / "teacher" / f"text-{key}", windows, 16,
+                          lambda w: teacher_on_text(model(), w), f"text {source}", feats)
+        held += _sharded(work / "teacher" / f"held-text-{key}", held_windows, 16,
+                         lambda w: teacher_on_text(model(), w), f"held-out text {source}", feats)
+    if not len(train):
+        raise SpecqError("no training data: give --texts and/or --prompts")
+    return train, held
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def step_ms(net: torch.nn.Module, steps: int = 20) -> float:
+    """Median latency of one cached decode step after a 128-token prefix (overhead included)."""
+    feature = isinstance(net, FeatureDraft)
+    vocab = net.target_vocab_size if feature else net.config.vocab_size
+    ids = torch.randint(0, vocab, (129,), generator=torch.Generator().manual_seed(0))
+    feats = torch.randn(129, net.config.hidden_size, generator=torch.Generator().manual_seed(1)) if feature else None
+    step = (lambda part: net(ids[part], feats[part], cache)) if feature else (lambda part: net(ids[part], cache))
+    cache = net.new_cache(256)
+    times = []
+    with torch.inference_mode():
+        step(slice(0, 128))
+        for _ in range(steps + 3):
+            cache.crop(128)
+            started = time.perf_counter()
+            step(slice(128, 129))
+            times.append(time.perf_counter() - started)
+    return statistics.median(times[3:]) * 1e3
+
+
+def check_run(out: Path, work: Path, force: bool = False, resume: bool = False) -> None:
+    """`out` may be written (`checks.output`), `work` is a writable folder, and an unfinished run
+    in it is continued only with `resume`."""
+    checks.output(out, force, "--out")
+    if work.exists() and not work.is_dir():
+        raise SpecqError(f"--work '{work}' is a file, not a folder")
+    checks.writable_parent(work / "ckpt", "--work")
+    if (work / "ckpt" / "last.pt").exists() and not resume:
+        raise SpecqError(f"'{work}' holds an unfinished run: add --resume to continue it, or remove the directory")
+
+
+def check_sources(texts: list[str], prompts: list[str]) -> None:
+    """Read every text and prompt source once, so a bad file fails before a model loads."""
+    for source in prompts:
+        prompt_list(source)
+    for source in texts:
+        if source != "shakespeare":
+            data.user_texts(source)
+
+
+def _check_lengths(target: Model, settings: DistillSettings) -> None:
+    """Text windows and answers fit in the target's context (longer ones would be silently dropped
+    or run past the positions the target was trained on)."""
+    context = getattr(target.net.config, "max_position_embeddings", None)
+    for flag, tokens in (("--seq-len", settings.seq_len), ("--new-tokens", settings.new_tokens)):
+        if context and tokens >= context:
+            raise SpecqError(f"{flag} {tokens} does not fit the context of '{target.ref}' ({context} tokens)")
+
+
+def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | None = None,
+        arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False, force: bool = False) -> dict:
+    """Distil a draft for `target` into `out`; returns the report also saved as out/distill.json.
+    An existing `out` is replaced only with `force`; an unfinished run continues only with `resume`."""
+    check_target(target)
+    check_run(out, work, force, resume)
+    _check_lengths(target, settings)
+    feature = isinstance(base.net, FeatureDraft) if base is not None else feature_layers(arch) is not None
+    if base is not None:
+        check_compatible(base, target)
+        source = Path(base.source)
+        if not (source / "config.json").is_file() and not feature:
+            raise SpecqError(f"draft '{base.ref}' must be a local model directory to start from")
+    if settings.head_vocab is not None and not feature:
+        raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a feature draft)")
+    if feature and base is not None and (settings.head_vocab or 0) > base.net.config.vocab_size:
+        raise SpecqError(f"--head-vocab {settings.head_vocab} is more than the {base.net.config.vocab_size} tokens "
+                         f"of the head of '{base.ref}' (a base's head can only be narrowed)")
+    if feature and not isinstance(target.net, Llama):
+        raise SpecqError(f"a feature draft reads the target's hidden states: '{target.ref}' must be a Llama model")
+    config = architecture(arch, target.vocab_size) if base is None and not feature else None
+    for model in (target, base):  # the teacher and the student read the weights themselves
+        if model is not None:
+            fastpath.revert(model.net)
+    started = time.perf_counter()
+    train, held = teacher_data(target, settings, work, features=feature)
+    data_s = time.perf_counter() - started
+    if feature and base is not None:
+        student = copy.deepcopy(base.net).float().attach(target.net)
+        if settings.head_vocab is not None:
+            student = restrict_head(student, frequent_tokens(train.ids, settings.head_vocab, target.vocab_size,
+                                                             target.eos_ids, within=student.vocab_ids))
+        student.train()
+    elif feature:
+        head = frequent_tokens(train.ids, settings.head_vocab or NEW_HEAD_VOCAB, target.vocab_size, target.eos_ids)
+        student = new_feature_draft(target.net, head, feature_layers(arch), seed=settings.seed)
+    elif base is not None:
+        student = init_draft(None, from_dir=base.source)
+    else:
+        embedding = target.net.tok_embeddings.weight if hasattr(target.net, "tok_embeddings") else None
+        student = init_draft(config, target_embedding=None if embedding is None else embedding.detach().float(),
+                             seed=settings.seed)
+    result = distill(student, train, held, steps=settings.steps,
+                     time_budget_s=None if settings.minutes is None else settings.minutes * 60,
+                     loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
+                     checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
+                     forward=feature_forward if feature else sequence_forward)
+    net = student.to(dtype).eval() if feature else to_native(student, dtype)
+    draft = Model(ref=str(out), net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
+                  source=str(out), precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
+    spec = acceptance(target, draft, data.chat_prompts("held_out")[:settings.accept_prompts], settings.gamma,
+                      settings.new_tokens) if settings.accept_prompts else None
+    target_ms, draft_ms = step_ms(target.net), step_ms(draft.net)
+    unused = {"extra"} if feature else {"extra", "head_vocab"}  # only feature drafts have a vocabulary head
+    report = {
+        "target": target.ref, "target_precision": target.precision, "base": base.ref if base else f"new:{arch}",
+        "kind": "feature" if feature else "sequence",
+        "draft_config": draft.net.config.to_dict(), "dtype": draft.precision,
+        "parameters": sum(p.numel() for p in draft.net.parameters()),
+        "settings": {k: v for k, v in asdict(settings).items() if k not in unused} | settings.extra,
+        "train_sequences": len(train), "train_positions": train.positions(), "held_out_positions": held.positions(),
+        "teacher_data_s": round(data_s, 1), "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
+        "held_out": result["held_out"], "history": result["history"],
+        "speculative": None if spec is None else {"gamma": settings.gamma, "greedy": True, "prompts": settings.accept_prompts,
+                                                  "acceptance_rate": spec["acceptance_rate"], "tau": spec["tau"]},
+        "step_ms": {"target": target_ms, "draft": draft_ms, "ratio": draft_ms / target_ms,
+                    "threads": torch.get_num_threads()},
+    }
+
+    def write(tmp: Path) -> None:
+        if feature:
+            feature_draft.write(draft.net, tmp, target.tokenizer, target.eos_ids)
+        else:
+            write_native(draft, tmp)
+        card = out / "MODEL_CARD.md"  # a hand-written card survives re-training
+        if card.exists():
+            (tmp / card.name).write_text(card.read_text(encoding="utf-8"), encoding="utf-8")
+        (tmp / "distill.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+    atomic.write_dir(out, write)
+    registry.add(out.parent, registry.Entry(split_ref(target.ref)[0], target.precision, out.name,
+                                            info={"base": report["base"], "held_out_beta": result["held_out"]["beta"]}))
+    shutil.rmtree(work / "ckpt", ignore_errors=True)  # finished: a later run in `work` starts afresh
+    return report

@@ -1,0 +1,92 @@
+"""Save and load quantized models: one directory holding `model.safetensors` (every float
+parameter plus each quantized layer's portable buffers `qweight`/`scales`/`zeros`/`bias`) and
+`quant_config.json` (the spec and each quantized layer's bits, group size and shape).
+
+The stored format does not depend on how layers execute, so a checkpoint saved from a simulated
+model loads as packed kernels and vice versa. Loading needs a skeleton of the same architecture
+(any weights); tied parameters are stored once (safetensors `save_model`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from ... import atomic
+from .apply import quantized_layers
+from .modules import from_storage, make_quant_linear
+from .spec import QuantSpec, parse_spec
+
+CONFIG_FILE = "quant_config.json"
+WEIGHTS_FILE = "model.safetensors"
+FORMAT = "specq-quant"
+VERSION = 1
+
+
+def save_quantized(model: nn.Module, spec: QuantSpec | str, directory: str | os.PathLike) -> Path:
+    """Write `model` (quantized to `spec` by `quantize_model`) to `directory`, replacing it.
+
+    Written into a temporary sibling directory and swapped into place (`specq.atomic`), so a
+    crash never leaves a half-written checkpoint under `directory`."""
+    spec = parse_spec(spec) if isinstance(spec, str) else spec
+    layers = {name: {"bits": m.bits, "group_size": m.group_size, "symmetric": m.symmetric,
+                     "out_features": m.out_features, "in_features": m.in_features, "bias": m.bias is not None}
+              for name, m in quantized_layers(model).items()}
+    if spec.is_float == bool(layers) or any(meta["bits"] not in (spec.bits, 8 if spec.head_int8 else spec.bits)
+                                            for meta in layers.values()):
+        raise ValueError(f"model does not hold {spec} layers: quantize it with quantize_model first")
+    float_dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    dtype = str(float_dtypes.pop()).removeprefix("torch.") if len(float_dtypes) == 1 else None
+    config = {"format": FORMAT, "version": VERSION, "spec": str(spec), "dtype": dtype, "layers": layers}
+
+    def write(tmp: Path) -> None:
+        save_model(model, str(tmp / WEIGHTS_FILE))
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=1) + "\n")
+
+    atomic.write_dir(directory, write)
+    return Path(directory)
+
+
+def read_config(directory: str | os.PathLike) -> dict:
+    config = json.loads((Path(directory) / CONFIG_FILE).read_text())
+    if config.get("format") != FORMAT or config.get("version") != VERSION:
+        raise ValueError(f"{directory} is not a {FORMAT} v{VERSION} checkpoint")
+    return config
+
+
+def read_spec(directory: str | os.PathLike) -> QuantSpec:
+    """The spec a checkpoint was saved with."""
+    return parse_spec(read_config(directory)["spec"])
+
+
+def load_quantized(model: nn.Module, directory: str | os.PathLike, packed: bool = True) -> nn.Module:
+    """Load a checkpoint into `model`, a float skeleton of the same architecture, in place.
+
+    The skeleton is first cast to the float dtype the model had when saved (so norms, embeddings
+    and the KV cache match), quantized layers are rebuilt (packed kernels if `packed`, else
+    simulated), then every tensor is loaded strictly."""
+    directory = Path(directory)
+    config = read_config(directory)
+    if config["dtype"] is not None:
+        model.to(getattr(torch, config["dtype"]))
+    path = str(directory / WEIGHTS_FILE)
+    with safe_open(path, framework="pt") as f:
+        for name, meta in config["layers"].items():
+            linear = model.get_submodule(name)
+            shape = (meta["out_features"], meta["in_features"])
+            if not isinstance(linear, nn.Linear) or tuple(linear.weight.shape) != shape:
+                raise ValueError(f"checkpoint layer {name!r} ({shape[0]}x{shape[1]}) does not match "
+                                 f"the model's {linear}")
+            zeros = None if meta["symmetric"] else f.get_tensor(f"{name}.zeros")
+            qw = from_storage(f.get_tensor(f"{name}.qweight"), f.get_tensor(f"{name}.scales"), zeros,
+                              meta["bits"], meta["group_size"], shape)
+            bias = f.get_tensor(f"{name}.bias") if meta["bias"] else None
+            model.set_submodule(name, make_quant_linear(qw, bias, packed, linear.weight.dtype))
+    load_model(model, path, strict=True)
+    return model

@@ -1,0 +1,219 @@
+"""gamma "auto": the cost-aware choice, and losslessness under any per-step schedule."""
+
+import pytest
+import torch
+
+from specq import generate
+from specq.core import decode as decode_module
+from specq.core.gamma import AUTO_MAX_GAMMA, PROBE_EVERY, CostAwareGamma, parse
+from specq.core.sampling import SamplingConfig
+from specq.core.stats import DecodeStats
+from specq.errors import SpecqError
+
+from conftest import PROMPTS, _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
+
+
+def _run(chooser: CostAwareGamma, steps: int, accept: float, draft_s: float, verify_s, stop: float = 0.0,
+         seed: int = 0) -> list[int]:
+    """Drive `chooser` for `steps` simulated steps; returns the caps it chose. Each drafted token is
+    accepted with probability `accept` (while all before it were); after each one the drafter
+    stops early with probability `stop`; a draft forward costs `draft_s`, verifying n rows
+    `verify_s(n)` seconds."""
+    rng = torch.Generator().manual_seed(seed)
+    caps = []
+    for _ in range(steps):
+        cap = chooser.next()
+        drafted = 0
+        while drafted < cap:
+            drafted += 1
+            if torch.rand(1, generator=rng).item() < stop:
+                break
+        accepted = 0
+        while accepted < drafted and torch.rand(1, generator=rng).item() < accept:
+            accepted += 1
+        chooser.observe(cap, drafted, accepted, draft_s * drafted, verify_s(drafted + 1))
+        caps.append(cap)
+    return caps
+
+
+def _linear(base: float, per_row: float):
+    return lambda rows: base + per_row * (rows - 1)
+
+
+def test_first_a_full_proposal_then_a_plain_step():
+    chooser = CostAwareGamma(3)
+    assert chooser.next() == 3
+    chooser.observe(3, 3, 1, 0.3, 1.6)
+    assert chooser.next() == 0
+    chooser.observe(0, 0, 0, 0.0, 1.0)
+    assert chooser.verify_cost(1) == 1.0 and chooser.verify_cost(4) == 1.6
+    assert chooser.verify_cost(2.5) == pytest.approx(1.3)  # interpolated between the counts timed
+
+
+def test_plain_decoding_when_the_draft_does_not_pay_with_probes_ever_rarer():
+    chooser = CostAwareGamma(4)
+    picks = _run(chooser, 250, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    assert picks[:2] == [4, 0]
+    tries = [i for i, cap in enumerate(picks) if cap]
+    gaps = [b - a - 1 for a, b in zip(tries, tries[1:])]  # plain steps between tries
+    assert gaps[:3] == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY]  # each unchanged probe doubles the wait
+    # beyond that, fading evidence (COUNT_DECAY) has the draft tried about every 30 steps; probing
+    # every PROBE_EVERY steps would have been 27 tries
+    assert len(tries) <= 12 and picks.count(0) >= 235
+
+
+def test_a_probe_that_changes_the_choice_resets_the_interval():
+    chooser = CostAwareGamma(4)
+    _run(chooser, 40, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    assert chooser.interval > PROBE_EVERY  # probes kept finding plain best
+    _run(chooser, 60, accept=1.0, draft_s=0.01, verify_s=_linear(1.0, 0.01), seed=2)  # the draft starts to agree
+    assert chooser.next() == 4 and chooser.interval == PROBE_EVERY
+
+
+def test_long_proposals_when_the_draft_agrees_and_is_cheap():
+    chooser = CostAwareGamma(4)
+    _run(chooser, 30, accept=0.95, draft_s=0.02, verify_s=_linear(1.0, 0.02))
+    assert chooser.next() == 4
+
+
+def test_costlier_drafts_get_shorter_proposals():
+    cheap, costly = CostAwareGamma(4), CostAwareGamma(4)
+    _run(cheap, 40, accept=0.6, draft_s=0.02, verify_s=_linear(1.0, 0.02))
+    _run(costly, 40, accept=0.6, draft_s=0.25, verify_s=_linear(1.0, 0.02))
+    assert 0 < costly.next() < cheap.next()
+
+
+def _best(chooser: CostAwareGamma) -> int:
+    """The cap the chooser's estimates favour (next() also probes now and then)."""
+    return max(range(chooser.max_gamma + 1), key=chooser.tokens_per_second)
+
+
+def test_a_verify_cost_that_is_flat_after_one_row_gets_long_proposals():
+    """The fast path's shape: a second row costs most of what four do. A line through
+    (rows, seconds) would charge every extra token the second row's price and stop short."""
+    flat = lambda rows: 1.0 if rows == 1 else 1.2  # noqa: E731
+    chooser = CostAwareGamma(4)
+    picks = _run(chooser, 60, accept=0.7, draft_s=0.03, verify_s=flat)
+    assert _best(chooser) == 4 and picks[-20:].count(4) >= 16
+    steep = CostAwareGamma(4)  # the same draft where every row costs as much as the second
+    _run(steep, 60, accept=0.7, draft_s=0.03, verify_s=_linear(1.0, 0.2))
+    assert _best(steep) < 4
+
+
+def test_an_early_stopping_drafter_is_priced_at_what_it_drafts():
+    chooser = CostAwareGamma(4)
+    _run(chooser, 60, accept=0.6, draft_s=0.1, verify_s=_linear(1.0, 0.05), stop=0.7)
+    tokens, drafted = chooser.expected(4)
+    assert drafted < 2.0  # stops after the first token 70% of the time: about 1.4 drafted, not 4
+    assert 1.0 < tokens < 1 + drafted
+
+
+def test_catching_up_after_plain_steps_does_not_price_drafting_out():
+    """A drafter pays, on its first proposal after plain steps, for the tokens it missed (here
+    1 s each, a verify pass 1 s). Counting that as the cost of a draft forward locked a self-draft
+    out for good."""
+    chooser = CostAwareGamma(4)
+    rng = torch.Generator().manual_seed(0)
+    missed, caps = 0, []
+    for _ in range(80):
+        cap = chooser.next()
+        drafted = cap
+        accepted = 0
+        while accepted < drafted and torch.rand(1, generator=rng).item() < 0.8:
+            accepted += 1
+        catch_up = 1.0 * missed if drafted else 0.0
+        missed = missed + 1 if not drafted else 0
+        chooser.observe(cap, drafted, accepted, 0.1 * drafted + catch_up, 1.0 + 0.05 * drafted)
+        caps.append(cap)
+    assert caps[-20:].count(0) <= 4 and chooser.draft_s == pytest.approx(0.1)
+    assert caps[:2] == [4, 0] and caps[2:12].count(0) < 10  # drafting resumes soon after the first plain step
+
+
+def test_the_verify_table_follows_the_recent_load():
+    """Timings from a slower period fade: the table tracks what steps cost now."""
+    chooser = CostAwareGamma(4)
+    for i in range(90):
+        k = i % 3
+        chooser.observe(k, k, 0, 0.01 * k, (3.0 if i < 30 else 1.0) + 0.1 * k)
+    assert chooser.verify_cost(1) == pytest.approx(1.0, abs=0.05)  # the slow period: 3.0
+    assert chooser.verify_cost(3) == pytest.approx(1.2, abs=0.05)
+
+
+def test_parse():
+    assert parse("auto") == (AUTO_MAX_GAMMA, True)
+    assert parse(3) == (3, False) and parse("3") == (3, False)
+    with pytest.raises(SpecqError, match="whole number or 'auto'"):
+        parse("many")
+
+
+@pytest.fixture()
+def scripted(monkeypatch):
+    """Replace the loop's chooser with one driven by outcomes, the hardest kind of schedule for
+    losslessness: 1 to start, then 0 (plain) after a rejection and 2 after a plain step or a fully
+    accepted proposal. Yields the list of [chosen g, drafted, accepted] per step."""
+    steps = []
+
+    class Chooser:
+        def __init__(self, max_gamma):
+            self.max_gamma = max_gamma
+
+        def next(self):
+            g = 1 if not steps else 0 if steps[-1][2] < steps[-1][1] else min(2, self.max_gamma)
+            steps.append([g, None, None])
+            return g
+
+        def observe(self, cap, drafted, accepted, draft_s, verify_s):
+            pass
+
+    record_step = DecodeStats.record_step
+
+    def record(self, drafted, accepted, depth=None):
+        if steps and steps[-1][1] is None:  # a step the chooser chose (plain runs have none)
+            steps[-1][1:] = [drafted, accepted]
+        record_step(self, drafted, accepted, depth)
+
+    monkeypatch.setattr(decode_module, "CostAwareGamma", Chooser)
+    monkeypatch.setattr(DecodeStats, "record_step", record)
+    return steps
+
+
+@pytest.mark.parametrize("kind", ["sequence", "feature"])
+def test_greedy_equality_under_outcome_driven_schedules(scripted, kind):
+    target = tiny_model(vocab=32, scale=3.0, seed=4)
+    draft = perturbed(target, 0.1) if kind == "sequence" else _feature_model(target)
+    for prompt in PROMPTS:
+        base = generate(target, prompt, max_new_tokens=40)
+        scripted.clear()
+        spec = generate(target, prompt, draft, gamma="auto", max_new_tokens=40)
+        assert spec.token_ids == base.token_ids
+        assert {g for g, _, _ in scripted} == {0, 1, 2}  # plain steps and both lengths ran
+
+
+@pytest.mark.parametrize("kind", ["sequence", "feature"])
+def test_auto_is_lossless_end_to_end(kind):
+    target = tiny_model(vocab=32, scale=3.0, seed=4)
+    draft = perturbed(target, 0.1) if kind == "sequence" else _feature_model(target)
+    for prompt in PROMPTS:
+        base = generate(target, prompt, max_new_tokens=40)
+        spec = generate(target, prompt, draft, gamma="auto", max_new_tokens=40)
+        assert spec.token_ids == base.token_ids and spec.stats.gamma == AUTO_MAX_GAMMA
+
+
+def test_sampling_distribution_under_outcome_driven_schedules(scripted):
+    """Choosing g from past outcomes keeps speculative sampling exact: 4 sampled tokens against
+    the target's computed joint distribution (chi-square, deterministic seeds)."""
+    
+    cfg = SamplingConfig(temperature=1.0)
+    prompt = [1, 2]
+    target = tiny_model(vocab=3, hidden=16, scale=1.0, seed=11)
+    draft = tiny_model(vocab=3, hidden=16, scale=1.5, seed=12)
+    exact = _exact_sequence_distribution(target, prompt, 4, cfg)
+    runs, counts, plain = 1500, dict.fromkeys(exact, 0), 0
+    for seed in range(runs):
+        scripted.clear()
+        out = generate(target, prompt, draft, gamma="auto", max_new_tokens=4, temperature=cfg.temperature,
+                       seed=seed, draft_confidence=0.0)
+        counts[tuple(out.token_ids)] += 1
+        plain += scripted[1][0] == 0 if len(scripted) > 1 else 0
+    assert runs // 5 < plain < runs * 4 // 5  # the second step's length really followed the first's outcome
+    assert chi_square_p(counts, exact, runs) > 0.001

@@ -1,0 +1,45 @@
+"""kernels/f32dot: float32 linear layers for decoding's few rows, against torch, every row
+bit-identical whatever the row count, and the fast path's float layer around it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specq.backends import fastpath
+from specq.kernels import f32dot
+
+pytestmark = pytest.mark.skipif(not f32dot.available(), reason="needs AVX2 and a C compiler")
+
+
+@pytest.mark.parametrize("out,n_in", [(64, 96), (21, 33)])  # 21 x 33: a last panel of 5 outputs, an odd input
+def test_matches_torch(out, n_in):
+    g = torch.Generator().manual_seed(out)
+    w, x = torch.randn(out, n_in, generator=g), torch.randn(7, n_in, generator=g)
+    torch.testing.assert_close(f32dot.linear(x, f32dot.FloatPanels(w)), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_every_row_is_bit_identical_whatever_the_row_count():
+    g = torch.Generator().manual_seed(0)
+    weight = f32dot.FloatPanels(torch.randn(44, 75, generator=g))
+    x = torch.randn(11, 75, generator=g)
+    alone = torch.cat([f32dot.linear(x[i:i + 1], weight) for i in range(len(x))])
+    for rows in range(1, len(x) + 1):  # row tiles of 4, 3, 2 (and 1 alone)
+        for start in (0, len(x) - rows):
+            assert torch.equal(f32dot.linear(x[start:start + rows], weight), alone[start:start + rows]), (rows, start)
+
+
+def test_the_fast_float_layer_hands_long_inputs_to_torch():
+    g = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(40, 24, bias=False)
+    layer = fastpath.PackedLinear(linear.weight.detach())
+    assert "f32dot" in layer.kernel
+    x = torch.randn(1, f32dot.MAX_ROWS + 3, 40, generator=g)
+    with torch.no_grad():
+        short, long = layer(x[:, :f32dot.MAX_ROWS]), layer(x)
+        torch.testing.assert_close(long, linear(x), rtol=1e-5, atol=1e-5)  # a prefill: torch's GEMM
+        assert torch.equal(short, f32dot.linear(x[:, :f32dot.MAX_ROWS], layer.float_panels()))
+        copied = copy.deepcopy(layer)
+        assert copied.float_panels() is not layer.float_panels() and torch.equal(copied(x[:, :3]), short[:, :3])

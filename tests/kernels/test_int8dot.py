@@ -1,0 +1,125 @@
+"""specq's int8-activation kernel (`kernels/int8dot.c`): the same numbers as a float64 reference of
+its scheme, every row bit-identical whatever the row count (what keeps verify passes lossless), and
+the fast path's switch to it and back."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specq.backends import fastpath
+from specq.kernels import int8dot
+from specq.weights.quant.modules import BlockInt4Linear, make_quant_linear
+from specq.weights.quant.rtn import quantize_rtn
+
+pytestmark = pytest.mark.skipif(not int8dot.available(), reason="needs AVX2 and a C compiler")
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's scheme in float64: x rounded to int8 per block of 32 (scale max|x| / 127),
+    times w = scale * code (+ offset)."""
+    blocks = x.double().view(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    xq = (torch.round(blocks * torch.where(amax > 0, 127 / amax, 0)) * amax / 127).view_as(x)
+    group = w.shape[1] // scale.shape[1]
+    weight = (w.double().view(w.shape[0], -1, group) * scale.double()[..., None]).view_as(w)
+    y = xq @ weight.T
+    if offset is not None:
+        y += xq.view(x.shape[0], -1, group).sum(-1) @ offset.double().T
+    return y
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("out", [64, 18])  # 18: a last panel of 2 outputs, padded to 8
+def test_int4_weights_match_the_reference(group, out):
+    g = torch.Generator().manual_seed(group + out)
+    codes = torch.randint(0, 16, (out, 256), generator=g)
+    scale = torch.rand(out, 256 // group, generator=g) * 0.02
+    offset = -8 * scale + torch.randn(out, 256 // group, generator=g) * 1e-3
+    x = torch.randn(9, 256, generator=g)
+    x[3] = 0  # an all-zero row: scale 0, no division by zero
+    y = int8dot.linear(x, int8dot.pack_int4(codes, scale, offset))
+    torch.testing.assert_close(y.double(), reference(x, codes, scale, offset), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y[3], torch.zeros(out))
+    assert int8dot.linear(x[:0], int8dot.pack_int4(codes, scale, offset)).shape == (0, out)  # no rows: no work
+
+
+@pytest.mark.parametrize("group", [32, 256])
+def test_int8_weights_match_the_reference(group):
+    g = torch.Generator().manual_seed(group)
+    codes = torch.randint(-128, 128, (36, 256), generator=g)
+    codes[0, :32] = -128  # |w| = 128 goes through the kernel's unsigned-times-signed product
+    scale = torch.rand(36, 256 // group, generator=g) * 0.01
+    x = torch.randn(7, 256, generator=g) * 4
+    y = int8dot.linear(x, int8dot.pack_int8(codes, scale))
+    torch.testing.assert_close(y.double(), reference(x, codes, scale, None), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_row_is_bit_identical_whatever_the_row_count(bits):
+    g = torch.Generator().manual_seed(bits)
+    out, n_in = 44, 192
+    if bits == 4:
+        weight = int8dot.pack_int4(torch.randint(0, 16, (out, n_in), generator=g), torch.rand(out, 3, generator=g),
+                                   torch.randn(out, 3, generator=g))
+    else:
+        weight = int8dot.pack_int8(torch.randint(-127, 128, (out, n_in), generator=g), torch.rand(out, 1, generator=g))
+    x = torch.randn(11, n_in, generator=g)
+    alone = torch.cat([int8dot.linear(x[i:i + 1], weight) for i in range(len(x))])
+    for rows in range(1, len(x) + 1):  # row tiles of 4, 2 and 1; a last panel of 4 of 8 outputs
+        for start in (0, len(x) - rows):
+            assert torch.equal(int8dot.linear(x[start:start + rows], weight), alone[start:start + rows]), (rows, start)
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (8, True)])
+def test_the_fast_path_switches_integer_layers_and_back(bits, symmetric):
+    g = torch.Generator().manual_seed(bits)
+    weight = torch.randn(48, 128, generator=g) * 0.05
+    qw = quantize_rtn(weight, bits, 128 if bits == 8 else 64, symmetric)
+    net = torch.nn.Sequential(make_quant_linear(qw, None, packed=True, dtype=torch.float32))
+    x = torch.randn(5, 128, generator=g)
+    torch_op = net(x)
+    assert fastpath.pack_linears(net) == 1
+    assert "int8dot" in net[0].kernel
+    fast = net(x)
+    exact = x @ qw.dequantize().float().T
+    # both differ from the exact product only by the rounding of the activations (bf16 or int8)
+    for y in (fast, torch_op):
+        torch.testing.assert_close(y, exact, rtol=0.05, atol=0.05 * exact.abs().max().item())
+    assert not torch.equal(fast, torch_op)  # a different kernel really ran
+    copied = copy.deepcopy(net)
+    del net[0]._int8dot  # the copy owns its own kernel tensors
+    assert torch.equal(copied(x), fast)
+    fastpath.unpack_linears(copied)
+    assert "int8dot" not in copied[0].kernel and torch.equal(copied(x), torch_op)
+
+
+def test_gguf_blocks_use_the_files_own_scales():
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 16, (32, 64), generator=g)
+    d, m = torch.rand(32, 2, generator=g) * 0.01, -torch.rand(32, 2, generator=g) * 0.05
+    layer = BlockInt4Linear(codes, d, m, "Q4_1")
+    assert layer.use_int8dot(True) and "Q4_1" in layer.kernel
+    x = torch.randn(3, 64, generator=g)
+    torch.testing.assert_close(layer(x).double(), reference(x, codes, d, m), rtol=1e-5, atol=1e-5)
+
+
+def test_pack_linears_keeps_torch_ops_where_the_kernel_is_unavailable(monkeypatch):
+    qw = quantize_rtn(torch.randn(32, 64), 4, 64, False)
+    net = torch.nn.Sequential(make_quant_linear(qw, None, packed=True, dtype=torch.float32))
+    monkeypatch.setattr(int8dot, "available", lambda: False)
+    assert fastpath.pack_linears(net) == 0 and "_weight_int4pack_mm" in net[0].kernel
+
+
+def test_the_kernels_compile_once_per_cache(tmp_path):
+    code = "from specq.kernels import decoder, int8dot; assert int8dot.available() and decoder.available()"
+    env = {**os.environ, "SPECQ_CACHE": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert runs[0].stderr.count("compiling specq's CPU kernels") == 1 and runs[1].stderr == ""
+    assert len(list((tmp_path / "kernels").glob("specq-*.so"))) == 1

@@ -1,0 +1,206 @@
+"""GGUF files: llama.cpp's layout read back exactly, corrupt files as one-line errors, and the
+built-in target's first conversion (run from an empty cache, so CI always exercises it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specq.errors import SpecqError
+from specq.loading import gguf_io
+from specq.model.llama import native_to_hf_state_dict
+
+from conftest import tiny_model
+
+
+def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """The q/k row order llama.cpp's converter writes (convert_hf_to_gguf's LlamaModel.permute)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(path, model, qtype: str = "F32", extra=None) -> None:
+    """A tiny native Llama written the way llama.cpp's converter writes a Hugging Face Llama;
+    `extra(writer)` adds more metadata."""
+    import gguf
+    from gguf import GGMLQuantizationType, quants
+
+    c = model.net.config
+    hf = {k: v.float().numpy() for k, v in native_to_hf_state_dict(model.net).items()}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_layers)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_heads)
+    w.add_head_count_kv(c.num_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_vocab_size(c.vocab_size)
+    if extra is not None:
+        extra(w)
+
+    def add(name: str, array: np.ndarray) -> None:
+        if array.ndim == 2 and qtype != "F32":
+            t = getattr(GGMLQuantizationType, qtype)
+            w.add_tensor(name, quants.quantize(array, t), raw_dtype=t)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(array))
+
+    add("token_embd.weight", hf["model.embed_tokens.weight"])
+    add("output_norm.weight", hf["model.norm.weight"])
+    if "lm_head.weight" in hf:
+        add("output.weight", hf["lm_head.weight"])
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(c.num_layers):
+        for hf_name, gguf_name in names.items():
+            array = hf[f"model.layers.{i}.{hf_name}.weight"]
+            if gguf_name == "attn_q":
+                array = llama_cpp_permute(array, c.num_heads)
+            elif gguf_name == "attn_k":
+                array = llama_cpp_permute(array, c.num_kv_heads)
+            add(f"blk.{i}.{gguf_name}.weight", array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_float_gguf_reads_back_exactly(tmp_path):
+    model = tiny_model(vocab=48, hidden=64)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, model)
+    parsed = gguf_io.read(path)
+    assert parsed.config == model.net.config
+    state = parsed.float_state_dict()
+    for name, value in model.net.state_dict().items():
+        assert torch.equal(state[name], value), name  # q/k rows back in the Hugging Face order
+
+
+def test_float32_copy_holds_the_dequantized_weights_and_the_metadata(tmp_path):
+    """`write_float32` (llama.cpp's side of the F32 comparison): every tensor is F32 and equal,
+    bit for bit, to gguf's dequantization of the source; every key/value is copied but the file type."""
+    import gguf
+    from gguf.quants import dequantize
+
+    def extra(w) -> None:
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list([f"t{i}" for i in range(48)])
+        w.add_token_scores([float(i) / 3 for i in range(48)])
+        w.add_bos_token_id(1)
+
+    model = tiny_model(vocab=48, hidden=64)
+    src, dst = tmp_path / "tiny.Q4_1.gguf", tmp_path / "out" / "tiny.F32.gguf"
+    write_tiny_gguf(src, model, "Q4_1", extra)
+    gguf_io.write_float32(src, dst)
+    a, b = gguf.GGUFReader(src), gguf.GGUFReader(dst)
+
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    assert {t.tensor_type.name for t in a.tensors} == {"Q4_1", "F32"}
+    for ta, tb in zip(a.tensors, b.tensors):
+        assert tb.tensor_type == gguf.GGMLQuantizationType.F32, tb.name
+        expected = np.asarray(ta.data) if ta.tensor_type.name == "F32" else dequantize(np.asarray(ta.data), ta.tensor_type)
+        assert tb.shape.tolist() == ta.shape.tolist() and np.array_equal(np.asarray(tb.data), expected), tb.name
+
+    file_type = gguf.Keys.General.FILE_TYPE
+    assert b.fields[file_type].contents() == gguf.LlamaFileType.ALL_F32
+    for name, field in a.fields.items():
+        if name.startswith("GGUF.") or name == file_type:
+            continue
+        assert b.fields[name].types == field.types and b.fields[name].contents() == field.contents(), name
+    assert set(b.fields) == set(a.fields)
+
+    same, converted = gguf_io.read(src), gguf_io.read(dst)  # the model specq builds from either file
+    assert converted.config == same.config
+    for name, value in same.float_state_dict().items():
+        assert torch.equal(converted.float_state_dict()[name], value), name
+
+
+@pytest.mark.parametrize("damage", ["empty", "random", "truncated"])
+def test_corrupt_gguf_is_one_line(tmp_path, damage):
+    path = tmp_path / "bad.gguf"
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "random":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    else:
+        write_tiny_gguf(path, tiny_model(vocab=48, hidden=64))
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SpecqError) as e:
+        gguf_io.read(path)
+    assert "\n" not in str(e.value) and "bad.gguf" in str(e.value)
+
+
+def test_builtin_target_converts_from_an_empty_cache(tmp_path, monkeypatch):
+    """The first run on a fresh machine converts the shipped GGUF file (no `accelerate`, no hub)."""
+    import specq
+    from specq.loading import models
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
+    path = models.BUILTINS["smollm2-135m"]()
+    assert path == tmp_path / "smollm2-135m" and (path / "model.safetensors").is_file()
+    target = specq.load("smollm2-135m")
+    assert target.source == str(path)
+    out = specq.generate(target, "The capital of France is", max_new_tokens=4)
+    assert "Paris" in out.text  # a wrong q/k order or head would not answer this
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
+    """@gguf: eager, Q4_0 / Q4_1 blocks on torch's int4 kernel (the file's codes, only the scales
+    rounded to its bf16) and Q8_0 in bf16; on the fast path, every type on the int8-activation
+    kernel with the file's own codes and scales. Logits stay close to the dequantized model."""
+    from specq.backends import fastpath
+    from specq.kernels import int8dot
+    from specq.weights.quant.modules import BlockInt4Linear, BlockInt8Linear
+
+    if fast and not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
+
+    model = tiny_model(vocab=48, hidden=64, scale=3.0)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, model, qtype)
+    parsed = gguf_io.read(path)
+    net, notes = gguf_io.load_at_file_precision(parsed)
+    assert notes == []
+    kind = BlockInt8Linear if qtype == "Q8_0" else BlockInt4Linear
+    assert isinstance(net.layers[0].attention.wqkv, kind) and isinstance(net.layers[1].feed_forward.w2, kind)
+    if fast:
+        assert fastpath.pack_linears(net) == 2 * 4 + 1 and "int8dot" in net.output.kernel
+
+    reference = parsed.float_state_dict()  # gguf's own dequantization, in the native layout
+    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w13", "output"):
+        module = net.get_submodule(name)
+        eye = torch.eye(module.in_features)
+        weight = module(eye).t()  # every column of the executed weight
+        expected = reference[f"{name}.weight"]
+        assert weight.shape == expected.shape
+        if fast:  # one-hot rows quantize to int8 exactly: the file's own weights, up to float rounding
+            torch.testing.assert_close(weight, expected, rtol=1e-5, atol=1e-6)
+        else:  # bf16 scales/zeros (int4) or bf16 weights (Q8_0): within a few bf16 steps of each value
+            assert torch.allclose(weight, expected, rtol=2 ** -6, atol=2 ** -6 * expected.abs().max().item()), name
+
+    ids = torch.tensor([1, 5, 9, 2, 7, 3])
+    float_net = tiny_model(vocab=48, hidden=64).net
+    float_net.load_state_dict(reference)
+    with torch.inference_mode():
+        a, b = float_net(ids), net(ids)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 5 / 6
+
+
+@pytest.mark.parametrize("suffix", ["", "@gguf"])
+def test_corrupt_gguf_target_exits_2_before_anything_is_cached(tmp_path, monkeypatch, capsys, suffix):
+    from specq.cli import main
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(np.random.default_rng(1).bytes(1000))
+    assert main(["generate", "hi", "--target", f"{bad}{suffix}", "--no-speculative"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.gguf" in err and "Traceback" not in err
+    assert not list((tmp_path / "cache").glob("gguf/*"))  # no half-converted cache left behind

@@ -1,0 +1,65 @@
+"""Model refs with a quant spec: quantized once, cached, saved/loaded, still lossless."""
+
+import pytest
+import torch
+
+import specq
+from specq.cli import main
+from specq.loading.models import save_native
+
+from conftest import perturbed, tiny_model
+
+
+@pytest.fixture()
+def tiny_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    model = tiny_model(vocab=64, hidden=64, scale=3.0)
+    save_native(model, tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+def test_quantized_ref_is_cached_and_matches_saved_dir(tiny_dir, tmp_path, capsys):
+    ref = f"{tiny_dir}@int4-g32-rtn"
+    first = specq.load(ref)
+    assert first.precision == "int4-g32-rtn"
+    cached = list((tmp_path / "cache" / "quantized").iterdir())
+    assert len(cached) == 1 and (cached[0] / "quant_config.json").is_file()
+    again = specq.load(ref)  # from the cache this time
+    ids = torch.tensor([1, 5, 9, 2, 7])
+    with torch.no_grad():
+        torch.testing.assert_close(first.net(ids, None), again.net(ids, None))
+    assert main(["quantize", str(tiny_dir), "int4-g32-rtn", "--out", str(tmp_path / "q")]) == 0
+    saved = specq.load(str(tmp_path / "q"))
+    assert saved.precision == "int4-g32-rtn"
+    with torch.no_grad():
+        torch.testing.assert_close(saved.net(ids, None), first.net(ids, None))
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4-g32-rtn", "int3-g32-rtn", "int2-g32-rtn", "bf16"])
+def test_quantized_target_stays_lossless(tiny_dir, spec):
+    target = specq.load(f"{tiny_dir}@{spec}")
+    draft = perturbed(specq.load(str(tiny_dir), fast=False), 0.05)  # noise on the weights, before any packing
+    for prompt in ([1, 2, 3], [4, 4, 5, 6]):
+        base = specq.generate(target, prompt, max_new_tokens=30)
+        for gamma in (1, 4):
+            assert specq.generate(target, prompt, draft, gamma=gamma, max_new_tokens=30).token_ids == base.token_ids
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["quantize", "{dir}", "int4-g32-zzz", "--out", "{tmp}/x"], "bad quant spec"),
+    (["quantize", "{dir}", "bf16", "--out", "{tmp}/x"], "nothing to quantize"),
+    (["quantize", "{dir}", "int4-g7-rtn", "--out", "{tmp}/x"], "group size"),
+    (["generate", "t1", "--target", "{dir}@int9"], "bad quant spec"),
+])
+def test_bad_specs_one_line(tiny_dir, tmp_path, capsys, args, needle):
+    code = main([a.format(dir=tiny_dir, tmp=tmp_path) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_spec_the_model_cannot_take_is_one_line_before_any_announcement(tiny_dir, capsys):
+    """g7 divides no layer of the tiny model: the error comes before 'quantizing ... (once)'."""
+    assert main(["generate", "t1", "--target", f"{tiny_dir}@int4-g7-rtn", "--no-speculative"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "group size" in err and "quantizing" not in err

@@ -1,0 +1,97 @@
+"""Draft registry: exact precision, then nearest; corrupt or missing manifests are clear errors."""
+
+import pytest
+
+from specq.errors import SpecqError
+from specq.loading import registry
+
+
+def _draft(root, name):
+    (root / name).mkdir(parents=True)
+    (root / name / "config.json").write_text("{}")
+
+
+def test_exact_then_nearest(tmp_path):
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    _draft(shipped, "base")
+    _draft(user, "cal-int4")
+    _draft(user, "cal-int8")
+    registry.add(shipped, registry.Entry("m", "fp32", "base"))
+    registry.add(user, registry.Entry("m", "int4-g64-gptq", "cal-int4"))
+    registry.add(user, registry.Entry("m", "int8", "cal-int8"))
+    dirs = [shipped, user]
+    path, entry, exact = registry.select(dirs, "m", "int4-g64-gptq")
+    assert exact and path == user / "cal-int4"
+    path, entry, exact = registry.select(dirs, "m", "int3-g64-gptq")  # nearest: int4
+    assert not exact and entry.draft == "cal-int4"
+    path, entry, exact = registry.select(dirs, "m", "bf16")  # nearest step size: fp32, not int8
+    assert not exact and entry.draft == "base"
+    path, entry, exact = registry.select(dirs, "m", "int2-g32-rtn")  # int4 (step 1/16) beats int8 (1/256)
+    assert not exact and entry.draft == "cal-int4"
+    assert registry.select(dirs, "other-model", "fp32") is None
+
+
+def test_a_feature_draft_wins_unless_the_draft_is_to_be_quantized(tmp_path):
+    _draft(tmp_path, "seq")
+    (tmp_path / "feat").mkdir()
+    (tmp_path / "feat" / "feature_draft.json").write_text("{}")
+    registry.add(tmp_path, registry.Entry("m", "fp32", "seq"))
+    registry.add(tmp_path, registry.Entry("m", "fp32", "feat"))
+    assert registry.select([tmp_path], "m", "fp32")[0] == tmp_path / "feat"  # the later entry
+    assert registry.select([tmp_path], "m", "int8")[0] == tmp_path / "feat"
+    assert registry.select([tmp_path], "m", "fp32", quantizable=True)[0] == tmp_path / "seq"
+
+
+def test_add_replaces_and_skips_missing_dirs(tmp_path):
+    registry.add(tmp_path, registry.Entry("m", "int8", "gone"))
+    assert registry.select([tmp_path], "m", "int8") is None  # the draft directory does not exist
+    registry.add(tmp_path, registry.Entry("m", "int8", "gone", info={"beta": 0.9}))
+    assert len(registry.read(tmp_path)) == 1
+
+
+def test_corrupt_or_missing_manifest(tmp_path):
+    (tmp_path / registry.MANIFEST).write_text('{"drafts": [{"target": "m"')
+    with pytest.raises(SpecqError, match="corrupt"):
+        registry.read(tmp_path)
+    with pytest.raises(SpecqError, match="no draft registry"):
+        registry.read(tmp_path / "nowhere", required=True)
+    assert registry.read(tmp_path / "nowhere") == []
+
+
+def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch):
+    import specq
+    from specq.loading.models import save_native
+
+    from conftest import perturbed, tiny_model
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    target = tiny_model(vocab=64, hidden=64, scale=3.0)
+    save_native(target, tmp_path / "target")
+    drafts = tmp_path / "cache" / "drafts"
+    for name, spec in (("for-fp32", "fp32"), ("for-int4", "int4-g32-rtn")):
+        save_native(perturbed(target, 0.3, ref=name), drafts / name)
+        registry.add(drafts, registry.Entry(str(tmp_path / "target"), spec, name))
+    pool = specq.ModelPool(str(tmp_path / "target"))
+    assert pool.models("int4-g32-rtn")[1].source.endswith("for-int4")
+    assert pool.models("fp32")[1].source.endswith("for-fp32")
+    quantized = specq.load(f"{tmp_path / 'target'}@int4-g32-rtn")
+    plain = specq.generate(quantized, [1, 2, 3], max_new_tokens=16)
+    out = pool.generate([1, 2, 3], precision="int4-g32-rtn", gamma=3, max_new_tokens=16)
+    assert out.token_ids == plain.token_ids and out.draft.endswith("for-int4")
+    with pytest.warns(UserWarning, match="no draft calibrated"):  # int8: the nearest is the fp32 draft
+        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft.endswith("for-fp32")
+    with pytest.warns(UserWarning, match="no draft calibrated"):  # int3: the nearest is the int4 draft
+        assert pool.generate([1, 2, 3], precision="int3-g32-rtn", max_new_tokens=4).draft.endswith("for-int4")
+
+
+def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
+    """`draft_spec` runs the selected draft at that precision: the selected ref carries it."""
+    from specq.loading.models import select_draft
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    drafts = tmp_path / "cache" / "drafts"
+    _draft(drafts, "small")
+    registry.add(drafts, registry.Entry("m", "int8", "small", draft_spec="int8-head8"))
+    registry.add(drafts, registry.Entry("m", "fp32", "small"))
+    assert select_draft("m@int8")[0] == f"{drafts / 'small'}@int8-head8"
+    assert select_draft("m")[0] == str(drafts / "small")  # no spec: the draft as stored
