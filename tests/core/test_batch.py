@@ -10,12 +10,11 @@ import torch
 from torch import nn
 
 from specq import api, generate
-from specq.backends.fastpath import invariant_rows
 from specq.core.acceptance import verify_layout
 from specq.core.decode import Sequence, step
 from specq.drafters import TreeShape
 from specq.kernels import f32dot
-from specq.model.llama import MAX_STACKED_ROWS, Rows
+from specq.model.llama import MAX_STACKED_ROWS, Rows, invariant_rows
 
 from conftest import _feature_model, at, perturbed, tiny_model
 
