@@ -2,6 +2,8 @@
 
 - chat: the held-out built-in chat prompts (never used to train the shipped draft)
 - gsm8k: the shipped GSM8K problems, asked in chat form; the reference answer is kept for EM
+- code: writing a function from a description (`bench.coding.CODE_TASKS`)
+- edit: editing a given file and returning it whole (`bench.coding.EDIT_TASKS`)
 - corpus: continuations of held-out Shakespeare passages (raw text, no chat template)
 - file: a user file (`specq.data.user_texts`: .jsonl with one object per line, or plain text)
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SETS = ("chat", "gsm8k", "corpus", "file")
+SETS = ("chat", "gsm8k", "code", "edit", "corpus", "file")
 GSM8K_INSTRUCTION = "Solve this step by step. End with the final answer as '#### <number>'."
 CORPUS_CHARS = 600  # about 150 tokens of context per continuation
 
@@ -27,6 +29,7 @@ class Prompt:
 def load_set(name: str, n: int, file: str | None = None, field: str = "text", file_chat: bool = True) -> list[Prompt]:
     """The first `n` prompts of a set (fewer when the set is smaller)."""
     from .. import data
+    from .coding import CODE_TASKS, EDIT_TASKS
     from .quality import reference_answer
 
     if name == "chat":
@@ -34,6 +37,9 @@ def load_set(name: str, n: int, file: str | None = None, field: str = "text", fi
     if name == "gsm8k":
         return [Prompt(name, i, f"{p['question']}\n{GSM8K_INSTRUCTION}", True, reference_answer(p["answer"]))
                 for i, p in enumerate(data.gsm8k_problems()[:n])]
+    if name in ("code", "edit"):
+        tasks = CODE_TASKS if name == "code" else EDIT_TASKS
+        return [Prompt(name, i, t, True) for i, t in enumerate(tasks[:n])]
     if name == "corpus":
         return [Prompt(name, i, t, False) for i, t in enumerate(corpus_passages(n))]
     if name == "file":
