@@ -36,7 +36,7 @@ def timed(net, ids: torch.Tensor, cache) -> float:
 
 
 def bench_precision(spec: str, sizes: list[int], rounds: int, calls: int) -> list[dict]:
-    eager = specq.load(f"smollm2-135m@{spec}", fast=False).net
+    eager = specq.load(f"smollm2-135m@{spec}", backend=None).net
     fast = copy.deepcopy(eager)
     fastpath.apply(fast)
     ids = torch.randint(100, 40000, (CONTEXT + max(sizes),), generator=torch.Generator().manual_seed(0))

@@ -253,7 +253,7 @@ def cases(m: Path, d: Path, r: Path) -> list[Case]:
     cli("generate target '@'", "generate", "t1", "--target", "@")
     cli("generate draft @bogus", *g, "--draft", f"{D}@bogus")
     cli("generate --chat without template", *g, "--chat")
-    cli("generate --compile bad threads", *g, "--threads", 99999, "--compile")
+    cli("generate --backend compiled bad threads", *g, "--threads", 99999, "--backend", "compiled")
     cli("generate --stop empty", *g, "--stop", "", expect=(0, 2))
 
     # ---- quantize

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specq.backends import fastpath
+from specq import backends
 from specq.core.sampling import SamplingConfig, probabilities
 from specq.loading.models import Model
 from specq.loading.precision import parse, quantize_net
@@ -104,8 +104,7 @@ def _feature_model(target: Model, vocab_ids=None, seed: int = 0) -> Model:
 def at(model: Model, spec: str, fast: bool) -> Model:
     net = copy.deepcopy(model.net)
     quantize_model(net, spec, progress=False)
-    if fast:
-        fastpath.apply(net)
+    backends.prepare(net, "kernels" if fast else "eager")
     return Model(ref=f"{model.ref}@{spec}", net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
                  source=model.source, precision=spec)
 

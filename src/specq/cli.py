@@ -20,6 +20,10 @@ from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.tree import DEFAULT_TREE, TreeShape
 from .errors import SpecqError
 
+# The names of `specq.backends.BACKENDS` (importing it here would load torch for every `specq --help`)
+BACKEND_HELP = ("what the models run on: kernels (specq's CPU kernels, the default), eager (torch's ops, the "
+                "reference) or compiled (torch.compile of fixed-shape steps, a minute per new shape)")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse prints the whole usage)
@@ -78,11 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="run to --max-new-tokens (benchmarks)")
     g.add_argument("--no-warmup", action="store_true", help="time the first call too")
     g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
-    g.add_argument("--eager", action="store_true",
-                   help="plain eager kernels instead of the fast path (specq's and oneDNN's CPU kernels), for debugging")
-    g.add_argument("--compile", action="store_true",
-                   help="torch.compile the target's and a sequence draft's steps (about a minute per new shape, paid "
-                        "in the warm-up; a feature draft stays eager)")
+    g.add_argument("--backend", default="kernels", help=BACKEND_HELP)
+    g.add_argument("--explain", action="store_true",
+                   help="print what each model runs on (backend, kernel build, the kernel of its linear layers)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
@@ -105,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out chat prompts answered greedily by A, scored by both")
     c.add_argument("--temperature", type=_float, default=1.0)
     c.add_argument("--threads", type=_threads, default=None)
-    c.add_argument("--eager", action="store_true",
-                   help="both models on the plain eager kernels (what the fast path's kernels change: compare with and without)")
+    c.add_argument("--backend", default="kernels",
+                   help=BACKEND_HELP + "; both models (what specq's kernels change: compare kernels with eager)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
 
@@ -230,9 +232,9 @@ def _read_prompt(text: str) -> str:
 def cmd_generate(args) -> int:
     import torch
 
-    from . import api
+    from . import api, backends
     from .loading.models import load, resolve_draft_ref, select_draft
-    from .report import print_generation
+    from .report import print_backends, print_generation
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -242,24 +244,26 @@ def cmd_generate(args) -> int:
     decoding = dict(gamma=_decode_gamma(args), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     seed=args.seed, stop=args.stop, draft_confidence=args.draft_confidence)
     api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
+    backends.check_name(args.backend)
     options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args))
-    target = load(args.target, fast=not args.eager)
+    target = load(args.target, args.backend)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
         draft_ref = None
-    levels = [load(resolve_draft_ref(ref, args.target), fast=not args.eager) for ref in draft_ref.split(",")] \
+    levels = [load(resolve_draft_ref(ref, args.target), args.backend) for ref in draft_ref.split(",")] \
         if draft_ref else []
     draft = levels if len(levels) > 1 else levels[0] if levels else None
     models = [target, *levels]
-    if args.compile:
-        _compile(models, args)
+    explained = {m.ref: backends.describe(m.net) for m in models}
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
-    compile_s = sum(getattr(m.net, "compile_s", 0.0) for m in models) if args.compile else None
+    compile_s = sum(getattr(m.net, "compile_s", 0.0) for m in models) if args.backend == "compiled" else None
     if args.json:
-        print(json.dumps(out.to_dict() | {"compile_s": compile_s, "draft_note": note}))
+        print(json.dumps(out.to_dict() | {"compile_s": compile_s, "draft_note": note, "backends": explained}))
     else:
+        if args.explain:
+            print_backends(explained)
         print_generation(out)
         if note:
             print(f"note: {note}")
@@ -280,28 +284,6 @@ def _decode_gamma(args) -> int | str:
     return DEFAULT_GAMMA if args.gamma is None else args.gamma
 
 
-def _compile(models, args) -> None:
-    from .backends import compiled
-    from .model.feature_draft import FeatureDraft
-    from .model.llama import Llama
-    from .paths import cache_dir
-
-    # inductor's graph and autotuning caches live on disk: under $SPECQ_CACHE, so a second process
-    # on this machine reuses every compiled shape (unless the user points inductor elsewhere)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
-    for m in models:
-        if isinstance(m.net, FeatureDraft):
-            continue  # one small layer fed the target's features: it stays eager
-        if not isinstance(m.net, Llama):
-            raise SpecqError(f"--compile needs Llama-architecture models; '{m.ref}' runs through transformers")
-        compiled.compile(m.net, capacity=_bucket(args.max_new_tokens + 512))
-
-
-def _bucket(n: int) -> int:
-    """Round a cache capacity up to a power of two, so compiled shapes repeat across prompts."""
-    return 1 << (n - 1).bit_length()
-
-
 def cmd_quantize(args) -> int:
     import torch
 
@@ -317,7 +299,7 @@ def cmd_quantize(args) -> int:
     if split_ref(args.model)[1] != "fp32":
         raise SpecqError("give the float model to quantize, without an @spec")
     checks.output(args.out, args.force, "--out")
-    model = load(args.model, fast=False)  # quantized below, then saved
+    model = load(args.model, backend=None)  # quantized below, then saved
     precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples, args.calib_len)
     precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out)
     size = weight_bytes(model.net)
@@ -329,6 +311,7 @@ def cmd_quantize(args) -> int:
 def cmd_compare(args) -> int:
     import torch
 
+    from . import backends
     from .loading.models import check_compatible, load
     from .report import print_comparison
     from .training.divergence import compare, held_out_chunks
@@ -337,11 +320,12 @@ def cmd_compare(args) -> int:
         torch.set_num_threads(args.threads)
     if not 0 < args.temperature <= 100:
         raise SpecqError(f"--temperature must be in (0, 100], got {args.temperature}")
-    a, b = load(args.a, fast=not args.eager), load(args.b, fast=not args.eager)
+    backends.check_name(args.backend)
+    a, b = load(args.a, args.backend), load(args.b, args.backend)
     check_compatible(b, a)  # and A can be a target (not a feature draft)
     chunks = held_out_chunks(a, args.chunks, args.chunk_len, args.chat_prompts)
     result = compare(a, b, chunks, temperature=args.temperature)
-    result.update(a=args.a, b=args.b, kernels="eager" if args.eager else "fast")
+    result.update(a=args.a, b=args.b, backend=args.backend)
     if args.json:
         print(json.dumps(result))
     else:
@@ -374,7 +358,7 @@ def cmd_calibrate(args) -> int:
                                    steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
     out = args.out or default_out(args.draft, ref_precision(args.target))
     check_output(out, args.force, args.resume)  # before the models load
-    target, draft = load(args.target, fast=False), load(args.draft, fast=False)  # the draft is trained
+    target, draft = load(args.target, backend=None), load(args.draft, backend=None)  # the draft is trained
     report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume)
     if args.json:
         print(json.dumps(report))
@@ -415,8 +399,8 @@ def cmd_distill(args) -> int:
         checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
         gamma=args.gamma, head_vocab=args.head_vocab, seed=args.seed,
         extra={"command": "specq " + shlex.join(args.argv)})
-    target = load(args.target, fast=False)  # teacher passes read its weights
-    base = load(args.base, fast=False) if args.base else None
+    target = load(args.target, backend=None)  # teacher passes read its weights
+    base = load(args.base, backend=None) if args.base else None
     report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume, force=args.force,
                  dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     if args.json:

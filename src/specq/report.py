@@ -10,6 +10,17 @@ def _fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def print_backends(explained: dict[str, dict], console: Console | None = None) -> None:
+    """What each model runs on (`specq generate --explain`), from `backends.describe`."""
+    console = console or Console()
+    for ref, d in explained.items():
+        console.print(f"{ref}: backend {d['backend']}, kernel build {d['kernel_build']}, "
+                      f"whole cached passes in one C call: {'yes' if d['layer_stack'] else 'no'}",
+                      markup=False, highlight=False)
+        for kernel, count in d["linear_layers"].items():
+            console.print(f"  {count:4d} linear layers: {kernel}", markup=False, highlight=False)
+
+
 def print_generation(out, console: Console | None = None) -> None:
     console = console or Console()
     console.print(out.text, markup=False, highlight=False)

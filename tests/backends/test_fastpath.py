@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specq import generate
-from specq.backends import compiled, fastpath
+from specq import backends
+from specq.backends import fastpath
 from specq.drafters import TreeShape
 
 from conftest import _feature_model, at, perturbed, tiny_model, verify_vs_steps
@@ -94,13 +95,12 @@ def test_verify_rows_against_one_token_steps(fast, capsys):
     assert all(v < 1e-3 for v in worst.values())
 
 
-def test_compile_after_packing_stays_lossless():
-    """`--compile` on a fast-path model: the compiled steps (real inductor, not a stub backend)
-    unpack the linears first and give the eager output token for token."""
+def test_the_compiled_backend_stays_lossless():
+    """The compiled backend (real inductor, not a stub backend) runs torch's modules, not the fast
+    path's, and gives the eager output token for token beside a fast-path draft."""
     model = tiny_model(scale=3.0, hidden=64)
     base = generate(model, [1, 2, 3], max_new_tokens=12)
-    fastpath.apply(model.net)
-    compiled.compile(model.net, capacity=128)
+    assert backends.prepare(model.net, "compiled") == "compiled"
     assert not any(isinstance(m, fastpath.PackedLinear) or getattr(m, "kernel", False) is True
                    for m in model.net.modules())
     draft = at(perturbed(tiny_model(scale=3.0, hidden=64), 0.5), "fp32", fast=True)

@@ -38,7 +38,7 @@ def test_quantized_ref_is_cached_and_matches_saved_dir(tiny_dir, tmp_path, capsy
 @pytest.mark.parametrize("spec", ["int8", "int4-g32-rtn", "int3-g32-rtn", "int2-g32-rtn", "bf16"])
 def test_quantized_target_stays_lossless(tiny_dir, spec):
     target = specq.load(f"{tiny_dir}@{spec}")
-    draft = perturbed(specq.load(str(tiny_dir), fast=False), 0.05)  # noise on the weights, before any packing
+    draft = perturbed(specq.load(str(tiny_dir), backend=None), 0.05)  # noise on the weights, before any packing
     for prompt in ([1, 2, 3], [4, 4, 5, 6]):
         base = specq.generate(target, prompt, max_new_tokens=30)
         for gamma in (1, 4):

@@ -1,0 +1,104 @@
+"""Execution backends: what a loaded model's layers run on, chosen once, at load, for the whole
+model, and never changed afterwards.
+
+- `kernels` (the default): specq's CPU kernels where they take a layer (`fastpath`: float32
+  linears on f32dot panels, 4/8-bit weights on int8dot, the work between them in C, whole cached
+  passes in one C call), torch's ops for the rest;
+- `eager`: torch's ops only, the reference (training, quantization and saving read these modules);
+- `compiled`: torch.compile of padded fixed-shape chain steps (`compiled`), on torch's ops.
+
+Why one place: before, several switches on a shared model picked the kernel (packed linears, per
+module flags, the layer stack), and training flipped them back on the caller's model. Now
+`prepare` is the only writer, the loader its only caller, and whoever needs plain torch modules
+(training, calibration, a teacher) takes `plain_copy`, leaving the caller's model as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import SpecqError
+from ..kernels import build
+from . import compiled, fastpath
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    prepare: Callable[[nn.Module], object]  # puts a network's layers on this backend, in place
+    about: str  # one line for --help
+
+
+BACKENDS = {b.name: b for b in (
+    Backend("kernels", fastpath.apply, "specq's CPU kernels where they take a layer, torch's ops elsewhere"),
+    Backend("eager", lambda net: None, "torch's ops only (the reference)"),
+    Backend("compiled", compiled.compile, "torch.compile of fixed-shape chain steps (a minute per new shape)"),
+)}
+DEFAULT = "kernels"
+
+
+def check_name(name: str) -> str:
+    """A backend name, or a one-line error listing the valid ones (before any model loads)."""
+    if name not in BACKENDS:
+        raise SpecqError(f"unknown backend '{name}' (valid: {', '.join(BACKENDS)})")
+    return name
+
+
+def prepare(net: nn.Module, name: str = DEFAULT) -> str:
+    """Put `net` on backend `name`, once. Networks the native decoder does not run (transformers'
+    modules) stay on torch's ops whatever is asked: the returned name says what it runs on."""
+    if getattr(net, "backend", None) is not None:
+        raise RuntimeError(f"this network already runs on the '{net.backend}' backend; load the model again")
+    backend = BACKENDS[check_name(name)]
+    if not native(net):
+        backend = BACKENDS["eager"]
+    elif backend.name == "compiled" and not compiled.takes(net):
+        backend = BACKENDS["kernels"]  # a feature draft: one small layer fed the target's features
+    backend.prepare(net)
+    net.backend = backend.name
+    return backend.name
+
+
+def native(net: nn.Module) -> bool:
+    """Whether specq's own decoder (and so its kernels) runs this network."""
+    from ..model.feature_draft import FeatureDraft
+    from ..model.llama import Llama
+
+    return isinstance(net, (Llama, FeatureDraft))
+
+
+def plain_copy(net: nn.Module) -> nn.Module:
+    """A copy of `net` on torch's ops (trainable, readable weights), whatever `net` runs on; `net`
+    itself is left as it is."""
+    out = copy.deepcopy(net)
+    fastpath.revert(out)
+    if getattr(out, "compiled_step", None) is not None:
+        out.compiled_step = None
+    out.backend = None
+    return out
+
+
+def describe(net: nn.Module) -> dict:
+    """What each part of `net` runs on: the backend, the kernel build for this CPU, how many linear
+    layers run on which kernel, and whether cached passes run as one C call (`--explain`)."""
+    linears = Counter(getattr(m, "kernel", None) or _torch_kernel(m) for m in net.modules() if _is_linear(m))
+    stacks = [m.stack is not None for m in net.modules() if hasattr(m, "stack")]
+    return {"backend": getattr(net, "backend", None) or "eager",
+            "kernel_build": "avx2" if build.available() else "none (no AVX2 or no C compiler)",
+            "linear_layers": dict(linears.most_common()),
+            "layer_stack": bool(stacks) and all(stacks)}
+
+
+def _is_linear(m: nn.Module) -> bool:
+    return hasattr(m, "in_features") and hasattr(m, "out_features") and not any(
+        hasattr(c, "in_features") for c in m.children())
+
+
+def _torch_kernel(m: nn.Module) -> str:
+    weight = getattr(m, "weight", None)
+    return f"torch F.linear ({str(weight.dtype).removeprefix('torch.')})" if weight is not None else type(m).__name__

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .. import api
-from ..backends import fastpath
+from .. import api, backends
 from ..loading import models, precision
 from ..loading.models import Model
 from ..model import feature_draft
@@ -66,9 +65,9 @@ def load_prompt_sets(config: BenchConfig) -> dict[str, list[Prompt]]:
 class _Models:
     """Models loaded on demand and kept while the sweep needs them (cells come target-major)."""
 
-    def __init__(self, load: Callable[[str], Model], fast: bool):
+    def __init__(self, load: Callable[[str], Model], backend: str):
         self.load = load
-        self.fast = fast
+        self.backend = backend
         self.loaded: dict[str, tuple[Model, dict]] = {}
         self.hf: dict[str, object] = {}
 
@@ -76,8 +75,7 @@ class _Models:
         if ref not in self.loaded:
             model = self.load(ref)
             info = {"ref": ref, "precision": model.precision, "source": model.source, "sha256": model_hash(model)}
-            if self.fast:
-                fastpath.apply(model.net)
+            backends.prepare(model.net, self.backend)
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
 
@@ -114,14 +112,14 @@ def peer_skip_reason(model: Model) -> str | None:
     return None
 
 
-def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.load, fast=False), generate=api.generate,
+def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.load, backend=None), generate=api.generate,
         prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
         console=None, log=None, progress: bool = True, held_out=heldout.shakespeare_chunks) -> list[dict]:
     """Run every cell of the sweep that the store does not hold yet; return the stored run records,
     this sweep's cells and its quality records. Progress goes to `console` (stderr), notes on the
     sweep to `log` (default: `console`), so that stderr holds only the error when a cell fails.
     `load`, `generate`, `prompt_sets` and `held_out` are injectable (tests use tiny models); models
-    go on the fast path (`fastpath.py`) here unless the config says `eager`."""
+    go on specq's kernels (`specq.backends`) here unless the config says `eager`."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -133,7 +131,7 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.lo
     store.repair(config.results)
     done = store.cells(store.read(config.results, complete=True))
     pending = [c for c in cells if c.key not in done]
-    pool = _Models(load, not config.eager)
+    pool = _Models(load, "eager" if config.eager else backends.DEFAULT)
     if len(pending) < len(cells):
         log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
     if pending:

@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import atomic
-from ..backends import fastpath
+from .. import atomic, backends
 from ..errors import SpecqError
 from ..model import feature_draft
 from ..model.hf_backend import HFCausalLM
@@ -263,15 +262,16 @@ def _resolve(name: str) -> Path | str:
                      "a local directory, a .gguf file or a hub id (org/name)")
 
 
-def load(ref: str, fast: bool = True) -> Model:
+def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
     """Load a model reference: `smollm2-135m`, `./dir`, `file.gguf`, `org/name` (online), each
     optionally with `@spec`: a float precision (fp32, bf16, fp16), a quantization spec (`int8`,
     `int4-g128-gptq`, ...; see `specq.weights.quant.spec`) or `gguf` (a GGUF file's own blocks).
-    Quantized weights are cached. `fast` puts float linear layers on the fast CPU path
-    (`fastpath.py`) for inference; code that trains, quantizes or saves the weights passes False."""
+    Quantized weights are cached. The network goes on `backend` (`specq.backends`: kernels, eager,
+    compiled) for good; None leaves it on no backend yet, for code that quantizes, trains or saves
+    the weights, or puts it on one itself."""
     model = _load(ref)
-    if fast:
-        model.info["packed_linears"] = fastpath.apply(model.net)
+    if backend is not None:
+        model.info["backend"] = backends.prepare(model.net, backend)
     return model
 
 

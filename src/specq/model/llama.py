@@ -335,8 +335,9 @@ class Llama(nn.Module):
         return self.norm.weight.dtype
 
     def new_cache(self, capacity: int) -> KVCache:
-        if self.compiled_step is not None:  # one buffer shape, so compiled steps are reused
-            capacity = max(capacity + MAX_COMPILED_TOKENS, self.compile_capacity)
+        if self.compiled_step is not None:  # few buffer shapes (powers of two), so compiled steps are reused
+            capacity = max(1 << (capacity + MAX_COMPILED_TOKENS - 1).bit_length(), self.compile_capacity)
+            self.compile_capacity = capacity
         self._ensure_rope(capacity)
         return KVCache(self.config, capacity, self.dtype)
 
@@ -474,15 +475,14 @@ class Llama(nn.Module):
     compiled_step = None
     compile_s = 0.0  # time spent compiling new shapes so far (reported by the CLI)
 
-    def compile(self, capacity: int = 1024, backend: str = "inductor") -> None:
+    def compile(self, backend: str = "inductor") -> None:
         """Compile cached steps of up to MAX_COMPILED_TOKENS tokens with torch.compile. Inputs are
         padded to 1, 2, 4, 8 or 16 tokens (padding lands past the cache length, where it is masked
-        and later overwritten), so at most five graphs exist; each costs a compilation (about a
-        minute on 2 cores) on first use. Caches keep one `capacity` so graphs are reused.
-        Call it on a module of plain torch layers (`backends.compiled.compile` reverts the fast path
-        first)."""
+        and later overwritten), so few graphs exist; each costs a compilation (about a minute on 2
+        cores) on first use. Caches grow to the largest capacity asked so far, a power of two, so
+        graphs are reused. Call it on plain torch modules (`backends.prepare` does)."""
         self.compiled_step = torch.compile(self._static_step, dynamic=False, backend=backend)
-        self.compile_capacity = capacity
+        self.compile_capacity = 0
         self._compiled_sizes: set[int] = set()
 
     def _compiled_forward(self, ids: Tensor, cache: KVCache) -> Tensor:

@@ -8,15 +8,13 @@ next-token distributions (top-k, as in `distill`) moves the draft after it.
 
 from __future__ import annotations
 
-import copy
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import checks
+from .. import backends, checks
 from ..api import generate
-from ..backends import fastpath
 from ..core.stats import bootstrap_ci
 from ..data import chat_prompts
 from ..errors import SpecqError
@@ -119,8 +117,6 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     if not (source / "config.json").is_file() and not feature:
         raise SpecqError(f"draft '{draft.ref}' must be a local model directory to calibrate")
     out = check_output(out or default_out(draft.ref, target.precision), force, resume)
-    for model in (target, draft):  # training and the teacher read the weights themselves
-        fastpath.revert(model.net)
     train_prompts = chat_prompts("train")[: settings.prompts]
     held_prompts = chat_prompts("held_out")[: settings.held_out]
     def measured(d: Model) -> dict | None:
@@ -135,7 +131,7 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     del teacher
     if feature:  # it learns from this target's own hidden states
         train, held = train.with_features(target.net), held.with_features(target.net)
-        student = copy.deepcopy(draft.net).float().attach(target.net).train()
+        student = backends.plain_copy(draft.net).float().attach(target.net).train()
     else:
         student = init_draft(None, from_dir=source)
     checkpoints = checkpoint_dir(out)  # an interrupted run resumes from here

@@ -11,7 +11,6 @@ Stages, each cached in a work directory so that an interrupted run continues whe
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import shutil
@@ -23,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic, checks, data
-from ..backends import fastpath
+from .. import atomic, backends, checks, data
 from ..errors import SpecqError
 from ..loading import registry
 from ..loading.models import Model, check_compatible, check_target, split_ref, write_native
@@ -290,14 +288,11 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     if feature and not isinstance(target.net, Llama):
         raise SpecqError(f"a feature draft reads the target's hidden states: '{target.ref}' must be a Llama model")
     config = architecture(arch, target.vocab_size) if base is None and not feature else None
-    for model in (target, base):  # the teacher and the student read the weights themselves
-        if model is not None:
-            fastpath.revert(model.net)
     started = time.perf_counter()
     train, held = teacher_data(target, settings, work, features=feature)
     data_s = time.perf_counter() - started
     if feature and base is not None:
-        student = copy.deepcopy(base.net).float().attach(target.net)
+        student = backends.plain_copy(base.net).float().attach(target.net)
         if settings.head_vocab is not None:
             student = restrict_head(student, frequent_tokens(train.ids, settings.head_vocab, target.vocab_size,
                                                              target.eos_ids, within=student.vocab_ids))
