@@ -9,11 +9,13 @@ the kind of table and its filters:
 
 Kinds: `pivot` (one row per target and draft, one column per value of `by`: gamma or
 max_new_tokens; `value` speedup or tau; `ci=1` adds the 95% CIs; the best speedup of a row is in
-bold) and `cells` (one row per configuration: speedup with CI, predicted, tau, U_i, draft share),
-with the filters `tokens=N` and `gamma=N` (or `auto`); `calibration` (the calibration
-experiment's JSON, rows in the order `order=spec,spec,...`); `verify` (benchmarks/bench_verify.py's
-rows: ms per forward by precision, path and token count); `tree-verify`
-(benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and node count);
+bold), `cells` (one row per configuration: speedup with CI, predicted, tau, U_i, draft share) and
+`summary` (the README's: per configuration the target's plain tokens/s, the speculative tokens/s,
+the paired speedup with CI and tau), with the filters `tokens=N` and `gamma=N` (or `auto`);
+`calibration` (the calibration experiment's JSON, rows in the order `order=spec,spec,...`);
+`verify` (benchmarks/bench_verify.py's rows: ms per forward by precision, path and token count);
+`tree-verify` (benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and
+node count);
 `llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side).
 `serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
 clients, mode and --max-batch).
@@ -44,9 +46,12 @@ BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /tab
 
 
 @cache
+def summarized(results: str) -> tuple[dict, ...]:
+    return tuple(summarize(store.read(ROOT / results)))
+
+
 def speculative_rows(results: str) -> tuple[dict, ...]:
-    rows = summarize(store.read(ROOT / results))
-    return tuple(r for r in rows if r["kind"] == "speculative")
+    return tuple(r for r in summarized(results) if r["kind"] == "speculative")
 
 
 def _filtered(rows, options: dict) -> list[dict]:
@@ -75,6 +80,19 @@ def cells_table(rows: list[dict]) -> str:
         predicted = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}"
         lines.append(f"| {r['target_precision']} | {draft_label(r)} | {r['gamma']} | {r['max_new_tokens']} | "
                      f"{_ci(r['speedup'])} | {predicted} | {r['tau'][0]:.2f} | {u} | {r['draft_share'][0]:.2f} |")
+    return "\n".join(lines)
+
+
+def summary_table(rows: list[dict], baselines: list[dict]) -> str:
+    """What a user compares: the target alone against speculative decoding, per configuration."""
+    same = ("target", "max_new_tokens", "set", "threads", "temperature")  # a configuration's own baseline
+    plain = {tuple(b[k] for k in same): b["tokens_per_s"][0] for b in baselines}
+    lines = ["| target | plain tok/s | draft | gamma | speculative tok/s | speedup [95% CI] | tau |",
+             "|" + "---|" * 7]
+    for r in sorted(rows, key=lambda r: (r["target"], draft_label(r), gamma_order(r["gamma"]))):
+        base = plain.get(tuple(r[k] for k in same))
+        lines.append(f"| {r['target_precision']} | {'-' if base is None else f'{base:.1f}'} | {draft_label(r)} | "
+                     f"{r['gamma']} | {r['tokens_per_s'][0]:.1f} | {_ci(r['speedup'])} | {r['tau'][0]:.2f} |")
     return "\n".join(lines)
 
 
@@ -125,6 +143,8 @@ def render(spec: str) -> str:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")
     if kind == "cells":
         return cells_table(rows)
+    if kind == "summary":
+        return summary_table(rows, [r for r in summarized(results) if r["kind"] == "baseline"])
     if kind != "pivot":
         raise SystemExit(f"table '{spec}': unknown kind {kind!r}")
     by = options.get("by", "gamma")

@@ -18,7 +18,7 @@ def test_doc_tables_match_their_results(path):
 
 
 def test_a_hand_edited_table_is_caught():
-    spec = "docs/results/session6.jsonl pivot value=speedup by=gamma ci=1"
+    spec = "docs/results/stage4-draft.jsonl pivot value=speedup by=gamma ci=1"
     table = doc_tables.render(spec)
     assert "1.30 [1.10, 1.45]" in table  # the fp32 stage-4 draft at gamma 2 in the raw file
     edited = f"<!-- table: {spec} -->\n{table.replace('1.30 [1.10, 1.45]', '1.35 [1.10, 1.45]')}\n<!-- /table -->"
@@ -28,3 +28,18 @@ def test_a_hand_edited_table_is_caught():
 
 def test_the_docs_hold_generated_tables():
     assert sum(doc_tables.BLOCK.search(p.read_text()) is not None for p in doc_tables.DOCS) >= 1
+
+
+def test_the_readme_holds_one_generated_results_table():
+    """The README's results table is a `summary` block of a raw results file, regenerated and checked
+    like the docs' tables: a hand-edited number in it is caught and put back."""
+    blocks = list(doc_tables.BLOCK.finditer((doc_tables.ROOT / "README.md").read_text()))
+    assert [m.group("spec").split()[1] for m in blocks] == ["summary"]
+    spec = blocks[0].group("spec")
+    table = doc_tables.render(spec)
+    row = table.splitlines()[2]  # the first configuration
+    cells = row.split(" | ")
+    assert len(table.splitlines()) > 3 and len(cells) == 7
+    cells[4] = "999.9"  # its speculative tok/s
+    edited = f"<!-- table: {spec} -->\n{table.replace(row, ' | '.join(cells))}\n<!-- /table -->"
+    assert doc_tables.regenerate(edited) == f"<!-- table: {spec} -->\n{table}\n<!-- /table -->"

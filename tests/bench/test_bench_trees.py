@@ -136,7 +136,7 @@ def test_a_bad_tree_key_is_one_line_naming_the_key(text, needle, tmp_path):
 def test_stored_chain_cells_keep_their_keys():
     """Every cell of a results file written before token trees has the key it had then, and a chain
     cell's stored params hold no tree fields."""
-    records = [json.loads(line) for line in (ROOT / "docs/results/fastpath.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (ROOT / "docs/results/auto-fp32.jsonl").read_text().splitlines()]
     cells = [r for r in records if r.get("type") == "cell"]
     assert cells
     for r in cells:
@@ -147,7 +147,7 @@ def test_stored_chain_cells_keep_their_keys():
 
 
 def test_old_results_aggregate_as_chains():
-    rows = aggregate.summarize(store.read(ROOT / "docs/results/fastpath.jsonl"), resamples=50)
+    rows = aggregate.summarize(store.read(ROOT / "docs/results/auto-fp32.jsonl"), resamples=50)
     assert rows and all(r["tree"] == 0 and r["tree_topk"] is None for r in rows)
     for table in (tables.summary(rows, 0.95), tables.brief(rows, 0.95), tables.per_position(rows),
                   tables.profile(rows)):
