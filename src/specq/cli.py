@@ -19,6 +19,7 @@ from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .gamma import AUTO, MAX_GAMMA
+from .kernels import build as kernel_build
 
 
 class _Parser(argparse.ArgumentParser):
@@ -438,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.argv = sys.argv[1:] if argv is None else list(argv)
+        kernel_build.forced()  # a bad SPECQ_KERNELS fails here, before any model loads
         return args.func(args)
     except SpecqError as e:
         print(f"specq: error: {e}", file=sys.stderr)
