@@ -207,3 +207,23 @@ def test_a_stack_refuses_float_panels_of_another_variant(force_kernels):
     force_kernels(wide[-1])
     with pytest.raises(ValueError, match=f"float panels laid out for the avx2 kernels, not {wide[-1]}"):
         fastpath.layer_stack(net)
+
+
+@pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
+@torch.inference_mode()
+def test_verify_rows_equal_one_token_steps_on_every_variant(spec, kernel_variant):
+    """On the fast path, each row of a verify pass equals its one-token step bit for bit on every
+    variant, through all of f32dot's row tiles (up to 4 rows on AVX2, 8 on AVX-512)."""
+    model = tiny_model(scale=3.0, hidden=64)
+    quantize_model(model.net, spec, progress=False)
+    fastpath.apply(model.net)
+    net = model.net
+    assert net.stack is not None and net.stack.variant == kernel_variant
+    prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    rows = torch.randint(0, 32, (17,), generator=torch.Generator().manual_seed(4))
+    cache = net.new_cache(64)
+    net(prompt, cache)
+    steps = torch.cat([net(rows[i:i + 1], cache) for i in range(len(rows))])
+    for n in (2, 3, 5, 8, 9, 17):
+        cache.crop(len(prompt))
+        assert torch.equal(net(rows[:n], cache), steps[:n]), n
