@@ -63,6 +63,40 @@ def perturbed(model: Model, noise: float, seed: int = 1, ref: str = "draft") -> 
     return Model(ref=ref, net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids, source="random")
 
 
+def _kernel_variants() -> list:
+    """Every kernel variant, those this CPU cannot run skipped with what it lacks."""
+    from specq.kernels import build
+
+    return [pytest.param(name, marks=[] if name in build.runnable() else pytest.mark.skip(
+        reason=f"this CPU lacks {', '.join(sorted(needs.keys() - build.cpu_flags()))}"))
+        for name, needs in build.VARIANTS.items()]
+
+
+@pytest.fixture
+def force_kernels(monkeypatch):
+    """A function that makes this test run specq's kernels of the variant it names, as
+    SPECQ_KERNELS does in a new process; the process's own choice is back after the test."""
+    from specq.kernels import build, int8dot
+
+    def forget():
+        build.variant.cache_clear()
+        int8dot._library.cache_clear()  # it holds the process's variant
+
+    def force(name: str) -> None:
+        monkeypatch.setenv(build.ENV, name)
+        forget()
+
+    yield force
+    forget()  # before monkeypatch restores the environment: the next use reads it anew
+
+
+@pytest.fixture(params=_kernel_variants())
+def kernel_variant(request, force_kernels) -> str:
+    """The test runs once per kernel variant this CPU runs, on that variant."""
+    force_kernels(request.param)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def real_target():
     import specq

@@ -19,6 +19,7 @@ from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.tree import DEFAULT_TREE, TreeShape
 from .errors import SpecqError
+from .kernels import build as kernel_build
 
 # The names of `specq.backends.BACKENDS` (importing it here would load torch for every `specq --help`)
 BACKEND_HELP = ("what the models run on: kernels (specq's CPU kernels, the default), eager (torch's ops, the "
@@ -423,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.argv = sys.argv[1:] if argv is None else list(argv)
+        kernel_build.forced()  # a bad SPECQ_KERNELS fails here, before any model loads
         return args.func(args)
     except SpecqError as e:
         print(f"specq: error: {e}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """kernels/decoder: the fast path's C loops between the linear layers (norms, attention rows,
-activations) against torch's ops, the switch, and rows that do not depend on their neighbours."""
+activations) against torch's ops on every kernel variant this CPU runs, the switch, and rows that
+do not depend on their neighbours."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from specq.backends import fastpath
 from specq.core.acceptance import verify_layout
-from specq.kernels import decoder
+from specq.kernels import build, decoder
 from specq.model.llama import Attention, FeedForward, RMSNorm, rotate_half
 from specq.weights.quant import quantize_model
 
@@ -20,7 +21,7 @@ from conftest import tiny_model
 pytestmark = pytest.mark.skipif(not decoder.available(), reason="needs AVX2 and a C compiler")
 
 
-def test_rms_norm_and_silu_mul_match_torch():
+def test_rms_norm_and_silu_mul_match_torch(kernel_variant):
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(5, 576, generator=g) * 3, torch.randn(576, generator=g)
     torch.testing.assert_close(decoder.rms_norm(x, w, 1e-5), F.rms_norm(x, (576,), w, 1e-5), rtol=1e-5, atol=1e-5)
@@ -46,10 +47,11 @@ def reference_attention(qkv, heads, kv_heads, cos, sin, k_cache, v_cache, start,
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("dim", [16, 90])  # 90: whole vectors and a tail, in the dot products and the weighted sum
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_attend_rows_matches_torch(tree):
+def test_attend_rows_matches_torch(tree, dim, kernel_variant):
     g = torch.Generator().manual_seed(1)
-    heads, kv_heads, dim, capacity, start, n = 6, 2, 16, 40, 11, 4
+    heads, kv_heads, capacity, start, n = 6, 2, 40, 11, 4
     qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=g)
     angles = torch.randn(n, dim // 2, generator=g).repeat(1, 2)
     cos, sin = angles.cos(), angles.sin()
@@ -67,7 +69,7 @@ def test_attend_rows_matches_torch(tree):
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
-def test_a_row_does_not_depend_on_the_rows_beside_it():
+def test_a_row_does_not_depend_on_the_rows_beside_it(kernel_variant):
     """Row i of a pass equals row i computed alone with the same keys in the cache, bit for bit."""
     g = torch.Generator().manual_seed(2)
     heads, kv_heads, dim, capacity, start, n = 9, 3, 64, 64, 20, 9
@@ -83,7 +85,7 @@ def test_a_row_does_not_depend_on_the_rows_beside_it():
         assert torch.equal(alone[0], together[i]), i
 
 
-def test_apply_switches_the_decoder_and_revert_switches_back(monkeypatch):
+def test_apply_switches_the_decoder_and_revert_switches_back(force_kernels):
     model = tiny_model(scale=3.0, hidden=64)
     eager = model.net
     fast = copy.deepcopy(eager)
@@ -100,13 +102,9 @@ def test_apply_switches_the_decoder_and_revert_switches_back(monkeypatch):
     torch.testing.assert_close(logits["fast"], logits["eager"], rtol=1e-4, atol=1e-4)
     fastpath.revert(fast)
     assert not any(m.kernel for m in glue)
-    decoder.available.cache_clear()
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
-    try:
-        fastpath.apply(fast)
-        assert not any(m.kernel for m in glue)  # no AVX2: torch's ops
-    finally:
-        decoder.available.cache_clear()
+    force_kernels("torch")  # as on a CPU without AVX2, or without a compiler: torch's ops
+    fastpath.apply(fast)
+    assert not any(m.kernel for m in glue) and fast.stack is None
 
 
 def test_training_keeps_torch_ops():
@@ -121,7 +119,7 @@ def test_training_keeps_torch_ops():
 
 @pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
 @torch.inference_mode()
-def test_the_layer_stack_computes_what_the_modules_compute(spec):
+def test_the_layer_stack_computes_what_the_modules_compute(spec, kernel_variant):
     """Where every linear layer runs on f32dot or int8dot, a one-sequence pass goes through all
     layers in one C call (`decoder.Stack`); steps, a chain verify pass and a tree pass give the
     modules' logits and cache bit for bit, and a copied model gets a stack of its own copied weights."""
@@ -150,7 +148,7 @@ def test_the_layer_stack_computes_what_the_modules_compute(spec):
 
 @pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
 @torch.inference_mode()
-def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec):
+def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, kernel_variant):
     """The server's batched verify pass (`forward_many`: a step, a chain and a tree of three
     sequences, each at the end of its own cache) runs in one C call, and each sequence's logits,
     hidden states and cache are the modules' bit for bit; passes beyond ROW_BY_ROW_MAX rows in all
@@ -194,3 +192,38 @@ def test_no_stack_where_a_layer_stays_on_torch():
     net = tiny_model(scale=3.0, hidden=64).net.to(torch.bfloat16)
     fastpath.apply(net)
     assert net.stack is None
+
+
+def test_a_stack_refuses_float_panels_of_another_variant(force_kernels):
+    """Float panels have the layout of the variant they were made on (8 or 16 outputs each): a
+    stack made on another variant would read them wrongly, so it refuses them."""
+    wide = [name for name in build.runnable() if name.startswith("avx512")]
+    if not wide:
+        pytest.skip("this CPU runs no AVX-512 variant")
+    force_kernels("avx2")
+    net = tiny_model(scale=3.0, hidden=64).net
+    fastpath.apply(net)
+    assert net.stack.variant == "avx2"
+    force_kernels(wide[-1])
+    with pytest.raises(ValueError, match=f"float panels laid out for the avx2 kernels, not {wide[-1]}"):
+        fastpath.layer_stack(net)
+
+
+@pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
+@torch.inference_mode()
+def test_verify_rows_equal_one_token_steps_on_every_variant(spec, kernel_variant):
+    """On the fast path, each row of a verify pass equals its one-token step bit for bit on every
+    variant, through all of f32dot's row tiles (up to 4 rows on AVX2, 8 on AVX-512)."""
+    model = tiny_model(scale=3.0, hidden=64)
+    quantize_model(model.net, spec, progress=False)
+    fastpath.apply(model.net)
+    net = model.net
+    assert net.stack is not None and net.stack.variant == kernel_variant
+    prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    rows = torch.randint(0, 32, (17,), generator=torch.Generator().manual_seed(4))
+    cache = net.new_cache(64)
+    net(prompt, cache)
+    steps = torch.cat([net(rows[i:i + 1], cache) for i in range(len(rows))])
+    for n in (2, 3, 5, 8, 9, 17):
+        cache.crop(len(prompt))
+        assert torch.equal(net(rows[:n], cache), steps[:n]), n

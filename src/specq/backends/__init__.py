@@ -89,7 +89,7 @@ def describe(net: nn.Module) -> dict:
     linears = Counter(getattr(m, "kernel", None) or _torch_kernel(m) for m in net.modules() if _is_linear(m))
     stacks = [m.stack is not None for m in net.modules() if hasattr(m, "stack")]
     return {"backend": getattr(net, "backend", None) or "eager",
-            "kernel_build": "avx2" if build.available() else "none (no AVX2 or no C compiler)",
+            "kernel_build": build.variant(),
             "linear_layers": dict(linears.most_common()),
             "layer_stack": bool(stacks) and all(stacks)}
 

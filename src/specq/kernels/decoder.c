@@ -1,4 +1,4 @@
-/* The decoder's work between its linear layers, for float32 models on x86 CPUs with AVX2 (see
+/* The decoder's work between its linear layers, for float32 models on x86 CPUs with AVX2 or AVX-512 (see
  * kernels/decoder.py for why it is hand-written): RMSNorm, SiLU(gate) * up, and the attention of
  * the rows of a cached pass (rotary embedding, the cache write, and each row's softmax attention
  * over exactly the keys it sees); and `decoder_layers`, every layer of a model whose linear layers
@@ -10,11 +10,49 @@
  * for bit. Compile with -ffp-contract=off: the rotary embedding then rounds exactly as torch's
  * `x * cos + rotate_half(x) * sin` does, so rows rotated here and rows rotated by torch (a
  * prefill) agree.
+ *
+ * Across variants: the dot products (attention scores, the norm's sum of squares) are summed in
+ * vectors of 8 lanes with AVX2 and 16 with AVX-512, so the two variants' results differ in
+ * rounding; the elementwise loops and the attention's weighted sum of values round alike in both.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#if defined(__AVX512F__)
+#define LANES 16
+typedef __m512 vec;
+static inline vec vzero(void) { return _mm512_setzero_ps(); }
+static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec vset1(float a) { return _mm512_set1_ps(a); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
+
+/* sum(a[i] * b[i]) over i < K: sixteen lanes in a fixed order (the last K % 16 masked in), then
+ * the lanes summed. */
+static inline float dot(const float *a, const float *b, int K) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= K; i += 16)
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    if (i < K) {
+        __mmask16 tail = (__mmask16)((1u << (K - i)) - 1);
+        acc = _mm512_mask_add_ps(acc, tail, acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, a + i),
+                                                               _mm512_maskz_loadu_ps(tail, b + i)));
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+#else
+#define LANES 8
+typedef __m256 vec;
+static inline vec vzero(void) { return _mm256_setzero_ps(); }
+static inline vec vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline vec vset1(float a) { return _mm256_set1_ps(a); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
 
 static inline float hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -32,6 +70,40 @@ static inline float dot(const float *a, const float *b, int K) {
     float sum = hsum8(acc);
     for (; i < K; i++) sum += a[i] * b[i];
     return sum;
+}
+#endif
+
+#define UNROLL4 _Pragma("GCC unroll 4")  /* fully: the partial sums stay in registers */
+
+/* o[d] for `vectors` (a constant at each call) vectors of outputs from d on: sum over the keys in
+ * order of p[j] * v_j[d], multiplied then added (so each element rounds as a plain loop over the
+ * keys would), the partial sums kept in registers across all keys. */
+static inline __attribute__((always_inline)) void weighted_vectors(
+        int vectors, const float *p, int keys, const float *vh, const int *slots, int D, int d, float *o) {
+    vec acc[4];
+    UNROLL4
+    for (int c = 0; c < vectors; c++) acc[c] = vzero();
+    for (int j = 0; j < keys; j++) {
+        const float *v = vh + (size_t)(slots ? slots[j] : j) * D + d;
+        vec weight = vset1(p[j]);
+        UNROLL4
+        for (int c = 0; c < vectors; c++) acc[c] = vadd(acc[c], vmul(weight, vload(v + c * LANES)));
+    }
+    UNROLL4
+    for (int c = 0; c < vectors; c++) vstore(o + d + c * LANES, acc[c]);
+}
+
+/* o [D] = sum_j p[j] * v_j over the `keys` value rows v_j = vh[slots ? slots[j] : j]: four vectors
+ * of outputs at a time, then one, then a scalar tail, each element summed in the same order. */
+static void weighted_sum(const float *p, int keys, const float *vh, const int *slots, int D, float *o) {
+    int d = 0;
+    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_vectors(4, p, keys, vh, slots, D, d, o);
+    for (; d + LANES <= D; d += LANES) weighted_vectors(1, p, keys, vh, slots, D, d, o);
+    for (; d < D; d++) {
+        float sum = 0.0f;
+        for (int j = 0; j < keys; j++) sum += p[j] * vh[(size_t)(slots ? slots[j] : j) * D + d];
+        o[d] = sum;
+    }
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * w per row of x [M, K]. */
@@ -111,11 +183,7 @@ int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const float *cos
             total += p[j];
         }
         float *o = out + (size_t)i * H * D + (size_t)h * D;
-        for (int d = 0; d < D; d++) o[d] = 0.0f;
-        for (int j = 0; j < keys; j++) {
-            const float *v = vh + (size_t)(slots ? slots[j] : j) * D;
-            for (int d = 0; d < D; d++) o[d] += p[j] * v[d];
-        }
+        weighted_sum(p, keys, vh, slots, D, o);
         for (int d = 0; d < D; d++) o[d] /= total;
     }
     free(q);

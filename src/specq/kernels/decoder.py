@@ -26,12 +26,12 @@ from torch import Tensor
 from . import build
 
 
-available = build.available  # AVX2 and a C compiler: specq's kernels build here
+available = build.available  # a variant this CPU runs and a C compiler: specq's kernels build here
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
-    lib = build.load()
+def _library(variant: str) -> ctypes.CDLL:
+    lib = build.load(variant)
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.rms_norm.argtypes = [p, i, i, p, f, p]
     lib.rms_norm.restype = None
@@ -53,7 +53,8 @@ def takes(x: Tensor) -> bool:
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dimension; x, weight float32, contiguous."""
     y = torch.empty_like(x)
-    _library().rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.data_ptr(), eps, y.data_ptr())
+    _library(build.variant()).rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.data_ptr(), eps,
+                                       y.data_ptr())
     return y
 
 
@@ -61,7 +62,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     """silu(gate) * up from [..., 2I] (gate first); float32, contiguous."""
     width = gate_up.shape[-1] // 2
     y = gate_up.new_empty(gate_up.shape[:-1] + (width,))
-    _library().silu_mul(gate_up.data_ptr(), gate_up.numel() // gate_up.shape[-1], width, y.data_ptr())
+    _library(build.variant()).silu_mul(gate_up.data_ptr(), gate_up.numel() // gate_up.shape[-1], width, y.data_ptr())
     return y
 
 
@@ -74,7 +75,7 @@ def attend_rows(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, sin: Tensor
     n, dim = qkv.shape[0], cos.shape[-1]
     out = qkv.new_empty(n, heads * dim)
     slots, offsets = _seen_arrays(seen)
-    if _library().attend_rows(
+    if _library(build.variant()).attend_rows(
             qkv.data_ptr(), n, heads, kv_heads, dim, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
             v_cache.data_ptr(), k_cache.shape[1], start, None if slots is None else slots.data_ptr(),
             None if offsets is None else offsets.data_ptr(), dim ** -0.5, out.data_ptr(), torch.get_num_threads()):
@@ -137,17 +138,21 @@ class Stack:
     in eager PyTorch is Python calling a dozen modules per layer; this removes it. The call makes
     the same kernel calls in the same order as the modules do, so the result is bit-identical to
     theirs (tests/test_decoder_kernels.py): a pass may take either way. The weights' addresses are
-    read once; a copy of the model gets a `Stack` of its own copied weights."""
+    read once; a copy of the model gets a `Stack` of its own copied weights. It runs on the kernel
+    variant of the process at its making, which float panels must have been laid out for."""
 
     def __init__(self, layers: list[LayerWeights], heads: int, kv_heads: int, head_dim: int, intermediate: int,
                  eps: float):
         self.layers, self.heads, self.kv_heads = layers, heads, kv_heads
         self.head_dim, self.intermediate, self.eps = head_dim, intermediate, eps
+        self.variant = build.variant()
         table = (_Layer * len(layers))()
         for row, layer in zip(table, layers):
             row.attention_norm, row.ffn_norm = layer.attention_norm.data_ptr(), layer.ffn_norm.data_ptr()
             for name in LINEARS:
                 w = getattr(layer, name)
+                if w.bits == 32 and w.variant != self.variant:
+                    raise ValueError(f"float panels laid out for the {w.variant} kernels, not {self.variant}")
                 setattr(row, name, _QuantWeight(w.bits, w.group_size, *w.pointers))
         self._table = table
 
@@ -172,7 +177,7 @@ class Stack:
             part.layer_stride, part.k, part.v = k[0].numel(), k.data_ptr(), v.data_ptr()
             part.seen = None if slots is None else slots.data_ptr()
             part.offsets = None if offsets is None else offsets.data_ptr()
-        if _library().decoder_layers(
+        if _library(self.variant).decoder_layers(
                 len(self.layers), ctypes.addressof(self._table), x.data_ptr(), n, hidden, self.heads, self.kv_heads,
                 self.head_dim, self.intermediate, self.eps, self.head_dim ** -0.5, cos.data_ptr(), sin.data_ptr(),
                 len(segments), ctypes.addressof(parts), torch.get_num_threads()):
