@@ -22,8 +22,8 @@ Everything is vectorized numpy over all blocks of a tensor at once: a 1.5B model
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
