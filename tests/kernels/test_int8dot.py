@@ -14,10 +14,12 @@ import torch
 
 from specq.backends import fastpath
 from specq.kernels import int8dot
-from specq.weights.quant.modules import BlockInt4Linear, make_quant_linear
+from specq.weights.quant.modules import FileBlocks, make_quant_linear
 from specq.weights.quant.rtn import quantize_rtn
 
 pytestmark = pytest.mark.skipif(not int8dot.available(), reason="needs AVX2 and a C compiler")
+
+PACK = {4: int8dot.pack_int4, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
@@ -60,20 +62,51 @@ def test_int8_weights_match_the_reference(group):
     torch.testing.assert_close(y.double(), reference(x, codes, scale, None), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_every_row_is_bit_identical_whatever_the_row_count(bits):
-    g = torch.Generator().manual_seed(bits)
+def random_weight(bits: int, group: int, offsets: bool, out: int, n_in: int, g: torch.Generator):
+    """Random codes [out, n_in] of `bits` bits, scales and (if `offsets`) offsets [out, n_in / group]."""
+    codes = torch.randint(0, 16, (out, n_in), generator=g) if bits == 4 else torch.randint(-128, 128, (out, n_in), generator=g)
+    scale = torch.rand(out, n_in // group, generator=g) * 0.02
+    offset = torch.randn(out, n_in // group, generator=g) * 0.05 if offsets else None
+    return codes, scale, offset
+
+
+FORMS = [(4, 64, True), (8, 192, False), (8, 32, True), (8, 16, False), (8, 16, True), (4, 16, True)]  # bits, group, offsets
+
+
+@pytest.mark.parametrize("bits,group,offsets", FORMS[2:])
+def test_offsets_and_groups_of_16_match_the_reference(bits, group, offsets):
+    """8-bit codes with offsets (GGUF's Q5_1 / Q5_K) and groups of 16 (Q6_K), where each half of an
+    activation block of 32 meets its own weight scale."""
+    g = torch.Generator().manual_seed(bits * group)
+    codes, scale, offset = random_weight(bits, group, offsets, 36, 256, g)
+    if bits == 8:
+        codes[0, :32] = -128
+    x = torch.randn(7, 256, generator=g) * 4
+    x[2] = 0
+    y = int8dot.linear(x, PACK[bits](codes, scale, offset))
+    torch.testing.assert_close(y.double(), reference(x, codes, scale, offset), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y[2], torch.zeros(36))
+
+
+@pytest.mark.parametrize("bits,group,offsets", FORMS)
+def test_every_row_is_bit_identical_whatever_the_row_count(bits, group, offsets):
+    g = torch.Generator().manual_seed(bits + group)
     out, n_in = 44, 192
-    if bits == 4:
-        weight = int8dot.pack_int4(torch.randint(0, 16, (out, n_in), generator=g), torch.rand(out, 3, generator=g),
-                                   torch.randn(out, 3, generator=g))
-    else:
-        weight = int8dot.pack_int8(torch.randint(-127, 128, (out, n_in), generator=g), torch.rand(out, 1, generator=g))
+    weight = PACK[bits](*random_weight(bits, group, offsets, out, n_in, g))
     x = torch.randn(11, n_in, generator=g)
     alone = torch.cat([int8dot.linear(x[i:i + 1], weight) for i in range(len(x))])
     for rows in range(1, len(x) + 1):  # row tiles of 4, 2 and 1; a last panel of 4 of 8 outputs
         for start in (0, len(x) - rows):
             assert torch.equal(int8dot.linear(x[start:start + rows], weight), alone[start:start + rows]), (rows, start)
+
+
+@pytest.mark.parametrize("bits,group,offsets", FORMS)
+def test_unpack_gives_back_what_was_packed(bits, group, offsets):
+    g = torch.Generator().manual_seed(group)
+    codes, scale, offset = random_weight(bits, group, offsets, 21, 192, g)
+    back = int8dot.unpack(PACK[bits](codes, scale, offset))
+    assert torch.equal(back[0].long(), codes) and torch.equal(back[1], scale)
+    assert back[2] is None if offset is None else torch.equal(back[2], offset)
 
 
 @pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (8, True)])
@@ -103,7 +136,7 @@ def test_gguf_blocks_use_the_files_own_scales():
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 16, (32, 64), generator=g)
     d, m = torch.rand(32, 2, generator=g) * 0.01, -torch.rand(32, 2, generator=g) * 0.05
-    layer = BlockInt4Linear(codes, d, m, "Q4_1")
+    layer = FileBlocks(4, codes, d, m, "Q4_1")
     assert layer.use_int8dot(True) and "Q4_1" in layer.kernel
     x = torch.randn(3, 64, generator=g)
     torch.testing.assert_close(layer(x).double(), reference(x, codes, d, m), rtol=1e-5, atol=1e-5)

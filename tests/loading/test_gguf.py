@@ -157,7 +157,7 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
     kernel with the file's own codes and scales. Logits stay close to the dequantized model."""
     from specq.backends import fastpath
     from specq.kernels import int8dot
-    from specq.weights.quant.modules import BlockInt4Linear, BlockInt8Linear
+    from specq.weights.quant.modules import FileBlocks
 
     if fast and not int8dot.available():
         pytest.skip("needs AVX2 and a C compiler")
@@ -168,8 +168,8 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
     parsed = gguf_io.read(path)
     net, notes = gguf_io.load_at_file_precision(parsed)
     assert notes == []
-    kind = BlockInt8Linear if qtype == "Q8_0" else BlockInt4Linear
-    assert isinstance(net.layers[0].attention.wqkv, kind) and isinstance(net.layers[1].feed_forward.w2, kind)
+    for module in (net.layers[0].attention.wqkv, net.layers[1].feed_forward.w2):
+        assert isinstance(module, FileBlocks) and module.bits == (8 if qtype == "Q8_0" else 4)
     if fast:
         assert fastpath.pack_linears(net) == 2 * 4 + 1 and "int8dot" in net.output.kernel
 

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from . import build
 
-BLOCK = 32  # activations are quantized per 32 values; groups must be multiples of this
+BLOCK = 32  # activations are quantized per 32 values; groups must be multiples of this, or HALF
+HALF = 16  # groups of 16 (GGUF's Q6_K): each half of an activation block has its own weight scale
 
 
 available = build.available  # AVX2 and a C compiler: specq's kernels build here
@@ -43,16 +44,17 @@ def _library() -> ctypes.CDLL:
 
 def shape_blocker(out_features: int, in_features: int, group_size: int) -> str | None:
     """Why the kernel cannot take this weight shape (None when it can)."""
-    if group_size % BLOCK or in_features % group_size:
-        return f"the int8-activation kernel needs groups of a multiple of {BLOCK} dividing in_features"
+    if (group_size % BLOCK and group_size != HALF) or in_features % group_size or in_features % BLOCK:
+        return (f"the int8-activation kernel needs groups of {HALF} or a multiple of {BLOCK} dividing in_features, "
+                f"and in_features a multiple of {BLOCK}")
     return None
 
 
 class Int8DotWeight:
     """A weight in the kernel's layout (`int8dot.c`): panels of PANEL outputs, each panel's codes
     interleaved so that one vector holds a few inputs of all its outputs (4-bit: two codes per
-    byte), then per panel and group the float scales `d` and, for 4 bits, offsets `m`:
-    w = d * code + m. Outputs are padded to whole panels with zeros.
+    byte), then per panel and group the float scales `d` and offsets `m` (always for 4 bits; None
+    for 8-bit codes without them): w = d * code + m. Outputs are padded to whole panels with zeros.
 
     The call's constant arguments are prepared once (a decode step makes over a hundred calls, so
     the Python side of each call matters); copies rebuild them for their own tensors."""
@@ -98,12 +100,25 @@ def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor) -> Int8DotWeight:
     return Int8DotWeight(4, codes, panel_major(d), panel_major(m), n_in // d.shape[1], out, n_in)
 
 
-def pack_int8(codes: Tensor, d: Tensor) -> Int8DotWeight:
-    """From signed codes c [out, in] and float d [out, groups] with w = d * c."""
+def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None) -> Int8DotWeight:
+    """From codes c in [-128, 127] [out, in] and float d (and m) [out, groups] with w = d * c (+ m)."""
     out, n_in = codes.shape
     # input 32b + 4j + t of output o -> panel, block b, chunk j, byte 4o + t
     c = _panels(codes.to(torch.int8)).view(-1, PANEL, n_in // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
-    return Int8DotWeight(8, c, panel_major(d), None, n_in // d.shape[1], out, n_in)
+    return Int8DotWeight(8, c, panel_major(d), None if m is None else panel_major(m), n_in // d.shape[1], out, n_in)
+
+
+def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The inverse of `pack_int4` / `pack_int8`: codes [out, in] (uint8 for 4 bits, int8 for 8) and
+    float d, m [out, groups] (m None where the weight has no offsets). Why: the eager path builds
+    its torch form from the kernel's tensors, so a layer need not keep a second copy of its codes."""
+    out, n_in = w.out_features, w.in_features
+    if w.bits == 4:  # panel, block, chunk j, output o, byte t, nibble h -> input 32b + 8j + 4h + t of o
+        nibbles = torch.stack([w.codes & 0x0F, w.codes >> 4], -1).permute(0, 3, 1, 2, 5, 4)
+        codes = nibbles.reshape(-1, n_in)[:out]
+    else:  # panel, block, chunk j, output o, byte t -> input 32b + 4j + t of o
+        codes = w.codes.permute(0, 3, 1, 2, 4).reshape(-1, n_in)[:out]
+    return (codes, *(None if t is None else t.transpose(1, 2).reshape(-1, t.shape[1])[:out] for t in (w.d, w.m)))
 
 
 def linear(x: Tensor, w: Int8DotWeight) -> Tensor:

@@ -2,8 +2,8 @@
 
 Why not transformers' GGUF loader: it needs `accelerate` only for this path, dequantizes every
 tensor to fp32, and cannot hand back the file's own quantized blocks. Reading the file here
-gives both: float weights for the one-off safetensors conversion, and the raw Q4_0 / Q4_1 / Q8_0
-blocks for running the file at its own precision (`quant.gguf_blocks`). The tokenizer still comes
+gives both: float weights for the one-off safetensors conversion, and the raw blocks of every
+format `weights.gguf_formats` lists for running the file at its own precision (`name@gguf`). The tokenizer still comes
 from transformers, which builds it from the file's metadata without `accelerate`.
 """
 
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..errors import SpecqError
 from ..model.llama import LlamaConfig
+from ..weights.gguf_formats import FORMATS, KernelBlocks, stack_rows
 
 # GGUF tensor names -> the native module's names (per block, then global).
 BLOCK_NAMES = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "attn_output": "attention.wo",
@@ -213,60 +214,31 @@ def _copy_metadata(reader, writer) -> None:
 
 # ------------------------------------------------------------------ the file's own precision
 
-INT4_BLOCKS = ("Q4_0", "Q4_1")  # run as they are on the int4 kernels
-INT8_BLOCKS = ("Q8_0",)  # as they are on the int8-activation kernel; dequantized to bf16 on the eager path
-
-
-def _int4_blocks(raw: np.ndarray, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
-    """Codes u [out, in], scale d and offset m [out, blocks] of Q4_0 / Q4_1 rows: w = d * u + m.
-    Q4_1 stores m; Q4_0 is d * (u - 8), so m = -8d.
-    A block is fp16 d (and m for Q4_1), then 16 bytes whose low nibbles are values 0-15 and high
-    nibbles values 16-31."""
-    rows = raw.shape[0]
-    size = 18 if qtype == "Q4_0" else 20
-    blocks = raw.reshape(rows, -1, size)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if qtype == "Q4_1" else None
-    qs = blocks[..., size - 16:]
-    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
-    m = -8 * d if m is None else m
-    return torch.from_numpy(u.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(m)
-
-
-def _int8_blocks(raw: np.ndarray) -> tuple[Tensor, Tensor]:
-    """Codes c [out, in] and scale d [out, blocks] of Q8_0 rows: w = d * c. A block is fp16 d,
-    then 32 int8 values."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, 34)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-    return torch.from_numpy(codes), torch.from_numpy(d)
-
-
-def _linear_at_file_precision(g: GGUFFile, parts: tuple[str, ...]):
-    """The module that runs these (row-concatenated) tensors at their stored precision, or None
-    when they are float or of a type without a kernel here (then they run dequantized)."""
-    from ..weights.quant.modules import BlockInt4Linear, BlockInt8Linear
-
-    qtypes = {g.qtype(p) for p in parts}
-    if len(qtypes) != 1:
+def _kernel_blocks(g: GGUFFile, parts: tuple[str, ...]) -> tuple[str, KernelBlocks] | None:
+    """These (row-concatenated) tensors in the int8-activation kernel's terms and the name of their
+    format(s), or None when one of them is a float type or has no row in `gguf_formats`."""
+    formats = [FORMATS.get(g.qtype(p)) for p in parts]
+    if any(f is None or f.kernel is None for f in formats):
         return None
-    (qtype,) = qtypes
-    if qtype in INT4_BLOCKS:
-        u, d, m = (torch.cat(t) for t in zip(*(_int4_blocks(g.raw(p), qtype) for p in parts)))
-        return BlockInt4Linear(u, d, m, qtype)
-    if qtype in INT8_BLOCKS:
-        codes, d = (torch.cat(t) for t in zip(*(_int8_blocks(g.raw(p)) for p in parts)))
-        return BlockInt8Linear(codes, d, qtype)
-    return None
+    kind = "+".join(dict.fromkeys(f.name for f in formats))
+    return kind, stack_rows([f.kernel_blocks(g.raw(p)) for f, p in zip(formats, parts)])
+
+
+def _note(qtype: str) -> str | None:
+    """What to tell the user about a weight tensor of this type that runs dequantized (float types:
+    nothing)."""
+    if qtype not in FORMATS:
+        return f"{qtype} tensors run dequantized to float32 (specq has no kernel for {qtype})"
+    return None if FORMATS[qtype].floats else f"{qtype} tensors run dequantized to float32"
 
 
 def load_at_file_precision(g: GGUFFile):
-    """A native Llama whose linear layers (the tied head included) run the file's own Q4_0 / Q4_1
-    blocks on the int4 kernels and Q8_0 blocks on the int8-activation kernel (in bf16 on the eager
-    path); norms and embeddings are float32.
-    Returns (net, notes): a note for each tensor type that runs dequantized to float32."""
+    """A native Llama whose linear layers (the tied head included) run the file's own blocks, any
+    format of `weights.gguf_formats`, as `FileBlocks` (the int8-activation kernel on the fast path);
+    float tensors, norms and embeddings are float32 (other types: dequantized by gguf).
+    Returns (net, notes): a note for each quantized tensor type that runs dequantized to float32."""
     from ..model.llama import Llama
+    from ..weights.quant.modules import FileBlocks
 
     net = Llama(g.config)
     floats, notes = {}, set()
@@ -274,17 +246,20 @@ def load_at_file_precision(g: GGUFFile):
     if g.config.tie_word_embeddings:
         names["output.weight"] = names["tok_embeddings.weight"]
     for name, parts in names.items():
-        module = None
+        blocks = None
         if name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
-            module = _linear_at_file_precision(g, parts)
-        if module is not None:
-            net.set_submodule(name.removesuffix(".weight"), module)
+            blocks = _kernel_blocks(g, parts)
+        if blocks is not None:
+            kind, kb = blocks
+            m = None if kb.m is None else torch.from_numpy(kb.m)
+            net.set_submodule(name.removesuffix(".weight"),
+                              FileBlocks(kb.bits, torch.from_numpy(kb.codes), torch.from_numpy(kb.d), m, kind))
             continue
         if name == "output.weight" and g.config.tie_word_embeddings:
             continue  # tied to the float embedding
         floats[name] = torch.cat([g.float_tensor(p) for p in parts]) if len(parts) > 1 else g.float_tensor(parts[0])
-        notes.update(f"{g.qtype(p)} tensors run dequantized to float32" for p in parts
-                     if g.qtype(p) not in ("F32", "F16") and not name.endswith(("norm.weight", "tok_embeddings.weight")))
+        if not name.endswith(("norm.weight", "tok_embeddings.weight")):
+            notes.update(note for p in parts if (note := _note(g.qtype(p))))
     missing, unexpected = net.load_state_dict(floats, strict=False)
     if unexpected or [k for k in missing if k != "output.weight"]:
         raise SpecqError(f"'{g.path}': tensors do not fit the model ({(unexpected or missing)[0]})")

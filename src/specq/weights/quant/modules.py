@@ -207,75 +207,73 @@ def int4_linear(x: Tensor, weight: Tensor, group_size: int, scales_zeros: Tensor
 
 
 class FileBlocks(Int8DotSwitch, nn.Module):
-    """Quantized blocks from a file (GGUF), run without requantizing: on the fast path as they are
-    on the int8-activation kernel (`_blocks`, the file's own codes and float scales, as llama.cpp
-    uses them), on the eager path on what torch offers (`_eager`). The file is the storage, so
-    these modules keep only the kernels' tensors."""
+    """Quantized blocks from a file (GGUF, any format of `weights.gguf_formats`), run without
+    requantizing: on the fast path on the int8-activation kernel with the file's own codes and
+    float32 scales (the file's weights exactly), on the eager path on what torch offers: 4-bit codes
+    in groups its int4 kernel takes on that kernel (scales and offsets rounded to its bf16), anything
+    else dequantized to bf16. The kernel's tensors are the only copy of the codes; the eager form is
+    built from them on first use and dropped when the kernel takes over (no second copy of a large
+    model). The file is the storage, so these modules keep no buffers."""
 
-    def __init__(self, shape: tuple[int, int], groups: int, kind: str, blocks: int8dot.Int8DotWeight):
+    def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, kind: str):
+        """codes [out, in] (4 bits: in [0, 15]; 8 bits: in [-128, 127]), float d, m [out, groups]:
+        w = d * code + m (m None: none); `kind` names the file's format(s)."""
         super().__init__()
-        self.out_features, self.in_features = shape
-        self.group_size = self.in_features // groups
-        self.kind = kind
-        blocker = int8dot.shape_blocker(self.out_features, self.in_features, self.group_size)
-        self._blocks = None if blocker else blocks
-
-    eager_kernel: str
+        self._blocks = PACK[bits](codes, d, m)
+        self.out_features, self.in_features = codes.shape
+        self.bits, self.group_size, self.kind = bits, self._blocks.group_size, kind
+        self._eager: tuple[Tensor, ...] | None = None
 
     @property
     def kernel(self) -> str:
-        return self.eager_kernel if self._int8dot is None else f"{self.kind} blocks, " + self._int8dot_kernel()
+        if self._int8dot is not None:
+            return f"{self.kind} blocks, " + self._int8dot_kernel()
+        if self._torch_int4():
+            return f"{self.kind} blocks on the int4 packed kernel (group {self.group_size})"
+        return f"{self.kind} blocks dequantized to bf16"
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
         return self._blocks
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self._eager(x) if self._int8dot is None else self._int8dot_forward(x, None)
+    def use_int8dot(self, on: bool) -> bool:
+        used = super().use_int8dot(on)
+        if used:
+            self._eager = None
+        return used
 
-    def _eager(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
+    def _torch_int4(self) -> bool:
+        """Whether torch's int4 kernel takes this weight (else the eager path runs bf16 weights)."""
+        return self.bits == 4 and self.group_size in INT4_GROUP_SIZES and self.out_features % 16 == 0
+
+    def _eager_form(self) -> tuple[Tensor, ...]:
+        """The eager path's tensors: torch's packed int4 weight and scales-and-zeros, or a bf16 weight."""
+        if self._eager is None:
+            codes, d, m = int8dot.unpack(self._blocks)
+            if self._torch_int4():
+                self._eager = int4_kernel_tensors(codes, d, m + 8 * d)
+            else:
+                w = codes.float().view(self.out_features, -1, self.group_size) * d[..., None]
+                w = w if m is None else w + m[..., None]
+                self._eager = (w.view_as(codes).to(torch.bfloat16),)
+        return self._eager
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self._int8dot is not None:
+            return self._int8dot_forward(x, None)
+        if self._torch_int4():
+            weight, scales_zeros = self._eager_form()
+            return int4_linear(x, weight, self.group_size, scales_zeros, None, self.out_features)
+        (weight,) = self._eager_form()
+        return F.linear(x.to(torch.bfloat16), weight).to(x.dtype)
 
     def stored_bytes(self) -> int:
         return self.executed_bytes()
 
     def executed_bytes(self) -> int:
-        return self._eager_bytes() if self._int8dot is None else self._int8dot.nbytes()
-
-    def _eager_bytes(self) -> int:
-        raise NotImplementedError
+        return self._blocks.nbytes() if self._int8dot is not None else sum(t.nbytes for t in self._eager_form())
 
 
-class BlockInt4Linear(FileBlocks):
-    """GGUF Q4_0 / Q4_1 blocks: w = scale * u + m per group of 32 with the file's own codes; on the
-    eager path on torch's int4 kernel (scales and zeros rounded to its bf16)."""
-
-    def __init__(self, unsigned: Tensor, scale: Tensor, m: Tensor, kind: str):
-        super().__init__(unsigned.shape, scale.shape[1], kind, int8dot.pack_int4(unsigned, scale, m))
-        self._weight, self._scales_zeros = int4_kernel_tensors(unsigned, scale, m + 8 * scale)
-        self.eager_kernel = f"{kind} blocks on the int4 packed kernel (group {self.group_size})"
-
-    def _eager(self, x: Tensor) -> Tensor:
-        return int4_linear(x, self._weight, self.group_size, self._scales_zeros, None, self.out_features)
-
-    def _eager_bytes(self) -> int:
-        return self._weight.nbytes + self._scales_zeros.nbytes
-
-
-class BlockInt8Linear(FileBlocks):
-    """GGUF Q8_0 blocks: w = d * c per block of 32; no torch op takes int8 blocks of 32, so the eager
-    path runs them dequantized to bf16."""
-
-    def __init__(self, codes: Tensor, d: Tensor, kind: str):
-        super().__init__(codes.shape, d.shape[1], kind, int8dot.pack_int8(codes, d))
-        weight = codes.float().view(self.out_features, -1, self.group_size) * d.float()[..., None]
-        self.register_buffer("weight", weight.view_as(codes).to(torch.bfloat16), persistent=False)
-        self.eager_kernel = f"{kind} blocks dequantized to bf16"
-
-    def _eager(self, x: Tensor) -> Tensor:
-        return F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
-
-    def _eager_bytes(self) -> int:
-        return self.weight.nbytes
+PACK = {4: int8dot.pack_int4, 8: int8dot.pack_int8}  # code bits -> the kernel's packing, (codes, d, m)
 
 
 def kernel_blocker(qw: QuantizedWeight) -> str | None:

@@ -1,0 +1,231 @@
+"""GGUF weight formats as one table (ggml's `type_traits`): a row per GGML type, so a new format is a
+row, not a branch.
+
+A row knows its block (`block_size` weights stored in `type_size` bytes) and turns a [rows, cols]
+tensor's stored bytes into the terms of specq's int8-activation kernel (`kernels/int8dot`): integer
+codes and, per group of inputs, a float32 scale d and offset m, w = d * code + m. Computed in
+float32, that equals `gguf.quants.dequantize` of the same bytes bit for bit (Q4_0 up to the sign of
+zero: gguf writes d * (u - 8) and its zeros of negative-scale blocks are -0, here d * u - 8d is +0;
+the kernel multiplies integer codes, so no product sees the difference). Why exact: the file's
+weights are what the model was quantized to, and a second rounding is a different model. The
+K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q6_K) with the sub-scale
+already applied: an fp16 d times a 6-bit or 8-bit sub-scale is exact in float32, and gguf computes
+the same product in float32 before it multiplies the codes, so nothing rounds differently.
+
+5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 8-bit codes: exact, but a byte per
+weight where the file holds 5.5-6.6 bits (a denser layout is later work). F32, F16 and BF16 are float
+rows (`floats`); a type without a row is dequantized by gguf (`to_float`).
+
+Everything is vectorized numpy over all blocks of a tensor at once: a 1.5B model holds ~1.5e9 weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+CODE_DTYPES = {4: np.uint8, 8: np.int8}  # the kernel's codes: 4-bit unsigned in [0, 15], 8-bit signed
+
+
+@dataclass(frozen=True)
+class KernelBlocks:
+    """A [rows, cols] weight in the int8-activation kernel's terms: w = d * code + m per group of
+    `group_size` consecutive inputs of a row."""
+
+    bits: int  # 4 or 8
+    codes: np.ndarray  # [rows, cols], CODE_DTYPES[bits]
+    d: np.ndarray  # [rows, cols // group_size] float32
+    m: np.ndarray | None  # like d, or None: no offsets (8-bit only)
+    group_size: int
+
+    def dequantize(self) -> np.ndarray:
+        """d * code + m in float32, [rows, cols]."""
+        rows, cols = self.codes.shape
+        w = self.codes.reshape(rows, -1, self.group_size).astype(np.float32) * self.d[..., None]
+        if self.m is not None:
+            w = w + self.m[..., None]
+        return w.reshape(rows, cols)
+
+    def widened(self, bits: int, group_size: int, offsets: bool) -> KernelBlocks:
+        """The same weights as `bits`-bit codes in groups of `group_size` (dividing this one's), with
+        offsets if `offsets` (-0 where there were none: d * code + -0 is d * code, even a zero's
+        sign): exact, only more bytes."""
+        repeat = self.group_size // group_size
+        d = np.repeat(self.d, repeat, axis=1)
+        m = None if not offsets else np.full_like(d, -0.0) if self.m is None else np.repeat(self.m, repeat, axis=1)
+        return KernelBlocks(bits, self.codes.astype(CODE_DTYPES[bits], copy=False), d, m, group_size)
+
+
+def stack_rows(parts: list[KernelBlocks]) -> KernelBlocks:
+    """Tensors concatenated by rows (a fused q/k/v or gate/up of a file that stores the parts in
+    different formats) in one form that holds each exactly: the widest codes, the finest groups,
+    offsets if any part has them."""
+    if len(parts) == 1:
+        return parts[0]
+    bits, group = max(p.bits for p in parts), math.gcd(*(p.group_size for p in parts))
+    offsets = any(p.m is not None for p in parts)
+    parts = [p.widened(bits, group, offsets) for p in parts]
+    return KernelBlocks(bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]),
+                        np.concatenate([p.m for p in parts]) if offsets else None, group)
+
+
+# A block decoder: blocks [n, type_size] uint8 -> codes [n, block_size], d and m (or None)
+# [n, block_size // group_size] float32 (each decoder's docstring gives its format's layout).
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One GGML type: `block_size` weights in `type_size` bytes, read either into the kernel's terms
+    (`kernel`, `bits`-bit codes in groups of `group_size`) or, for float types, straight into float32
+    (`floats`: values [n, type_size] uint8 -> float32 [n, 1])."""
+
+    name: str
+    block_size: int
+    type_size: int
+    bits: int = 0
+    group_size: int = 0
+    kernel: Callable[[np.ndarray], Decoded] | None = None
+    floats: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def kernel_blocks(self, raw: np.ndarray) -> KernelBlocks:
+        """A tensor's stored bytes, uint8 [rows, row bytes], in the kernel's terms."""
+        rows = raw.shape[0]
+        codes, d, m = self.kernel(np.ascontiguousarray(raw).reshape(-1, self.type_size))
+        return KernelBlocks(self.bits, codes.reshape(rows, -1), d.reshape(rows, -1),
+                            None if m is None else m.reshape(rows, -1), self.group_size)
+
+    def to_float(self, raw: np.ndarray) -> np.ndarray:
+        """A tensor's stored bytes, uint8 [rows, row bytes], as float32 [rows, cols]."""
+        if self.floats is None:
+            return self.kernel_blocks(raw).dequantize()
+        rows = raw.shape[0]
+        return self.floats(np.ascontiguousarray(raw).reshape(-1, self.type_size)).reshape(rows, -1)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Little-endian fp16 values, bytes [n, 2k] -> float32 [n, k]."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """Bytes [..., k] -> 4-bit values [..., 2k]: the low nibbles first, then the high ones (how
+    ggml packs 2k values in k bytes)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1's 4 bytes of high bits [n, 4] -> [n, 32]: bit i (little-endian) of value i."""
+    return np.unpackbits(qh, axis=-1, bitorder="little")
+
+
+def _q4_0(b: np.ndarray) -> Decoded:
+    """fp16 d, 16 bytes of codes u: w = d * (u - 8) = d * u - 8d."""
+    d = _f16(b[:, 0:2])
+    return _nibbles(b[:, 2:]), d, np.float32(-8) * d
+
+
+def _q4_1(b: np.ndarray) -> Decoded:
+    """fp16 d and m, 16 bytes of codes u: w = d * u + m."""
+    return _nibbles(b[:, 4:]), _f16(b[:, 0:2]), _f16(b[:, 2:4])
+
+
+def _q5_0(b: np.ndarray) -> Decoded:
+    """fp16 d, 4 bytes of fifth bits, 16 of nibbles: w = d * (q - 16), q in [0, 31]."""
+    q = _nibbles(b[:, 6:]) | (_fifth_bits(b[:, 2:6]) << 4)
+    return q.astype(np.int8) - np.int8(16), _f16(b[:, 0:2]), None
+
+
+def _q5_1(b: np.ndarray) -> Decoded:
+    """fp16 d and m, 4 bytes of fifth bits, 16 of nibbles: w = d * q + m, q in [0, 31]."""
+    q = _nibbles(b[:, 8:]) | (_fifth_bits(b[:, 4:8]) << 4)
+    return q.astype(np.int8), _f16(b[:, 0:2]), _f16(b[:, 2:4])
+
+
+def _q8_0(b: np.ndarray) -> Decoded:
+    """fp16 d, 32 int8 codes c: w = d * c."""
+    return np.ascontiguousarray(b[:, 2:]).view(np.int8), _f16(b[:, 0:2]), None
+
+
+def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes [n, 12] -> the 8 sub-blocks' 6-bit scales and mins [n, 8], as float32.
+    Bytes 0-3 hold scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3; sub-blocks 4-7 keep their low
+    4 bits in bytes 8-11 (scale low nibble, min high nibble) and their top 2 bits in the top 2 bits
+    of bytes 0-3 (scales) and 4-7 (mins)."""
+    first, second, rest = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    scales = np.concatenate([first & 0x3F, (rest & 0x0F) | ((first >> 6) << 4)], axis=-1)
+    mins = np.concatenate([second & 0x3F, (rest >> 4) | ((second >> 6) << 4)], axis=-1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K's 128 bytes [n, 128] -> 256 4-bit values: each 32 bytes hold sub-block 2i in
+    their low nibbles and 2i + 1 in their high ones."""
+    q = qs.reshape(-1, 4, 1, 32)
+    return np.concatenate([q & 0x0F, q >> 4], axis=2).reshape(-1, 256)
+
+
+def _k_scale_min(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q4_K / Q5_K super-block's fp16 d and dmin and packed sub-scales -> per-32 d * scale and
+    offset -(dmin * min) [n, 8] (gguf: w = (d * scale) * q - dmin * min)."""
+    scales, mins = _k_scales(b[:, 4:16])
+    return _f16(b[:, 0:2]) * scales, -(_f16(b[:, 2:4]) * mins)
+
+
+def _q4_k(b: np.ndarray) -> Decoded:
+    """fp16 d, dmin, 12 bytes of sub-scales, 128 of codes: 8 groups of 32."""
+    return (_k_low_nibbles(b[:, 16:]), *_k_scale_min(b))
+
+
+def _q5_k(b: np.ndarray) -> Decoded:
+    """Q4_K's layout with 32 bytes of fifth bits before the nibbles: bit j of byte i is value i's of
+    sub-block j. 8 groups of 32, q in [0, 31]."""
+    high = (b[:, 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # [n, value i, sub-block j]
+    q = _k_low_nibbles(b[:, 48:]) | (high.transpose(0, 2, 1).reshape(-1, 256) << 4)
+    return (q.astype(np.int8), *_k_scale_min(b))
+
+
+def _q6_k(b: np.ndarray) -> Decoded:
+    """128 bytes of low nibbles, 64 of top 2 bits, 16 int8 sub-scales, fp16 d: w = (d * scale) *
+    (q - 32), 16 groups of 16. Each half of 128 values takes 64 low-nibble bytes (values 0-63 in the
+    low nibbles, 64-127 in the high) and 32 top-bit bytes (value 32s + i in bits 2s, 2s + 1 of byte i)."""
+    low = b[:, :128].reshape(-1, 2, 1, 64)
+    low = np.concatenate([low & 0x0F, low >> 4], axis=2).reshape(-1, 256)
+    high = (b[:, 128:192].reshape(-1, 2, 1, 32) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None]) & 3
+    q = (low | (high.reshape(-1, 256) << 4)).astype(np.int8) - np.int8(32)
+    scales = np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.float32)
+    return q, _f16(b[:, 208:210]) * scales, None
+
+
+def _bf16(b: np.ndarray) -> np.ndarray:
+    """bfloat16 is the top half of a float32."""
+    return (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+FORMATS = {f.name: f for f in (
+    Format("F32", 1, 4, floats=lambda b: b.view(np.float32)),
+    Format("F16", 1, 2, floats=lambda b: b.view(np.float16).astype(np.float32)),
+    Format("BF16", 1, 2, floats=_bf16),
+    Format("Q4_0", 32, 18, 4, 32, _q4_0),
+    Format("Q4_1", 32, 20, 4, 32, _q4_1),
+    Format("Q5_0", 32, 22, 8, 32, _q5_0),
+    Format("Q5_1", 32, 24, 8, 32, _q5_1),
+    Format("Q8_0", 32, 34, 8, 32, _q8_0),
+    Format("Q4_K", 256, 144, 4, 32, _q4_k),
+    Format("Q5_K", 256, 176, 8, 32, _q5_k),
+    Format("Q6_K", 256, 210, 8, 16, _q6_k),
+)}
+
+
+def to_float(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """A [rows, cols] tensor's stored bytes (uint8 [rows, row bytes]) as float32, by its row of the
+    table, or by gguf's dequantization for a type without one."""
+    if type_name in FORMATS:
+        return FORMATS[type_name].to_float(raw)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return np.ascontiguousarray(dequantize(raw, GGMLQuantizationType[type_name]), dtype=np.float32)

@@ -1,0 +1,362 @@
+"""GGUF weight formats (`weights.gguf_formats`): every listed type read into the int8-activation
+kernel's terms equals gguf's own dequantization bit for bit, the kernel holds exactly those
+weights, and a tiny Llama GGUF file of these types runs at `@gguf` close to its float weights and
+losslessly under speculative decoding."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from specq import generate
+from specq.backends import fastpath
+from specq.kernels import int8dot
+from specq.loading import gguf_io
+from specq.loading.models import Model
+from specq.weights.gguf_formats import FORMATS, stack_rows, to_float
+from specq.weights.quant.modules import FileBlocks
+
+from conftest import perturbed, tiny_config, tiny_model, tiny_tokenizer
+
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (8, 32), "Q5_1": (8, 32), "Q8_0": (8, 32), "Q4_K": (4, 32),
+         "Q5_K": (8, 32), "Q6_K": (8, 16)}  # the kernel's code bits and group size per type
+
+
+def fp16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0, wide: bool = True) -> np.ndarray:
+    """Random finite fp16 values: `wide`, of both signs over many magnitudes (fp16 subnormals
+    included) and a few zero; else positive, within a factor 2 of `scale` (a model's scales)."""
+    if not wide:
+        return (rng.uniform(0.5, 1, shape) * scale).astype(np.float16)
+    v = rng.uniform(-1, 1, shape) * scale * 2.0 ** rng.integers(-18, 3, shape)
+    v[rng.random(shape) < 0.05] = 0
+    return v.astype(np.float16)
+
+
+def k_scale_bytes(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """8 sub-blocks' 6-bit scales and mins [n, 8] packed into 12 bytes as llama.cpp's
+    quantize_row_q4_K_ref packs them."""
+    out = np.zeros((len(scales), 12), np.uint8)
+    for j in range(8):
+        if j < 4:
+            out[:, j], out[:, j + 4] = scales[:, j], mins[:, j]
+        else:
+            out[:, j + 4] = (scales[:, j] & 0xF) | ((mins[:, j] & 0xF) << 4)
+            out[:, j - 4] |= (scales[:, j] >> 4) << 6
+            out[:, j] |= (mins[:, j] >> 4) << 6
+    return out
+
+
+def low_nibble_bytes(codes: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K codes [n, 256] (their low 4 bits) -> 128 bytes: per 64 values, byte l holds
+    value l in its low nibble and value 32 + l in its high one."""
+    c = codes.reshape(-1, 4, 2, 32) & 0xF
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(-1, 128)
+
+
+# weight std per unit of d in a model-like block (the codes' spread times a typical sub-scale)
+K_SPREAD = {"Q4_K": 166, "Q5_K": 330, "Q6_K": 1370}
+
+
+def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, wide: bool = True):
+    """n random super-blocks of Q4_K, Q5_K or Q6_K, byte by byte, and what they hold: float64
+    weights [n, 256] computed from the chosen d, sub-scales and codes, and the size of their terms
+    (for a float32 rounding bound). Not `wide`: weights of std about `scale`, centred (mins =
+    scales, dmin = d times the codes' middle), as a model's."""
+    d = fp16(rng, (n, 1), scale if wide else scale / K_SPREAD[qtype], wide)
+    if qtype == "Q6_K":
+        codes = rng.integers(0, 64, (n, 256), dtype=np.uint8)
+        scales = rng.integers(-128, 128, (n, 16)).astype(np.int8)
+        ql = np.zeros((n, 128), np.uint8)
+        qh = np.zeros((n, 64), np.uint8)
+        for h in range(2):  # llama.cpp's quantize_row_q6_K_ref, per 128 values
+            c = codes[:, 128 * h:128 * h + 128]
+            ql[:, 64 * h:64 * h + 64] = (c[:, :64] & 0xF) | ((c[:, 64:] & 0xF) << 4)
+            qh[:, 32 * h:32 * h + 32] = sum((c[:, 32 * s:32 * s + 32] >> 4) << (2 * s) for s in range(4))
+        blocks = np.concatenate([ql, qh, scales.view(np.uint8), d.view(np.uint8)], axis=1)
+        weights = d.astype(np.float64) * np.repeat(scales, 16, axis=1) * (codes.astype(np.float64) - 32)
+        return blocks, weights, np.abs(weights)
+    top = 32 if qtype == "Q5_K" else 16
+    codes = rng.integers(0, top, (n, 256), dtype=np.uint8)
+    scales = rng.integers(0, 64, (n, 8), dtype=np.uint8)
+    mins = rng.integers(0, 64, (n, 8), dtype=np.uint8) if wide else scales
+    dmin = fp16(rng, (n, 1)) if wide else (d.astype(np.float32) * (top - 1) / 2).astype(np.float16)
+    parts = [d.view(np.uint8), dmin.view(np.uint8), k_scale_bytes(scales, mins)]
+    if qtype == "Q5_K":  # bit j of byte l: the fifth bit of value l of sub-block j
+        high = (codes.reshape(n, 8, 32) >> 4).transpose(0, 2, 1)
+        parts.append((high << np.arange(8, dtype=np.uint8)).sum(-1).astype(np.uint8))
+    blocks = np.concatenate(parts + [low_nibble_bytes(codes)], axis=1)
+    scaled = d.astype(np.float64) * np.repeat(scales, 32, axis=1) * codes
+    offset = dmin.astype(np.float64) * np.repeat(mins, 32, axis=1)
+    return blocks, scaled - offset, np.abs(scaled) + np.abs(offset)
+
+
+def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0,
+                  wide: bool = False) -> np.ndarray:
+    """A [rows, cols] tensor of `qtype` as a file stores it, uint8 [rows, row bytes]: K-quants byte by
+    byte, Q2_K random bytes with fp16 scales, the others quantized by gguf from normal values (`wide`:
+    rows of many magnitudes); one all-zero block."""
+    if qtype in K_SPREAD:
+        return k_blocks(qtype, rng, rows * cols // 256, scale, wide)[0].reshape(rows, -1)
+    if qtype == "Q2_K":  # 84 bytes per 256 weights: 16 scale/min nibble pairs, 64 of 2-bit codes, fp16 d, dmin
+        raw = rng.integers(0, 256, (rows, cols // 256, 84), dtype=np.uint8)
+        raw[..., 80:84] = fp16(rng, (rows, cols // 256, 2), scale / 20, wide).view(np.uint8)
+        return raw.reshape(rows, -1)
+    x = rng.standard_normal((rows, cols)) * scale
+    if wide:
+        x *= 2.0 ** rng.integers(-12, 4, (rows, 1))
+    x[0, :32] = 0
+    return np.ascontiguousarray(quants.quantize(x.astype(np.float32), GGMLQuantizationType[qtype])).view(np.uint8)
+
+
+def same_bits(ours: np.ndarray, reference: np.ndarray, zero_sign: bool = False) -> bool:
+    """Bit for bit; with `zero_sign` (Q4_0), up to the sign of zero: gguf's d * (u - 8) is -0 where
+    d < 0, the table's d * u - 8d is +0 (adding +0 makes every zero +0, other values stay)."""
+    if zero_sign:
+        ours, reference = ours + np.float32(0), reference + np.float32(0)
+    return np.array_equal(*(np.ascontiguousarray(w, dtype=np.float32).view(np.uint32) for w in (ours, reference)))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED + ["F32", "F16", "BF16"])
+def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
+    rng = np.random.default_rng(sum(map(ord, qtype)))
+    raw = random_tensor(qtype, rng, 12, 512, scale=3.0, wide=True)
+    reference = quants.dequantize(raw, GGMLQuantizationType[qtype])
+    fmt = FORMATS[qtype]
+    assert same_bits(fmt.to_float(raw), reference, zero_sign=qtype == "Q4_0")
+    if fmt.floats is None:
+        kb = fmt.kernel_blocks(raw)
+        assert (kb.bits, kb.group_size) == FORMS[qtype] and kb.codes.shape == (12, 512)
+        assert kb.d.dtype == np.float32 and kb.d.shape == (12, 512 // kb.group_size)
+        assert kb.codes.dtype == (np.uint8 if kb.bits == 4 else np.int8) and (kb.bits == 8 or kb.codes.max() <= 15)
+        assert same_bits(kb.dequantize(), reference, zero_sign=qtype == "Q4_0")
+
+
+def test_q4_0_differs_from_gguf_only_in_the_sign_of_zero():
+    """The one exception `same_bits` allows is real and only that: a negative-scale block's code 8."""
+    raw = random_tensor("Q4_0", np.random.default_rng(3), 8, 256)
+    ours, reference = FORMATS["Q4_0"].to_float(raw), quants.dequantize(raw, GGMLQuantizationType.Q4_0)
+    differ = ours.view(np.uint32) != reference.view(np.uint32)
+    assert differ.any() and np.all(ours[differ] == 0) and np.all(np.signbit(reference[differ]))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_blocks_hold_the_chosen_sub_scales_and_codes(qtype):
+    """The byte-by-byte blocks above are what they claim (gguf reads back the weights the chosen d,
+    6-bit scales and mins and codes define, up to float32 rounding); the table's per-group scales
+    are d times the sub-scale exactly."""
+    blocks, weights, size = k_blocks(qtype, np.random.default_rng(5), 40)
+    assert np.all(np.abs(quants.dequantize(blocks, GGMLQuantizationType[qtype]) - weights) <= 2 ** -22 * size)
+    kb = FORMATS[qtype].kernel_blocks(blocks)
+    if qtype == "Q6_K":
+        d, scales = blocks[:, 208:210].copy().view(np.float16), blocks[:, 192:208].copy().view(np.int8)
+        assert np.array_equal(kb.d, d.astype(np.float64) * scales) and kb.m is None
+        return
+    scales, mins = quants.Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    d, dmin = (blocks[:, i:i + 2].copy().view(np.float16).astype(np.float64) for i in (0, 2))
+    assert np.array_equal(kb.d, d * scales) and np.array_equal(kb.m, -(dmin * mins))
+
+
+def test_unlisted_types_are_dequantized_by_gguf():
+    raw = random_tensor("Q2_K", np.random.default_rng(7), 4, 512, wide=True)
+    assert "Q2_K" not in FORMATS
+    assert np.array_equal(to_float(raw, "Q2_K"), quants.dequantize(raw, GGMLQuantizationType.Q2_K))
+
+
+def test_stacked_formats_keep_every_part_exactly():
+    """A fused layer of parts in different formats (Q4_K_M files store attn_v as Q6_K beside Q4_K
+    q and k) takes one form that holds each part's weights exactly: 8-bit codes, groups of 16,
+    offsets (-0 for parts without: d * c + -0 keeps even the sign of a zero)."""
+    rng = np.random.default_rng(9)
+    types = ["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"]
+    raws = [random_tensor(q, rng, 8 * (i + 1), 256, wide=True) for i, q in enumerate(types)]
+    parts = [FORMATS[q].kernel_blocks(raw) for q, raw in zip(types, raws)]
+    stacked = stack_rows(parts)
+    assert (stacked.bits, stacked.group_size, stacked.m is not None) == (8, 16, True)
+    w, start = stacked.dequantize(), 0
+    for q, raw in zip(types, raws):
+        assert same_bits(w[start:start + len(raw)], quants.dequantize(raw, GGMLQuantizationType[q]), q == "Q4_0"), q
+        start += len(raw)
+    assert stack_rows(parts[:1]) is parts[0]
+
+
+# ------------------------------------------------------------------ a tiny GGUF file of these types
+
+LAYER_TYPES = {  # GGUF tensor -> type, per layer: each listed type and float linears, fused parts mixed
+    0: {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_K", "ffn_gate": "Q5_0",
+        "ffn_up": "Q5_0", "ffn_down": "Q8_0"},
+    1: {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q4_0", "attn_output": "Q4_1", "ffn_gate": "Q5_1",
+        "ffn_up": "Q5_1", "ffn_down": "Q6_K"},
+    2: {"attn_q": "F16", "attn_k": "F16", "attn_v": "F16", "attn_output": "BF16", "ffn_gate": "Q4_K",
+        "ffn_up": "Q4_K", "ffn_down": "F32"},
+}
+VOCAB, HIDDEN = 40, 256  # K-quant rows need a multiple of 256 inputs
+
+
+def write_formats_gguf(path, seed: int = 0, layer_types: dict = LAYER_TYPES, output: str = "Q6_K") -> None:
+    """A 3-layer Llama GGUF file whose linear layers hold random weights of the types above."""
+    import gguf
+
+    c = tiny_config(VOCAB, len(layer_types), HIDDEN)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, value in [(w.add_block_count, c.num_layers), (w.add_embedding_length, c.hidden_size),
+                       (w.add_feed_forward_length, c.intermediate_size), (w.add_head_count, c.num_heads),
+                       (w.add_head_count_kv, c.num_kv_heads), (w.add_rope_freq_base, c.rope_theta),
+                       (w.add_layer_norm_rms_eps, c.rms_norm_eps), (w.add_context_length, c.max_position_embeddings),
+                       (w.add_vocab_size, c.vocab_size)]:
+        add(value)
+    kv = c.num_kv_heads * c.head_dim
+    shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (kv, HIDDEN), "attn_v": (kv, HIDDEN),
+              "attn_output": (HIDDEN, HIDDEN), "ffn_gate": (c.intermediate_size, HIDDEN),
+              "ffn_up": (c.intermediate_size, HIDDEN), "ffn_down": (HIDDEN, c.intermediate_size)}
+
+    def add_tensor(name: str, qtype: str, rows: int, cols: int, scale: float) -> None:
+        t = GGMLQuantizationType[qtype]
+        w.add_tensor(name, random_tensor(qtype, rng, rows, cols, scale), raw_dtype=t)
+
+    add_tensor("token_embd.weight", "Q8_0", VOCAB, HIDDEN, 1.0)
+    w.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
+    add_tensor("output.weight", output, VOCAB, HIDDEN, 0.3)
+    for i, types in layer_types.items():
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(HIDDEN, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(HIDDEN, np.float32))
+        for name, qtype in types.items():
+            add_tensor(f"blk.{i}.{name}.weight", qtype, *shapes[name], 0.3 / np.sqrt(shapes[name][1] / 64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def float_twin(parsed: gguf_io.GGUFFile) -> Model:
+    """The file's weights dequantized by gguf, as a float32 model."""
+    model = tiny_model(vocab=VOCAB, layers=parsed.config.num_layers, hidden=HIDDEN)
+    model.net.load_state_dict(parsed.float_state_dict())
+    return model
+
+
+@pytest.fixture(scope="module")
+def formats_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "formats.gguf"
+    write_formats_gguf(path)
+    return gguf_io.read(path)
+
+
+def test_every_linear_runs_the_files_own_weights(formats_file):
+    """Each quantized linear layer is one `FileBlocks`, its kernel tensors d * code + m equal to gguf's
+    dequantization of the file bit for bit; float linears stay float; nothing is noted."""
+    net, notes = gguf_io.load_at_file_precision(formats_file)
+    assert notes == []
+    reference = formats_file.float_state_dict()
+    forms = {"layers.0.attention.wqkv": (8, 16), "layers.0.attention.wo": (8, 32), "layers.0.feed_forward.w13": (8, 32),
+             "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
+             "layers.1.feed_forward.w13": (8, 32), "layers.1.feed_forward.w2": (8, 16),
+             "layers.2.feed_forward.w13": (4, 32), "output": (8, 16)}
+    for name, (bits, group) in forms.items():
+        module = net.get_submodule(name)
+        assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name
+        codes, d, m = int8dot.unpack(module._blocks)
+        w = codes.float().view(codes.shape[0], -1, group) * d[..., None]
+        w = (w if m is None else w + m[..., None]).view_as(codes)
+        assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), name == "layers.1.attention.wqkv"), name
+    assert "Q4_K+Q6_K blocks" in net.layers[0].attention.wqkv.kernel
+    for name in ("layers.2.attention.wqkv", "layers.2.attention.wo", "layers.2.feed_forward.w2"):
+        linear = net.get_submodule(name)
+        assert type(linear) is torch.nn.Linear and torch.equal(linear.weight, reference[f"{name}.weight"]), name
+
+
+def test_unlisted_types_run_dequantized_with_one_note(tmp_path):
+    path = tmp_path / "q2.gguf"
+    write_formats_gguf(path, layer_types={i: {**LAYER_TYPES[1], "attn_output": "Q2_K"} for i in range(2)})
+    parsed = gguf_io.read(path)
+    net, notes = gguf_io.load_at_file_precision(parsed)
+    assert notes == ["Q2_K tensors run dequantized to float32 (specq has no kernel for Q2_K)"]
+    for i in range(2):
+        wo = net.layers[i].attention.wo
+        assert type(wo) is torch.nn.Linear
+        assert torch.equal(wo.weight, parsed.float_state_dict()[f"layers.{i}.attention.wo.weight"])
+    assert isinstance(net.layers[0].attention.wqkv, FileBlocks)
+
+
+@torch.inference_mode()
+def test_each_layer_is_within_the_int8_activations_rounding(formats_file):
+    """On the fast path each quantized layer computes x . w for the file's exact w with x rounded to
+    int8 per block of 32: off by at most sum |w| * max|x_block| / 254 (half a step of each x)."""
+    if not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    net, _ = gguf_io.load_at_file_precision(formats_file)
+    fastpath.apply(net)
+    reference = formats_file.float_state_dict()
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0)) * 2
+    for name, module in net.named_modules():
+        if isinstance(module, FileBlocks):
+            xs, w = x[:, :module.in_features], reference[f"{name}.weight"].double()
+            step = xs.view(5, -1, 32).abs().amax(-1).repeat_interleave(32, -1).double() / 254
+            bound = step @ w.abs().T * (1 + 1e-4) + 1e-6
+            error = (module(xs).double() - xs.double() @ w.T).abs()
+            assert (error <= bound).all() and error.max() > 0, name
+
+
+@torch.inference_mode()
+def test_logits_follow_the_float_weights_on_both_paths(formats_file):
+    """@gguf on the fast path (int8 activations) and on the eager path (torch's int4 kernel, bf16
+    weights) stays within a few percent of the file's float weights, the same greedy tokens."""
+    if not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    exact = float_twin(formats_file).net
+    eager, _ = gguf_io.load_at_file_precision(formats_file)
+    fast = copy.deepcopy(eager)
+    assert fastpath.apply(fast) >= 10 and fast.stack is not None
+    assert "int8dot" in fast.layers[0].attention.wqkv.kernel and "bf16" in eager.layers[0].attention.wqkv.kernel
+    assert "int4 packed kernel" in eager.layers[1].attention.wqkv.kernel
+    ids = torch.tensor([1, 5, 9, 2, 7, 3, 30, 11])
+    want = exact(ids)
+    for net in (fast, eager):
+        error = net(ids) - want
+        assert 0 < error.pow(2).mean().sqrt() <= 0.05 * want.pow(2).mean().sqrt()  # another kernel, close
+        assert (net(ids).argmax(-1) == want.argmax(-1)).all()
+
+
+@torch.inference_mode()
+def test_the_layer_stack_runs_every_format_as_the_modules_do(formats_file):
+    """decoder.Stack passes groups of 16 and 8-bit offsets to the kernel as the modules do: one
+    call for all layers gives the modules' logits bit for bit, and verify rows equal one-token steps."""
+    if not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    stacked, _ = gguf_io.load_at_file_precision(formats_file)
+    fastpath.apply(stacked)
+    modules = copy.deepcopy(stacked)
+    modules.stack = None
+    prompt, chain = torch.tensor([3, 1, 4, 1, 5, 9]), torch.tensor([2, 6, 5, 3, 5])
+    out = []
+    for net in (stacked, modules):
+        cache = net.new_cache(32)
+        out.append([net(prompt, cache), net(chain, cache)])
+    assert all(torch.equal(a, b) for a, b in zip(*out))
+    cache = stacked.new_cache(32)
+    stacked(prompt, cache)
+    steps = torch.cat([stacked(chain[i:i + 1], cache) for i in range(len(chain))], dim=-2)
+    assert torch.equal(steps, out[0][1])
+
+
+def test_greedy_speculative_equals_plain_on_the_file(formats_file):
+    if not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    net, _ = gguf_io.load_at_file_precision(formats_file)
+    fastpath.apply(net)
+    target = Model(ref="formats.gguf@gguf", net=net, tokenizer=tiny_tokenizer(VOCAB), eos_ids=frozenset(),
+                   source="formats.gguf")
+    draft = perturbed(float_twin(formats_file), 0.3)
+    accepted = rejected = 0
+    for prompt in ([1, 2, 3], [5], [7, 7, 8, 9, 10, 11]):
+        base = generate(target, prompt, max_new_tokens=24)
+        spec = generate(target, prompt, draft, gamma=4, max_new_tokens=24)
+        assert spec.token_ids == base.token_ids and len(base.token_ids) == 24
+        accepted += spec.stats.accepted
+        rejected += spec.stats.drafted - spec.stats.accepted
+    assert accepted > 0 and rejected > 0  # both paths ran
