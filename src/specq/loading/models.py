@@ -76,7 +76,7 @@ def _smollm2_dir() -> Path:
     return target
 
 
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = Path(__file__).parents[1] / "assets"  # src/specq/assets
 
 
 def _shipped_draft(name: str):
