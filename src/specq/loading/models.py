@@ -29,7 +29,7 @@ from ..model.hf_backend import HFCausalLM
 from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
 from ..paths import cache_dir
 from ..weights.quant import quantize_model
-from . import gguf_io, precision, registry
+from . import gguf_io, precision, registry, validate
 
 
 @dataclass
@@ -163,7 +163,7 @@ def _gguf_dir(gguf: Path) -> Path:
 
 def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tuple[nn.Module, object, object]:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(path, local_files_only=local_only)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
@@ -177,7 +177,7 @@ def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tupl
         net.load_state_dict(hf_to_native_state_dict(state, native))
         net = net.to(dtype).eval()
     else:
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+        hf = validate.causal_lm(path, dtype, local_only)
         net = HFCausalLM(hf)
     return net, tokenizer, _generation_eos(path, config, local_only)
 
@@ -231,8 +231,11 @@ def resolve_draft_ref(draft_ref: str, target_ref: str) -> str:
 
 
 def split_ref(ref: str) -> tuple[str, str]:
-    """`name@spec` -> (name, spec); the spec defaults to fp32."""
+    """`name@spec` -> (name, spec); the spec defaults to fp32, and an `@` with nothing after it is an error."""
     name, sep, spec = ref.rpartition("@")
+    if sep and not spec.strip():
+        raise SpecqError(f"'{ref}' ends in '@' with no precision after it: give one (e.g. {name or 'NAME'}@int8) "
+                         "or leave the '@' out")
     return (name, spec or "fp32") if sep else (ref, "fp32")
 
 
@@ -246,14 +249,7 @@ def _resolve(name: str) -> Path | str:
             raise SpecqError(f"GGUF file not found: {path}")
         return _gguf_dir(path)
     if path.is_dir():
-        if feature_draft.is_feature_draft(path):
-            return path
-        if not (path / "config.json").is_file():
-            raise SpecqError(f"'{path}' is not a Hugging Face model directory (no config.json)")
-        try:
-            json.loads((path / "config.json").read_bytes())
-        except (OSError, ValueError) as e:
-            raise SpecqError(f"'{path / 'config.json'}' is not valid JSON ({e})") from None
+        validate.check_dir(path)
         return path
     if path.exists():
         raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
@@ -273,6 +269,21 @@ def load(ref: str, fast: bool = True) -> Model:
     if fast:
         model.info["packed_linears"] = fastpath.apply(model.net)
     return model
+
+
+def check_ref(ref: str) -> None:
+    """What `load` checks before reading any weights: the ref's form, its precision and a local
+    folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
+    if not isinstance(ref, str):
+        raise SpecqError(f"a model reference is a string (a name, a path or a hub id), got {type(ref).__name__}")
+    name, spec = split_ref(ref.strip())
+    if not name:
+        raise SpecqError(f"empty model reference '{ref}'")
+    if spec != FILE_PRECISION:
+        precision.parse(spec)
+    path = Path(name).expanduser()
+    if name not in BUILTINS and name != SELF and path.is_dir():
+        validate.check_dir(path)
 
 
 def _load(ref: str) -> Model:
