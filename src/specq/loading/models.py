@@ -96,25 +96,29 @@ BUILTINS = {"smollm2-135m": _smollm2_dir, **{name: _shipped_draft(name) for name
 
 
 def draft_dirs() -> list[Path]:
-    """Draft registries: the shipped one, then the user's (calibrated drafts)."""
-    return [ASSETS / "drafts", cache_dir() / "drafts"]
+    """Draft registries: the shipped one, then the user's (drafts registered on request)."""
+    return [ASSETS / "drafts", registry.user_dir()]
 
 
 def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None, str | None]:
-    """(draft ref, note) for a target ref from the registries: calibrated for the target's exact
-    precision, else the nearest precision (the note says so), else (None, note). `quantizable`:
-    only drafts that can be quantized by every method (not feature drafts: RTN only)."""
+    """(draft ref, note) for a target ref by `registry.select`'s rule: registered for the target's
+    exact precision, else a shipped draft of the nearest precision (the note says so), else (None,
+    note). `quantizable`: only drafts that can be quantized by every method (not feature drafts: RTN only)."""
     name, spec = split_ref(target_ref)
     spec = precision.canonical(spec)
-    found = registry.select(draft_dirs(), name, spec, quantizable)
+    found = registry.select(*draft_dirs(), name, spec, quantizable)
     if found is None:
-        return None, f"no draft known for {name}: plain decoding"
+        unused = sorted({e.precision for _, e in registry.candidates(registry.user_dir(), name, quantizable)})
+        return None, (f"no draft registered for {name}@{spec}: plain decoding" + (
+            f" (your registry's drafts for {', '.join(unused)} are used only at those precisions: pass --draft, "
+            f"or register one for {spec} with `specq drafts add`)" if unused else ""))
     path, entry, exact = found
     at = f"@{entry.draft_spec}" if entry.draft_spec else ""
     ref = _draft_ref(path) + at
     if exact:
-        return ref, f"draft {entry.draft}{at} (calibrated for {name}@{spec})"
-    return ref, f"no draft calibrated for {name}@{spec}; using {entry.draft}{at} (calibrated for {entry.precision})"
+        return ref, f"draft {entry.draft}{at} (registered for {name}@{spec})"
+    return ref, (f"no draft registered for {name}@{spec}; using the shipped {entry.draft}{at} "
+                 f"(registered for {entry.precision}, the nearest precision)")
 
 
 def known_drafts(target: str) -> set[str]:
