@@ -64,6 +64,10 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
 
     if not isinstance(net, Llama):
         raise SpecqError("quantization needs a Llama-architecture model (the native module)")
+    context = net.config.max_position_embeddings
+    if seq_len > context:  # positions past the trained ones, and an attention matrix that grows with seq_len^2
+        raise SpecqError(f"calibration windows of {seq_len} tokens (--calib-len) do not fit the model's context "
+                         f"of {context} tokens")
     try:
         calibration = calibration_token_ids(tokenizer, n_samples, seq_len) if spec.method in ("gptq", "awq") else None
         return quantize_model(net, spec, calibration=calibration, progress=progress)
