@@ -46,6 +46,8 @@ BROKEN = {  # name -> how a good folder is broken
     "heads do not divide": lambda d: _config(d, num_attention_heads=5, head_dim=None),
     "zero layers": lambda d: _config(d, num_hidden_layers=0),
     "a BERT config": lambda d: _config(d, model_type="bert", architectures=["BertForMaskedLM"]),
+    "tokenizer.json not a tokenizer": lambda d: (d / "tokenizer.json").write_text("{}"),
+    "generation_config.json null": lambda d: (d / "generation_config.json").write_text("null"),
 }
 NEEDLES = {"only config.json": "no tokenizer", "no tokenizer": "no tokenizer", "no weights": "holds no weights",
            "config null": "holds null, not a JSON object", "config a list": "holds a list, not a JSON object",
@@ -53,7 +55,9 @@ NEEDLES = {"only config.json": "no tokenizer", "no tokenizer": "no tokenizer", "
            "random weights": "not a readable safetensors file", "hidden size": "do not match its config.json",
            "vocabulary": "the config says 40x32", "heads do not divide": "not a multiple of the number of attention",
            "zero layers": "num_hidden_layers must be a positive integer",
-           "a BERT config": "does not hold the weights of its config's architecture"}
+           "a BERT config": "does not hold the weights of its config's architecture",
+           "tokenizer.json not a tokenizer": "is not a readable tokenizer",
+           "generation_config.json null": "generation_config.json' holds null"}
 
 
 @pytest.fixture(scope="module")

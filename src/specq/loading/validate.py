@@ -24,6 +24,7 @@ from . import precision
 
 # a tokenizer transformers can build from the folder: a fast tokenizer's file, or a slow one's vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+SETTINGS_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json")  # JSON objects
 # config fields that size a network: each must be a positive integer wherever a config has it
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
          "num_key_value_heads", "max_position_embeddings")
@@ -135,10 +136,19 @@ def _config(path: Path):
 
 
 def _tokenizer(path: Path) -> None:
+    """A tokenizer's files, and the settings files beside it, are what their loaders expect."""
+    from tokenizers import Tokenizer
+
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise SpecqError(f"'{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    for name in SETTINGS_FILES:
+        if (path / name).is_file():
+            _json_object(path / name)
     if (path / "tokenizer.json").is_file():
-        _json_object(path / "tokenizer.json")
+        try:
+            Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # the tokenizers library raises a bare Exception
+            raise SpecqError(f"'{path / 'tokenizer.json'}' is not a readable tokenizer ({_line(e)})") from None
 
 
 def _weight_files(path: Path) -> list[Path]:
