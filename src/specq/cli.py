@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="the prompt text, or @FILE to read it from a file")
     g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
     g.add_argument("--draft", default=None,
-                   help="draft model ref (default: the best draft shipped for the target); self@SPEC: the "
+                   help="draft model ref (default: the registry's for the target's precision, see "
+                        "`specq drafts which`); self@SPEC: the "
                         "target's own weights at SPEC (e.g. self@int8-head8); refs joined by commas, cheapest "
                         "first: a hierarchy, each level verifying the ones below")
     g.add_argument("--gamma", type=_gamma, default=None,

@@ -154,7 +154,8 @@ def cmd_remove(args) -> int:
         found = [r for r in found if r.entry.target == target
                  and ("@" not in args.target or r.entry.precision == precision.canonical(spec))]
         if not found:
-            raise SpecqError(f"draft '{args.name}' has no entry for {args.target} (see `specq drafts show {args.name}`)")
+            raise SpecqError(f"draft '{args.name}' has no entry for {args.target} "
+                             f"(see `specq drafts show {args.name}`)")
     yours = [r for r in found if r.scope == SCOPES[1]]
     if not yours:
         raise SpecqError(f"'{args.name}' is shipped with specq and cannot be removed; a draft you register for "

@@ -102,16 +102,15 @@ def _run_problem(run: dict) -> str | None:
     if not isinstance(run["text"], str):
         return "text is not a string"
     for key in ("stats", "paired_stats"):
-        if key not in run and key == "paired_stats":
+        if key not in run and key == "paired_stats":  # only paired cells time a plain run beside each
             continue
         stats = run[key]
         if not isinstance(stats, dict):
             return f"{key} is not an object"
         for f in fields(DecodeStats):
-            value = stats.get(f.name)
-            ok = (isinstance(value, list) and all(_number(v) for v in value)) if f.type == "list[int]" else _number(value)
-            if not ok:
-                return f"{key}.{f.name} is {json.dumps(value)}, not {'a list of numbers' if f.type == 'list[int]' else 'a number'}"
+            value, counts = stats.get(f.name), f.type == "list[int]"
+            if not (isinstance(value, list) and all(map(_number, value)) if counts else _number(value)):
+                return f"{key}.{f.name} is {json.dumps(value)}, not {'a list of numbers' if counts else 'a number'}"
     return None
 
 

@@ -77,8 +77,8 @@ def read(directory: Path | str, required: bool = False) -> list[Entry]:
 
 def add(directory: Path | str, entry: Entry) -> None:
     """Add or replace the entry for (target, precision, draft)."""
-    entries = [e for e in read(directory) if (e.target, e.precision, e.draft) != (entry.target, entry.precision, entry.draft)]
-    _write(directory, entries + [entry])
+    key = (entry.target, entry.precision, entry.draft)
+    _write(directory, [e for e in read(directory) if (e.target, e.precision, e.draft) != key] + [entry])
 
 
 def register(target: str, precision: str, draft: Path | str, info: dict | None = None,

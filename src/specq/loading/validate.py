@@ -204,7 +204,8 @@ def _match(path: Path, expected: dict[str, tuple], shapes: dict[str, tuple]) -> 
     problems = []
     if wrong:
         k = wrong[0]
-        problems.append(f"{len(wrong)} of another shape (e.g. {k}: {_shape(found[k])}, the config says {_shape(expected[k])})")
+        problems.append(f"{len(wrong)} of another shape (e.g. {k}: {_shape(found[k])}, "
+                        f"the config says {_shape(expected[k])})")
     if missing:
         problems.append(f"{len(missing)} missing (e.g. {missing[0]})")
     if unexpected:

@@ -69,7 +69,7 @@ class DistillSettings:
     text_windows: int = 160  # training windows of `seq_len` tokens, spread over the corpora
     seq_len: int = 256
     steps: int = 2000
-    minutes: float | None = None  # time budget of the whole run (DATA_SHARE for teacher data); the learning rate decays to fit it
+    minutes: float | None = None  # the whole run's time budget (DATA_SHARE of it for teacher data); lr decays to fit
     loss: str = "mix:0.5"
     lr: float = 2e-3
     batch: int = 8
