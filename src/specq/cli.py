@@ -414,6 +414,7 @@ def _registration(registered: bool, target: str) -> str:
 
 
 def cmd_distill(args) -> int:
+    import time
     from pathlib import Path
 
     import torch
@@ -444,10 +445,12 @@ def cmd_distill(args) -> int:
         checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
         gamma=args.gamma, head_vocab=args.head_vocab, seed=args.seed,
         extra={"command": "specq " + shlex.join(args.argv)})
+    started = time.monotonic()  # --minutes bounds the command from here, model loading included
     target = load(args.target, fast=False)  # teacher passes read its weights
     base = load(args.base, fast=False) if args.base else None
     report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume, force=args.force,
-                 dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, register=args.register)
+                 dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, register=args.register,
+                 since=started)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "history"}))
         return 0

@@ -298,11 +298,13 @@ def _check_lengths(target: Model, settings: DistillSettings) -> None:
 
 def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | None = None,
         arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False, force: bool = False,
-        register: bool = False) -> dict:
+        register: bool = False, since: float | None = None) -> dict:
     """Distil a draft for `target` into `out`; returns the report also saved as out/distill.json.
     An existing `out` is replaced only with `force`; an unfinished run continues only with `resume`;
-    with `register` the draft is added to the user's registry for the target's precision."""
-    deadline = None if settings.minutes is None else time.monotonic() + settings.minutes * 60
+    with `register` the draft is added to the user's registry for the target's precision. The time
+    budget counts from `since` (a `time.monotonic()`, e.g. before the models loaded; default: now)."""
+    since = time.monotonic() if since is None else since
+    deadline = None if settings.minutes is None else since + settings.minutes * 60
     check_target(target)
     check_run(out, work, force, resume)
     _check_lengths(target, settings)
@@ -327,7 +329,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         if model is not None:
             fastpath.revert(model.net)
     started = time.perf_counter()
-    budget = Budget(None if deadline is None else time.monotonic() + DATA_SHARE * settings.minutes * 60)
+    budget = Budget(None if deadline is None else since + DATA_SHARE * settings.minutes * 60)
     train, held = teacher_data(target, settings, work, features=feature, budget=budget)
     data_s = time.perf_counter() - started
     if budget.skipped:
