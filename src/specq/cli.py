@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", type=arg_path, required=True, help="output directory (written atomically)")
     q.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
     q.add_argument("--calib-samples", type=_positive_int, default=32, help="GPTQ/AWQ calibration windows")
-    q.add_argument("--calib-len", type=_positive_int, default=512, help="tokens per calibration window")
+    q.add_argument("--calib-len", type=_positive_int, default=None,
+                   help="tokens per calibration window, at most the model's context (default 512, or the context "
+                        "if shorter)")
     q.add_argument("--threads", type=_threads, default=None)
     q.set_defaults(func=cmd_quantize)
 

@@ -49,18 +49,15 @@ def check_dir(path: Path) -> None:
 
 
 def check_hf_dir(path: Path) -> None:
-    """A Hugging Face model folder: config, tokenizer, weights readable and, for a native Llama,
-    exactly the tensors of its config."""
+    """A Hugging Face model folder: config, tokenizer, weights readable and, where the native Llama
+    runs it (safetensors weights, `models._load_hf_dir`), exactly the tensors of its config."""
     config = _config(path)
     _tokenizer(path)
-    files = _weight_files(path)
-    shapes = _headers([f for f in files if f.suffix == ".safetensors"])
-    if supports_hf_config(config):
+    shapes = _headers([f for f in _weight_files(path) if f.suffix == ".safetensors"])
+    if supports_hf_config(config) and shapes:
         if config.num_attention_heads % config.num_key_value_heads:
             raise SpecqError(f"'{path / 'config.json'}': num_key_value_heads ({config.num_key_value_heads}) does not "
                              f"divide num_attention_heads ({config.num_attention_heads})")
-        if not shapes:
-            raise SpecqError(f"'{path}' holds no .safetensors weights (specq reads Llama weights from safetensors)")
         _match(path, _llama_shapes(LlamaConfig.from_hf(config), shapes), shapes)
 
 
