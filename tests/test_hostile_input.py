@@ -297,6 +297,7 @@ def test_the_smaller_ones(root, tmp_path, capsys):
                  ["report", root / "prompts.txt", "--out", ""]):
         _refused(args, capsys, "expected a path, got an empty string")
     _refused(["generate", "@"], capsys, "a bare '@' names no prompt file")
+    _refused(["serve", "--precisions", "fp32,", "--port", 0], capsys, "an empty precision in 'fp32,'")
     _refused(["report", root / "prompts.txt", "--confidence", 1], capsys, "in [0.5, 1)")  # as its help says
     with pytest.raises(SystemExit):
         build_parser().parse_args(["report", "--help"])

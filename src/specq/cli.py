@@ -212,7 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _precisions(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(","))
+    specs = tuple(p.strip() for p in text.split(","))
+    if not all(specs):
+        raise argparse.ArgumentTypeError(f"an empty precision in '{text}' (give e.g. fp32,int4-g64-rtn-head8)")
+    return specs
 
 
 def cmd_serve(args) -> int:
