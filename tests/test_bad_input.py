@@ -238,8 +238,8 @@ def test_calibrate_registers_in_the_user_registry(files, tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "elsewhere" / "cal"
-    assert main(["calibrate", str(files / "target"), "--target", str(files / "target"), "--out", str(out),
+    assert main(["calibrate", str(files / "target"), "--target", str(files / "target"), "--out", str(out), "--register",
                  "--prompts", "2", "--held-out", "1", "--steps", "2", "--max-new-tokens", "4", "--threads", "1"]) == 0
     assert not (out.parent / "manifest.json").exists()
-    path, _, exact = registry.select([tmp_path / "cache" / "drafts"], str(files / "target"), "fp32")
+    path, _, exact = registry.select(tmp_path / "none", tmp_path / "cache" / "drafts", str(files / "target"), "fp32")
     assert exact and path == out.resolve()

@@ -50,7 +50,7 @@ BAD = [
     (["serve", "--port", "70000"], "--port"),
     (["serve", "--precisions", "fp32,int9"], "bad quant spec 'int9'"),
     (["serve", "--precisions", "fp32,fp32"], "twice"),
-    (["serve", "--precisions", ""], "bad quant spec"),
+    (["serve", "--precisions", ""], "an empty precision"),
     (["serve", "--target", "smollm2-135m@int8"], "--precisions"),
     (["serve", "--timeout", "0"], "--timeout"),
     (["serve", "--queue", "0"], "--queue"),

@@ -114,18 +114,28 @@ def arg_int(minimum: int = 0, maximum: int = MAX_COUNT):
     return parse
 
 
-def arg_float(minimum: float = -math.inf, maximum: float = math.inf):
-    """An argparse type: a finite number in [minimum, maximum]."""
+def arg_float(minimum: float = -math.inf, maximum: float = math.inf, below_maximum: bool = False):
+    """An argparse type: a finite number in [minimum, maximum], or [minimum, maximum) with `below_maximum`."""
     def parse(value: str) -> float:
         try:
             number = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got '{value}'") from None
-        if not math.isfinite(number) or not minimum <= number <= maximum:
-            raise argparse.ArgumentTypeError(f"expected a finite number{_within(minimum, maximum)}, got '{value}'")
+        if not math.isfinite(number) or not minimum <= number <= maximum or (below_maximum and number == maximum):
+            raise argparse.ArgumentTypeError(f"expected a finite number{_within(minimum, maximum, below_maximum)}, "
+                                             f"got '{value}'")
         return number
     return parse
 
 
-def _within(minimum: float, maximum: float) -> str:
-    return "" if (minimum, maximum) == (-math.inf, math.inf) else f" in [{minimum:g}, {maximum:g}]"
+def arg_path(value: str) -> str:
+    """An argparse type: a path that is not empty (an empty one would mean the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return value
+
+
+def _within(minimum: float, maximum: float, below_maximum: bool = False) -> str:
+    if (minimum, maximum) == (-math.inf, math.inf):
+        return ""
+    return f" in [{minimum:g}, {maximum:g}{')' if below_maximum else ']'}"

@@ -13,11 +13,12 @@ import sys
 
 from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
-from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, read_text
+from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, arg_path, read_text
 from .core.gamma import AUTO, MAX_GAMMA
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.tree import DEFAULT_TREE, TreeShape
+from .drafts_cli import add_drafts_parser
 from .errors import SpecqError
 from .kernels import build as kernel_build
 
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="the prompt text, or @FILE to read it from a file")
     g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
     g.add_argument("--draft", default=None,
-                   help="draft model ref (default: the best draft shipped for the target); self@SPEC: the "
+                   help="draft model ref (default: the registry's for the target's precision, see "
+                        "`specq drafts which`); self@SPEC: the "
                         "target's own weights at SPEC (e.g. self@int8-head8); refs joined by commas, cheapest "
                         "first: a hierarchy, each level verifying the ones below")
     g.add_argument("--gamma", type=_gamma, default=None,
@@ -92,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quantize", help="quantize a model once and save it (safetensors + quant config)")
     q.add_argument("model", help="model ref (float weights)")
     q.add_argument("spec", help="e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn")
-    q.add_argument("--out", required=True, help="output directory (written atomically)")
+    q.add_argument("--out", type=arg_path, required=True, help="output directory (written atomically)")
     q.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
     q.add_argument("--calib-samples", type=_positive_int, default=32, help="GPTQ/AWQ calibration windows")
-    q.add_argument("--calib-len", type=_positive_int, default=512, help="tokens per calibration window")
+    q.add_argument("--calib-len", type=_positive_int, default=None,
+                   help="tokens per calibration window, at most the model's context (default 512, or the context "
+                        "if shorter)")
     q.add_argument("--threads", type=_threads, default=None)
     q.set_defaults(func=cmd_quantize)
 
@@ -123,16 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
     k.add_argument("--lr", type=_float, default=5e-4)
     k.add_argument("--gamma", type=arg_int(1, MAX_GAMMA), default=4)
-    k.add_argument("--out", default=None, help="output directory (default: $SPECQ_CACHE/drafts/...)")
+    k.add_argument("--out", type=arg_path, default=None, help="output directory (default: $SPECQ_CACHE/drafts/...)")
     k.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
     k.add_argument("--resume", action="store_true", help="continue the unfinished run for --out from its checkpoint")
+    k.add_argument("--register", action="store_true",
+                   help="add the result to your draft registry for the target's precision, so that generate, bench "
+                        "and serve use it there (default: only saved; see `specq drafts`)")
     k.add_argument("--threads", type=_threads, default=None)
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=cmd_calibrate)
 
     d = sub.add_parser("distill", help="train a draft for a target (text + the target's own answers)")
     d.add_argument("--target", default="smollm2-135m", help="target ref, any precision (default: smollm2-135m)")
-    d.add_argument("--out", required=True, help="output directory of the draft (registered beside it)")
+    d.add_argument("--out", type=arg_path, required=True, help="output directory of the draft")
+    d.add_argument("--register", action="store_true",
+                   help="add the draft to your draft registry for the target's precision, so that generate, bench "
+                        "and serve use it there (default: only saved; see `specq drafts`)")
     d.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
     start = d.add_mutually_exclusive_group()
     start.add_argument("--from", dest="base", default=None, help="continue from this draft (a local directory)")
@@ -142,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--head-vocab", type=_positive_int, default=None,
                    help="feature drafts: tokens the output head covers, the most frequent in the training data "
                         "(default 16384 for a new draft; with --from, narrows the base's head to that many)")
-    d.add_argument("--work", default=None, help="cache and checkpoints (default: OUT.work beside OUT)")
+    d.add_argument("--work", type=arg_path, default=None, help="cache and checkpoints (default: OUT.work beside OUT)")
     d.add_argument("--resume", action="store_true", help="continue the unfinished run in --work")
     d.add_argument("--texts", nargs="*", default=["shakespeare"],
                    help="text sources: shakespeare, or .txt / .jsonl files ('text' field); none: --texts")
@@ -156,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seq-len", type=arg_int(16), default=256, help="tokens per text window")
     d.add_argument("--steps", type=_nonnegative_int, default=2000,
                    help="training steps (0: no training, e.g. only narrow a base's head, then measure and export)")
-    d.add_argument("--minutes", type=_float, default=None, help="time budget of the training stage")
+    d.add_argument("--minutes", type=_float, default=None,
+                   help="time budget of the whole command: teacher data takes at most half of it (training uses the "
+                        "shards made by then), training the rest less the final measurements")
     d.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
     d.add_argument("--lr", type=_float, default=2e-3)
     d.add_argument("--batch", type=_positive_int, default=8)
@@ -198,11 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_report_parser(sub)
+    add_drafts_parser(sub)
     return parser
 
 
 def _precisions(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(","))
+    specs = tuple(p.strip() for p in text.split(","))
+    if not all(specs):
+        raise argparse.ArgumentTypeError(f"an empty precision in '{text}' (give e.g. fp32,int4-g64-rtn-head8)")
+    return specs
 
 
 def cmd_serve(args) -> int:
@@ -225,6 +241,8 @@ def cmd_serve(args) -> int:
 
 
 def _read_prompt(text: str) -> str:
+    if text == "@":
+        raise SpecqError("a bare '@' names no prompt file: give @FILE, or the prompt text itself")
     if text.startswith("@"):
         return read_text(text[1:], "prompt file")
     return checks.text("the prompt", text)
@@ -234,7 +252,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api, backends
-    from .loading.models import load, resolve_draft_ref, select_draft
+    from .loading.models import check_ref, load, resolve_draft_ref, select_draft
     from .report import print_backends, print_generation
 
     if args.threads:
@@ -246,6 +264,8 @@ def cmd_generate(args) -> int:
                     seed=args.seed, stop=args.stop, draft_confidence=args.draft_confidence)
     api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
     backends.check_name(args.backend)
+    for ref in [args.target, *(args.draft.split(",") if args.draft else [])]:
+        check_ref(resolve_draft_ref(ref, args.target))
     options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args))
     target = load(args.target, args.backend)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
@@ -289,7 +309,7 @@ def cmd_quantize(args) -> int:
     import torch
 
     from .loading import precision
-    from .loading.models import load, split_ref
+    from .loading.models import check_ref, load, split_ref
     from .weights.quant import weight_bytes
 
     if args.threads:
@@ -300,6 +320,7 @@ def cmd_quantize(args) -> int:
     if split_ref(args.model)[1] != "fp32":
         raise SpecqError("give the float model to quantize, without an @spec")
     checks.output(args.out, args.force, "--out")
+    check_ref(args.model)
     model = load(args.model, backend=None)  # quantized below, then saved
     precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples, args.calib_len)
     precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out)
@@ -313,7 +334,7 @@ def cmd_compare(args) -> int:
     import torch
 
     from . import backends
-    from .loading.models import check_compatible, load
+    from .loading.models import check_compatible, check_ref, load
     from .report import print_comparison
     from .training.divergence import compare, held_out_chunks
 
@@ -322,6 +343,8 @@ def cmd_compare(args) -> int:
     if not 0 < args.temperature <= 100:
         raise SpecqError(f"--temperature must be in (0, 100], got {args.temperature}")
     backends.check_name(args.backend)
+    check_ref(args.a)
+    check_ref(args.b)
     a, b = load(args.a, args.backend), load(args.b, args.backend)
     check_compatible(b, a)  # and A can be a target (not a feature draft)
     chunks = held_out_chunks(a, args.chunks, args.chunk_len, args.chat_prompts)
@@ -351,7 +374,7 @@ def _training_options(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from .loading.models import load
+    from .loading.models import check_ref, load
     from .training.calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
 
     _training_options(args)
@@ -359,8 +382,10 @@ def cmd_calibrate(args) -> int:
                                    steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
     out = args.out or default_out(args.draft, ref_precision(args.target))
     check_output(out, args.force, args.resume)  # before the models load
+    check_ref(args.target)
+    check_ref(args.draft)
     target, draft = load(args.target, backend=None), load(args.draft, backend=None)  # the draft is trained
-    report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume)
+    report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume, register=args.register)
     if args.json:
         print(json.dumps(report))
     else:
@@ -368,16 +393,23 @@ def cmd_calibrate(args) -> int:
             a, t = report[when]["acceptance_rate"], report[when]["tau"]
             print(f"{when:6s} acceptance {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
                   f"  (gamma {args.gamma}, greedy, {args.held_out} held-out prompts, 95% CI)")
-        print(f"saved {report['draft']} and registered it for {report['target']}")
+        print(f"saved {report['draft']}; {_registration(report['registered'], report['target'])}")
     return 0
 
 
+def _registration(registered: bool, target: str) -> str:
+    if registered:
+        return f"registered for {target} in your draft registry (`specq drafts list`)"
+    return f"not registered: add --register, or `specq drafts add DRAFT --target {target}`, to make it {target}'s draft"
+
+
 def cmd_distill(args) -> int:
+    import time
     from pathlib import Path
 
     import torch
 
-    from .loading.models import load
+    from .loading.models import check_ref, load
     from .training.train import DistillSettings, architecture, check_run, check_sources, feature_layers, run
 
     _training_options(args)
@@ -393,6 +425,9 @@ def cmd_distill(args) -> int:
     work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
     check_run(out, work, args.force, args.resume)
     check_sources(args.texts, args.prompts)
+    check_ref(args.target)
+    if args.base:
+        check_ref(args.base)
     settings = DistillSettings(
         texts=tuple(args.texts), prompts=tuple(args.prompts), temperatures=tuple(args.temperatures),
         new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len, steps=args.steps,
@@ -400,10 +435,12 @@ def cmd_distill(args) -> int:
         checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
         gamma=args.gamma, head_vocab=args.head_vocab, seed=args.seed,
         extra={"command": "specq " + shlex.join(args.argv)})
+    started = time.monotonic()  # --minutes bounds the command from here, model loading included
     target = load(args.target, backend=None)  # teacher passes read its weights
     base = load(args.base, backend=None) if args.base else None
     report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume, force=args.force,
-                 dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+                 dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, register=args.register,
+                 since=started)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "history"}))
         return 0
@@ -415,8 +452,8 @@ def cmd_distill(args) -> int:
               f"{a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}] (bonus token included)")
     c = report["step_ms"]
     print(f"step: draft {c['draft']:.1f} ms / target {c['target']:.1f} ms = {c['ratio']:.3f}")
-    print(f"saved {out} ({report['parameters'] / 1e6:.1f}M parameters, {report['dtype']}), registered for "
-          f"{report['target']}")
+    print(f"saved {out} ({report['parameters'] / 1e6:.1f}M parameters, {report['dtype']}); "
+          f"{_registration(report['registered'], report['target'])}")
     return 0
 
 

@@ -347,7 +347,7 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     argv = ["bench", "--targets", str(tmp_path / "target"), "--drafts", str(tmp_path / "draft"), "--gamma", "2",
             "--max-new-tokens", "10", "--prompt-sets", "file", "--prompt-file", str(prompts),
             "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile", "--resamples", "100",
-            "--draft-confidence", "0.3", "--results", str(results)]
+            "--draft-confidence", "0.3", "--results", str(results), "--prompts", "3"]  # all the file holds
     assert _cli(argv) == 0
     out = capsys.readouterr().out
     assert "speedup [95% CI]" in out and "profile" in out and "3/3" in out

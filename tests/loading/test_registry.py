@@ -1,4 +1,5 @@
-"""Draft registry: exact precision, then nearest; corrupt or missing manifests are clear errors."""
+"""Draft registry: exact precision (the user's first), then the nearest shipped precision, never a
+user's draft at another precision; corrupt or missing manifests are clear errors."""
 
 import pytest
 
@@ -13,22 +14,36 @@ def _draft(root, name):
 
 def test_exact_then_nearest(tmp_path):
     shipped, user = tmp_path / "shipped", tmp_path / "user"
+    for name in ("base", "base-int4", "base-int8"):
+        _draft(shipped, name)
+    _draft(user, "cal-int4")
+    registry.add(shipped, registry.Entry("m", "fp32", "base"))
+    registry.add(shipped, registry.Entry("m", "int4-g64-gptq", "base-int4"))
+    registry.add(user, registry.Entry("m", "int4-g64-gptq", "cal-int4"))
+    path, entry, exact = registry.select(shipped, user, "m", "int4-g64-gptq")  # exact: the user's first
+    assert exact and path == user / "cal-int4"
+    path, entry, exact = registry.select(shipped, user, "m", "int3-g64-gptq")  # nearest: int4, the shipped one
+    assert not exact and path == shipped / "base-int4"
+    path, entry, exact = registry.select(shipped, user, "m", "bf16")  # nearest step size: fp32
+    assert not exact and entry.draft == "base"
+    registry.add(shipped, registry.Entry("m", "int8", "base-int8"))
+    path, entry, exact = registry.select(shipped, user, "m", "int2-g32-rtn")  # int4 (step 1/16) beats int8 (1/256)
+    assert not exact and entry.draft == "base-int4"
+    path, entry, exact = registry.select(shipped, user, "m", "bf16")  # fp32 (1/2^32) beats int8 (1/256)
+    assert not exact and entry.draft == "base"
+    assert registry.select(shipped, user, "other-model", "fp32") is None
+
+
+def test_a_users_draft_never_stands_in_for_another_precision(tmp_path):
+    """Registered for int4 by the user, it is used at int4 only: at int3 the nearest shipped entry
+    is chosen, and with none shipped, plain decoding."""
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
     _draft(shipped, "base")
     _draft(user, "cal-int4")
-    _draft(user, "cal-int8")
-    registry.add(shipped, registry.Entry("m", "fp32", "base"))
     registry.add(user, registry.Entry("m", "int4-g64-gptq", "cal-int4"))
-    registry.add(user, registry.Entry("m", "int8", "cal-int8"))
-    dirs = [shipped, user]
-    path, entry, exact = registry.select(dirs, "m", "int4-g64-gptq")
-    assert exact and path == user / "cal-int4"
-    path, entry, exact = registry.select(dirs, "m", "int3-g64-gptq")  # nearest: int4
-    assert not exact and entry.draft == "cal-int4"
-    path, entry, exact = registry.select(dirs, "m", "bf16")  # nearest step size: fp32, not int8
-    assert not exact and entry.draft == "base"
-    path, entry, exact = registry.select(dirs, "m", "int2-g32-rtn")  # int4 (step 1/16) beats int8 (1/256)
-    assert not exact and entry.draft == "cal-int4"
-    assert registry.select(dirs, "other-model", "fp32") is None
+    assert registry.select(shipped, user, "m", "int3-g64-gptq") is None
+    registry.add(shipped, registry.Entry("m", "fp32", "base"))
+    assert registry.select(shipped, user, "m", "int3-g64-gptq")[0] == shipped / "base"
 
 
 def test_a_feature_draft_wins_unless_the_draft_is_to_be_quantized(tmp_path):
@@ -37,14 +52,15 @@ def test_a_feature_draft_wins_unless_the_draft_is_to_be_quantized(tmp_path):
     (tmp_path / "feat" / "feature_draft.json").write_text("{}")
     registry.add(tmp_path, registry.Entry("m", "fp32", "seq"))
     registry.add(tmp_path, registry.Entry("m", "fp32", "feat"))
-    assert registry.select([tmp_path], "m", "fp32")[0] == tmp_path / "feat"  # the later entry
-    assert registry.select([tmp_path], "m", "int8")[0] == tmp_path / "feat"
-    assert registry.select([tmp_path], "m", "fp32", quantizable=True)[0] == tmp_path / "seq"
+    none = tmp_path / "none"
+    assert registry.select(tmp_path, none, "m", "fp32")[0] == tmp_path / "feat"  # the later entry
+    assert registry.select(tmp_path, none, "m", "int8")[0] == tmp_path / "feat"
+    assert registry.select(tmp_path, none, "m", "fp32", quantizable=True)[0] == tmp_path / "seq"
 
 
 def test_add_replaces_and_skips_missing_dirs(tmp_path):
     registry.add(tmp_path, registry.Entry("m", "int8", "gone"))
-    assert registry.select([tmp_path], "m", "int8") is None  # the draft directory does not exist
+    assert registry.select(tmp_path, tmp_path, "m", "int8") is None  # the draft directory does not exist
     registry.add(tmp_path, registry.Entry("m", "int8", "gone", info={"beta": 0.9}))
     assert len(registry.read(tmp_path)) == 1
 
@@ -78,10 +94,8 @@ def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch)
     plain = specq.generate(quantized, [1, 2, 3], max_new_tokens=16)
     out = pool.generate([1, 2, 3], precision="int4-g32-rtn", gamma=3, max_new_tokens=16)
     assert out.token_ids == plain.token_ids and out.draft.endswith("for-int4")
-    with pytest.warns(UserWarning, match="no draft calibrated"):  # int8: the nearest is the fp32 draft
-        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft.endswith("for-fp32")
-    with pytest.warns(UserWarning, match="no draft calibrated"):  # int3: the nearest is the int4 draft
-        assert pool.generate([1, 2, 3], precision="int3-g32-rtn", max_new_tokens=4).draft.endswith("for-int4")
+    with pytest.warns(UserWarning, match="no draft registered .* used only at those precisions"):
+        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft is None  # none shipped
 
 
 def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):

@@ -216,6 +216,12 @@ BAD = [  # (endpoint, body, status, the param or code the error names)
     ("chat/completions", {"model": "M", "messages": []}, 400, "messages"),
     ("chat/completions", {"model": "M", "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
     ("chat/completions", {"model": "M", "messages": [{"role": "user", "content": "t1"}], "tools": []}, 400, "tools"),
+    ("completions", {"model": "M", "prompt": "t1", "temperature": float("nan")}, 400, "temperature"),
+    ("completions", {"model": "M", "prompt": "t1", "top_p": float("inf")}, 400, "top_p"),
+    ("chat/completions", {"model": "M", "messages": [{"role": "user", "content": "t1"}], "max_tokens": 2,
+                          "max_completion_tokens": 2}, 400, "max_tokens"),
+    ("completions", {"model": "M", "prompt": "t1", "speculative": False, "gamma": 2}, 400, "speculative"),
+    ("completions", {"model": "M", "prompt": "t1", "tree_depth": 2}, 400, "tree"),
 ]
 
 
@@ -228,9 +234,36 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server, dirs, en
     assert got == status, reply
     error = reply["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert isinstance(error["code"], str) and error["code"], error  # a client can branch on it
     assert names is None or names in (error["param"], error["code"]), error
     out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=2, temperature=0)
     assert out.usage.completion_tokens == 2
+
+
+def test_a_number_that_is_not_finite_is_named_as_such(server, dirs):
+    port, _ = server
+    got, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": "t1", "temperature": float("nan")})
+    assert got == 400 and "finite" in reply["error"]["message"] and "nan" in reply["error"]["message"], reply
+    assert "100" not in reply["error"]["message"]
+
+
+def test_errors_outside_the_routes_carry_a_code_too(server):
+    port, _ = server
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/v1/no-such-route", headers={"Authorization": f"Bearer {KEY}"})
+    response = conn.getresponse()
+    assert response.status == 404 and json.loads(response.read())["error"]["code"] == "not_found"
+
+
+def test_a_broken_model_folder_is_refused_before_the_server_binds(dirs, tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(dirs / "target", tmp_path / "broken")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"\x00" * 64)
+    for args in (["--target", tmp_path / "broken"], ["--target", dirs / "target", "--draft", tmp_path / "broken"]):
+        assert main(["serve", *map(str, args), "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not a readable safetensors file" in err, err
 
 
 def test_the_client_raises_its_usual_errors(server, dirs):

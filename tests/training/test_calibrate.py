@@ -25,13 +25,13 @@ def dirs(tmp_path, monkeypatch):
 def test_calibrate_registers_draft_for_target_precision(dirs):
     target = specq.load(f"{dirs / 'target'}@int4-g32-rtn")
     draft = specq.load(str(dirs / "draft"))
-    report = calibrate(target, draft, SMALL, progress=False)
+    report = calibrate(target, draft, SMALL, progress=False, register=True)
     for when in ("before", "after"):
         mean, low, high = report[when]["acceptance_rate"]
         assert 0 <= low <= mean <= high <= 1
     out = dirs / "cache" / "drafts" / "draft-for-int4-g32-rtn"
     assert (out / "config.json").is_file() and not list(out.parent.glob(".*ckpt"))
-    path, entry, exact = registry.select([out.parent], str(dirs / "target"), "int4-g32-rtn")
+    path, entry, exact = registry.select(dirs / "none", out.parent, str(dirs / "target"), "int4-g32-rtn")
     assert exact and path == out
     from specq.loading.models import select_draft
 

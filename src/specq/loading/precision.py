@@ -22,6 +22,7 @@ QUANT_CONFIG = "quant_config.json"
 
 
 FILE_PRECISION = "gguf"  # `name@gguf`: a GGUF file's own quantized tensors (`models.load`)
+CALIB_LEN = 512  # tokens per GPTQ/AWQ calibration window, unless the model's context is shorter
 
 
 def canonical(spec_text: str) -> str:
@@ -58,12 +59,19 @@ def calibration_token_ids(tokenizer, n_samples: int = 32, seq_len: int = 512, se
     return calibration_samples(stream, n_samples=n_samples, seq_len=seq_len, seed=seed)
 
 
-def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int = 512, progress: bool = True) -> Llama:
-    """Quantize a native model in place (calibrating GPTQ/AWQ on corpus text)."""
+def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int | None = None,
+                 progress: bool = True) -> Llama:
+    """Quantize a native model in place (calibrating GPTQ/AWQ on corpus text in windows of
+    `seq_len` tokens; default CALIB_LEN, or the model's context if shorter)."""
     from ..weights.quant import quantize_model
 
     if not isinstance(net, Llama):
         raise SpecqError("quantization needs a Llama-architecture model (the native module)")
+    context = net.config.max_position_embeddings
+    seq_len = min(CALIB_LEN, context) if seq_len is None else seq_len
+    if seq_len > context:  # positions past the trained ones, and an attention matrix that grows with seq_len^2
+        raise SpecqError(f"calibration windows of {seq_len} tokens (--calib-len) do not fit the model's context "
+                         f"of {context} tokens")
     try:
         calibration = calibration_token_ids(tokenizer, n_samples, seq_len) if spec.method in ("gptq", "awq") else None
         return quantize_model(net, spec, calibration=calibration, progress=progress)

@@ -1,15 +1,22 @@
 """Which draft to use for a target at a given precision.
 
 A drafts directory holds `manifest.json`: entries mapping (target, target precision) to a draft
-model directory (relative to the manifest) calibrated for that precision, and optionally the
-precision the draft itself runs at (`draft_spec`, e.g. a feature draft at `int8-head8`, a cheaper
-draft with the same acceptance, measured in docs/fastpath.md). specq reads two: the
-drafts shipped in the package, and the user's (`$SPECQ_CACHE/drafts`, where `specq calibrate`
-writes). Selection: the exact precision if any draft has it, else the nearest precision with a
-warning. "Nearest" compares quantization step sizes, 2^-bits: how far a quantized target moves
-from full precision scales with its step, so int8 (the closest to fp32 in docs/benchmarks.md,
-section 1) is near fp32, and int3 near int4, where counting bits would have put int8 next to
-int4. The manifest is rewritten atomically, so a crash mid-write leaves the old one intact.
+model directory (relative to the manifest, or absolute) registered for that precision, and
+optionally the precision the draft itself runs at (`draft_spec`, e.g. a feature draft at
+`int8-head8`). specq reads two: the drafts shipped in the package, and the user's
+(`$SPECQ_CACHE/drafts`), which changes only when asked (`--register`, `specq drafts add|remove`).
+
+Selection (`select`; docs/drafts.md, "Registry and selection: how a draft is chosen"):
+1. an entry for the target's exact precision: the user's before the shipped ones, and within a
+   manifest the later entry;
+2. else a *shipped* entry of the nearest precision, with a note: the shipped drafts' use at
+   precisions they were not registered for is what the docs measured, while a user's draft is
+   known only at the precision it was registered for, so it never stands in for another;
+3. else none (plain decoding).
+"Nearest" compares quantization step sizes, 2^-bits: how far a quantized target moves from full
+precision scales with its step, so int8 is near fp32, and int3 near int4, where counting bits
+would have put int8 next to int4. The manifest is rewritten atomically, so a crash mid-write
+leaves the old one intact.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 from .. import atomic
 from ..errors import SpecqError
 from ..model import feature_draft
+from ..paths import cache_dir
 
 MANIFEST = "manifest.json"
 
@@ -29,11 +37,16 @@ MANIFEST = "manifest.json"
 @dataclass(frozen=True)
 class Entry:
     target: str  # base target name, e.g. "smollm2-135m"
-    precision: str  # target precision spec it was calibrated on, e.g. "int4-g64-gptq"
-    draft: str  # draft directory, relative to the manifest's directory
+    precision: str  # the target precision it is registered for, e.g. "int4-g64-gptq"
+    draft: str  # draft directory, relative to the manifest's directory (or absolute)
     # keyword-only: a positional dict once landed in draft_spec and made the selected ref unloadable
     draft_spec: str = field(default="", kw_only=True)  # the precision the draft runs at (e.g. "int8-head8"); "": as stored
     info: dict = field(default_factory=dict, compare=False, kw_only=True)
+
+
+def user_dir() -> Path:
+    """The user's drafts directory, which `--register` and `specq drafts add|remove` change."""
+    return cache_dir() / "drafts"
 
 
 def precision_bits(spec: str) -> float:
@@ -64,10 +77,35 @@ def read(directory: Path | str, required: bool = False) -> list[Entry]:
 
 def add(directory: Path | str, entry: Entry) -> None:
     """Add or replace the entry for (target, precision, draft)."""
-    entries = [e for e in read(directory) if (e.target, e.precision, e.draft) != (entry.target, entry.precision, entry.draft)]
-    entries.append(entry)
+    key = (entry.target, entry.precision, entry.draft)
+    _write(directory, [e for e in read(directory) if (e.target, e.precision, e.draft) != key] + [entry])
+
+
+def register(target: str, precision: str, draft: Path | str, info: dict | None = None,
+             draft_spec: str = "") -> Entry:
+    """Add a draft folder to the user's registry for (target, precision): by its name when it lies
+    in the registry's folder, else by its absolute path."""
+    path, home = Path(draft).resolve(), user_dir().resolve()
+    entry = Entry(target, precision, path.name if path.parent == home else str(path), draft_spec=draft_spec,
+                  info=info or {})
+    add(user_dir(), entry)
+    return entry
+
+
+def remove(directory: Path | str, entries: list[Entry]) -> None:
+    """Drop these entries from a drafts directory's manifest (the draft folders stay)."""
+    gone = {(e.target, e.precision, e.draft) for e in entries}
+    _write(directory, [e for e in read(directory) if (e.target, e.precision, e.draft) not in gone])
+
+
+def _write(directory: Path | str, entries: list[Entry]) -> None:
     text = json.dumps({"drafts": [asdict(e) for e in entries]}, indent=1) + "\n"
     atomic.write_text(Path(directory) / MANIFEST, text)
+
+
+def draft_path(directory: Path | str, entry: Entry) -> Path:
+    """The draft folder an entry names (relative to its manifest, or absolute)."""
+    return Path(directory) / entry.draft
 
 
 def is_draft_dir(path: Path) -> bool:
@@ -75,20 +113,26 @@ def is_draft_dir(path: Path) -> bool:
     return (path / "config.json").exists() or feature_draft.is_feature_draft(path)
 
 
-def select(directories: list[Path], target: str, precision: str,
+def candidates(directory: Path | str, target: str, quantizable: bool = False) -> list[tuple[Path, Entry]]:
+    """(draft dir, entry) of every usable entry for `target` in a drafts directory, in manifest order:
+    the folder exists, and with `quantizable` it is not a feature draft (those run only at a
+    float precision or with RTN weights)."""
+    return [(draft_path(directory, e), e) for e in read(directory)
+            if e.target == target and is_draft_dir(draft_path(directory, e))
+            and not (quantizable and feature_draft.is_feature_draft(draft_path(directory, e)))]
+
+
+def select(shipped: Path | str, user: Path | str, target: str, precision: str,
            quantizable: bool = False) -> tuple[Path, Entry, bool] | None:
-    """(draft dir, entry, exact?) for the target at this precision, or None if none is known.
-    Later entries win ties (the user's calibrated drafts over the shipped ones). `quantizable`
-    leaves out feature drafts, which run only at a float precision or with RTN weights."""
-    candidates = [(Path(d) / e.draft, e) for d in directories for e in read(d)
-                  if e.target == target and is_draft_dir(Path(d) / e.draft)
-                  and not (quantizable and feature_draft.is_feature_draft(Path(d) / e.draft))]
-    if not candidates:
-        return None
-    exact = [c for c in candidates if c[1].precision == precision]
+    """(draft dir, entry, exact?) for the target at this precision by the rule in the module
+    docstring, or None if no draft may be used."""
+    exact = [c for d in (shipped, user) for c in candidates(d, target, quantizable) if c[1].precision == precision]
     if exact:
         path, entry = exact[-1]
         return path, entry, True
+    stand_ins = candidates(shipped, target, quantizable)
+    if not stand_ins:
+        return None
     step = 2.0 ** -precision_bits(precision)
-    path, entry = min(reversed(candidates), key=lambda c: abs(2.0 ** -precision_bits(c[1].precision) - step))
+    path, entry = min(reversed(stand_ins), key=lambda c: abs(2.0 ** -precision_bits(c[1].precision) - step))
     return path, entry, False

@@ -10,12 +10,17 @@ from starlette.exceptions import HTTPException
 
 from ..errors import SpecqError
 
+# the `code` of an error raised without one, by HTTP status: a client can always branch on a string
+CODES = {400: "invalid_value", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
+         429: "rate_limited", 500: "internal_error", 503: "unavailable", 504: "timeout"}
+
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.status, self.message, self.type, self.param = status, message, type, param
+        self.code = code or CODES.get(status, "invalid_request")
         self.headers = headers
 
     def body(self) -> dict:

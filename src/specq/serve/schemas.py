@@ -32,16 +32,16 @@ class _Common(BaseModel):
     model_config = STRICT
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=100)  # None: OpenAI's default, 1
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)  # None: OpenAI's default, 1
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=-1)  # 0 or -1 (vLLM's spelling): off
     seed: int | None = Field(None, ge=0, le=MAX_SEED)  # None: a fresh one per request
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
     user: str | None = None  # an end-user id for the caller's logs; it changes nothing
     # specq's extensions
     draft: str | None = None
@@ -118,6 +118,9 @@ def invalid_body(error: ValidationError) -> APIError:
         param = ".".join(filter(None, [_path(problems[0]["loc"][:-1]), str(problems[0]["loc"][-1])]))
         return APIError(400, f"unsupported parameter '{param}': specq serve does not implement it", param=param,
                         code="unsupported_parameter")
+    if kind == "finite_number":  # JSON as Python reads it allows NaN and Infinity
+        return APIError(400, f"{param}: must be a finite number, not {problems[0]['input']!r}", param=param,
+                        code="invalid_value")
     if kind == "json_invalid":
         return APIError(400, f"the body is not valid JSON ({problems[0].get('ctx', {}).get('error', 'parse error')})",
                         code="invalid_json")

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from .. import checks
 from ..errors import SpecqError
-from ..loading.models import known_drafts
+from ..loading.models import check_ref, known_drafts
 from ..loading.pool import ModelPool
 from ..loading.precision import canonical
 from .app import create_app
@@ -45,6 +45,8 @@ class ServeConfig:
             raise SpecqError("give at least one precision to serve")
         if len(set(specs)) != len(specs):
             raise SpecqError(f"a precision is listed twice: {', '.join(self.precisions)}")
+        for ref in (self.target, *([self.draft] if self.draft else [])):
+            check_ref(ref)  # a broken folder fails before the socket is bound and any model loads
         checks.integer("max_batch", self.max_batch, 1)
         if self.spec_max_batch is not None:
             checks.integer("spec_max_batch", self.spec_max_batch, 0)

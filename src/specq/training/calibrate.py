@@ -22,7 +22,6 @@ from ..loading import precision, registry
 from ..loading.models import Model, check_compatible, save_native, split_ref
 from ..model import feature_draft
 from ..model.feature_draft import FeatureDraft
-from ..paths import cache_dir
 from .distill import (
     distill,
     feature_forward,
@@ -84,8 +83,9 @@ def ref_precision(target_ref: str) -> str:
 
 
 def registry_dir() -> Path:
-    """The user's draft registry (docs/drafts.md): `calibrate` registers every draft here."""
-    return cache_dir() / "drafts"
+    """The user's draft registry (docs/drafts.md), where calibrated drafts go by default; they are
+    registered there only when asked (`register`)."""
+    return registry.user_dir()
 
 
 def checkpoint_dir(out: Path) -> Path:
@@ -94,21 +94,26 @@ def checkpoint_dir(out: Path) -> Path:
 
 def check_output(out: Path | str, force: bool = False, resume: bool = False) -> Path:
     """`out` may be written (see `checks.output`), and an unfinished run for it is continued
-    only when asked (as `distill --resume`), never silently."""
+    only when asked (as `distill --resume`), never silently; asking to resume what is not there
+    is an error too."""
     out = checks.output(out, force, "--out")
-    if (checkpoint_dir(out) / "last.pt").exists() and not resume:
+    unfinished = (checkpoint_dir(out) / "last.pt").exists()
+    if unfinished and not resume:
         raise SpecqError(f"'{checkpoint_dir(out)}' holds an unfinished calibration for '{out}': add --resume "
                          "to continue it, or remove it")
+    if resume and not unfinished:
+        raise SpecqError(f"--resume: no unfinished calibration for '{out}' (no {checkpoint_dir(out) / 'last.pt'})")
     return out
 
 
 def calibrate(target: Model, draft: Model, settings: CalibrationSettings = CalibrationSettings(),
               out: Path | str | None = None, progress: bool = True, measure: bool = True, *,
-              force: bool = False, resume: bool = False) -> dict:
-    """Fine-tune `draft` on `target`'s own outputs; save it and register it for the target's
-    precision in the user's registry (`registry_dir`). Returns the report, with acceptance
-    before and after on held-out prompts unless `measure` is False. An existing `out` is replaced
-    only with `force`; an interrupted run continues only with `resume`."""
+              force: bool = False, resume: bool = False, register: bool = False) -> dict:
+    """Fine-tune `draft` on `target`'s own outputs and save it (by default into `registry_dir`);
+    with `register`, add it to the user's registry for the target's precision, so that `generate`
+    and `serve` pick it there. Returns the report, with acceptance before and after on held-out
+    prompts unless `measure` is False. An existing `out` is replaced only with `force`; an
+    interrupted run continues only with `resume`."""
     check_compatible(draft, target)
     if draft.precision not in ("fp32", "bf16", "fp16"):
         raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
@@ -150,15 +155,10 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     target_name = split_ref(target.ref)[0]
     report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,
               "draft": str(out), "settings": settings.__dict__, "before": before, "after": after,
-              "held_out_teacher": result["held_out"], "train_positions": train.positions()}
+              "held_out_teacher": result["held_out"], "train_positions": train.positions(), "registered": register}
     info = {"base": draft.ref, "held_out_beta": result["held_out"]["beta"]}
     if measure:
         info |= {"acceptance_before": before["acceptance_rate"][0], "acceptance_after": after["acceptance_rate"][0]}
-    registry.add(registry_dir(), registry.Entry(target_name, target.precision, _entry_path(out), info=info))
+    if register:
+        registry.register(target_name, target.precision, out, info)
     return report
-
-
-def _entry_path(out: Path) -> str:
-    """The draft's path in the registry's manifest: relative when it lies in the registry."""
-    out = out.resolve()
-    return out.name if out.parent == registry_dir().resolve() else str(out)

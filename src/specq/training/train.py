@@ -6,7 +6,11 @@ Stages, each cached in a work directory so that an interrupted run continues whe
 2. training (`distill.distill`), checkpointed every few steps;
 3. export of the draft (native layout, chosen dtype) with `distill.json`: settings, data,
    held-out beta / top-1, acceptance and tau in real speculative runs, and the draft's cost
-   relative to the target; the draft is registered for the target's precision.
+   relative to the target; with `register`, the draft is added to the user's registry for the
+   target's precision.
+A time budget (`minutes`) bounds all three: teacher data may take up to `DATA_SHARE` of it (no
+new shard starts after that; training uses the shards there are, and the report says how many
+were left out), training the rest, less an estimate of the final measurements.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ MAX_LAYERS, MAX_WIDTH = 64, 8192  # a draft far larger than any target specq run
 FEATURE = "feature"
 NEW_HEAD_VOCAB = 16384  # a new feature draft's head: its most frequent tokens in the training data
 MAX_SYNTHETIC = 100_000  # synthetic prompts: far more than any run uses, far fewer than the templates can make
+DATA_SHARE = 0.5  # of a time budget, the most teacher data may take: the rest goes to training and measuring
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class DistillSettings:
     text_windows: int = 160  # training windows of `seq_len` tokens, spread over the corpora
     seq_len: int = 256
     steps: int = 2000
-    minutes: float | None = None  # time budget; the learning rate decays to fit it
+    minutes: float | None = None  # the whole run's time budget (DATA_SHARE of it for teacher data); lr decays to fit
     loss: str = "mix:0.5"
     lr: float = 2e-3
     batch: int = 8
@@ -150,16 +155,33 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _sharded(directory: Path, items: list, shard: int, make, label: str, features_of=None) -> TeacherSet:
-    """Teacher data for `items`, computed `shard` items at a time; finished shards are kept.
-    With `features_of` (the target's native module) each shard also gets the target's hidden
-    states, cached beside it."""
+@dataclass
+class Budget:
+    """When teacher data must stop starting new shards (None: never), and the shards it left out."""
+
+    deadline: float | None = None  # time.monotonic()
+    skipped: int = 0
+
+    def allows(self) -> bool:
+        if self.deadline is None or time.monotonic() < self.deadline:
+            return True
+        self.skipped += 1
+        return False
+
+
+def _sharded(directory: Path, items: list, shard: int, make, label: str, features_of=None,
+             budget: Budget | None = None) -> TeacherSet:
+    """Teacher data for `items`, computed `shard` items at a time; finished shards are kept, and
+    a shard not there yet is made only while the budget allows it. With `features_of` (the
+    target's native module) each shard also gets the target's hidden states, cached beside it."""
     directory.mkdir(parents=True, exist_ok=True)
     out = TeacherSet([], [], [], [])
     n_shards = (len(items) + shard - 1) // shard
     for s in range(n_shards):
         path = directory / f"shard_{s:03d}.pt"
         if not path.exists():
+            if budget is not None and not budget.allows():
+                continue
             print(f"{label}: shard {s + 1}/{n_shards}", file=sys.stderr, flush=True)
             make(items[s * shard:(s + 1) * shard]).save(path)
         part = TeacherSet.load(path)
@@ -172,10 +194,11 @@ def _sharded(directory: Path, items: list, shard: int, make, label: str, feature
     return out
 
 
-def teacher_data(target: Model, settings: DistillSettings, work: Path,
-                 features: bool = False) -> tuple[TeacherSet, TeacherSet]:
+def teacher_data(target: Model, settings: DistillSettings, work: Path, features: bool = False,
+                 budget: Budget | None = None) -> tuple[TeacherSet, TeacherSet]:
     """(train, held-out) teacher sets, from the cache in `work/teacher` where possible; with
-    `features`, each record also holds the target's hidden states (for a feature draft)."""
+    `features`, each record also holds the target's hidden states (for a feature draft). The
+    budget limits the training shards; the held-out ones are always made."""
     teacher = None
 
     def model():
@@ -193,7 +216,7 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path,
             where = work / "teacher" / f"answers-{_key(who, source, t, settings.new_tokens)}"
             train += _sharded(where, prompts, settings.gen_batch, lambda p, t=t: teacher_continuations(
                 model(), tok, p, max_new_tokens=settings.new_tokens, temperature=t, batch=settings.gen_batch,
-                seed=settings.seed), f"answers to {source} (T={t})", feats)
+                seed=settings.seed), f"answers to {source} (T={t})", feats, budget)
     held_prompts = data.chat_prompts("held_out")
     held += _sharded(work / "teacher" / f"held-answers-{_key(who, settings.new_tokens)}", held_prompts,
                      settings.gen_batch, lambda p: teacher_continuations(
@@ -208,11 +231,12 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path,
         held_windows = held_windows[::max(1, len(held_windows) // 16)][:16]
         key = _key(who, source, settings.seq_len, per_source)
         train += _sharded(work / "teacher" / f"text-{key}", windows, 16,
-                          lambda w: teacher_on_text(model(), w), f"text {source}", feats)
+                          lambda w: teacher_on_text(model(), w), f"text {source}", feats, budget)
         held += _sharded(work / "teacher" / f"held-text-{key}", held_windows, 16,
                          lambda w: teacher_on_text(model(), w), f"held-out text {source}", feats)
     if not len(train):
-        raise SpecqError("no training data: give --texts and/or --prompts")
+        raise SpecqError("no training data: give --texts and/or --prompts" if not (budget and budget.skipped) else
+                         "the time budget ran out before the first shard of training data: give more --minutes")
     return train, held
 
 
@@ -245,8 +269,11 @@ def check_run(out: Path, work: Path, force: bool = False, resume: bool = False) 
     if work.exists() and not work.is_dir():
         raise SpecqError(f"--work '{work}' is a file, not a folder")
     checks.writable_parent(work / "ckpt", "--work")
-    if (work / "ckpt" / "last.pt").exists() and not resume:
+    unfinished = (work / "ckpt" / "last.pt").exists()
+    if unfinished and not resume:
         raise SpecqError(f"'{work}' holds an unfinished run: add --resume to continue it, or remove the directory")
+    if resume and not unfinished and not any((work / "teacher").glob("*/shard_*.pt")):
+        raise SpecqError(f"--resume: nothing to resume in '{work}' (no training checkpoint and no teacher data)")
 
 
 def check_sources(texts: list[str], prompts: list[str]) -> None:
@@ -268,9 +295,14 @@ def _check_lengths(target: Model, settings: DistillSettings) -> None:
 
 
 def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | None = None,
-        arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False, force: bool = False) -> dict:
+        arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False, force: bool = False,
+        register: bool = False, since: float | None = None) -> dict:
     """Distil a draft for `target` into `out`; returns the report also saved as out/distill.json.
-    An existing `out` is replaced only with `force`; an unfinished run continues only with `resume`."""
+    An existing `out` is replaced only with `force`; an unfinished run continues only with `resume`;
+    with `register` the draft is added to the user's registry for the target's precision. The time
+    budget counts from `since` (a `time.monotonic()`, e.g. before the models loaded; default: now)."""
+    since = time.monotonic() if since is None else since
+    deadline = None if settings.minutes is None else since + settings.minutes * 60
     check_target(target)
     check_run(out, work, force, resume)
     _check_lengths(target, settings)
@@ -285,12 +317,23 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     if feature and base is not None and (settings.head_vocab or 0) > base.net.config.vocab_size:
         raise SpecqError(f"--head-vocab {settings.head_vocab} is more than the {base.net.config.vocab_size} tokens "
                          f"of the head of '{base.ref}' (a base's head can only be narrowed)")
+    if (settings.head_vocab or 0) > target.vocab_size:
+        raise SpecqError(f"--head-vocab {settings.head_vocab} is more than the {target.vocab_size} tokens of the "
+                         f"vocabulary of '{target.ref}'")
     if feature and not isinstance(target.net, Llama):
         raise SpecqError(f"a feature draft reads the target's hidden states: '{target.ref}' must be a Llama model")
     config = architecture(arch, target.vocab_size) if base is None and not feature else None
     started = time.perf_counter()
-    train, held = teacher_data(target, settings, work, features=feature)
+    budget = Budget(None if deadline is None else since + DATA_SHARE * settings.minutes * 60)
+    train, held = teacher_data(target, settings, work, features=feature, budget=budget)
     data_s = time.perf_counter() - started
+    if budget.skipped:
+        print(f"specq: the time budget stopped teacher data after {data_s / 60:.1f} of {settings.minutes:g} minutes: "
+              f"{budget.skipped} shards left out, training on the {len(train)} sequences there are",
+              file=sys.stderr, flush=True)
+    target_ms = step_ms(target.net)
+    # the final speculative runs, estimated at twice the target's plain decoding time
+    reserve_s = settings.accept_prompts * settings.new_tokens * 2 * target_ms / 1e3
     if feature and base is not None:
         student = backends.plain_copy(base.net).float().attach(target.net)
         if settings.head_vocab is not None:
@@ -306,8 +349,8 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         embedding = target.net.tok_embeddings.weight if hasattr(target.net, "tok_embeddings") else None
         student = init_draft(config, target_embedding=None if embedding is None else embedding.detach().float(),
                              seed=settings.seed)
-    result = distill(student, train, held, steps=settings.steps,
-                     time_budget_s=None if settings.minutes is None else settings.minutes * 60,
+    train_budget_s = None if deadline is None else max(0.0, deadline - time.monotonic() - reserve_s)
+    result = distill(student, train, held, steps=settings.steps, time_budget_s=train_budget_s,
                      loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
                      forward=feature_forward if feature else sequence_forward)
@@ -316,7 +359,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
                   source=str(out), precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
     spec = acceptance(target, draft, data.chat_prompts("held_out")[:settings.accept_prompts], settings.gamma,
                       settings.new_tokens) if settings.accept_prompts else None
-    target_ms, draft_ms = step_ms(target.net), step_ms(draft.net)
+    draft_ms = step_ms(draft.net)
     unused = {"extra"} if feature else {"extra", "head_vocab"}  # only feature drafts have a vocabulary head
     report = {
         "target": target.ref, "target_precision": target.precision, "base": base.ref if base else f"new:{arch}",
@@ -326,6 +369,9 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         "settings": {k: v for k, v in asdict(settings).items() if k not in unused} | settings.extra,
         "train_sequences": len(train), "train_positions": train.positions(), "held_out_positions": held.positions(),
         "teacher_data_s": round(data_s, 1), "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
+        "budget": None if deadline is None else {"minutes": settings.minutes, "teacher_shards_left_out": budget.skipped,
+                                                 "train_budget_s": round(train_budget_s, 1),
+                                                 "reserved_for_measurement_s": round(reserve_s, 1)},
         "held_out": result["held_out"], "history": result["history"],
         "speculative": None if spec is None else {"gamma": settings.gamma, "greedy": True, "prompts": settings.accept_prompts,
                                                   "acceptance_rate": spec["acceptance_rate"], "tau": spec["tau"]},
@@ -344,7 +390,9 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         (tmp / "distill.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
 
     atomic.write_dir(out, write)
-    registry.add(out.parent, registry.Entry(split_ref(target.ref)[0], target.precision, out.name,
-                                            info={"base": report["base"], "held_out_beta": result["held_out"]["beta"]}))
+    if register:
+        registry.register(split_ref(target.ref)[0], target.precision, out,
+                          {"base": report["base"], "held_out_beta": result["held_out"]["beta"]})
+    report["registered"] = register
     shutil.rmtree(work / "ckpt", ignore_errors=True)  # finished: a later run in `work` starts afresh
     return report

@@ -1,0 +1,166 @@
+"""`specq drafts`: the draft registries listed, explained and changed by hand, registered on the
+main parser by `specq.cli` (`add_drafts_parser(sub)`):
+
+    specq drafts list [--target NAME]          every entry, shipped and yours
+    specq drafts show NAME                     one draft's entries and what they record
+    specq drafts which TARGET[@PRECISION]      the draft generate, bench and serve would pick, and why
+    specq drafts add DRAFT[@SPEC] --target TARGET[@PRECISION]
+    specq drafts remove NAME [--target TARGET[@PRECISION]]
+
+Only your registry (`$SPECQ_CACHE/drafts`) changes; the shipped one is part of the package. A
+removed entry's draft folder is left where it is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checks import arg_path
+from .errors import SpecqError
+from .loading import precision, registry, validate
+from .loading.models import ASSETS, SHIPPED_DRAFTS, draft_dirs, select_draft, split_ref
+from .model import feature_draft
+
+SCOPES = ("shipped", "yours")  # the order of `draft_dirs()`
+
+
+@dataclass(frozen=True)
+class Row:
+    scope: str
+    directory: Path
+    entry: registry.Entry
+
+    @property
+    def path(self) -> Path:
+        return registry.draft_path(self.directory, self.entry)
+
+    def matches(self, name: str) -> bool:
+        """NAME as `specq drafts list` prints it, the folder's name, or any path to the folder."""
+        return name in (self.entry.draft, self.path.name) or Path(name).expanduser().resolve() == self.path.resolve()
+
+    def to_dict(self) -> dict:
+        kind = "feature" if feature_draft.is_feature_draft(self.path) else "sequence"
+        return {"registry": self.scope, "target": self.entry.target, "precision": self.entry.precision,
+                "draft": self.entry.draft, "runs_at": self.entry.draft_spec or None, "folder": str(self.path),
+                "kind": kind if registry.is_draft_dir(self.path) else "missing", "info": self.entry.info}
+
+
+def rows() -> list[Row]:
+    return [Row(scope, Path(d), e) for scope, d in zip(SCOPES, draft_dirs()) for e in registry.read(d)]
+
+
+def add_drafts_parser(sub) -> None:
+    d = sub.add_parser("drafts", help="list, explain, add and remove the drafts the registry picks from",
+                       description="The drafts generate, bench and serve pick when none is named (docs/drafts.md, "
+                                   "'How a draft is chosen'). Only your registry ($SPECQ_CACHE/drafts) changes.")
+    actions = d.add_subparsers(dest="action", required=True)
+    ls = actions.add_parser("list", help="every registry entry, shipped and yours")
+    ls.add_argument("--target", default=None, help="only this target's entries (a name, without @)")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+    show = actions.add_parser("show", help="one draft's entries and what they record")
+    show.add_argument("name", help="the draft as `specq drafts list` prints it, or its folder")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_show)
+    which = actions.add_parser("which", help="the draft generate, bench and serve pick for a target, and why")
+    which.add_argument("target", help="TARGET@PRECISION, e.g. smollm2-135m@int4-g64-rtn-head8")
+    which.add_argument("--quantizable", action="store_true",
+                       help="as for a draft that is to be quantized (bench's draft_quant): no feature drafts")
+    which.set_defaults(func=cmd_which)
+    add = actions.add_parser("add", help="register a draft folder for a target precision in your registry")
+    add.add_argument("draft", type=arg_path, help="a draft folder or shipped draft, optionally @SPEC: the precision "
+                                                  "it runs at (e.g. ./my-feature-draft@int8-head8)")
+    add.add_argument("--target", required=True, help="TARGET@PRECISION it is for (no @: fp32)")
+    add.set_defaults(func=cmd_add)
+    rm = actions.add_parser("remove", help="remove a draft's entries from your registry (the folder stays)")
+    rm.add_argument("name", help="the draft as `specq drafts list` prints it, or its folder")
+    rm.add_argument("--target", default=None, help="only its entry for TARGET (or TARGET@PRECISION)")
+    rm.set_defaults(func=cmd_remove)
+
+
+def cmd_list(args) -> int:
+    found = [r for r in rows() if args.target is None or r.entry.target == args.target]
+    if args.json:
+        print(json.dumps([r.to_dict() for r in found]))
+        return 0
+    for scope, directory in zip(SCOPES, draft_dirs()):
+        print(f"{scope}: {Path(directory) / registry.MANIFEST}")
+    table = [("registry", "target", "precision", "draft", "runs at", "kind")]
+    table += [(r.scope, r.entry.target, r.entry.precision, r.entry.draft, r.entry.draft_spec or "as stored",
+               r.to_dict()["kind"]) for r in found]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if len(table) == 1:
+        print("(no entries" + (f" for {args.target})" if args.target else ")"))
+    return 0
+
+
+def _named(name: str) -> list[Row]:
+    found = [r for r in rows() if r.matches(name)]
+    if not found:
+        raise SpecqError(f"no draft '{name}' in the registries (see `specq drafts list`)")
+    return found
+
+
+def cmd_show(args) -> int:
+    found = [r.to_dict() for r in _named(args.name)]
+    if args.json:
+        print(json.dumps(found))
+        return 0
+    for r in found:
+        print(f"{r['draft']} ({r['kind']} draft, {r['registry']} registry): for {r['target']}@{r['precision']}, "
+              f"runs at {r['runs_at'] or 'its stored precision'}")
+        print(f"  folder: {r['folder']}")
+        for key, value in r["info"].items():
+            print(f"  {key}: {value}")
+    return 0
+
+
+def cmd_which(args) -> int:
+    ref, note = select_draft(args.target, args.quantizable)
+    print(ref or "none (plain decoding)")
+    print(f"why: {note}")
+    return 0
+
+
+def _draft_folder(name: str) -> Path:
+    if name in SHIPPED_DRAFTS:
+        return ASSETS / "drafts" / name
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise SpecqError(f"draft '{name}' is not a folder (nor a shipped draft: {', '.join(SHIPPED_DRAFTS)})")
+    validate.check_dir(path)
+    return path
+
+
+def cmd_add(args) -> int:
+    name, spec = split_ref(args.draft)
+    draft_spec = precision.canonical(spec) if "@" in args.draft else ""  # none given: the draft as stored
+    folder = _draft_folder(name)
+    target, target_spec = split_ref(args.target)
+    entry = registry.register(target, precision.canonical(target_spec), folder, {"added": "specq drafts add"},
+                              draft_spec=draft_spec)
+    print(f"registered {entry.draft} for {target}@{entry.precision} in {registry.user_dir() / registry.MANIFEST}")
+    return 0
+
+
+def cmd_remove(args) -> int:
+    found = _named(args.name)
+    if args.target is not None:
+        target, spec = split_ref(args.target)
+        found = [r for r in found if r.entry.target == target
+                 and ("@" not in args.target or r.entry.precision == precision.canonical(spec))]
+        if not found:
+            raise SpecqError(f"draft '{args.name}' has no entry for {args.target} "
+                             f"(see `specq drafts show {args.name}`)")
+    yours = [r for r in found if r.scope == SCOPES[1]]
+    if not yours:
+        raise SpecqError(f"'{args.name}' is shipped with specq and cannot be removed; a draft you register for "
+                         "the same precision comes before it (`specq drafts add`)")
+    registry.remove(yours[0].directory, [r.entry for r in yours])
+    for r in yours:
+        print(f"removed {r.entry.draft} for {r.entry.target}@{r.entry.precision} (the folder {r.path} stays)")
+    return 0
