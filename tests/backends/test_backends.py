@@ -16,7 +16,8 @@ from conftest import tiny_model
 def test_a_network_takes_one_backend_once():
     net = tiny_model(hidden=64).net
     assert backends.prepare(net, "eager") == "eager"
-    with pytest.raises(RuntimeError, match="already runs on the 'eager' backend"):
+    assert backends.prepare(net, "eager") == "eager"  # again on the same one: nothing changes
+    with pytest.raises(RuntimeError, match="already runs on the 'eager' backend, not 'kernels'"):
         backends.prepare(net, "kernels")
 
 

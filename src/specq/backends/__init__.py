@@ -50,15 +50,19 @@ def check_name(name: str) -> str:
 
 
 def prepare(net: nn.Module, name: str = DEFAULT) -> str:
-    """Put `net` on backend `name`, once. Networks the native decoder does not run (transformers'
-    modules) stay on torch's ops whatever is asked: the returned name says what it runs on."""
-    if getattr(net, "backend", None) is not None:
-        raise RuntimeError(f"this network already runs on the '{net.backend}' backend; load the model again")
+    """Put `net` on backend `name`, once (again on the same one: nothing to do). Networks the native
+    decoder does not run (transformers' modules) stay on torch's ops whatever is asked: the
+    returned name says what it runs on."""
     backend = BACKENDS[check_name(name)]
     if not native(net):
         backend = BACKENDS["eager"]
     elif backend.name == "compiled" and not compiled.takes(net):
         backend = BACKENDS["kernels"]  # a feature draft: one small layer fed the target's features
+    if getattr(net, "backend", None) is not None:
+        if net.backend != backend.name:
+            raise RuntimeError(f"this network already runs on the '{net.backend}' backend, not '{backend.name}'; "
+                               "load the model again")
+        return backend.name
     backend.prepare(net)
     net.backend = backend.name
     return backend.name
