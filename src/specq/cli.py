@@ -14,6 +14,7 @@ import sys
 from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, read_text
+from .drafters import ngram, refs
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
@@ -51,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None,
                    help="draft model ref (default: the best draft shipped for the target); self@SPEC: the "
                         "target's own weights at SPEC (e.g. self@int8-head8); refs joined by commas, cheapest "
-                        "first: a hierarchy, each level verifying the ones below")
+                        "first: a hierarchy, each level verifying the ones below; "
+                        f"{ngram.NAME}[:n=N|n=MIN-MAX][:k=K]: n-gram lookup in the prompt and the text so far, no "
+                        f"model (match the last N tokens, then fewer down to MIN, propose up to K; default "
+                        f"n={ngram.DEFAULT_N_MIN}-{ngram.DEFAULT_N_MAX}, k={ngram.DEFAULT_K}); {ngram.NAME}+REF: "
+                        "the model REF drafts where nothing matches")
     g.add_argument("--gamma", type=_gamma, default=None,
                    help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts), "
                         "or 'auto': each step's length (0 = plain, up to 4) chosen from this run's measured "
@@ -174,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precisions", type=_precisions, default=("fp32",),
                    help="comma-separated precisions to serve, e.g. fp32,int4-g64-rtn-head8 (default: fp32); "
                         "requests name one as model 'TARGET@PRECISION', the bare TARGET is the first")
-    s.add_argument("--draft", default=None, help="one draft for every precision (default: the registry's for each)")
+    s.add_argument("--draft", default=None,
+                   help=f"one draft for every precision (default: the registry's for each); {ngram.NAME}[:n=N][:k=K] "
+                        f"or {ngram.NAME}+REF as for generate")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     s.add_argument("--port", type=arg_int(0, 65535), default=8000, help="port (default 8000; 0: any free port)")
     s.add_argument("--api-key", default=os.environ.get("SPECQ_API_KEY"),
@@ -231,7 +238,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api
-    from .models import load, resolve_draft_ref, select_draft
+    from .models import load, select_draft
     from .report import print_generation
 
     if args.threads:
@@ -247,10 +254,8 @@ def cmd_generate(args) -> int:
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
         draft_ref = None
-    levels = [load(resolve_draft_ref(ref, args.target), fast=not args.eager) for ref in draft_ref.split(",")] \
-        if draft_ref else []
-    draft = levels if len(levels) > 1 else levels[0] if levels else None
-    models = [target, *levels]
+    draft = refs.build(draft_ref, args.target, lambda ref: load(ref, fast=not args.eager)) if draft_ref else None
+    models = [target, *ngram.draft_models(draft)]
     if args.compile:
         _compile(models, args)
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
@@ -270,14 +275,27 @@ def cmd_generate(args) -> int:
 
 
 def _tree(args) -> TreeShape | None:
+    levels = _draft_levels(args)
+    if args.tree and levels and refs.ngram_alone(levels[0]):  # the lowest level grows the trees
+        raise SpecqError(ngram.NO_TREES)
     return TreeShape(args.tree, args.tree_depth, args.tree_topk) if args.tree else None
 
 
 def _decode_gamma(args) -> int | str:
-    """--gamma, or its default; with --tree a tree's depth is --tree-depth, and only 'auto' may be given."""
+    """--gamma, or its default; with --tree a tree's depth is --tree-depth, with an n-gram draft alone
+    its length is its k, and only 'auto' may be given with either."""
     if args.tree and args.gamma not in (None, AUTO):
         raise SpecqError(f"with --tree the depth is --tree-depth, not --gamma (only --gamma {AUTO} goes with --tree)")
+    levels = _draft_levels(args)
+    if len(levels) == 1 and refs.ngram_alone(levels[0]) and args.gamma not in (None, AUTO):
+        raise SpecqError(f"an n-gram draft's length is its k ({ngram.NAME}:k=N), not --gamma (only --gamma {AUTO} "
+                         "goes with it)")
     return DEFAULT_GAMMA if args.gamma is None else args.gamma
+
+
+def _draft_levels(args) -> list[str]:
+    """--draft's levels, checked before any model loads ([] when no draft is given or used)."""
+    return refs.split(args.draft) if args.draft and not args.no_speculative else []
 
 
 def _compile(models, args) -> None:
