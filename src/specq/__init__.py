@@ -2,9 +2,11 @@
 
 from .api import Generation, generate
 from .core.sampling import SamplingConfig
+from .drafters.ngram import NgramDraft
 from .errors import SpecqError
 from .loading.models import Model, check_compatible, load
 from .loading.pool import ModelPool
 
 __version__ = "0.1.0"
-__all__ = ["Generation", "Model", "ModelPool", "SamplingConfig", "SpecqError", "check_compatible", "generate", "load"]
+__all__ = ["Generation", "Model", "ModelPool", "NgramDraft", "SamplingConfig", "SpecqError", "check_compatible", "generate",
+           "load"]

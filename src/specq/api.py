@@ -5,6 +5,8 @@
     draft = specq.load("path/to/draft")
     out = specq.generate(target, "The capital of France is", draft=draft, gamma=4)
     print(out.text, out.stats.tau)
+    out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
+    out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
 """
 
 from __future__ import annotations
@@ -20,11 +22,15 @@ from .core.gamma import parse as parse_gamma
 from .core.sampling import SamplingConfig
 from .core.stats import DecodeStats
 from .core.stopping import trim_at_stop
-from .drafters import TreeShape, for_levels
+from .drafters import TreeShape, for_levels, ngram
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .loading.models import Model, check_compatible, check_target
+
+# what `generate` takes as its draft: a model, an n-gram draft (or its text spec), or a list of
+# them, cheapest first (a hierarchy)
+Draft = Model | ngram.NgramDraft | str | list | None
 
 
 @dataclass
@@ -122,7 +128,7 @@ def check_context(target: Model, proposal_nodes: int, max_new_tokens: int, promp
                          f"the target's context of {limit} tokens")
 
 
-def generate(target: Model, prompt: str | list[int], draft: Model | list[Model] | None = None, *, gamma: int | str = DEFAULT_GAMMA,
+def generate(target: Model, prompt: str | list[int], draft: Draft = None, *, gamma: int | str = DEFAULT_GAMMA,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
              ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
@@ -131,7 +137,9 @@ def generate(target: Model, prompt: str | list[int], draft: Model | list[Model] 
     The output is the target's own: token for token when greedy, in distribution when sampling.
     gamma "auto" chooses each step's draft length from this run's measured costs (up to 4).
     A list of drafts, cheapest first, is a hierarchy: each level verifies what the ones below
-    proposed before the target sees it (`drafters/hierarchy.py`).
+    proposed before the target sees it (`drafters/hierarchy.py`). An n-gram draft ("ngram",
+    "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
+    prompt and the text so far; its k is then the draft length, and a fixed gamma only its fallback's.
     `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma is then the tree's
     depth, and "auto" chooses each step's depth up to it. `on_tokens`: called with each step's new
     token ids (streaming); returning False stops the run (finish reason 'cancelled')."""
@@ -139,10 +147,27 @@ def generate(target: Model, prompt: str | list[int], draft: Model | list[Model] 
                      top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
                      draft_confidence=draft_confidence, drafter=drafter, tree=tree, on_tokens=on_tokens)
     run(sequence)
-    return finish(sequence, draft)
+    return finish(sequence, _draft(draft))
 
 
-def start(target: Model, prompt: str | list[int], draft: Model | list[Model] | None = None, *,
+def _draft(draft: Draft) -> Draft:
+    """A draft as given to `generate`: text is an n-gram spec (a model draft is loaded with
+    `specq.load`); a list is a hierarchy, cheapest first."""
+    if isinstance(draft, list):
+        return [_draft(level) for level in draft]
+    if not isinstance(draft, str):
+        return draft
+    if not ngram.is_ngram(draft):
+        raise SpecqError(f"a draft given as text is an n-gram draft ('{ngram.NAME}', '{ngram.NAME}:n=2-3:k=4'), "
+                         f"not '{draft}': load a model draft with specq.load")
+    spec, fallback = ngram.parse(draft)
+    if fallback is not None:
+        raise SpecqError(f"give an n-gram draft's fallback as a loaded model: "
+                         f"specq.NgramDraft(..., fallback=specq.load('{fallback}'))")
+    return spec
+
+
+def start(target: Model, prompt: str | list[int], draft: Draft = None, *,
           gamma: int | str = DEFAULT_GAMMA, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
           top_p: float = 1.0, seed: int = 0, chat: bool = False, stop: list[str] | None = None,
           ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
@@ -155,18 +180,21 @@ def start(target: Model, prompt: str | list[int], draft: Model | list[Model] | N
     prompt_ids = token_ids(target, prompt) if isinstance(prompt, list) else encode_prompt(target, prompt, chat)
     if tree is not None:
         gamma = min(gamma, tree.depth) if adaptive else tree.depth
+    draft = _draft(draft)
     if draft is not None:
         levels = draft if isinstance(draft, list) else [draft]
-        for level in levels:
+        for level in ngram.draft_models(levels):
             check_compatible(level, target)
-        drafter = drafter or for_levels(levels, target, draft_confidence, tree)
+        drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma)
+        if isinstance(draft, ngram.NgramDraft):  # its k is the draft length (a fixed gamma its fallback's)
+            gamma = draft.longest(gamma, adaptive)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                     max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                     generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens)
 
 
-def finish(sequence: Sequence, draft: Model | list[Model] | None) -> Generation:
+def finish(sequence: Sequence, draft: Draft) -> Generation:
     """A finished sequence as a `Generation` (the text ends before a stop string)."""
     ids, reason, stats = sequence.result()
     text = sequence.target.tokenizer.decode(ids, skip_special_tokens=True)

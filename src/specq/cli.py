@@ -15,6 +15,7 @@ from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, arg_path, read_text
 from .core.gamma import AUTO, MAX_GAMMA
+from .drafters import ngram, refs
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.tree import DEFAULT_TREE, TreeShape
@@ -58,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft model ref (default: the registry's for the target's precision, see "
                         "`specq drafts which`); self@SPEC: the "
                         "target's own weights at SPEC (e.g. self@int8-head8); refs joined by commas, cheapest "
-                        "first: a hierarchy, each level verifying the ones below")
+                        "first: a hierarchy, each level verifying the ones below; "
+                        f"{ngram.NAME}[:n=N|n=MIN-MAX][:k=K]: n-gram lookup in the prompt and the text so far, no "
+                        f"model (match the last N tokens, then fewer down to MIN, propose up to K; default "
+                        f"n={ngram.DEFAULT_N_MIN}-{ngram.DEFAULT_N_MAX}, k={ngram.DEFAULT_K}); {ngram.NAME}+REF: "
+                        "the model REF drafts where nothing matches")
     g.add_argument("--gamma", type=_gamma, default=None,
                    help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts), "
                         "or 'auto': each step's length (0 = plain, up to 4) chosen from this run's measured "
@@ -189,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precisions", type=_precisions, default=("fp32",),
                    help="comma-separated precisions to serve, e.g. fp32,int4-g64-rtn-head8 (default: fp32); "
                         "requests name one as model 'TARGET@PRECISION', the bare TARGET is the first")
-    s.add_argument("--draft", default=None, help="one draft for every precision (default: the registry's for each)")
+    s.add_argument("--draft", default=None,
+                   help=f"one draft for every precision (default: the registry's for each); {ngram.NAME}[:n=N][:k=K] "
+                        f"or {ngram.NAME}+REF as for generate")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     s.add_argument("--port", type=arg_int(0, 65535), default=8000, help="port (default 8000; 0: any free port)")
     s.add_argument("--api-key", default=os.environ.get("SPECQ_API_KEY"),
@@ -264,17 +271,15 @@ def cmd_generate(args) -> int:
                     seed=args.seed, stop=args.stop, draft_confidence=args.draft_confidence)
     api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
     backends.check_name(args.backend)
-    for ref in [args.target, *(args.draft.split(",") if args.draft else [])]:
+    for ref in [args.target, *(refs.model_refs(args.draft) if args.draft else [])]:
         check_ref(resolve_draft_ref(ref, args.target))
     options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args))
     target = load(args.target, args.backend)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:
         draft_ref = None
-    levels = [load(resolve_draft_ref(ref, args.target), args.backend) for ref in draft_ref.split(",")] \
-        if draft_ref else []
-    draft = levels if len(levels) > 1 else levels[0] if levels else None
-    models = [target, *levels]
+    draft = refs.build(draft_ref, args.target, lambda ref: load(ref, args.backend)) if draft_ref else None
+    models = [target, *ngram.draft_models(draft)]
     explained = {m.ref: backends.describe(m.net) for m in models}
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
@@ -295,14 +300,27 @@ def cmd_generate(args) -> int:
 
 
 def _tree(args) -> TreeShape | None:
+    levels = _draft_levels(args)
+    if args.tree and levels and refs.ngram_alone(levels[0]):  # the lowest level grows the trees
+        raise SpecqError(ngram.NO_TREES)
     return TreeShape(args.tree, args.tree_depth, args.tree_topk) if args.tree else None
 
 
 def _decode_gamma(args) -> int | str:
-    """--gamma, or its default; with --tree a tree's depth is --tree-depth, and only 'auto' may be given."""
+    """--gamma, or its default; with --tree a tree's depth is --tree-depth, with an n-gram draft alone
+    its length is its k, and only 'auto' may be given with either."""
     if args.tree and args.gamma not in (None, AUTO):
         raise SpecqError(f"with --tree the depth is --tree-depth, not --gamma (only --gamma {AUTO} goes with --tree)")
+    levels = _draft_levels(args)
+    if len(levels) == 1 and refs.ngram_alone(levels[0]) and args.gamma not in (None, AUTO):
+        raise SpecqError(f"an n-gram draft's length is its k ({ngram.NAME}:k=N), not --gamma (only --gamma {AUTO} "
+                         "goes with it)")
     return DEFAULT_GAMMA if args.gamma is None else args.gamma
+
+
+def _draft_levels(args) -> list[str]:
+    """--draft's levels, checked before any model loads ([] when no draft is given or used)."""
+    return refs.split(args.draft) if args.draft and not args.no_speculative else []
 
 
 def cmd_quantize(args) -> int:

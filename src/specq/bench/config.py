@@ -18,12 +18,14 @@ from pathlib import Path
 from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
 from ..core.gamma import AUTO, AUTO_MAX_GAMMA, MAX_GAMMA
 from ..data import user_texts
+from ..drafters import ngram
+from ..drafters import refs as draft_refs
 from ..drafters.base import DEFAULT_GAMMA
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.models import BUILTINS, SELF, check_ref, default_draft_ref, resolve_draft_ref, split_ref
+from ..loading.models import BUILTINS, SELF, check_ref, default_draft_ref, split_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
@@ -80,7 +82,9 @@ HELP = {
     "targets": "target model refs, optionally name@spec",
     "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, ...)",
     "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the target's "
-              "own weights at SPEC), or refs joined by commas, cheapest first (a hierarchy)",
+              "own weights at SPEC), ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the draft "
+              "length), ngram+REF (the model REF where nothing matches), or refs joined by commas, cheapest first "
+              "(a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (each step's length chosen from measured "
               "costs, up to 4)"),
@@ -122,15 +126,27 @@ def _cross(refs: list[str], specs: list[str]) -> list[str]:
     out = []
     for ref in refs:
         if "," in ref:
-            out.append(",".join(f"{name}@{precision.canonical(spec)}" for name, spec in map(split_ref, ref.split(","))))
+            out.append(",".join(map(_canonical, ref.split(","))))
             continue
         if ref == REGISTRY:
             out += [REGISTRY if not specs else f"{REGISTRY}@{s}" for s in specs or [None]]
             continue
-        name, spec = split_ref(ref)
-        for s in specs or [spec]:
-            out.append(f"{name}@{precision.canonical(s)}")
+        if ngram.is_ngram(ref) and ngram.parse(ref)[1] is None:  # no model: no precision to cross
+            out.append(_canonical(ref))
+            continue
+        for s in specs or [None]:
+            out.append(_canonical(ref, s))
     return list(dict.fromkeys(out))
+
+
+def _canonical(level: str, spec: str | None = None) -> str:
+    """`name@spec`, at `spec` when given, else at its own; an n-gram level as `NgramDraft.ref`
+    (it has no precision), its fallback model's likewise."""
+    if ngram.is_ngram(level):
+        own, model = ngram.parse(level)
+        return own.ref + ("" if model is None else "+" + _canonical(model, spec))
+    name, own_spec = split_ref(level)
+    return f"{name}@{precision.canonical(spec or own_spec)}"
 
 
 def load_config(path: str | None, overrides: dict | None = None) -> BenchConfig:
@@ -234,7 +250,7 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
             raise SpecqError(f"bench config '{key[:-1]}_quant': {e}") from None
     for ref in refs:
         try:
-            for level in ref.split(","):
+            for level in draft_refs.split(ref) if key == "drafts" else ref.split(","):
                 precision.canonical(split_ref(level)[1])
         except SpecqError as e:
             raise SpecqError(f"bench config '{key}': {e}") from None
@@ -249,7 +265,8 @@ def check_models_exist(config: BenchConfig) -> None:
     """Local model paths exist and hold loadable folders (`check_ref`), and bare names are built-ins
     (hub ids are left to load), so a typo or a broken folder fails before the sweep starts rather
     than after its first stage."""
-    for key, refs in (("targets", config.targets), ("drafts", [level for r in config.drafts for level in r.split(",")])):
+    drafts = [model for ref in config.drafts for model in draft_refs.model_refs(ref)]
+    for key, refs in (("targets", config.targets), ("drafts", drafts)):
         for ref in refs:
             name = split_ref(ref)[0]
             path_like = name.startswith((".", "/", "~")) or name.endswith(".gguf")
@@ -353,21 +370,29 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
         cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, draft_confidence=None, **c)
                   for c in common]
         for draft in _drafts_for(target, config, registry, notes):
+            alone = draft_refs.ngram_alone(draft)  # its k is the draft length; it has no early stop
+            gammas = list(dict.fromkeys(g if g == AUTO else ngram.parse(draft)[0].k for g in config.gamma)) \
+                if alone else config.gamma
             if 0 in config.tree:  # chains
-                for kind in ("speculative", "peer") if config.peer else ("speculative",):
-                    for g in config.gamma:
-                        for conf in config.draft_confidence:
+                peer = config.peer and not ngram.is_ngram(draft)
+                for kind in ("speculative", "peer") if peer else ("speculative",):
+                    for g in gammas:
+                        for conf in [None] if alone else config.draft_confidence:
                             cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf,
                                            paired=config.paired and kind == "speculative", **c)
                                       for c in common if kind == "speculative" or c["temperature"] == 0 and g != AUTO]
             # token trees: `gamma` is the depth; a tree has no early stop, so no draft_confidence
             cells += [Cell(kind="speculative", target=target, draft=draft, gamma=g, draft_confidence=None,
                            paired=config.paired, tree=n, tree_topk=k, **c)
-                      for n in config.tree if n for k in config.tree_topk for g in config.gamma for c in common]
+                      for n in config.tree if n and not alone for k in config.tree_topk for g in config.gamma
+                      for c in common]
     if config.peer and any(t > 0 for t in config.temperature):
         notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")
     if config.peer and AUTO in config.gamma:
         notes.append("peer baseline runs at fixed gammas only: none for gamma 'auto'")
+    if any(ngram.is_ngram(d) for d in config.drafts):
+        notes.append("n-gram drafts: an n-gram alone drafts k tokens (one cell per fixed gamma's k), grows no "
+                     "trees and has no early stop" + "; no peer baseline for them" * config.peer)
     if any(config.tree):
         if config.peer:
             notes.append("peer baseline drafts chains only: none for token tree cells")
@@ -379,8 +404,8 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
 def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) -> list[str]:
     out = []
     for entry in config.draft_entries():
-        if entry.split("@")[0] == SELF or "," in entry:
-            out.append(",".join(resolve_draft_ref(level, target) for level in entry.split(",")))
+        if entry.split("@")[0] == SELF or "," in entry or ngram.is_ngram(entry):
+            out.append(draft_refs.resolve(entry, target))
             continue
         if entry.split("@")[0] != REGISTRY:
             out.append(entry)

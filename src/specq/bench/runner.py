@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .. import api, backends
+from ..drafters import refs as draft_refs
 from ..errors import SpecqError
 from ..loading import models, precision
 from ..loading.models import Model
@@ -176,7 +177,8 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
-            later = {c.target for c in pending[i:]} | {ref for c in pending[i:] if c.draft for ref in c.draft.split(",")}
+            later = {c.target for c in pending[i:]} | {ref for c in pending[i:] if c.draft
+                                                       for ref in draft_refs.model_refs(c.draft)}
             pool.keep_only(later)  # free models no later cell needs
             label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
             label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
@@ -190,10 +192,11 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
 def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set, advance) -> dict:
     torch.set_num_threads(cell.threads)
     target, target_info = pool.get(cell.target)
-    levels = [pool.get(ref) for ref in cell.draft.split(",")] if cell.draft else []  # a hierarchy: cheapest first
-    draft = None if not levels else levels[0][0] if len(levels) == 1 else [m for m, _ in levels]
-    draft_info = None if not levels else levels[0][1] if len(levels) == 1 else {
-        "ref": cell.draft, "precision": levels[0][1]["precision"], "levels": [i for _, i in levels]}
+    levels = [pool.get(ref) for ref in draft_refs.model_refs(cell.draft)] if cell.draft else []  # cheapest first
+    draft = draft_refs.build(cell.draft, cell.target, lambda ref: pool.get(ref)[0]) if cell.draft else None
+    one_model = len(levels) == 1 and draft is levels[0][0]  # else a hierarchy or an n-gram draft (its models)
+    draft_info = None if draft is None else levels[0][1] if one_model else {
+        "ref": cell.draft, "precision": levels[0][1]["precision"] if levels else None, "levels": [i for _, i in levels]}
     record = {"type": "cell", "key": cell.key, "cell": cell.params(), "target": target_info, "draft": draft_info,
               "threads_used": torch.get_num_threads()}
     if cell.kind == "peer":

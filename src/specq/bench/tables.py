@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.gamma import AUTO_MAX_GAMMA
+from ..drafters import ngram
 from .aggregate import MIN_STEPS
 
 TAU = "tau (bonus incl.)"
@@ -174,6 +175,9 @@ def short_draft(row: dict) -> str:
     if "," in row["draft"]:  # a hierarchy, cheapest level first
         return " > ".join(short_draft({**row, "draft": level, "draft_precision": level.rpartition("@")[2]})
                           for level in row["draft"].split(","))
+    if ngram.is_ngram(row["draft"]):  # its own spec, then its fallback model's short name
+        own, plus, model = row["draft"].partition("+")
+        return own + (plus + short_draft({**row, "draft": model}) if plus else "")
     name = row["draft"].split("@")[0].rstrip("/").rsplit("/", 1)[-1]
     base = row["target"].split("@")[0]
     name = "self" if name == base else name[len(base) + 1:] if name.startswith(base + "-") else name

@@ -14,20 +14,31 @@ New drafters plug in without touching the loop.
 from ..errors import SpecqError
 from ..model.feature_draft import FeatureDraft
 from ..model.llama import Llama
-from .base import Drafter, Proposal
+from .base import DEFAULT_GAMMA, Drafter, Proposal
+from .fallback import FallbackDrafter
 from .feature import FeatureDrafter
 from .hierarchy import HierarchicalDrafter
+from .ngram import NO_TREES, NgramDraft, NgramDrafter
 from .sequence import DEFAULT_DRAFT_CONFIDENCE, SequenceDrafter
 from .tree import TreeShape
 
-__all__ = ["Drafter", "FeatureDrafter", "HierarchicalDrafter", "Proposal", "SequenceDrafter", "TreeShape", "for_levels",
-           "for_pair"]
+__all__ = ["Drafter", "FallbackDrafter", "FeatureDrafter", "HierarchicalDrafter", "NgramDraft", "NgramDrafter",
+           "Proposal", "SequenceDrafter", "TreeShape", "for_levels", "for_pair"]
 
 
-def for_pair(draft, target, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tree: TreeShape | None = None):
+def for_pair(draft, target, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tree: TreeShape | None = None,
+             gamma: int = DEFAULT_GAMMA):
     """The drafter a loaded draft model calls for: a feature draft reads the target's hidden
     states (native Llama targets only), any other draft runs as a sequence draft. `tree`: propose
-    dynamic token trees of that shape instead of chains (native Llama models only)."""
+    dynamic token trees of that shape instead of chains (native Llama models only). An
+    `NgramDraft` looks its proposals up, its fallback model (proposing up to `gamma` deep) where
+    nothing matches."""
+    if isinstance(draft, NgramDraft):
+        if draft.fallback is None:
+            if tree is not None:
+                raise SpecqError(NO_TREES)
+            return NgramDrafter(draft)
+        return FallbackDrafter(NgramDrafter(draft), for_pair(draft.fallback, target, min_confidence, tree), gamma)
     if tree is not None and not isinstance(target.net, Llama):
         raise SpecqError(f"token trees need a Llama-architecture target on specq's own module, not '{target.ref}'")
     if isinstance(draft.net, FeatureDraft):
@@ -40,12 +51,14 @@ def for_pair(draft, target, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tr
 
 
 def for_levels(drafts: list, target, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
-               tree: TreeShape | None = None):
+               tree: TreeShape | None = None, gamma: int = DEFAULT_GAMMA):
     """A drafter for a hierarchy of loaded drafts, cheapest first: the first proposes (a tree if
     `tree`), each next one verifies what the levels below proposed (`hierarchy.py`). One draft is
-    just `for_pair`."""
-    drafter = for_pair(drafts[0], target, min_confidence, tree)
+    just `for_pair`; an n-gram draft can only be the first."""
+    drafter = for_pair(drafts[0], target, min_confidence, tree, gamma)
     for middle in drafts[1:]:
+        if isinstance(middle, NgramDraft):
+            raise SpecqError("an n-gram draft can only be the first (cheapest) level of a hierarchy")
         if not isinstance(middle.net, Llama):
             raise SpecqError(f"an intermediate draft level needs a Llama-architecture model on specq's own "
                              f"module, not '{middle.ref}'")

@@ -25,7 +25,6 @@ from torch import Tensor
 
 from . import build
 
-
 available = build.available  # a variant this CPU runs and a C compiler: specq's kernels build here
 
 

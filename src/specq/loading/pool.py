@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import threading
 import warnings
+from dataclasses import replace
 
 from .. import checks
 from ..api import Generation, generate
+from ..drafters import ngram
 from . import precision as precisions
 from .models import Model, load, select_draft, split_ref
 
@@ -37,9 +39,13 @@ class ModelPool:
                 self._targets[spec] = load(f"{self.target}@{spec}")
             return self._targets[spec]
 
-    def draft_model(self, precision: str, ref: str) -> Model:
+    def draft_model(self, precision: str, ref: str) -> Model | ngram.NgramDraft:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
-        draft binds to its target's embedding, and precisions may decode at the same time."""
+        draft binds to its target's embedding, and precisions may decode at the same time. An
+        n-gram draft loads nothing; its fallback model is loaded like any other draft."""
+        if ngram.is_ngram(ref):
+            spec, fallback = ngram.parse(ref)
+            return spec if fallback is None else replace(spec, fallback=self.draft_model(precision, fallback))
         key = (precisions.canonical(precision), ref)
         with self._lock:
             if key not in self._drafts:

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from ..drafters import ngram
 from ..errors import SpecqError
 from ..loading import precision
 from ..loading.models import split_ref
@@ -84,9 +85,10 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
         unsupported_values(body)
         engine = engine_for(body.model)
         job_plan = plan(body)
-        if job_plan.draft not in (REGISTRY, None) and job_plan.draft not in drafts:
-            raise APIError(400, f"unknown draft '{job_plan.draft}'; known: {', '.join(sorted(drafts)) or 'none'}",
-                           param="draft", code="draft_not_found")
+        if job_plan.draft not in (REGISTRY, None) and not servable(job_plan.draft, drafts):
+            raise APIError(400, f"unknown draft '{job_plan.draft}'; known: {', '.join(sorted(drafts)) or 'none'}, "
+                           f"and {ngram.NAME}[:n=N][:k=K] alone or +one of those", param="draft",
+                           code="draft_not_found")
         job = engine.new_job(job_plan)
         engine.submit(job)
         reply = Reply(chat=schema is ChatRequest, model=engine.name)
@@ -182,3 +184,14 @@ async def stream(job: Job, reply: Reply, request: Request) -> Response:
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+
+def servable(draft: str, drafts: set[str]) -> bool:
+    """Whether a request may name this draft: one of `drafts` (loaded or known to the registry), or
+    an n-gram draft, which loads nothing, alone or falling back to one of them."""
+    if not ngram.is_ngram(draft):
+        return draft in drafts
+    try:
+        fallback = ngram.parse(draft)[1]
+    except SpecqError as e:
+        raise APIError(400, str(e), param="draft", code="invalid_value") from None
+    return fallback is None or fallback in drafts

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from .. import api
 from ..core.decode import Sequence, step
 from ..core.gamma import parse as parse_gamma
+from ..drafters.ngram import NgramDraft
 from ..errors import SpecqError
 from ..loading.models import Model
 from ..loading.pool import ModelPool
@@ -71,7 +72,7 @@ class Running:
 
     job: Job
     sequence: Sequence
-    draft: Model | None
+    draft: Model | NgramDraft | None
     text: TextStream | None  # streamed requests only
     started: float  # time.monotonic() when it left the queue
     first_token_at: float | None = None
@@ -176,6 +177,8 @@ class Engine:
         ids = self._prompt_ids(plan)
         nodes = 0 if draft is None else (plan.options["tree"].size if plan.options["tree"] else
                                          parse_gamma(plan.options["gamma"])[0])
+        if isinstance(draft, NgramDraft):  # its k may be longer than gamma
+            nodes = max(nodes, draft.k)
         max_tokens = plan.max_tokens or self._room(len(ids), nodes)
         text = TextStream(self.target.tokenizer, plan.options["stop"]) if plan.stream else None
 
@@ -224,7 +227,7 @@ class Engine:
         elif not job.cancelled:
             job.post("done", out, running.text.finish(out.text) if running.text else "")
 
-    def _draft(self, choice: str | None) -> Model | None:
+    def _draft(self, choice: str | None) -> Model | NgramDraft | None:
         if choice == REGISTRY:
             return self.draft
         return None if choice is None else self.pool.draft_model(self.precision, choice)

@@ -5,9 +5,9 @@ believe a parameter took effect when specq does not implement it. Types are stri
 5). Fields OpenAI defines that specq implements only at their neutral value (n = 1, penalties 0,
 no logprobs) are accepted at that value and refused otherwise (`unsupported_values`).
 
-Extensions, as vLLM takes them (the openai client's `extra_body`): `draft` (a draft ref, or null
-for plain decoding), `speculative`, `gamma` (a number or "auto"), `tree` / `tree_depth` /
-`tree_topk` (dynamic token trees), `top_k`, `ignore_eos`.
+Extensions, as vLLM takes them (the openai client's `extra_body`): `draft` (a draft ref, an n-gram
+draft `ngram[:n=N][:k=K]` alone or `+DRAFT`, or null for plain decoding), `speculative`, `gamma` (a
+number or "auto"), `tree` / `tree_depth` / `tree_topk` (dynamic token trees), `top_k`, `ignore_eos`.
 """
 
 from __future__ import annotations

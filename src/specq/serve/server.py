@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from .. import checks
+from ..drafters.ngram import draft_models, is_ngram, parse
 from ..errors import SpecqError
 from ..loading.models import check_ref, known_drafts
 from ..loading.pool import ModelPool
@@ -48,6 +49,8 @@ class ServeConfig:
         for ref in (self.target, *([self.draft] if self.draft else [])):
             check_ref(ref)  # a broken folder fails before the socket is bound and any model loads
         checks.integer("max_batch", self.max_batch, 1)
+        if self.draft is not None and is_ngram(self.draft):  # before any model loads
+            parse(self.draft)
         if self.spec_max_batch is not None:
             checks.integer("spec_max_batch", self.spec_max_batch, 0)
         object.__setattr__(self, "precisions", tuple(specs))
@@ -62,7 +65,8 @@ def build_app(config: ServeConfig) -> FastAPI:
         name = f"{pool.target}@{spec}"
         engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s, config.max_batch,
                                config.spec_max_batch)
-    drafts = known_drafts(pool.target) | {e.draft.ref for e in engines.values() if e.draft is not None}
+    drafts = known_drafts(pool.target) | {d.ref for e in engines.values() for d in [e.draft, *draft_models(e.draft)]
+                                           if d is not None}  # an n-gram draft's fallback too
     return create_app(engines, metrics, pool.target, drafts, config.api_key)
 
 

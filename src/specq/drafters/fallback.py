@@ -1,0 +1,48 @@
+"""Two drafters as one: the first one's proposal when it has one, else the second's.
+
+Built for `ngram+MODEL`: the n-gram lookup costs nothing and is right where the text repeats
+itself; the model drafts the other steps. Only one proposal is verified per step, so the target
+never pays verify rows for both. Each step both drafters learn what settled (`rollback`): the
+one that proposed keeps its accepted nodes; the other is told, as after a plain step, that none
+of its own were (a model draft's cache holds settled tokens only and takes the rest with its next
+proposal; a feature draft still receives the target's hidden states of every accepted row).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..core.sampling import SamplingConfig
+from .base import Drafter, Proposal
+
+
+class FallbackDrafter:
+    """`first` proposes; where it proposes nothing, `then` does, at most `then_gamma` deep (the
+    model draft's own gamma; the run's cap may be longer for the first)."""
+
+    def __init__(self, first: Drafter, then: Drafter, then_gamma: int):
+        self.first, self.then, self.then_gamma = first, then, then_gamma
+        self.needs_target_features = first.needs_target_features or then.needs_target_features
+        self.proposer: Drafter | None = None  # whose proposal this step's verify pass checks
+
+    def nodes(self, gamma: int) -> int:
+        return max(self.first.nodes(gamma), self.then.nodes(min(gamma, self.then_gamma)))
+
+    def start(self, prompt: Tensor, capacity: int, features: Tensor | None) -> None:
+        self.first.start(prompt, capacity, features)
+        self.then.start(prompt, capacity, features)
+
+    def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Proposal:
+        proposal = self.first.propose(seq, gamma, sampling, generator)
+        self.proposer = self.first
+        if not len(proposal.tokens):
+            proposal = self.then.propose(seq, min(gamma, self.then_gamma), sampling, generator)
+            self.proposer = self.then
+        return proposal
+
+    def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
+        for drafter in (self.first, self.then):
+            drafter.rollback(length, features, path if drafter is self.proposer else [])
+        self.proposer = None  # a plain step next (no proposal) accepts nobody's nodes

@@ -1,0 +1,199 @@
+"""N-gram (prompt lookup) drafts: the continuation of the last few tokens' latest earlier match.
+
+No model runs. Text that repeats what came before (an edited file, a quoted passage, code that
+reuses its names, a list that keeps its pattern) is proposed back from the prompt and the text
+so far; elsewhere nothing matches and the step is a plain one. The nodes are chosen, not
+sampled, so each is a point mass (`Proposal.probs` None): sampling verifies them exactly
+(`acceptance.accept_sampling`).
+
+Spelled `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` wherever a draft is named: match the last N tokens
+first, then fewer down to MIN, propose up to K; `+MODEL`: that model draft proposes on the steps
+with no match (`fallback.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import Tensor
+
+from ..checks import integer
+from ..core.gamma import MAX_GAMMA
+from ..core.sampling import SamplingConfig
+from ..errors import SpecqError
+from ..loading.models import Model
+from .base import EMPTY, Proposal
+
+NAME = "ngram"
+# Shortest n-gram matched. A one-token match fires on most steps, after any token seen before,
+# mostly in unrelated contexts: every token it proposes costs a verify row, and in `ngram+MODEL`
+# it would leave the model no step to draft. Two tokens already point at text that repeats.
+DEFAULT_N_MIN = 2
+# Longest n-gram matched, tried first (the most specific context wins); 3 as in the OpenVINO GenAI
+# prompt-lookup runs specq is compared with.
+DEFAULT_N_MAX = 3
+# Tokens proposed per match: drafting is free but each token is a verify row, and a repeat tends
+# to break within a few tokens. 4 is inside the 3-5 that peers' prompt-lookup setups propose
+# (vLLM's ngram examples, OpenVINO GenAI's 5), and the longest proposal gamma "auto" considers
+# (gamma.AUTO_MAX_GAMMA), so auto keeps its whole range.
+DEFAULT_K = 4
+MAX_N = 64  # the longest n-gram an index keys (a match this long is a copy: any longer adds nothing)
+NO_TREES = "an n-gram draft proposes chains; token trees need a model draft (ngram+MODEL grows the model's)"
+
+
+@dataclass(frozen=True, eq=False)
+class NgramDraft:
+    """A draft of its own kind: lookup in the prompt and the text so far. Match the last `n_max`
+    tokens first, then fewer down to `n_min`; propose up to `k` tokens. `fallback`: a loaded
+    model draft that proposes on the steps where nothing matches."""
+
+    n_max: int = DEFAULT_N_MAX
+    n_min: int = DEFAULT_N_MIN
+    k: int = DEFAULT_K
+    fallback: Model | None = None
+
+    def __post_init__(self):
+        integer("n", self.n_max, 1, MAX_N)
+        integer("the smallest n", self.n_min, 1, self.n_max)
+        integer("k", self.k, 1, MAX_GAMMA)
+        if self.fallback is not None and not isinstance(self.fallback, Model):
+            raise SpecqError(f"an n-gram draft's fallback must be a model from specq.load, got "
+                             f"{type(self.fallback).__name__}")
+
+    @property
+    def ref(self) -> str:
+        """The canonical spelling (`ngram:n=2-3:k=4`, `+MODEL` with a fallback)."""
+        own = f"{NAME}:n={self.n_min}-{self.n_max}:k={self.k}"
+        return own if self.fallback is None else f"{own}+{self.fallback.ref}"
+
+    def longest(self, gamma: int, adaptive: bool) -> int:
+        """The run's longest proposal with this draft as its only level: k (gamma "auto": up to
+        `gamma` as well), or the fallback's `gamma` where that is longer."""
+        own = min(self.k, gamma) if adaptive else self.k
+        return own if self.fallback is None else max(own, gamma)
+
+
+def draft_models(draft) -> list:
+    """The models of a draft (one level, a list of levels, or None), an n-gram draft's fallback
+    included."""
+    out = []
+    for level in draft if isinstance(draft, list) else [] if draft is None else [draft]:
+        if not isinstance(level, NgramDraft):
+            out.append(level)
+        elif level.fallback is not None:
+            out.append(level.fallback)
+    return out
+
+
+def is_ngram(ref: str) -> bool:
+    """Whether a draft ref names an n-gram draft (with or without options, precision or fallback)."""
+    return ref == NAME or ref.startswith((NAME + ":", NAME + "+", NAME + "@"))
+
+
+def parse(ref: str) -> tuple[NgramDraft, str | None]:
+    """`ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` -> (the n-gram draft, MODEL's ref or None). `n=N`
+    matches down to 2 tokens (N if smaller)."""
+    own, plus, fallback = ref.partition("+")
+    if plus and not fallback.strip():
+        raise SpecqError(f"draft '{ref}': give a model draft after '+' (ngram+MODEL)")
+    name, *options = own.split(":")
+    if name != NAME:
+        raise SpecqError(f"draft '{ref}': an n-gram draft has no precision; write {NAME}[:n=N][:k=K]")
+    values: dict[str, str] = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if key not in ("n", "k") or not eq:
+            raise SpecqError(f"draft '{ref}': unknown option '{option}' (options: n=N or n=MIN-MAX, k=K)")
+        if key in values:
+            raise SpecqError(f"draft '{ref}': option '{key}' given twice")
+        values[key] = value
+    n_min, n_max = DEFAULT_N_MIN, DEFAULT_N_MAX
+    if "n" in values:
+        low, dash, high = values["n"].partition("-")
+        n_max = _whole(ref, "n", high if dash else low)
+        n_min = _whole(ref, "n", low) if dash else min(DEFAULT_N_MIN, n_max)
+    k = _whole(ref, "k", values["k"]) if "k" in values else DEFAULT_K
+    try:
+        return NgramDraft(n_max, n_min, k), fallback or None
+    except SpecqError as e:
+        raise SpecqError(f"draft '{ref}': {e}") from None
+
+
+def _whole(ref: str, key: str, text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise SpecqError(f"draft '{ref}': {key} must be a whole number" + " or MIN-MAX" * (key == "n") +
+                         f", got '{text}'")
+    return int(text)
+
+
+class NgramIndex:
+    """Where each n-gram (n_min <= n <= n_max tokens) of a growing token sequence last occurred
+    with a token after it: `latest[gram]` is that token's position. A gram is keyed when the
+    token after it arrives, so the sequence's own last tokens never match themselves, and each
+    token costs n_max - n_min + 1 dictionary writes however long the sequence grows."""
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self.latest: dict[tuple[int, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # `token`'s position: it follows every gram ending there
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                self.latest[tuple(self.tokens[end - n:end])] = end
+            self.tokens.append(token)
+
+    def match(self) -> int | None:
+        """Where the continuation starts of the latest earlier occurrence of the sequence's last
+        n tokens, for the largest n that has one; None when no n from n_max to n_min does."""
+        for n in range(min(self.n_max, len(self.tokens)), self.n_min - 1, -1):
+            start = self.latest.get(tuple(self.tokens[-n:]))
+            if start is not None:
+                return start
+        return None
+
+    def continuation(self, k: int) -> list[int]:
+        """Up to k tokens that followed the match ([] when none). Where they run into the end of
+        the sequence (a repeating run, whose latest match ends just before the last tokens) the
+        match goes on over the tokens proposed so far: the run keeps its period."""
+        start = self.match()
+        if start is None:
+            return []
+        tokens, length, out = self.tokens, len(self.tokens), []
+        for i in range(start, start + k):
+            out.append(tokens[i] if i < length else out[i - length])
+        return out
+
+
+class NgramDrafter:
+    """Proposes the continuation of the latest match; its index learns each settled token once."""
+
+    needs_target_features = False
+
+    def __init__(self, draft: NgramDraft):
+        self.draft = draft
+        self.index = NgramIndex(draft.n_min, draft.n_max)
+
+    def nodes(self, gamma: int) -> int:
+        return min(gamma, self.draft.k)
+
+    def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
+        self.index = NgramIndex(self.draft.n_min, self.draft.n_max)
+        self.index.extend(prompt.tolist())
+
+    def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Proposal:
+        """Nothing when no n-gram matches: the loop then takes a plain step."""
+        self.index.extend(seq[len(self.index):])  # every token of seq is settled
+        tokens = self.index.continuation(self.nodes(gamma))
+        return Proposal.chain(torch.tensor(tokens, dtype=torch.long)) if tokens else EMPTY
+
+    def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
+        """Nothing to forget: the index holds settled tokens only (it takes the accepted ones,
+        and the target's next, with the next proposal)."""

@@ -1,0 +1,401 @@
+"""N-gram (prompt lookup) drafts: the index, the spelling, and lossless decoding with them, alone,
+in front of a model draft (`ngram+MODEL`) and under a hierarchy; CLI, bench and server."""
+
+import json
+
+import pytest
+import torch
+from test_bench import bench, prompt_sets, summary
+from test_decode import _exact_sequence_distribution, chi_square_p
+from test_feature_draft import _feature_model
+from test_serve import client, dirs, models, name, post, server  # noqa: F401 (fixtures)
+
+import specq
+from specq import api
+from specq.bench import aggregate, tables
+from specq.bench.config import plan, validate
+from specq.cli import main
+from specq.core import acceptance
+from specq.core.sampling import SamplingConfig
+from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape, for_pair, refs
+from specq.drafters.ngram import DEFAULT_K, NgramIndex, parse
+from specq.errors import SpecqError
+from specq.loading.models import save_native
+from specq.serve.app import servable
+from specq.serve.errors import APIError
+
+from conftest import perturbed, tiny_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: a second thread only waits on the first (and on a shared machine's load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# prompts that repeat themselves, so lookups match
+PROMPTS = [[3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [9, 1, 9, 2, 9, 1, 9, 2, 9],
+           [11, 12, 13, 14, 15, 16, 11, 12, 13, 14, 15, 16, 11, 12]]
+
+
+def _index(tokens: list[int], n_min: int = 2, n_max: int = 3) -> NgramIndex:
+    index = NgramIndex(n_min, n_max)
+    index.extend(tokens)
+    return index
+
+
+# ---------------------------------------------------------------------------------- the index
+
+
+def test_the_continuation_of_a_match():
+    assert _index([1, 2, 3, 9, 1, 2]).continuation(4) == [3, 9, 1, 2]
+    assert _index([1, 2, 3, 9, 1, 2]).continuation(2) == [3, 9]
+
+
+def test_the_longest_n_is_tried_first():
+    # (1, 2) last came before 8, but (5, 1, 2) matches too: it came before 7
+    tokens = [5, 1, 2, 7, 9, 1, 2, 8, 5, 1, 2]
+    assert _index(tokens).continuation(1) == [7]
+    assert _index(tokens, n_max=2).continuation(1) == [8]
+
+
+def test_the_most_recent_match_wins():
+    assert _index([1, 2, 3, 1, 2, 4, 1, 2]).continuation(1) == [4]
+
+
+def test_no_match_proposes_nothing():
+    assert _index([1, 2, 3, 4]).match() is None and _index([1, 2, 3, 4]).continuation(4) == []
+    assert _index([1, 2]).continuation(4) == []  # the last tokens never match themselves
+    assert _index([5, 1, 6, 1]).continuation(2) == []  # a one-token repeat is below n_min 2 ...
+    assert _index([5, 1, 6, 1], n_min=1).continuation(2) == [6, 1]  # ... not below n_min 1
+
+
+def test_a_repeating_run_keeps_its_period():
+    assert _index([7, 7, 7]).continuation(4) == [7, 7, 7, 7]
+    assert _index([1, 2, 1, 2, 1]).continuation(5) == [2, 1, 2, 1, 2]
+
+
+class _CountingDict(dict):
+    writes = 0
+
+    def __setitem__(self, key, value):
+        type(self).writes += 1
+        super().__setitem__(key, value)
+
+
+def test_the_index_updates_incrementally():
+    """Piece by piece it holds what one pass over the whole sequence holds, and each new token
+    costs n_max - n_min + 1 writes, however long the sequence already is."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 6, (300,), generator=g).tolist()
+    whole = _index(tokens, 1, 4)
+    pieces = NgramIndex(1, 4)
+    for start in range(0, 300, 7):
+        pieces.extend(tokens[start:start + 7])
+        assert pieces.match() == _index(tokens[:start + 7], 1, 4).match()
+    assert pieces.latest == whole.latest and pieces.tokens == tokens
+    pieces.latest = _CountingDict(pieces.latest)
+    pieces.extend([3])
+    assert _CountingDict.writes == 4
+
+
+def test_the_drafter_proposes_point_masses_up_to_its_cap():
+    drafter = NgramDrafter(NgramDraft(k=3))
+    drafter.start(torch.tensor([1, 2, 3, 4, 5, 1]), 64, None)
+    sampling, g = SamplingConfig(temperature=1.0), torch.Generator()
+    assert drafter.propose([1, 2, 3, 4, 5, 1, 9], 4, sampling, g).tokens.numel() == 0  # (1, 9): no match
+    proposal = drafter.propose([1, 2, 3, 4, 5, 1, 9, 1, 2], 4, sampling, g)  # the index took 9, 1, 2 on the way
+    assert proposal.tokens.tolist() == [3, 4, 5] and proposal.probs is None  # k 3; chosen, not sampled
+    assert proposal.parents.tolist() == [-1, 0, 1]
+    assert drafter.propose([1, 2, 3, 4, 5, 1, 9, 1, 2], 2, sampling, g).tokens.tolist() == [3, 4]  # the step's cap
+    assert drafter.nodes(2) == 2 and drafter.nodes(8) == 3
+
+
+# ---------------------------------------------------------------------------------- the spelling
+
+
+def test_spellings_and_their_canonical_form():
+    assert parse("ngram")[1] is None and parse("ngram")[0].ref == "ngram:n=2-3:k=4"
+    assert parse("ngram:n=5")[0].ref == "ngram:n=2-5:k=4"  # n=N: down to 2 ...
+    assert parse("ngram:n=1")[0].ref == "ngram:n=1-1:k=4"  # ... or to N where N is smaller
+    assert parse("ngram:k=6:n=1-4")[0].ref == "ngram:n=1-4:k=6"
+    spec, fallback = parse("ngram:k=3+self@int8")
+    assert (spec.k, fallback) == (3, "self@int8")
+    assert refs.resolve("ngram+self@int8", "tiny@fp32") == "ngram:n=2-3:k=4+tiny@int8"
+    assert refs.model_refs("ngram:k=3+a@bf16,b") == ["a@bf16", "b"]
+    assert refs.ngram_alone("ngram:k=2") and not refs.ngram_alone("ngram+a") and not refs.ngram_alone("ngram,a")
+
+
+BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"), ("ngram:n=65", "n must be between 1 and 64"),
+             ("ngram:k=0", "k must be between 1 and 64"), ("ngram:k=65", "k must be between 1 and 64"),
+             ("ngram:n=3-2", "the smallest n"), ("ngram:n=a", "whole number"), ("ngram:n=1-", "whole number"),
+             ("ngram:k=²", "whole number"), ("ngram:x=1", "unknown option 'x=1'"), ("ngram:k", "unknown option"),
+             ("ngram:k=3:k=4", "given twice"), ("ngram@int8", "no precision"), ("ngram+", "after '+'")]
+
+
+@pytest.mark.parametrize("ref,needle", BAD_SPECS)
+def test_a_bad_spelling_is_one_error(ref, needle):
+    with pytest.raises(SpecqError) as error:
+        refs.split(ref)
+    assert needle in str(error.value)
+
+
+def test_an_ngram_level_comes_first_in_a_hierarchy():
+    with pytest.raises(SpecqError, match="only be the first"):
+        refs.split("a,ngram")
+    target = tiny_model()
+    with pytest.raises(SpecqError, match="only be the first"):
+        api.start(target, [1, 2], [perturbed(target, 0.1), NgramDraft()])
+
+
+# ---------------------------------------------------------------------------------- greedy
+
+
+def _greedy_runs(target, draft, **options) -> tuple[int, int, int]:
+    """Each prompt's output with `draft` equals the target's own; (accepted, rejected, plain steps)."""
+    accepted = rejected = plain = 0
+    for prompt in PROMPTS:
+        base = specq.generate(target, prompt, max_new_tokens=40)
+        spec = specq.generate(target, prompt, draft, max_new_tokens=40, **options)
+        assert spec.token_ids == base.token_ids
+        accepted += spec.stats.accepted
+        rejected += spec.stats.drafted - spec.stats.accepted
+        plain += spec.stats.steps - spec.stats.drafted_at[0]
+    return accepted, rejected, plain
+
+
+@pytest.mark.parametrize("draft", ["ngram", "ngram:n=1-3:k=6", NgramDraft(2, 1, 2)], ids=str)
+@pytest.mark.parametrize("gamma", [2, "auto"])
+def test_greedy_ngram_equals_the_target(draft, gamma):
+    accepted, rejected, plain = _greedy_runs(tiny_model(scale=3.0, seed=4), draft, gamma=gamma)
+    assert accepted > 0 and rejected > 0  # both paths ran
+    assert plain > 0  # and steps with no match: plain steps
+
+
+def test_the_draft_length_is_k():
+    target = tiny_model(scale=3.0, seed=4)
+    for draft, gamma, longest in (("ngram", 2, DEFAULT_K), ("ngram:k=7", 1, 7), ("ngram:k=7", "auto", 4),
+                                  ("ngram:k=2", "auto", 2)):
+        stats = specq.generate(target, PROMPTS[0], draft, gamma=gamma, max_new_tokens=30).stats
+        assert stats.gamma == longest and len(stats.drafted_at) == longest
+        assert stats.drafted_at[0] > 0
+
+
+def _spied(**drafters) -> dict[str, int]:
+    """Counts, per name, the proposals with tokens of each drafter given."""
+    counts = dict.fromkeys(drafters, 0)
+    for part, inner in drafters.items():
+        real = inner.propose
+
+        def propose(*args, real=real, part=part):
+            proposal = real(*args)
+            counts[part] += len(proposal.tokens) > 0
+            return proposal
+        inner.propose = propose
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["sequence", "feature", "tree"])
+def test_greedy_ngram_with_a_model_fallback_equals_the_target(kind):
+    """Steps alternate between lookups and the model: the model's cache (or a feature draft's
+    store of target features) follows the tokens the lookups got accepted."""
+    target = tiny_model(scale=3.0, seed=4)
+    model = _feature_model(target) if kind == "feature" else perturbed(target, 0.3, seed=2)
+    tree = TreeShape(4, 2, 2) if kind == "tree" else None
+    draft = NgramDraft(fallback=model)
+    accepted = rejected = 0
+    counts = {"first": 0, "then": 0}
+    for prompt in PROMPTS:
+        base = specq.generate(target, prompt, max_new_tokens=40)
+        drafter = for_pair(draft, target, 0.0, tree, 2)
+        assert isinstance(drafter, FallbackDrafter) and isinstance(drafter.first, NgramDrafter)
+        spied = _spied(first=drafter.first, then=drafter.then)
+        spec = specq.generate(target, prompt, draft, drafter=drafter, gamma=2, max_new_tokens=40, tree=tree)
+        assert spec.token_ids == base.token_ids and spec.draft == f"ngram:n=2-3:k=4+{model.ref}"
+        accepted += spec.stats.accepted
+        rejected += spec.stats.drafted - spec.stats.accepted
+        counts = {k: counts[k] + spied[k] for k in counts}
+    assert accepted > 0 and rejected > 0
+    assert counts["first"] > 0 and counts["then"] > 0  # both drafters proposed
+
+
+def test_greedy_ngram_under_a_hierarchy_equals_the_target():
+    """ngram,MODEL: the model verifies the lookup's tokens and hands up a chain."""
+    target = tiny_model(scale=3.0, seed=4)
+    accepted, rejected, _ = _greedy_runs(target, [NgramDraft(), perturbed(target, 0.3, seed=2)], gamma=3)
+    assert accepted > 0 and rejected > 0
+
+
+def test_no_trees_from_an_ngram_alone():
+    target = tiny_model()
+    with pytest.raises(SpecqError, match="proposes chains"):
+        api.start(target, [1, 2], "ngram", tree=TreeShape(4, 2, 2))
+
+
+def test_text_drafts_in_the_api_are_ngram_specs_only():
+    target = tiny_model()
+    with pytest.raises(SpecqError, match="load a model draft with specq.load"):
+        specq.generate(target, [1, 2], "smollm2-135m-draft")
+    with pytest.raises(SpecqError, match="fallback as a loaded model"):
+        specq.generate(target, [1, 2], "ngram+smollm2-135m-draft")
+    with pytest.raises(SpecqError, match="fallback must be a model"):
+        NgramDraft(fallback="smollm2-135m-draft")
+
+
+# ---------------------------------------------------------------------------------- sampling
+
+
+NEW = 4  # new tokens per sampled run: two verify passes, the first with up to two draft tokens
+
+
+def _sampling_counts(target, draft, runs: int, prompt: list[int]):
+    """Outputs of NEW tokens (temperature 1) over `runs` seeds; (counts, accepted, rejected, proposals
+    with tokens from the lookup and from the fallback model)."""
+    counts, accepted, rejected, proposed = {}, 0, 0, {"first": 0, "then": 0}
+    for seed in range(runs):
+        drafter = for_pair(draft, target, 0.0, None, 2)
+        spied = _spied(first=drafter.first, then=drafter.then) if isinstance(drafter, FallbackDrafter) else \
+            _spied(first=drafter)
+        out = specq.generate(target, prompt, draft, drafter=drafter, gamma=2, max_new_tokens=NEW, temperature=1.0,
+                             seed=seed)
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+        accepted += out.stats.accepted
+        rejected += out.stats.drafted - out.stats.accepted
+        proposed = {k: proposed[k] + spied.get(k, 0) for k in proposed}
+    return counts, accepted, rejected, proposed
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["alone", "with a model fallback"])
+def test_sampling_with_ngram_drafts_follows_the_target(fallback):
+    """Seeded runs vs the target's computed joint distribution of the first NEW tokens: chi-square,
+    deterministic. Lookup nodes are point masses; the fallback's are sampled from q."""
+    prompt = [1, 2, 3, 1, 2]
+    target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
+    model = tiny_model(vocab=5, hidden=16, scale=1.5, seed=12)
+    draft = NgramDraft(2, 2, 2, fallback=model) if fallback else NgramDraft(2, 1, 2)
+    exact = _exact_sequence_distribution(target, prompt, NEW, SamplingConfig(temperature=1.0))
+    runs = 2000
+    counts, accepted, rejected, proposed = _sampling_counts(target, draft, runs, prompt)
+    assert accepted > runs // 10 and rejected > runs // 10 and proposed["first"] > runs // 10
+    assert not fallback or proposed["then"] > runs // 10
+    assert chi_square_p(dict.fromkeys(exact, 0) | counts, exact, runs) > 0.001
+
+
+def test_the_sampling_check_catches_point_masses_treated_as_spread_out(monkeypatch):
+    """The same check fails when acceptance takes a lookup node's q for uniform, not a point mass."""
+    monkeypatch.setattr(acceptance, "_point_mass", lambda token, like: torch.full_like(like, 1 / like.shape[-1]))
+    prompt = [1, 2, 3, 1, 2]
+    target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
+    exact = _exact_sequence_distribution(target, prompt, NEW, SamplingConfig(temperature=1.0))
+    counts, *_ = _sampling_counts(target, NgramDraft(2, 1, 2), 2000, prompt)
+    assert chi_square_p(dict.fromkeys(exact, 0) | counts, exact, 2000) < 0.001
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ngram")
+    target = tiny_model(scale=3.0, seed=4)
+    save_native(target, root / "target")
+    save_native(perturbed(target, 0.3, seed=2), root / "draft")
+    return root
+
+
+CLI_BAD = [(["--draft", "ngram:k=0"], "k must be between 1 and 64"),
+           (["--draft", "ngram:x=1"], "unknown option"),
+           (["--draft", "ngram", "--gamma", "3"], "its k (ngram:k=N), not --gamma"),
+           (["--draft", "ngram", "--tree", "4"], "proposes chains"),
+           (["--draft", "smollm2-135m-draft,ngram"], "only be the first"),
+           (["--draft", "ngram@int8"], "no precision"),
+           (["--draft", "ngram+"], "after '+'")]
+
+
+@pytest.mark.parametrize("args,needle", CLI_BAD)
+def test_cli_bad_ngram_drafts_fail_before_any_model_loads(args, needle, capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("specq.models.load", no_loading)
+    assert main(["generate", "hi", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("draft", ["ngram", "ngram:n=1-2:k=5+{root}/draft", "ngram,{root}/draft"])
+def test_cli_generate_with_ngram_drafts_is_the_target_own_output(saved, draft, capsys):
+    common = ["generate", "t3 t4 t5 t6 t3 t4 t5 t6 t3 t4", "--target", str(saved / "target"), "--max-new-tokens",
+              "24", "--json", "--no-warmup"]
+    assert main(common + ["--no-speculative"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(common + ["--draft", draft.format(root=saved), "--gamma", "auto"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == plain["token_ids"] and out["stats"]["drafted"] > 0
+    assert out["draft"].startswith("ngram:n=")
+
+
+# ---------------------------------------------------------------------------------- bench
+
+
+def test_bench_plans_ngram_cells():
+    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram:k=6+draft", "draft"], "gamma": [1, 2, "auto"],
+                       "draft_quant": ["fp32"], "tree": [0, 4], "draft_confidence": [0.0, 0.4], "peer": True,
+                       "threads": [1], "prompt_sets": ["chat"]})
+    cells, notes = plan(config, prompt_sets())
+    spec = [c for c in cells if c.kind == "speculative"]
+    alone = [c for c in spec if c.draft == "ngram:n=2-3:k=4"]
+    assert sorted(str(c.gamma) for c in alone) == ["4", "auto"]  # a fixed gamma is its k
+    assert all(c.draft_confidence is None and not c.tree for c in alone)
+    both = [c for c in spec if c.draft == "ngram:n=2-3:k=6+draft@fp32"]
+    assert len(both) == 3 * 2 + 3 * 1  # chains at each gamma and confidence, trees at each gamma
+    assert not [c for c in cells if c.kind == "peer" and c.draft.startswith("ngram")]
+    assert [c for c in cells if c.kind == "peer" and c.draft == "draft@fp32"]
+    assert any("n-gram drafts" in note for note in notes)
+    with pytest.raises(SpecqError, match="bench config 'drafts': draft 'ngram:k=0'"):
+        validate({"drafts": ["ngram:k=0"]})
+
+
+def test_bench_runs_ngram_cells_losslessly(pair, tmp_path):
+    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram+draft"], "gamma": [2], "max_new_tokens": [12],
+                       "prompt_sets": ["chat"], "threads": [1], "results": str(tmp_path / "r.jsonl"),
+                       "resamples": 200})
+    records = bench(config, pair)
+    rows = [r for r in summary(records) if r["kind"] == "speculative"]
+    assert {r["draft"] for r in rows} == {"ngram:n=2-3:k=4", "ngram:n=2-3:k=4+draft@fp32"}
+    assert all(not r["mismatches"] and r["unchecked"] == 0 for r in rows)
+    assert {r["draft_precision"] for r in rows} == {None, "fp32"}
+    assert {tables.short_draft(r) for r in rows} == {"ngram:n=2-3:k=4", "ngram:n=2-3:k=4+draft"}
+    assert aggregate.failures(rows) == []
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model(scale=3.0, ref="tiny@fp32")
+    return {"tiny@fp32": target, "draft@fp32": perturbed(target, 0.05, ref="draft@fp32")}
+
+
+# ---------------------------------------------------------------------------------- serve
+
+
+def test_serve_takes_ngram_drafts_per_request(server, dirs, models):  # noqa: F811
+    port, _ = server
+    want = specq.generate(models["fp32"], "t1 t2 t3 t1 t2 t3 t1", None, max_new_tokens=16).text
+    for draft in ("ngram", "ngram:n=1-3:k=5", f"ngram+{dirs / 'draft'}"):
+        out = client(port).completions.create(model=name(dirs), prompt="t1 t2 t3 t1 t2 t3 t1", max_tokens=16,
+                                              temperature=0, extra_body={"draft": draft})
+        assert out.choices[0].text == want, draft
+        assert out.model_extra["specq"]["draft"] == refs.resolve(draft, "") and out.model_extra["specq"]["drafted"]
+    for draft, code in (("ngram:k=0", "invalid_value"), ("ngram+/etc", "draft_not_found")):
+        status, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": "t1", "draft": draft})
+        assert status == 400 and code == reply["error"]["code"] and reply["error"]["param"] == "draft"
+
+
+def test_servable_drafts():
+    assert servable("ngram", set()) and servable("ngram:k=2+a", {"a"}) and not servable("ngram+b", {"a"})
+    assert servable("a", {"a"}) and not servable("ngram,a", {"a"})
+    with pytest.raises(APIError, match="k must be"):
+        servable("ngram:k=0", set())
