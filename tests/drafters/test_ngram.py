@@ -5,15 +5,9 @@ import json
 
 import pytest
 import torch
-from test_bench import bench, prompt_sets, summary
-from test_decode import _exact_sequence_distribution, chi_square_p
-from test_feature_draft import _feature_model
-from test_serve import client, dirs, models, name, post, server  # noqa: F401 (fixtures)
 
 import specq
 from specq import api
-from specq.bench import aggregate, tables
-from specq.bench.config import plan, validate
 from specq.cli import main
 from specq.core import acceptance
 from specq.core.sampling import SamplingConfig
@@ -21,10 +15,8 @@ from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape,
 from specq.drafters.ngram import DEFAULT_K, NgramIndex, parse
 from specq.errors import SpecqError
 from specq.loading.models import save_native
-from specq.serve.app import servable
-from specq.serve.errors import APIError
 
-from conftest import perturbed, tiny_model
+from conftest import _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -336,66 +328,3 @@ def test_cli_generate_with_ngram_drafts_is_the_target_own_output(saved, draft, c
     out = json.loads(capsys.readouterr().out)
     assert out["token_ids"] == plain["token_ids"] and out["stats"]["drafted"] > 0
     assert out["draft"].startswith("ngram:n=")
-
-
-# ---------------------------------------------------------------------------------- bench
-
-
-def test_bench_plans_ngram_cells():
-    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram:k=6+draft", "draft"], "gamma": [1, 2, "auto"],
-                       "draft_quant": ["fp32"], "tree": [0, 4], "draft_confidence": [0.0, 0.4], "peer": True,
-                       "threads": [1], "prompt_sets": ["chat"]})
-    cells, notes = plan(config, prompt_sets())
-    spec = [c for c in cells if c.kind == "speculative"]
-    alone = [c for c in spec if c.draft == "ngram:n=2-3:k=4"]
-    assert sorted(str(c.gamma) for c in alone) == ["4", "auto"]  # a fixed gamma is its k
-    assert all(c.draft_confidence is None and not c.tree for c in alone)
-    both = [c for c in spec if c.draft == "ngram:n=2-3:k=6+draft@fp32"]
-    assert len(both) == 3 * 2 + 3 * 1  # chains at each gamma and confidence, trees at each gamma
-    assert not [c for c in cells if c.kind == "peer" and c.draft.startswith("ngram")]
-    assert [c for c in cells if c.kind == "peer" and c.draft == "draft@fp32"]
-    assert any("n-gram drafts" in note for note in notes)
-    with pytest.raises(SpecqError, match="bench config 'drafts': draft 'ngram:k=0'"):
-        validate({"drafts": ["ngram:k=0"]})
-
-
-def test_bench_runs_ngram_cells_losslessly(pair, tmp_path):
-    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram+draft"], "gamma": [2], "max_new_tokens": [12],
-                       "prompt_sets": ["chat"], "threads": [1], "results": str(tmp_path / "r.jsonl"),
-                       "resamples": 200})
-    records = bench(config, pair)
-    rows = [r for r in summary(records) if r["kind"] == "speculative"]
-    assert {r["draft"] for r in rows} == {"ngram:n=2-3:k=4", "ngram:n=2-3:k=4+draft@fp32"}
-    assert all(not r["mismatches"] and r["unchecked"] == 0 for r in rows)
-    assert {r["draft_precision"] for r in rows} == {None, "fp32"}
-    assert {tables.short_draft(r) for r in rows} == {"ngram:n=2-3:k=4", "ngram:n=2-3:k=4+draft"}
-    assert aggregate.failures(rows) == []
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_model(scale=3.0, ref="tiny@fp32")
-    return {"tiny@fp32": target, "draft@fp32": perturbed(target, 0.05, ref="draft@fp32")}
-
-
-# ---------------------------------------------------------------------------------- serve
-
-
-def test_serve_takes_ngram_drafts_per_request(server, dirs, models):  # noqa: F811
-    port, _ = server
-    want = specq.generate(models["fp32"], "t1 t2 t3 t1 t2 t3 t1", None, max_new_tokens=16).text
-    for draft in ("ngram", "ngram:n=1-3:k=5", f"ngram+{dirs / 'draft'}"):
-        out = client(port).completions.create(model=name(dirs), prompt="t1 t2 t3 t1 t2 t3 t1", max_tokens=16,
-                                              temperature=0, extra_body={"draft": draft})
-        assert out.choices[0].text == want, draft
-        assert out.model_extra["specq"]["draft"] == refs.resolve(draft, "") and out.model_extra["specq"]["drafted"]
-    for draft, code in (("ngram:k=0", "invalid_value"), ("ngram+/etc", "draft_not_found")):
-        status, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": "t1", "draft": draft})
-        assert status == 400 and code == reply["error"]["code"] and reply["error"]["param"] == "draft"
-
-
-def test_servable_drafts():
-    assert servable("ngram", set()) and servable("ngram:k=2+a", {"a"}) and not servable("ngram+b", {"a"})
-    assert servable("a", {"a"}) and not servable("ngram,a", {"a"})
-    with pytest.raises(APIError, match="k must be"):
-        servable("ngram:k=0", set())
