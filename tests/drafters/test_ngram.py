@@ -312,7 +312,7 @@ def test_cli_bad_ngram_drafts_fail_before_any_model_loads(args, needle, capsys, 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("specq.models.load", no_loading)
+    monkeypatch.setattr("specq.loading.models.load", no_loading)
     assert main(["generate", "hi", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
