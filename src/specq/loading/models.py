@@ -28,7 +28,7 @@ from ..model.hf_backend import HFCausalLM
 from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
 from ..paths import cache_dir
 from ..weights.quant import quantize_model
-from . import gguf_io, precision, registry, validate
+from . import gguf_io, packaged, precision, registry, validate
 
 
 @dataclass
@@ -91,7 +91,13 @@ def _shipped_draft(name: str):
 SHIPPED_DRAFTS = ("smollm2-135m-draft",  # sequence draft (any precision)
                   "smollm2-135m-draft-int4-g64-rtn",  # its int4 calibration
                   "smollm2-135m-feature-draft")  # EAGLE style
-BUILTINS = {"smollm2-135m": _smollm2_dir, **{name: _shipped_draft(name) for name in SHIPPED_DRAFTS}}
+# Built-ins that are GGUF files users run at their own precision (`@gguf` by default; `@fp32`
+# dequantizes the whole file once into a safetensors cache)
+PACKAGED_GGUF = {"qwen2.5-coder-1.5b": packaged.QWEN_CODER_1_5B, "qwen2.5-coder-0.5b": packaged.QWEN_CODER_0_5B}
+BUILTIN_GGUF = {"smollm2-135m": _smollm2_gguf,
+                **{name: (lambda f=f: packaged.path(f)) for name, f in PACKAGED_GGUF.items()}}
+BUILTINS = {"smollm2-135m": _smollm2_dir, **{name: _shipped_draft(name) for name in SHIPPED_DRAFTS},
+            **{name: (lambda name=name: _gguf_dir(BUILTIN_GGUF[name]())) for name in PACKAGED_GGUF}}
 
 
 def draft_dirs() -> list[Path]:
@@ -153,12 +159,17 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     atomic.write_dir(target, lambda tmp: write_native(model, tmp))
 
 
+def _file_key(path: Path) -> str:
+    """A cache key for what is derived from a user's file: its name, and a digest of its path, size
+    and modification time (a file changed in place gets a new key)."""
+    st = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    return f"{path.stem}-{digest[:12]}"
+
+
 def _gguf_dir(gguf: Path) -> Path:
     """A converted cache for a user's GGUF file, keyed by its path, size and mtime."""
-    st = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-    key = f"{gguf.stem}-{digest[:12]}"
-    target = cache_dir() / "gguf" / key
+    target = cache_dir() / "gguf" / _file_key(gguf)
     if not (target / "config.json").exists():
         _convert_gguf(gguf, target)
     return target
@@ -234,12 +245,18 @@ def resolve_draft_ref(draft_ref: str, target_ref: str) -> str:
 
 
 def split_ref(ref: str) -> tuple[str, str]:
-    """`name@spec` -> (name, spec); the spec defaults to fp32, and an `@` with nothing after it is an error."""
+    """`name@spec` -> (name, spec); an `@` with nothing after it is an error. Without a spec a GGUF
+    file (a `.gguf` path, or a built-in shipped as one alone) runs at its own precision, anything
+    else at fp32."""
     name, sep, spec = ref.rpartition("@")
     if sep and not spec.strip():
         raise SpecqError(f"'{ref}' ends in '@' with no precision after it: give one (e.g. {name or 'NAME'}@int8) "
                          "or leave the '@' out")
-    return (name, spec or "fp32") if sep else (ref, "fp32")
+    return (name, spec) if sep else (ref, default_precision(ref))
+
+
+def default_precision(name: str) -> str:
+    return FILE_PRECISION if name in PACKAGED_GGUF or name.endswith(".gguf") else "fp32"
 
 
 def _resolve(name: str) -> Path | str:
@@ -349,27 +366,43 @@ def _load(ref: str) -> Model:
 
 
 FILE_PRECISION = precision.FILE_PRECISION  # `name@gguf`: run a GGUF file's own quantized tensors
-BUILTIN_GGUF = {"smollm2-135m": _smollm2_gguf}
 
 
 def _load_at_file_precision(ref: str, name: str) -> Model:
     """`x.gguf@gguf` or a built-in shipped as GGUF: the file's own blocks on the packed kernels,
-    no float round trip and no second quantization. The tokenizer comes from the converted cache."""
+    no float round trip and no second quantization; the tokenizer and chat template come from the
+    file's metadata (built once, cached): the file alone is enough."""
     started = time.perf_counter()
     if name in BUILTIN_GGUF:
-        path, converted = BUILTIN_GGUF[name](), _resolve(name)
+        path = BUILTIN_GGUF[name]()
     elif name.endswith(".gguf"):
-        converted = _resolve(name)
         path = Path(name).expanduser()
+        if not path.is_file():
+            raise SpecqError(f"GGUF file not found: {path}")
     else:
         raise SpecqError(f"'@{FILE_PRECISION}' runs a GGUF file at its own precision; '{name}' is not a .gguf file "
                          f"or a built-in shipped as one ({', '.join(BUILTIN_GGUF)})")
-    net, notes = gguf_io.load_at_file_precision(gguf_io.read(path))
+    parsed = gguf_io.read(path)  # a corrupt file fails here, before the tokenizer is built
+    tok, eos = _gguf_tokenizer(path)
+    net, notes = gguf_io.load_at_file_precision(parsed)
     for note in notes:
         precision.announce(f"{path.name}: {note}")
-    tok, eos = _tokenizer_and_eos(converted)
     return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(path),
                  precision=FILE_PRECISION, info={"load_s": time.perf_counter() - started})
+
+
+def _gguf_tokenizer(path: Path):
+    """A GGUF file's tokenizer, chat template and EOS id (the tokenizer's: transformers reads it from
+    the file's metadata). transformers builds the tokenizer from the file in tens of seconds for a
+    large vocabulary, so it is saved once under $SPECQ_CACHE (keyed like the file's converted cache)
+    and reloaded from there in about a second."""
+    from transformers import AutoTokenizer
+
+    cached = cache_dir() / "tokenizers" / _file_key(path)
+    if not (cached / "tokenizer_config.json").is_file():
+        tok = gguf_io.tokenizer(path)
+        atomic.write_dir(cached, tok.save_pretrained)
+    return AutoTokenizer.from_pretrained(cached, local_files_only=True), []
 
 
 def _tokenizer_and_eos(path: Path):
