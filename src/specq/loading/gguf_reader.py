@@ -1,0 +1,130 @@
+"""A GGUF file's header (metadata and tensor table) read in well under a second, and its tensors
+as memory-mapped numpy arrays, laid out as the `gguf` library's `GGUFReader` lays them out.
+
+Why not `GGUFReader` itself: it builds numpy views for every element of every metadata array, and
+a Qwen2.5 file's vocabulary and merges are ~300,000 strings, so opening the file costs tens of
+seconds before a single weight is read. Here string arrays are skipped (their tokens matter only
+to the tokenizer, which transformers builds once from the file and specq caches); every other
+value is read as `GGUFReader` would return it. The format is llama.cpp's GGUF v2/v3.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecqError
+
+MAGIC = b"GGUF"
+# value type ids -> struct formats of the scalar types (8: string, 9: array)
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+STRING, ARRAY = 8, 9
+DEFAULT_ALIGNMENT = 32
+SKIPPED = object()  # the value of a string array: not read
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]  # as the file stores it: the fastest-varying dimension first
+    tensor_type: object  # gguf.GGMLQuantizationType
+    data: np.ndarray  # memory-mapped, shaped as GGUFReader shapes it (rows first; quantized: bytes per row)
+
+
+class Header:
+    """`fields`: each metadata key's value (a Python scalar, str, or a list; SKIPPED for arrays of
+    strings); `tensors`: the tensor table, in file order."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise SpecqError(f"'{path}' is not a readable GGUF file ({e})") from None
+        self._at = 0
+        if self._bytes(4) != MAGIC:
+            raise SpecqError(f"'{path}' is not a GGUF file (no GGUF magic)")
+        version, = self._unpack("I")
+        if version not in (2, 3):
+            raise SpecqError(f"'{path}' is GGUF version {version}; specq reads versions 2 and 3")
+        n_tensors, n_fields = self._unpack("QQ")
+        self.fields = {}
+        for _ in range(n_fields):
+            key = self._string()
+            self.fields[key] = self._value(self._unpack("I")[0])
+        table = [self._tensor_info() for _ in range(n_tensors)]
+        alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
+        start = -(-self._at // alignment) * alignment
+        self.tensors = [self._tensor(name, dims, kind, start + offset) for name, dims, kind, offset in table]
+
+    def _bytes(self, n: int) -> bytes:
+        if self._at + n > len(self._buf):
+            raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
+        out = self._buf[self._at:self._at + n]
+        self._at += n
+        return out
+
+    def _unpack(self, fmt: str) -> tuple:
+        size = struct.calcsize("<" + fmt)
+        if self._at + size > len(self._buf):
+            raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
+        out = struct.unpack_from("<" + fmt, self._buf, self._at)
+        self._at += size
+        return out
+
+    def _string(self) -> str:
+        n, = self._unpack("Q")
+        return self._bytes(n).decode("utf-8", errors="replace")
+
+    def _value(self, kind: int):
+        if kind in SCALARS:
+            return self._unpack(SCALARS[kind])[0]
+        if kind == STRING:
+            return self._string()
+        if kind != ARRAY:
+            raise SpecqError(f"'{self.path}' has a metadata value of unknown type {kind}: corrupt")
+        item, count = self._unpack("IQ")
+        if item == STRING:  # skip: a length, then that many bytes, per string
+            at, buf = self._at, self._buf
+            for _ in range(count):
+                at += 8 + struct.unpack_from("<Q", buf, at)[0]
+            self._at = at
+            if self._at > len(self._buf):
+                raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
+            return SKIPPED
+        if item not in SCALARS:
+            return [self._value(item) for _ in range(count)]
+        return list(self._unpack(f"{count}{SCALARS[item]}"))
+
+    def _tensor_info(self) -> tuple[str, tuple[int, ...], int, int]:
+        name = self._string()
+        n_dims, = self._unpack("I")
+        dims = self._unpack(f"{n_dims}Q")
+        kind, offset = self._unpack("IQ")
+        return name, tuple(int(d) for d in dims), kind, offset
+
+    def _tensor(self, name: str, dims: tuple[int, ...], kind: int, offset: int) -> Tensor:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        try:
+            qtype = GGMLQuantizationType(kind)
+        except ValueError:
+            raise SpecqError(f"'{self.path}': tensor {name} has an unknown type {kind}") from None
+        block, size = GGML_QUANT_SIZES[qtype]
+        rows = tuple(reversed(dims))
+        floats = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+        if qtype in floats:
+            dtype, shape = floats[qtype], rows
+        else:  # bytes per row, as GGUFReader shapes quantized tensors
+            dtype, shape = np.uint8, rows[:-1] + (rows[-1] // block * size,)
+        count = int(np.prod(shape))
+        nbytes = count * np.dtype(dtype).itemsize
+        if offset + nbytes > len(self._buf):
+            raise SpecqError(f"'{self.path}' is truncated (tensor {name} runs past the end of the file)")
+        data = np.frombuffer(self._buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return Tensor(name, dims, qtype, data)

@@ -1,0 +1,65 @@
+"""specq's GGUF header reader returns what the `gguf` library's reader returns (every scalar and
+number array, every tensor's name, type, shape and bytes), skips string arrays, and refuses a
+truncated or foreign file in one line."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, quants
+
+from specq.errors import SpecqError
+from specq.loading.gguf_io import _field
+from specq.loading.gguf_reader import SKIPPED, Header
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "mixed.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_block_count(3)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_bool("test.flag", True)
+    w.add_array("test.numbers", [3, 1, 4, 1, 5])
+    w.add_array("test.floats", [0.5, 0.25])
+    w.add_token_list([f"token{i}" for i in range(300)] + ["é", ""])  # a string array: skipped
+    w.add_string("tokenizer.chat_template", "{{ messages }}")
+    rng = np.random.default_rng(0)
+    w.add_tensor("f32.weight", rng.standard_normal((4, 64)).astype(np.float32))
+    w.add_tensor("f16.weight", rng.standard_normal((3, 32)).astype(np.float16))
+    for name, t in (("q4_0.weight", GGMLQuantizationType.Q4_0), ("q8_0.weight", GGMLQuantizationType.Q8_0)):
+        w.add_tensor(name, quants.quantize(rng.standard_normal((5, 64)).astype(np.float32), t), raw_dtype=t)
+    w.add_tensor("norm.weight", rng.standard_normal(96).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_fields_and_tensors_match_the_gguf_library(gguf_file):
+    ours, theirs = Header(gguf_file), GGUFReader(gguf_file)
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert a.tensor_type == b.tensor_type and a.shape == tuple(int(d) for d in b.shape)
+        assert a.data.dtype == np.asarray(b.data).dtype and np.array_equal(a.data, np.asarray(b.data)), a.name
+    for key in ("general.architecture", "qwen2.block_count", "qwen2.rope.freq_base", "test.flag",
+                "tokenizer.chat_template"):
+        assert ours.fields[key] == pytest.approx(_field(theirs, key)), key
+    assert ours.fields["test.numbers"] == [3, 1, 4, 1, 5] and ours.fields["test.floats"] == [0.5, 0.25]
+    assert ours.fields["tokenizer.ggml.tokens"] is SKIPPED
+
+
+def test_a_truncated_file_is_one_line(gguf_file, tmp_path):
+    data = gguf_file.read_bytes()
+    for cut in (3, 20, 200, len(data) - 10):
+        broken = tmp_path / f"cut{cut}.gguf"
+        broken.write_bytes(data[:cut])
+        with pytest.raises(SpecqError, match="truncated|not a GGUF"):
+            Header(broken)
+    foreign = tmp_path / "foreign.gguf"
+    foreign.write_bytes(b"PK\x03\x04" + data[4:])
+    with pytest.raises(SpecqError, match="no GGUF magic"):
+        Header(foreign)
