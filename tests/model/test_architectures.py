@@ -98,8 +98,13 @@ def check_logits(model, hf) -> None:
 
 
 def check_decoding(model, hf, draft) -> None:
-    """Greedy tokens as transformers' generate; speculative (chains and trees) == plain, rejections seen."""
+    """Greedy tokens as transformers' generate; speculative == plain."""
     assert generate(model, SEQUENCE[:5].tolist(), max_new_tokens=20).token_ids == hf_greedy(hf, model, 20)
+    check_speculative(model, draft)
+
+
+def check_speculative(model, draft) -> None:
+    """Speculative decoding (chains and token trees) gives plain decoding's tokens; rejections seen."""
     rejected = 0
     for prompt in PROMPTS:
         base = generate(model, prompt, max_new_tokens=24).token_ids
@@ -133,6 +138,19 @@ def test_hf_directory(tmp_path, name, fast):
     check_decoding(model, hf, perturbed(specq.load(str(directory), fast=False), 0.3))
     if fast:
         check_fast_rows(model)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma3"])
+def test_quantized_fast_path(tmp_path, monkeypatch, name):
+    """Integer weights (int8dot on the fast path) beside the switches stay exact: verify rows equal
+    one-token steps, speculative == plain; the quantized model reloads from its cache as the same."""
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    directory = save_hf(hf_model(name), tmp_path / name)
+    model = specq.load(f"{directory}@int8")
+    with torch.inference_mode():
+        assert torch.equal(model.net(SEQUENCE), specq.load(f"{directory}@int8").net(SEQUENCE))
+    check_fast_rows(model)
+    check_speculative(model, perturbed(specq.load(str(directory), fast=False), 0.3))
 
 
 @pytest.mark.parametrize("name", CASES)
