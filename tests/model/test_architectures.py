@@ -10,6 +10,7 @@ rejections), with verify rows bit-identical to one-token steps on the fast path.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -27,6 +28,17 @@ from specq.model.llama import Llama
 
 from conftest import PROMPTS, perturbed, verify_vs_steps
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Models this small gain nothing from a second thread, which only adds a synchronization to every op
+    (several times the file's run time on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 VOCAB = 64
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=None,
@@ -37,7 +49,7 @@ CASES = {
     "llama": ("llama", {}),
     "llama3-rope": ("llama", {"head_dim": 16, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 16.0,
-        "original_max_position_embeddings": 512}}),
+        "original_max_position_embeddings": 128}}),
     "smollm2": ("llama", {"tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}),
     "mistral": ("mistral", {"sliding_window": 4}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
@@ -81,18 +93,19 @@ def save_hf(hf, directory):
     return directory
 
 
-SEQUENCE = torch.randint(0, VOCAB, (22,), generator=torch.Generator().manual_seed(3))
+SEQUENCE = torch.randint(0, VOCAB, (90,), generator=torch.Generator().manual_seed(3))
 
 
 def check_logits(model, hf) -> None:
-    """Uncached, prefill + one-token steps + one verify pass: each row within 1e-4 of transformers'."""
+    """Uncached; and a prefill, one-token steps, a verify pass (row by row) and a pass longer than
+    those (fused attention over a cache): each row within 1e-4 of transformers'."""
     net = model.net
     assert isinstance(net, Llama)  # native, not the transformers fallback
     with torch.inference_mode():
         ref = hf(SEQUENCE[None]).logits[0].float()
-        cache = net.new_cache(64)
+        cache = net.new_cache(128)
         parts = [net(SEQUENCE[:6], cache)] + [net(SEQUENCE[i:i + 1], cache) for i in range(6, 14)]
-        parts.append(net(SEQUENCE[14:], cache))
+        parts += [net(SEQUENCE[14:22], cache), net(SEQUENCE[22:], cache)]
         assert (net(SEQUENCE) - ref).abs().max() <= 1e-4
         assert (torch.cat(parts) - ref).abs().max() <= 1e-4
 
@@ -151,6 +164,39 @@ def test_quantized_fast_path(tmp_path, monkeypatch, name):
         assert torch.equal(model.net(SEQUENCE), specq.load(f"{directory}@int8").net(SEQUENCE))
     check_fast_rows(model)
     check_speculative(model, perturbed(specq.load(str(directory), fast=False), 0.3))
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
+    """The server's batching (`Llama.forward_many`) on sliding-window layers: a step, chain and tree
+    verify passes, a prefill and a long pass of several sequences in one pass, each bit-identical to
+    its own pass on the fast path."""
+    from specq.core.acceptance import verify_layout
+    from specq.model.llama import Rows
+
+    net = specq.load(str(save_hf(hf_model(name), tmp_path / name))).net
+    rng = torch.Generator().manual_seed(0)
+
+    def prefilled(n: int):
+        cache = net.new_cache(200)
+        with torch.no_grad():
+            net(torch.randint(0, VOCAB, (n,), generator=rng), cache)
+        return cache
+
+    tree = prefilled(9)
+    seqs = [Rows(torch.randint(0, VOCAB, (n,), generator=rng), cache, **layout) for n, cache, layout in (
+        (1, prefilled(5), {}), (3, prefilled(12), {}),
+        (8, tree, verify_layout(torch.tensor([-1, -1, 0, 0, 1, 2, -1]), tree.length)),
+        (6, net.new_cache(200), {}), (70, prefilled(3), {}))]
+    with torch.no_grad():
+        alone = []
+        for s in seqs:
+            cache = copy.deepcopy(s.cache)
+            alone.append(net(s.ids, cache, positions=s.positions, mask=s.mask))
+        together = net.forward_many(seqs)
+    assert net.stack_limit() > 1  # the rows really shared passes
+    for (logits, _), want in zip(together, alone):
+        assert torch.equal(logits, want)
 
 
 @pytest.mark.parametrize("name", CASES)
