@@ -24,7 +24,7 @@ from specq.drafters.tree import TreeShape
 from specq.errors import SpecqError
 from specq.loading import gguf_io
 from specq.model.architectures import ARCHITECTURES, unsupported
-from specq.model.llama import Llama
+from specq.model.llama import Llama, LlamaConfig
 
 from conftest import PROMPTS, perturbed, verify_vs_steps
 
@@ -40,9 +40,9 @@ def one_thread():
 
 
 VOCAB = 64
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=None,
-              eos_token_id=None, pad_token_id=None)
+COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+          "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 # name -> (model_type, config overrides): each architecture with the switches it sets, windows shorter
 # than the test sequences.
 CASES = {
@@ -203,8 +203,8 @@ def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
 def test_config_round_trip(name):
     """The native config written back as a transformers config reads back the same."""
     hf = hf_model(name)
-    native = specq.model.llama.LlamaConfig.from_hf(hf.config)
-    assert specq.model.llama.LlamaConfig.from_hf(native.to_hf()) == native
+    native = LlamaConfig.from_hf(hf.config)
+    assert LlamaConfig.from_hf(native.to_hf()) == native
     assert type(native.to_hf()) is type(hf.config)
 
 

@@ -102,8 +102,8 @@ def read(path: Path) -> GGUFFile:
     arch = _field(reader, "general.architecture")
     tensors = {t.name: t for t in reader.tensors}
     try:
-        config = LlamaConfig(**architectures.fields_from_gguf(arch, lambda key, default=None: _field(reader, key, default),
-                                                              tensors))
+        fields = architectures.fields_from_gguf(arch, lambda key, default=None: _field(reader, key, default), tensors)
+        config = LlamaConfig(**fields)
     except SpecqError as e:
         raise SpecqError(f"'{path}' {e}") from None
     except (TypeError, KeyError, ValueError) as e:

@@ -25,8 +25,8 @@ from .. import atomic
 from ..backends import fastpath
 from ..errors import SpecqError
 from ..model import feature_draft
-from ..model.hf_backend import HFCausalLM
 from ..model.architectures import unsupported
+from ..model.hf_backend import HFCausalLM
 from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict
 from ..paths import cache_dir
 from ..weights.quant import quantize_model

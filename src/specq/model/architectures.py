@@ -87,7 +87,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", "mistral"), "qwen2": ("qwen2", "qwen2")
 
 # transformers config attributes that no switch covers: set (truthy) -> why the model runs on transformers.
 REFUSED = {"attention_bias": "attention biases beyond q/k/v (attention_bias)", "mlp_bias": "feed-forward biases",
-           "final_logit_softcapping": "final logit softcapping", "attn_logit_softcapping": "attention logit softcapping",
+           "final_logit_softcapping": "final logit softcapping",
+           "attn_logit_softcapping": "attention logit softcapping",
            "use_bidirectional_attention": "bidirectional attention"}
 
 
@@ -113,8 +114,9 @@ def _activation(hf) -> str:
 
 
 def _layer_types(hf) -> list[str]:
-    window = getattr(hf, "sliding_window", None)
-    return getattr(hf, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * hf.num_hidden_layers
+    """Each layer's type; configs without `layer_types` (Mistral, Phi-3) slide every layer when they have a window."""
+    every = "sliding_attention" if getattr(hf, "sliding_window", None) else "full_attention"
+    return getattr(hf, "layer_types", None) or [every] * hf.num_hidden_layers
 
 
 def unsupported(hf) -> str | None:

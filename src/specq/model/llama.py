@@ -252,8 +252,8 @@ class Attention(nn.Module):
             return self.wo(out)
         q, k, v = self.rotated(qkv, cos, sin)
         if kv is None:
-            causal = torch.ones(n, n, dtype=torch.bool).tril_()
-            mask = None if self.window is None else causal & band(torch.arange(n), n, self.window)
+            mask = None if self.window is None else (
+                torch.ones(n, n, dtype=torch.bool).tril_() & band(torch.arange(n), n, self.window))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                  enable_gqa=True)
         else:  # compiled: fixed shapes, positions as a tensor
@@ -411,7 +411,8 @@ class Llama(nn.Module):
 
     def _rope_tables(self, length: int, theta: float, scaling: dict | None) -> tuple[Tensor, Tensor]:
         """cos, sin [length, head_dim] of positions 0..length-1."""
-        angles = torch.outer(torch.arange(length, dtype=torch.float64), rope.inv_freq(theta, self.config.head_dim, scaling))
+        inv_freq = rope.inv_freq(theta, self.config.head_dim, scaling)
+        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
@@ -522,7 +523,8 @@ class Llama(nn.Module):
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv, local)
 
-    def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv, local: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv,
+                     local: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """x [B, n, hidden] through every decoder layer (no final norm): in one C call where the
         stack takes the pass, else module by module. `kv` as `Attention.forward` takes it; cos, sin
         [n, head_dim] of the rows' positions, `local` the same for layers with a rope of their own."""
