@@ -199,6 +199,30 @@ def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
         assert torch.equal(logits, want)
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_tree_rows_see_the_window_of_their_own_path(tmp_path, name, fast):
+    """Each node of a verified token tree, past the window, gets the logits of one-token steps along its own
+    path (bit for bit on the fast path)."""
+    from specq.core.acceptance import verify_layout
+
+    net = specq.load(str(save_hf(hf_model(name), tmp_path / name)), fast=fast).net
+    parents = torch.tensor([-1, -1, 0, 0, 1, 2, 4, -1])
+    prefix, tokens = SEQUENCE[:9], SEQUENCE[30:39]  # the root, then one token per node
+    with torch.no_grad():
+        cache = net.new_cache(64)
+        net(prefix[:-1], cache)
+        tree = net(torch.cat([prefix[-1:], tokens[:len(parents)]]), cache, **verify_layout(parents, cache.length))
+        for node in range(len(parents)):
+            path = [node]
+            while parents[path[-1]] >= 0:
+                path.append(int(parents[path[-1]]))
+            cache.crop(len(prefix) - 1)
+            steps = [net(token.view(1), cache) for token in torch.cat([prefix[-1:], tokens[path[::-1]]])]
+            want = steps[-1][0]
+            assert torch.equal(tree[node + 1], want) if fast else torch.allclose(tree[node + 1], want, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_config_round_trip(name):
     """The native config written back as a transformers config reads back the same."""
