@@ -9,8 +9,7 @@ import copy
 import pytest
 import torch
 
-from specq import generate
-from specq import backends
+from specq import backends, generate
 from specq.backends import fastpath
 from specq.drafters import TreeShape
 

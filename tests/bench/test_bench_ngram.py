@@ -1,13 +1,13 @@
 """N-gram drafts in bench sweeps: one cell per k, no trees or peer cells for a lookup alone, lossless."""
 
 import pytest
+from test_bench import bench, prompt_sets, summary
 
 from specq.bench import aggregate, tables
 from specq.bench.config import plan, validate
 from specq.errors import SpecqError
 
 from conftest import perturbed, tiny_model
-from test_bench import bench, prompt_sets, summary
 
 
 def test_bench_plans_ngram_cells():

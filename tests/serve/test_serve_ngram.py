@@ -1,13 +1,12 @@
 """N-gram drafts per request in `specq serve`: lossless, refused in one 400 when malformed."""
 
 import pytest
+from test_serve import client, dirs, models, name, post, server  # noqa: F401 (fixtures)
 
 import specq
 from specq.drafters import refs
 from specq.serve.app import servable
 from specq.serve.errors import APIError
-
-from test_serve import client, dirs, models, name, post, server  # noqa: F401 (fixtures)
 
 
 def test_serve_takes_ngram_drafts_per_request(server, dirs, models):  # noqa: F811

@@ -103,12 +103,28 @@ def apply(net: nn.Module) -> int:
     return swapped
 
 
+# What a decoder layer may compute that `decoder.Stack`'s C loop does not (it runs Llama's layer): the
+# feature -> whether a block has it. A model with any of them runs module by module, where each piece
+# still takes its own kernel wherever that computes it exactly (`Attention.segment`, `FeedForward`).
+STACK_LACKS = {
+    "q/k/v biases": lambda b: b.attention.qkv_bias is not None,
+    "q/k norms": lambda b: b.attention.q_norm is not None,
+    "a sliding window": lambda b: b.attention.window is not None,
+    "a query scale other than head_dim ** -0.5": lambda b: b.attention.scale is not None,
+    "a rope base of its own": lambda b: b.local_rope,
+    "norms after attention and feed-forward": lambda b: b.post_attention_norm is not None,
+    "an activation other than SiLU": lambda b: b.feed_forward.act != "silu",
+}
+
+
 def layer_stack(net: Llama) -> decoder.Stack | None:
     """All of `net`'s decoder layers as one C call (`decoder.Stack`), if every linear layer runs on
-    int8dot or f32dot without a bias and the norms are float32; else None (the modules run one by
-    one)."""
+    int8dot or f32dot without a bias, the norms are float32 and no layer has a feature of
+    `STACK_LACKS`; else None (the modules run one by one)."""
     layers = []
     for block in net.layers:
+        if any(has(block) for has in STACK_LACKS.values()):
+            return None
         attention, ffn = block.attention, block.feed_forward
         linears = (attention.wqkv, attention.wo, ffn.w13, ffn.w2)
         weights = [m.float_panels() if isinstance(m, PackedLinear) else getattr(m, "_int8dot", None)

@@ -1,4 +1,5 @@
-"""Read Llama GGUF files (llama.cpp's format) with the `gguf` library.
+"""Read GGUF files (llama.cpp's format) of the Llama family (llama, and Mistral written as llama;
+qwen2, qwen3, gemma3, phi3: `model/architectures.py`) with the `gguf` library.
 
 Why not transformers' GGUF loader: it needs `accelerate` only for this path, dequantizes every
 tensor to fp32, and cannot hand back the file's own quantized blocks. Reading the file here
@@ -17,18 +18,14 @@ import torch
 from torch import Tensor
 
 from ..errors import SpecqError
+from ..model import architectures
 from ..model.llama import LlamaConfig
 from ..weights.gguf_formats import FORMATS, KernelBlocks, stack_rows
-
-# GGUF tensor names -> the native module's names (per block, then global).
-BLOCK_NAMES = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "attn_output": "attention.wo",
-               "ffn_down": "feed_forward.w2"}
-FUSED = {"attention.wqkv": ("attn_q", "attn_k", "attn_v"), "feed_forward.w13": ("ffn_gate", "ffn_up")}
 
 
 @dataclass
 class GGUFFile:
-    """A parsed GGUF file: the Llama config and its tensors by GGUF name (still in the file's format)."""
+    """A parsed GGUF file: the native config and its tensors by GGUF name (still in the file's format)."""
 
     path: Path
     config: LlamaConfig
@@ -52,16 +49,7 @@ class GGUFFile:
 
     def native_names(self) -> dict[str, tuple[str, ...]]:
         """Each native parameter name -> the GGUF tensors it is made of (concatenated by rows)."""
-        names: dict[str, tuple[str, ...]] = {"tok_embeddings.weight": ("token_embd.weight",),
-                                             "norm.weight": ("output_norm.weight",)}
-        if not self.config.tie_word_embeddings:
-            names["output.weight"] = ("output.weight",)
-        for i in range(self.config.num_layers):
-            for gguf_name, native in BLOCK_NAMES.items():
-                names[f"layers.{i}.{native}.weight"] = (f"blk.{i}.{gguf_name}.weight",)
-            for native, parts in FUSED.items():
-                names[f"layers.{i}.{native}.weight"] = tuple(f"blk.{i}.{p}.weight" for p in parts)
-        return names
+        return architectures.gguf_tensor_names(self.config)
 
     def float_state_dict(self) -> dict[str, Tensor]:
         """Every weight dequantized to float32, in the native module's fused layout."""
@@ -73,8 +61,11 @@ class GGUFFile:
 
 
 def _unpermute(rows: np.ndarray, name: str, config: LlamaConfig) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (its rope pairs adjacent dims; HF's rotates halves).
-    Rows are output features, so the same permutation applies to float rows and quantized blocks."""
+    """Undo llama.cpp's q/k row permutation (its rope pairs adjacent dims; HF's rotates halves) where
+    its converter applies it (llama files; not qwen2, qwen3, gemma3, phi3). Rows are output features
+    (of weights and biases), so the same permutation applies to float rows and quantized blocks."""
+    if not architectures.ARCHITECTURES[config.architecture].permuted_qk:
+        return rows
     if ".attn_q." in name:
         heads = config.num_heads
     elif ".attn_k." in name:
@@ -89,6 +80,8 @@ def _field(reader, key: str, default=None):
     field = reader.fields.get(key)
     if field is None:
         return default
+    if field.types and field.types[0].name == "ARRAY":
+        return field.contents()
     value = field.parts[field.data[0]]
     if field.types and field.types[0].name == "STRING":
         return bytes(value).decode("utf-8", errors="replace")
@@ -98,7 +91,8 @@ def _field(reader, key: str, default=None):
 
 
 def read(path: Path) -> GGUFFile:
-    """Parse a GGUF file's header; a corrupt, truncated or non-Llama file is a one-line error."""
+    """Parse a GGUF file's header; a corrupt or truncated file, or one of an architecture the native
+    decoder does not run, is a one-line error."""
     from gguf import GGUFReader
 
     path = Path(path)
@@ -107,32 +101,22 @@ def read(path: Path) -> GGUFFile:
     except Exception as e:  # bad magic, truncated header or tensor data: numpy/struct errors of all kinds
         raise SpecqError(f"'{path}' is not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'corrupt'})") from None
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise SpecqError(f"'{path}' holds a '{arch}' model; specq reads Llama-architecture GGUF files "
-                         "(convert other architectures to a Hugging Face directory)")
     tensors = {t.name: t for t in reader.tensors}
     try:
-        heads = _field(reader, "llama.attention.head_count")
-        hidden = _field(reader, "llama.embedding_length")
-        vocab = _field(reader, "llama.vocab_size") or int(tensors["token_embd.weight"].shape[-1])
-        config = LlamaConfig(
-            vocab_size=int(vocab), hidden_size=int(hidden),
-            intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-            num_layers=int(_field(reader, "llama.block_count")), num_heads=int(heads),
-            num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
-            head_dim=int(_field(reader, "llama.attention.key_length", hidden // heads)),
-            rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-            tie_word_embeddings="output.weight" not in tensors,
-            max_position_embeddings=int(_field(reader, "llama.context_length", 2048)))
+        fields = architectures.fields_from_gguf(arch, lambda key, default=None: _field(reader, key, default), tensors)
+        config = LlamaConfig(**fields)
+    except SpecqError as e:
+        raise SpecqError(f"'{path}' {e}") from None
     except (TypeError, KeyError, ValueError) as e:
-        raise SpecqError(f"'{path}' lacks Llama metadata the model needs ({e})") from None
-    if _field(reader, "llama.rope.scaling.type") not in (None, "none"):
-        raise SpecqError(f"'{path}' uses rope scaling, which the native Llama does not implement")
+        raise SpecqError(f"'{path}' lacks {arch} metadata the model needs ({e})") from None
     gguf_file = GGUFFile(path, config, tensors)
-    missing = [p for parts in gguf_file.native_names().values() for p in parts if p not in tensors]
+    used = [p for parts in gguf_file.native_names().values() for p in parts]
+    missing = [p for p in used if p not in tensors]
     if missing:
-        raise SpecqError(f"'{path}' is missing tensors (e.g. {missing[0]}): truncated or not a full Llama model")
+        raise SpecqError(f"'{path}' is missing tensors (e.g. {missing[0]}): truncated or not a full {arch} model")
+    unused = sorted(set(tensors) - set(used) - set(architectures.GGUF_CONFIG_TENSORS))
+    if unused:  # e.g. biases the decoder has no place for: refuse rather than drop them
+        raise SpecqError(f"'{path}' holds tensors the native decoder does not use (e.g. {unused[0]})")
     return gguf_file
 
 

@@ -1,8 +1,8 @@
 """Resolve a model reference to a runnable model and its tokenizer.
 
 A reference is a built-in name (`smollm2-135m`), a local Hugging Face directory, a `.gguf`
-file, or a hub id (works only online). Llama-architecture models run on the lean native
-module (`llama.py`); anything else runs through transformers (`hf_backend.py`).
+file, or a hub id (works only online). The architectures of `model/architectures.py`'s table run on
+the lean native module (`llama.py`); anything else runs through transformers (`hf_backend.py`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from torch import nn
 from .. import atomic, backends
 from ..errors import SpecqError
 from ..model import feature_draft
+from ..model.architectures import unsupported
 from ..model.hf_backend import HFCausalLM
-from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict, supports_hf_config
+from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict
 from ..paths import cache_dir
 from ..weights.quant import quantize_model
 from . import gguf_io, packaged, precision, registry, validate
@@ -146,7 +147,7 @@ def default_draft_ref(target_ref: str, quantizable: bool = False) -> str | None:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    """A Llama GGUF file -> a Hugging Face directory of float weights (safetensors), atomically.
+    """A GGUF file -> a Hugging Face directory of its architecture's float weights (safetensors), atomically.
     The file is checked first, so a corrupt one is one error line and no announcement."""
     parsed = gguf_io.read(gguf)
     print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, under a minute)",
@@ -182,7 +183,8 @@ def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tupl
     config = AutoConfig.from_pretrained(path, local_files_only=local_only)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     weights = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
-    if supports_hf_config(config) and weights:
+    why_not = unsupported(config) or (None if weights else "its weights are not in local .safetensors files")
+    if why_not is None:
         native = LlamaConfig.from_hf(config)
         state = {}
         for f in weights:
@@ -191,6 +193,7 @@ def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tupl
         net.load_state_dict(hf_to_native_state_dict(state, native))
         net = net.to(dtype).eval()
     else:
+        precision.announce(f"{path} runs on transformers, without specq's kernels: {why_not}")
         hf = validate.causal_lm(path, dtype, local_only)
         net = HFCausalLM(hf)
     return net, tokenizer, _generation_eos(path, config, local_only)
@@ -476,14 +479,15 @@ def _check_same_vocabulary(draft: Model, target: Model) -> None:
 
 
 def save_native(model: Model, out: Path | str) -> None:
-    """Save a native Llama in the Hugging Face layout (loadable by specq and transformers),
-    atomically."""
+    """Save a native model in its architecture's Hugging Face layout (loadable by specq and
+    transformers), atomically."""
     atomic.write_dir(Path(out), lambda tmp: write_native(model, tmp))
 
 
 def write_native(model: Model, directory: Path) -> None:
-    """Write config, weights, tokenizer and generation config of a native Llama into `directory`:
-    a Hugging Face LlamaForCausalLM folder that AutoModelForCausalLM and GGUF converters read."""
+    """Write config, weights, tokenizer and generation config of a native model into `directory`:
+    a Hugging Face folder of its architecture (LlamaForCausalLM, Qwen2ForCausalLM, ...) that
+    AutoModelForCausalLM and GGUF converters read."""
     from safetensors.torch import save_file
 
     from ..model.llama import native_to_hf_state_dict
@@ -491,9 +495,7 @@ def write_native(model: Model, directory: Path) -> None:
     net = model.net
     if not isinstance(net, Llama):
         raise SpecqError("only native Llama models can be saved this way")
-    config = net.config.to_hf()
-    config.architectures = ["LlamaForCausalLM"]  # how converters and servers tell which model this is
-    config.save_pretrained(directory)
+    net.config.to_hf().save_pretrained(directory)  # names the architecture, as converters and servers read it
     save_file(native_to_hf_state_dict(net), directory / "model.safetensors", metadata={"format": "pt"})
     model.tokenizer.save_pretrained(directory)
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(model.eos_ids)}))

@@ -19,7 +19,8 @@ import torch
 
 from ..errors import SpecqError
 from ..model import feature_draft
-from ..model.llama import Llama, LlamaConfig, native_to_hf_state_dict, supports_hf_config
+from ..model.architectures import unsupported
+from ..model.llama import Llama, LlamaConfig, native_to_hf_state_dict
 from . import precision
 
 # a tokenizer transformers can build from the folder: a fast tokenizer's file, or a slow one's vocabulary
@@ -54,11 +55,11 @@ def check_hf_dir(path: Path) -> None:
     config = _config(path)
     _tokenizer(path)
     shapes = _headers([f for f in _weight_files(path) if f.suffix == ".safetensors"])
-    if supports_hf_config(config) and shapes:
+    if unsupported(config) is None and shapes:
         if config.num_attention_heads % config.num_key_value_heads:
             raise SpecqError(f"'{path / 'config.json'}': num_key_value_heads ({config.num_key_value_heads}) does not "
                              f"divide num_attention_heads ({config.num_attention_heads})")
-        _match(path, _llama_shapes(LlamaConfig.from_hf(config), shapes), shapes)
+        _match(path, _native_shapes(LlamaConfig.from_hf(config), shapes), shapes)
 
 
 def causal_lm(path, dtype: torch.dtype, local_only: bool):
@@ -182,9 +183,9 @@ def _headers(files: list[Path]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _llama_shapes(config: LlamaConfig, present: dict) -> dict[str, tuple[int, ...]]:
-    """The tensors (names without `model.`) and shapes of a Hugging Face Llama checkpoint for this
-    config, as `write_native` saves them; a tied head may be stored as well."""
+def _native_shapes(config: LlamaConfig, present: dict) -> dict[str, tuple[int, ...]]:
+    """The tensors (names without `model.`) and shapes of a Hugging Face checkpoint of the config's
+    architecture, as `write_native` saves them; a tied head may be stored as well."""
     with torch.device("meta"):
         net = Llama(config)
     expected = {k.removeprefix("model."): tuple(v.shape) for k, v in native_to_hf_state_dict(net).items()}

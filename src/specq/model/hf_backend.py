@@ -1,7 +1,7 @@
 """Adapter that lets any Hugging Face causal LM run in the speculative loop.
 
-The native module in `llama.py` is faster, but other architectures (Gemma, Qwen, ...) run
-here with transformers' own DynamicCache, rolled back with `crop`.
+The native module in `llama.py` is faster, but what its table (`architectures.py`) does not
+cover runs here, with transformers' own DynamicCache, rolled back with `crop`.
 """
 
 from __future__ import annotations

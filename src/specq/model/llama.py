@@ -3,7 +3,9 @@
 Why not the Hugging Face module: a 135M model has 30 thin layers, and on a CPU the Python and
 dispatch overhead outside the matmuls is a large share of a decode step. This module fuses q/k/v and
 gate/up into one matmul each, writes keys and values into a preallocated cache, and rolls back
-by moving an integer. Weights load from any Hugging Face Llama state dict.
+by moving an integer. It is the decoder of the whole Llama family: how Qwen2 / 3, Mistral, Gemma 3
+and Phi-3 differ from Llama is a handful of `LlamaConfig` switches (`architectures.py` reads them,
+and maps each architecture's checkpoint onto this layout).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import decoder
+from . import architectures, rope
 
 MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
 # Fused attention over n query rows rounds differently from n one-row calls, and the bf16 casts in
@@ -49,57 +52,42 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 8192
+    # How the Llama family's architectures differ (`architectures.py` reads them from config.json or
+    # GGUF metadata); the defaults are Llama's.
+    architecture: str = "llama"  # transformers' model_type of the checkpoint (saving writes that layout back)
+    rope_scaling: dict | None = None  # of full-attention layers: {"rope_type": "linear" | "llama3", ...}
+    rope_local_theta: float | None = None  # rope base of the sliding layers, where it is their own (Gemma 3)
+    sliding_window: int | None = None  # on a sliding layer, the row at position i sees keys (i - window, i]
+    sliding_layers: tuple[int, ...] = ()
+    qkv_bias: bool = False  # biases of the q, k and v projections (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys before the rotation (Qwen3, Gemma 3)
+    post_norms: bool = False  # RMSNorm of the attention and feed-forward outputs before each residual add (Gemma 3)
+    hidden_act: str = "silu"  # the gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+    scale_embeddings: bool = False  # token embeddings times sqrt(hidden_size) (Gemma)
+    query_pre_attn_scalar: float | None = None  # attention scores scaled by its ** -0.5 (None: head_dim's)
+
+    def __post_init__(self):
+        self.sliding_layers = tuple(self.sliding_layers)  # a list when read back from JSON
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None where it attends to every earlier position."""
+        return self.sliding_window if layer in self.sliding_layers else None
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates by the sliding layers' own rope base."""
+        return self.rope_local_theta is not None and layer in self.sliding_layers
 
     @classmethod
     def from_hf(cls, hf) -> "LlamaConfig":
-        rope = getattr(hf, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-        return cls(
-            vocab_size=hf.vocab_size,
-            hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size,
-            num_layers=hf.num_hidden_layers,
-            num_heads=hf.num_attention_heads,
-            num_kv_heads=hf.num_key_value_heads,
-            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
-            rms_norm_eps=hf.rms_norm_eps,
-            rope_theta=float(theta),
-            tie_word_embeddings=bool(hf.tie_word_embeddings),
-            max_position_embeddings=hf.max_position_embeddings,
-        )
+        """From a transformers config that `architectures.unsupported` accepts."""
+        return cls(**architectures.fields_from_hf(hf))
 
     def to_hf(self):
-        """The equivalent transformers LlamaConfig (so saved drafts load in transformers too)."""
-        from transformers import LlamaConfig as HFLlamaConfig
-
-        return HFLlamaConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            tie_word_embeddings=self.tie_word_embeddings,
-            max_position_embeddings=self.max_position_embeddings,
-        )
+        """The equivalent transformers config (so saved models load in transformers too)."""
+        return architectures.hf_config(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def supports_hf_config(hf_config) -> bool:
-    """True when the native module reproduces this Hugging Face config exactly."""
-    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    return (
-        getattr(hf_config, "model_type", None) == "llama"
-        and rope.get("rope_type", rope.get("type", "default")) == "default"
-        and not getattr(hf_config, "attention_bias", False)
-        and not getattr(hf_config, "mlp_bias", False)
-        and getattr(hf_config, "hidden_act", "silu") == "silu"
-    )
 
 
 class KVCache:
@@ -206,21 +194,44 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, c: LlamaConfig):
+    def __init__(self, c: LlamaConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
+        # The biases sit beside the linear layer, not in it: the bias-free layer then takes the fast
+        # path's kernels (row-invariant), and adding the bias afterwards is exact.
         self.wqkv = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if c.qkv_bias else None
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.wo = nn.Linear(self.q_size, c.hidden_size, bias=False)
+        self.window = c.window(layer)
+        scalar = c.query_pre_attn_scalar
+        self.scale = None if scalar is None or scalar == c.head_dim else scalar ** -0.5  # None: head_dim ** -0.5
 
     # The fast path's C attention (`kernels/decoder`) for the rows of cached passes that attend row
-    # by row (steps and verify passes), float32 inference only; prefills keep fused attention.
+    # by row (steps and verify passes), float32 inference only; prefills keep fused attention. It
+    # attends over every cached key at the scale head_dim ** -0.5, so layers with a window or a
+    # scale of their own keep torch's attention.
     kernel = False
 
+    def projected(self, x: Tensor) -> Tensor:
+        """The q/k/v projection of x [b, n, hidden]: [b, n, (heads + 2 kv_heads) head_dim], biased and
+        with q/k normalized per head where the architecture does so, not yet rotated."""
+        qkv = self.wqkv(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        if self.q_norm is None:
+            return qkv
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.unflatten(-1, (self.n_heads, self.head_dim))).flatten(-2)
+        k = self.k_norm(k.unflatten(-1, (self.n_kv, self.head_dim))).flatten(-2)
+        return torch.cat([q, k, v], dim=-1)
+
     def rotated(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values [b, heads, n, head_dim] from the wqkv output [b, n, ...], rotated
-        to their positions. Queries and keys are rotated in one go (fewer dispatches per step)."""
+        """Queries, keys and values [b, heads, n, head_dim] from the `projected` output [b, n, ...],
+        rotated to their positions. Queries and keys are rotated in one go (fewer dispatches per step)."""
         b, n = qkv.shape[:2]
         heads = self.n_heads + self.n_kv
         qkv = qkv.view(b, n, heads + self.n_kv, self.head_dim).transpose(1, 2)
@@ -234,29 +245,35 @@ class Attention(nn.Module):
         """`kv`: the `Segment` of each sequence whose rows x stacks (decoding), the static view of
         the compiled step, or None (training: x [b, n] sequences from position 0, no cache)."""
         b, n = x.shape[:2]
-        qkv = self.wqkv(x)
+        qkv = self.projected(x)
         if isinstance(kv, list):
             parts = [self.segment(qkv[:, s.rows], cos[s.rows], sin[s.rows], s, layer) for s in kv]
             out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
             return self.wo(out)
         q, k, v = self.rotated(qkv, cos, sin)
         if kv is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            mask = None if self.window is None else (
+                torch.ones(n, n, dtype=torch.bool).tril_() & band(torch.arange(n), n, self.window))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                                 enable_gqa=True)
         else:  # compiled: fixed shapes, positions as a tensor
             kv.k[layer].index_copy_(2, kv.positions, k)
             kv.v[layer].index_copy_(2, kv.positions, v)
-            out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=kv.mask, enable_gqa=True)
+            mask = kv.mask if self.window is None else kv.mask & band(kv.positions, kv.mask.shape[1], self.window)
+            out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=mask, scale=self.scale,
+                                                 enable_gqa=True)
         return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
 
     def segment(self, qkv: Tensor, cos: Tensor, sin: Tensor, s: Segment, layer: int) -> Tensor:
         """One sequence's rows of a cached pass: [1, n, q_size] attention outputs."""
         n = qkv.shape[1]
-        if self.kernel and decoder.takes(qkv) and by_rows(s.cache.length, n):
+        if (self.kernel and decoder.takes(qkv) and by_rows(s.cache.length, n) and self.window is None
+                and self.scale is None):
             rows = decoder.attend_rows(qkv[0].contiguous(), self.n_heads, self.n_kv, cos.contiguous(),
                                        sin.contiguous(), s.cache.k[layer, 0], s.cache.v[layer, 0],
                                        s.cache.length, s.seen.rows)
             return rows.unsqueeze(0)
-        out = attend(*self.rotated(qkv, cos, sin), s, layer)
+        out = attend(*self.rotated(qkv, cos, sin), s, layer, self.window, self.scale)
         return out.transpose(1, 2).reshape(1, n, self.q_size)
 
 
@@ -266,32 +283,66 @@ def by_rows(start: int, n: int) -> bool:
     return start > 0 and n <= ROW_BY_ROW_MAX
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, segment: Segment, layer: int) -> Tensor:
+def band(positions: Tensor, keys: int, window: int) -> Tensor:
+    """[n, keys] bool: key slot j is within the sliding window of the row at positions[r], j > p - window
+    (slots are positions on the paths this applies to: chains, and fused passes from position 0)."""
+    return torch.arange(keys) > positions[:, None] - window
+
+
+def windowed(seen: Visibility, start: int, n: int, end: int, window: int) -> Visibility:
+    """`seen` cut to a sliding window: each row keeps the last `window` keys of its own path (a token
+    tree's row sees one key per position up to its own, in order, so those are the keys of the window)."""
+    if seen.rows is not None:
+        rows = [r[-window:] for r in seen.rows]
+        mask = torch.zeros(n, end, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            mask[i, r] = True
+        return Visibility(mask, rows)
+    mask = None if seen.mask is None else seen.mask & band(torch.arange(start, start + n), end, window)
+    return Visibility(mask, None)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, segment: Segment, layer: int, window: int | None = None,
+           scale: float | None = None) -> Tensor:
     """One sequence's rows of a cached pass: their keys and values go into its cache, and each row
-    attends exactly as it would in a pass of its own, whatever other sequences share the pass."""
+    attends exactly as it would in a pass of its own, whatever other sequences share the pass; on a
+    sliding layer (`window`) to the keys of its window only; `scale`: of the scores (None:
+    head_dim ** -0.5)."""
     cache, seen = segment.cache, segment.seen
     n = q.shape[2]
     start, end = cache.length, cache.length + n
     cache.k[layer, :, :, start:end] = k
     cache.v[layer, :, :, start:end] = v
     keys, values = cache.k[layer], cache.v[layer]
-    if (n == 1 and seen.rows is None) or not by_rows(start, n):  # a step, or a prefill
-        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
+    if window is not None:
+        seen = windowed(seen, start, n, end, window)
+    if n == 1 and seen.rows is None:  # a step: its keys are the last `window` (or all) before it
+        first = 0 if window is None else max(0, end - window)
+        return F.scaled_dot_product_attention(q, keys[:, :, first:end], values[:, :, first:end], scale=scale,
                                               enable_gqa=True)
+    if not by_rows(start, n):  # a prefill
+        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
+                                              scale=scale, enable_gqa=True)
     if seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it
+        firsts = [0 if window is None else max(0, start + i + 1 - window) for i in range(n)]
         return torch.cat([F.scaled_dot_product_attention(
-            q[:, :, i:i + 1], keys[:, :, :start + i + 1], values[:, :, :start + i + 1],
-            enable_gqa=True) for i in range(n)], dim=2)
+            q[:, :, i:i + 1], keys[:, :, firsts[i]:start + i + 1], values[:, :, firsts[i]:start + i + 1],
+            scale=scale, enable_gqa=True) for i in range(n)], dim=2)
     # a tree node sees the prefix and its ancestors: the keys of the step at its position
     return torch.cat([F.scaled_dot_product_attention(
         q[:, :, i:i + 1], keys.index_select(2, rows), values.index_select(2, rows),
-        enable_gqa=True) for i, rows in enumerate(seen.rows)], dim=2)
+        scale=scale, enable_gqa=True) for i, rows in enumerate(seen.rows)], dim=2)
+
+
+# The gate's activation by transformers' name: SwiGLU's SiLU, GeGLU's tanh-approximated GELU.
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class FeedForward(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.intermediate = c.intermediate_size
+        self.act = c.hidden_act
         self.w13 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
@@ -299,23 +350,29 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.w13(x)
-        if self.kernel and decoder.takes(gate_up):
+        if self.kernel and self.act == "silu" and decoder.takes(gate_up):
             return self.w2(decoder.silu_mul(gate_up.contiguous()))
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(ACTIVATIONS[self.act](gate) * up)
 
 
 class Block(nn.Module):
-    def __init__(self, c: LlamaConfig):
+    def __init__(self, c: LlamaConfig, layer: int = 0):
         super().__init__()
         self.attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.attention = Attention(c)
+        self.attention = Attention(c, layer)
         self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.feed_forward = FeedForward(c)
+        # Gemma 3 normalizes each sublayer's output too, before it joins the residual stream.
+        self.post_attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.post_norms else None
+        self.post_ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.post_norms else None
+        self.local_rope = c.local_rope(layer)  # rotates by the sliding layers' own rope (`Llama.decoder_pass`)
 
     def forward(self, x, cos, sin, kv, layer):
-        x = x + self.attention(self.attention_norm(x), cos, sin, kv, layer)
-        return x + self.feed_forward(self.ffn_norm(x))
+        h = self.attention(self.attention_norm(x), cos, sin, kv, layer)
+        x = x + (h if self.post_attention_norm is None else self.post_attention_norm(h))
+        h = self.feed_forward(self.ffn_norm(x))
+        return x + (h if self.post_ffn_norm is None else self.post_ffn_norm(h))
 
 
 class Llama(nn.Module):
@@ -323,7 +380,7 @@ class Llama(nn.Module):
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -341,17 +398,28 @@ class Llama(nn.Module):
         self._ensure_rope(capacity)
         return KVCache(self.config, capacity, self.dtype)
 
+    local_cos = local_sin = None  # the sliding layers' own rope tables, where they have them (Gemma 3)
+
     def _ensure_rope(self, length: int) -> None:
         if length <= self._rope_len and self.rope_cos.dtype == self.dtype:
             return
         length = max(length, self._rope_len)
         c = self.config
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        self.rope_cos, self.rope_sin = self._rope_tables(length, c.rope_theta, c.rope_scaling)
+        if c.rope_local_theta is not None:
+            self.local_cos, self.local_sin = self._rope_tables(length, c.rope_local_theta, None)
+        self._rope_len = length
+
+    def _rope_tables(self, length: int, theta: float, scaling: dict | None) -> tuple[Tensor, Tensor]:
+        """cos, sin [length, head_dim] of positions 0..length-1."""
+        inv_freq = rope.inv_freq(theta, self.config.head_dim, scaling)
         angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
-        self.rope_cos = angles.cos().to(self.dtype)
-        self.rope_sin = angles.sin().to(self.dtype)
-        self._rope_len = length
+        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+
+    def _local(self, index) -> tuple[Tensor, Tensor] | None:
+        """The sliding layers' own cos, sin at `index` (a slice or positions), or None."""
+        return None if self.local_cos is None else (self.local_cos[index], self.local_sin[index])
 
     def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
                 return_hidden: bool = False, positions: Tensor | None = None,
@@ -367,7 +435,7 @@ class Llama(nn.Module):
             n = ids.shape[-1]
             self._ensure_rope(n)
             rope = slice(0, n) if positions is None else positions
-            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None)
+            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope))
             logits = self._head(x, last_only)
             return (logits, self.norm(x)[0]) if return_hidden else logits
         if self.compiled_step is not None and ids.shape[0] <= MAX_COMPILED_TOKENS and not return_hidden and mask is None:
@@ -413,7 +481,7 @@ class Llama(nn.Module):
 
     def _stacked(self, seqs: list[Rows], return_hidden: bool) -> list[tuple[Tensor, Tensor | None]]:
         """One pass over the rows of `seqs` stacked in order (see `forward_many`)."""
-        segments, cos, sin, heads, at = [], [], [], [], 0
+        segments, cos, sin, local, heads, at = [], [], [], [], [], 0
         self._ensure_rope(max(s.cache.length + s.ids.shape[0] for s in seqs))
         for s in seqs:
             n, start = s.ids.shape[0], s.cache.length
@@ -422,10 +490,12 @@ class Llama(nn.Module):
             rope = slice(start, start + n) if s.positions is None else s.positions
             cos.append(self.rope_cos[rope])
             sin.append(self.rope_sin[rope])
+            local.append(self._local(rope))
             segments.append(Segment(s.cache, slice(at, at + n), visibility(s.cache, n, s.mask)))
             heads.append(slice(at + n - 1 if s.last_only else at, at + n))
             at += n
-        x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments)
+        local = None if self.local_cos is None else tuple(_cat(list(t)) for t in zip(*local))
+        x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments, local)
         hidden = self.norm(x)[0]
         logits = self.output(_cat([hidden[rows] for rows in heads])).float()
         out, at = [], 0
@@ -439,8 +509,8 @@ class Llama(nn.Module):
     def hidden_states(self, ids: Tensor) -> Tensor:
         """Final hidden states [n, hidden] of a whole sequence (no cache, no output head)."""
         self._ensure_rope(ids.shape[0])
-        cos, sin = self.rope_cos[:ids.shape[0]], self.rope_sin[:ids.shape[0]]
-        return self.norm(self._layers(ids, cos, sin, None))[0]
+        rope = slice(0, ids.shape[0])
+        return self.norm(self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope)))[0]
 
     # The fast path's C loop over every layer (`kernels/decoder.Stack`) where all linear layers run on
     # int8dot or f32dot: one call per cached pass of up to ROW_BY_ROW_MAX rows, of one sequence or
@@ -448,18 +518,22 @@ class Llama(nn.Module):
     # modules compute, bit for bit.
     stack = None
 
-    def _layers(self, ids, cos, sin, kv) -> Tensor:
+    def _layers(self, ids, cos, sin, kv, local=None) -> Tensor:
         x = self.tok_embeddings(ids)
-        return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv)
+        if self.config.scale_embeddings:  # as transformers' Gemma: times sqrt(hidden) rounded to the dtype
+            x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+        return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv, local)
 
-    def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv) -> Tensor:
+    def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv,
+                     local: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """x [B, n, hidden] through every decoder layer (no final norm): in one C call where the
-        stack takes the pass, else module by module. `kv` as `Attention.forward` takes it."""
+        stack takes the pass, else module by module. `kv` as `Attention.forward` takes it; cos, sin
+        [n, head_dim] of the rows' positions, `local` the same for layers with a rope of their own."""
         if (self.stack is not None and isinstance(kv, list) and decoder.takes(x) and x.shape[1] <= ROW_BY_ROW_MAX
                 and all(by_rows(s.cache.length, s.rows.stop - s.rows.start) for s in kv)):
             return self.stack(x.contiguous(), cos, sin, kv)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv, i)
+            x = layer(x, *(local if layer.local_rope else (cos, sin)), kv, i)
         return x
 
     def _head(self, x: Tensor, last_only: bool) -> Tensor:
@@ -469,7 +543,7 @@ class Llama(nn.Module):
 
     def _static_step(self, ids: Tensor, view: StaticView) -> Tensor:
         cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
-        return self._head(self._layers(ids, cos, sin, view), False)
+        return self._head(self._layers(ids, cos, sin, view, self._local(view.positions)), False)
 
     # ------------------------------------------------------------------ optional torch.compile
     compiled_step = None
@@ -510,46 +584,13 @@ def _cat(tensors: list[Tensor]) -> Tensor:
 
 
 def hf_to_native_state_dict(sd: dict[str, Tensor], config: LlamaConfig) -> dict[str, Tensor]:
-    """Map a Hugging Face Llama state dict onto this module's fused layout."""
-    sd = {k.removeprefix("model."): v for k, v in sd.items()}
-    out = {
-        "tok_embeddings.weight": sd["embed_tokens.weight"],
-        "norm.weight": sd["norm.weight"],
-        "output.weight": sd.get("lm_head.weight", sd["embed_tokens.weight"]),
-    }
-    for i in range(config.num_layers):
-        p = f"layers.{i}."
-        out[p + "attention_norm.weight"] = sd[p + "input_layernorm.weight"]
-        out[p + "ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
-        out[p + "attention.wqkv.weight"] = torch.cat(
-            [sd[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
-        out[p + "attention.wo.weight"] = sd[p + "self_attn.o_proj.weight"]
-        out[p + "feed_forward.w13.weight"] = torch.cat(
-            [sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
-        out[p + "feed_forward.w2.weight"] = sd[p + "mlp.down_proj.weight"]
-    return out
+    """Map a Hugging Face state dict of `config.architecture` onto this module's fused layout."""
+    return architectures.native_state_dict(sd, config)
 
 
 def native_to_hf_state_dict(model: Llama) -> dict[str, Tensor]:
     """The inverse of `hf_to_native_state_dict`, for saving in the Hugging Face layout."""
-    c = model.config
-    sd = model.state_dict()
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    out = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"]}
-    if not c.tie_word_embeddings:
-        out["lm_head.weight"] = sd["output.weight"]
-    for i in range(c.num_layers):
-        p, h = f"layers.{i}.", f"model.layers.{i}."
-        out[h + "input_layernorm.weight"] = sd[p + "attention_norm.weight"]
-        out[h + "post_attention_layernorm.weight"] = sd[p + "ffn_norm.weight"]
-        wq, wk, wv = sd[p + "attention.wqkv.weight"].split([q, kv, kv])
-        out[h + "self_attn.q_proj.weight"], out[h + "self_attn.k_proj.weight"] = wq, wk
-        out[h + "self_attn.v_proj.weight"] = wv
-        out[h + "self_attn.o_proj.weight"] = sd[p + "attention.wo.weight"]
-        gate, up = sd[p + "feed_forward.w13.weight"].split(c.intermediate_size)
-        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate, up
-        out[h + "mlp.down_proj.weight"] = sd[p + "feed_forward.w2.weight"]
-    return {k: v.contiguous() for k, v in out.items()}
+    return architectures.hf_state_dict(model.state_dict(), model.config)
 
 
 # Row counts where a GEMM may change its blocking (powers of two and one past them, and the int4

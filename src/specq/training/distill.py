@@ -141,7 +141,7 @@ def float_teacher(net: torch.nn.Module):
     """The target as a float transformers model, for batched teacher passes (`generate` with
     padding). Quantized layers are dequantized: the same weight values, so the distributions
     differ from the packed kernels' only by activation rounding (bf16 there, fp32 here)."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from ..weights.quant.modules import QuantLinear
 
@@ -154,7 +154,7 @@ def float_teacher(net: torch.nn.Module):
             sd[name + ".weight"] = module.quantized().dequantize().float()
     float_net = Llama(net.config)
     float_net.load_state_dict(sd)
-    teacher = LlamaForCausalLM(net.config.to_hf()).float().eval()
+    teacher = AutoModelForCausalLM.from_config(net.config.to_hf()).float().eval()  # of the target's architecture
     missing, unexpected = teacher.load_state_dict(native_to_hf_state_dict(float_net), strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"teacher conversion lost weights: {missing + unexpected}")
