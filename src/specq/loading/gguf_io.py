@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..errors import SpecqError
+from .gguf_reader import Header
 from ..model import architectures
 from ..model.llama import LlamaConfig
 from ..weights.gguf_formats import FORMATS, KernelBlocks, stack_rows
@@ -77,6 +78,7 @@ def _unpermute(rows: np.ndarray, name: str, config: LlamaConfig) -> np.ndarray:
 
 
 def _field(reader, key: str, default=None):
+    """A metadata value from the `gguf` library's reader (`write_float32` copies every field with it)."""
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -93,17 +95,12 @@ def _field(reader, key: str, default=None):
 def read(path: Path) -> GGUFFile:
     """Parse a GGUF file's header; a corrupt or truncated file, or one of an architecture the native
     decoder does not run, is a one-line error."""
-    from gguf import GGUFReader
-
     path = Path(path)
+    header = Header(path)  # a bad magic, truncated header or tensor data: one line
+    arch = header.fields.get("general.architecture")
+    tensors = {t.name: t for t in header.tensors}
     try:
-        reader = GGUFReader(path)
-    except Exception as e:  # bad magic, truncated header or tensor data: numpy/struct errors of all kinds
-        raise SpecqError(f"'{path}' is not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'corrupt'})") from None
-    arch = _field(reader, "general.architecture")
-    tensors = {t.name: t for t in reader.tensors}
-    try:
-        fields = architectures.fields_from_gguf(arch, lambda key, default=None: _field(reader, key, default), tensors)
+        fields = architectures.fields_from_gguf(arch, header.fields.get, tensors)
         config = LlamaConfig(**fields)
     except SpecqError as e:
         raise SpecqError(f"'{path}' {e}") from None

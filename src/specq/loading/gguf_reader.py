@@ -22,7 +22,7 @@ from ..errors import SpecqError
 MAGIC = b"GGUF"
 # value type ids -> struct formats of the scalar types (8: string, 9: array)
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-STRING, ARRAY = 8, 9
+FLOAT32, STRING, ARRAY = 6, 8, 9
 DEFAULT_ALIGNMENT = 32
 SKIPPED = object()  # the value of a string array: not read
 
@@ -82,6 +82,8 @@ class Header:
         return self._bytes(n).decode("utf-8", errors="replace")
 
     def _value(self, kind: int):
+        if kind == FLOAT32:  # 1e-5 stored as float32: read back the 1e-5 it was written from, as gguf_io did
+            return float(str(np.float32(self._unpack("f")[0])))
         if kind in SCALARS:
             return self._unpack(SCALARS[kind])[0]
         if kind == STRING:
@@ -90,12 +92,12 @@ class Header:
             raise SpecqError(f"'{self.path}' has a metadata value of unknown type {kind}: corrupt")
         item, count = self._unpack("IQ")
         if item == STRING:  # skip: a length, then that many bytes, per string
-            at, buf = self._at, self._buf
+            at, buf, end = self._at, self._buf, len(self._buf) - 8
             for _ in range(count):
+                if at > end:
+                    raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
                 at += 8 + struct.unpack_from("<Q", buf, at)[0]
             self._at = at
-            if self._at > len(self._buf):
-                raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
             return SKIPPED
         if item not in SCALARS:
             return [self._value(item) for _ in range(count)]
