@@ -41,10 +41,11 @@ class Row:
         return name in (self.entry.draft, self.path.name) or Path(name).expanduser().resolve() == self.path.resolve()
 
     def to_dict(self) -> dict:
-        kind = "feature" if feature_draft.is_feature_draft(self.path) else "sequence"
+        kind = "built-in" if self.entry.builtin else "feature" if feature_draft.is_feature_draft(self.path) else "sequence"
         return {"registry": self.scope, "target": self.entry.target, "precision": self.entry.precision,
                 "draft": self.entry.draft, "runs_at": self.entry.draft_spec or None, "folder": str(self.path),
-                "kind": kind if registry.is_draft_dir(self.path) else "missing", "info": self.entry.info}
+                "kind": kind if self.entry.builtin or registry.is_draft_dir(self.path) else "missing",
+                "info": self.entry.info}
 
 
 def rows() -> list[Row]:

@@ -109,3 +109,19 @@ def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
     registry.add(drafts, registry.Entry("m", "fp32", "small"))
     assert select_draft("m@int8")[0] == f"{drafts / 'small'}@int8-head8"
     assert select_draft("m")[0] == str(drafts / "small")  # no spec: the draft as stored
+
+
+def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
+    """The Qwen pair: the 1.5B file's default draft is the 0.5B built-in, a name with no folder."""
+    from specq.loading.models import known_drafts, select_draft
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
+    assert select_draft("qwen2.5-coder-1.5b")[0] == "qwen2.5-coder-0.5b"
+    assert select_draft("qwen2.5-coder-1.5b@gguf")[0] == "qwen2.5-coder-0.5b"
+    assert known_drafts("qwen2.5-coder-1.5b") == {"qwen2.5-coder-0.5b"}
+    assert select_draft("qwen2.5-coder-1.5b", quantizable=True)[0] is None  # a built-in file is not re-quantized
+    entry = registry.Entry("t", "fp32", "no-such-folder")
+    registry.add(tmp_path / "reg", entry)
+    assert registry.candidates(tmp_path / "reg", "t") == []  # a folder entry needs its folder
+    registry.add(tmp_path / "reg", registry.Entry("t", "fp32", "qwen2.5-coder-0.5b", builtin=True))
+    assert [e.draft for _, e in registry.candidates(tmp_path / "reg", "t")] == ["qwen2.5-coder-0.5b"]

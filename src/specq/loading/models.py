@@ -120,7 +120,7 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
             f"or register one for {spec} with `specq drafts add`)" if unused else ""))
     path, entry, exact = found
     at = f"@{entry.draft_spec}" if entry.draft_spec else ""
-    ref = _draft_ref(path) + at
+    ref = (entry.draft if entry.builtin else _draft_ref(path)) + at
     if exact:
         return ref, f"draft {entry.draft}{at} (registered for {name}@{spec})"
     return ref, (f"no draft registered for {name}@{spec}; using the shipped {entry.draft}{at} "
@@ -129,8 +129,7 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
 
 def known_drafts(target: str) -> set[str]:
     """Refs of every draft the registries hold for a target name, at any precision."""
-    return {_draft_ref(Path(d) / e.draft) for d in draft_dirs() for e in registry.read(d)
-            if e.target == target and registry.is_draft_dir(Path(d) / e.draft)}
+    return {e.draft if e.builtin else _draft_ref(path) for d in draft_dirs() for path, e in registry.candidates(d, target)}
 
 
 def _draft_ref(path: Path) -> str:

@@ -38,9 +38,10 @@ MANIFEST = "manifest.json"
 class Entry:
     target: str  # base target name, e.g. "smollm2-135m"
     precision: str  # the target precision it is registered for, e.g. "int4-g64-gptq"
-    draft: str  # draft directory, relative to the manifest's directory (or absolute)
+    draft: str  # draft directory, relative to the manifest's directory (or absolute); or a built-in's name
     # keyword-only: a positional dict once landed in draft_spec and made the selected ref unloadable
     draft_spec: str = field(default="", kw_only=True)  # the precision the draft runs at (e.g. "int8-head8"); "": as stored
+    builtin: bool = field(default=False, kw_only=True)  # `draft` names a built-in model (e.g. a packaged GGUF file)
     info: dict = field(default_factory=dict, compare=False, kw_only=True)
 
 
@@ -104,8 +105,8 @@ def _write(directory: Path | str, entries: list[Entry]) -> None:
 
 
 def draft_path(directory: Path | str, entry: Entry) -> Path:
-    """The draft folder an entry names (relative to its manifest, or absolute)."""
-    return Path(directory) / entry.draft
+    """The draft folder an entry names (relative to its manifest, or absolute); a built-in's name as is."""
+    return Path(entry.draft) if entry.builtin else Path(directory) / entry.draft
 
 
 def is_draft_dir(path: Path) -> bool:
@@ -118,8 +119,8 @@ def candidates(directory: Path | str, target: str, quantizable: bool = False) ->
     the folder exists, and with `quantizable` it is not a feature draft (those run only at a
     float precision or with RTN weights)."""
     return [(draft_path(directory, e), e) for e in read(directory)
-            if e.target == target and is_draft_dir(draft_path(directory, e))
-            and not (quantizable and feature_draft.is_feature_draft(draft_path(directory, e)))]
+            if e.target == target and (e.builtin or is_draft_dir(draft_path(directory, e)))
+            and not (quantizable and (e.builtin or feature_draft.is_feature_draft(draft_path(directory, e))))]
 
 
 def select(shipped: Path | str, user: Path | str, target: str, precision: str,
