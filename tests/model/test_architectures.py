@@ -146,9 +146,9 @@ def check_fast_rows(model) -> None:
 def test_hf_directory(tmp_path, name, fast):
     hf = hf_model(name)
     directory = save_hf(hf, tmp_path / name)
-    model = specq.load(str(directory), fast=fast)
+    model = specq.load(str(directory), backend="kernels" if fast else "eager")
     check_logits(model, hf)
-    check_decoding(model, hf, perturbed(specq.load(str(directory), fast=False), 0.3))
+    check_decoding(model, hf, perturbed(specq.load(str(directory), backend="eager"), 0.3))
     if fast:
         check_fast_rows(model)
 
@@ -163,7 +163,7 @@ def test_quantized_fast_path(tmp_path, monkeypatch, name):
     with torch.inference_mode():
         assert torch.equal(model.net(SEQUENCE), specq.load(f"{directory}@int8").net(SEQUENCE))
     check_fast_rows(model)
-    check_speculative(model, perturbed(specq.load(str(directory), fast=False), 0.3))
+    check_speculative(model, perturbed(specq.load(str(directory), backend="eager"), 0.3))
 
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
@@ -206,7 +206,7 @@ def test_tree_rows_see_the_window_of_their_own_path(tmp_path, name, fast):
     path (bit for bit on the fast path)."""
     from specq.core.acceptance import verify_layout
 
-    net = specq.load(str(save_hf(hf_model(name), tmp_path / name)), fast=fast).net
+    net = specq.load(str(save_hf(hf_model(name), tmp_path / name)), backend="kernels" if fast else "eager").net
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, 4, -1])
     prefix, tokens = SEQUENCE[:9], SEQUENCE[30:39]  # the root, then one token per node
     with torch.no_grad():
@@ -325,14 +325,14 @@ def test_gguf_file(tmp_path, monkeypatch, name, fast):
     hf = hf_model(name, **GGUF_LOSES.get(name, {}))
     path = tmp_path / f"{name}.gguf"
     write_gguf(path, hf)
-    model = specq.load(str(path), fast=fast)
+    model = specq.load(f"{path}@fp32", backend="kernels" if fast else "eager")  # converted to float once
     assert model.net.config == gguf_io.read(path).config
     check_logits(model, hf)
-    check_decoding(model, hf, perturbed(specq.load(str(path), fast=False), 0.3))
+    check_decoding(model, hf, perturbed(specq.load(f"{path}@fp32", backend="eager"), 0.3))
     if fast:
         check_fast_rows(model)
-    else:  # the file's own precision (float tensors here), and the converted cache as transformers reads it
-        check_logits(specq.load(f"{path}@gguf", fast=False), hf)
+    else:  # the file's own precision (its default; float tensors here), and the converted cache as transformers reads it
+        check_logits(specq.load(str(path), backend="eager"), hf)
         converted = next((tmp_path / "cache" / "gguf").iterdir())
         again = AutoModelForCausalLM.from_pretrained(converted).float().eval()
         assert again.config.model_type == model.net.config.architecture  # a llama file without a window: Llama
@@ -386,7 +386,7 @@ def test_unsupported_model_runs_on_transformers_with_a_note(tmp_path, capsys):
     hf = hf_model("llama", mlp_bias=True)
     directory = save_hf(hf, tmp_path / "m")
     capsys.readouterr()
-    model = specq.load(str(directory), fast=False)
+    model = specq.load(str(directory), backend="eager")
     assert not isinstance(model.net, Llama)
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specq:")]
     assert len(notes) == 1 and "runs on transformers" in notes[0] and "feed-forward biases" in notes[0]

@@ -181,7 +181,7 @@ def test_bad_feature_draft_is_a_clear_error(tmp_path):
 
     (tmp_path / "fd").mkdir()
     (tmp_path / "fd" / "feature_draft.json").write_text("{broken")
-    with pytest.raises(SpecqError, match="not a readable feature draft"):
+    with pytest.raises(SpecqError, match=r"feature_draft.json' is not valid JSON"):  # checked before loading
         models.load(str(tmp_path / "fd"))
     target = tiny_model(vocab=VOCAB)
     other = tiny_model(vocab=VOCAB, hidden=16)
