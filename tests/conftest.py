@@ -32,17 +32,19 @@ def tiny_tokenizer(vocab_size: int, prefix: str = "t"):
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
-def tiny_config(vocab: int = 32, layers: int = 2, hidden: int = 32) -> LlamaConfig:
+def tiny_config(vocab: int = 32, layers: int = 2, hidden: int = 32, **switches) -> LlamaConfig:
+    """`switches`: `LlamaConfig`'s architecture fields (qkv_bias=True for a Qwen2-like model)."""
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
                        num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rope_theta=10000.0,
-                       tie_word_embeddings=False, max_position_embeddings=512)
+                       tie_word_embeddings=False, max_position_embeddings=512, **switches)
 
 
 def tiny_model(vocab: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0, scale: float = 1.0,
-               eos: tuple[int, ...] = (), ref: str = "tiny") -> Model:
-    """A random Llama; `scale` sharpens its logits so greedy paths are not all ties."""
+               eos: tuple[int, ...] = (), ref: str = "tiny", **switches) -> Model:
+    """A random Llama (of another architecture by `tiny_config`'s switches); `scale` sharpens its
+    logits so greedy paths are not all ties."""
     torch.manual_seed(seed)
-    net = Llama(tiny_config(vocab, layers, hidden))
+    net = Llama(tiny_config(vocab, layers, hidden, **switches))
     with torch.no_grad():
         for p in net.parameters():
             p.normal_(0, 0.3)

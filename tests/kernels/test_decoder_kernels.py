@@ -117,20 +117,41 @@ def test_training_keeps_torch_ops():
     assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
 
 
+# The layers `decoder.Stack` runs: Llama's, Qwen2's (q/k/v biases) and Qwen3's (q and k normalized per head).
+ARCHITECTURES = {"llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}}
+
+
+def arch_model(arch: str):
+    """A tiny model of `arch`, its q and k norm weights apart from 1 and from each other (a swap shows)."""
+    model = tiny_model(scale=3.0, hidden=64, **ARCHITECTURES[arch])
+    with torch.no_grad():
+        for name, p in model.net.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                p.normal_(1.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
 @torch.inference_mode()
-def test_the_layer_stack_computes_what_the_modules_compute(spec, kernel_variant):
+def test_the_layer_stack_computes_what_the_modules_compute(spec, arch, kernel_variant):
     """Where every linear layer runs on f32dot or int8dot, a one-sequence pass goes through all
-    layers in one C call (`decoder.Stack`); steps, a chain verify pass and a tree pass give the
-    modules' logits and cache bit for bit, and a copied model gets a stack of its own copied weights."""
-    model = tiny_model(scale=3.0, hidden=64)
+    layers in one C call (`decoder.Stack`), q/k/v biases and q/k norms included; steps, a chain
+    verify pass and a tree pass give the modules' logits and cache bit for bit, and a copied model
+    gets a stack of its own copied weights."""
+    model = arch_model(arch)
     quantize_model(model.net, spec, progress=False)
     fastpath.apply(model.net)
     stacked = model.net
     assert stacked.stack is not None
     modules = copy.deepcopy(stacked)
-    wqkv = modules.layers[0].attention.wqkv
-    assert modules.stack.layers[0].wqkv is (wqkv.float_panels() if spec == "fp32" else wqkv._int8dot)
+    attention, layer = modules.layers[0].attention, modules.stack.layers[0]
+    assert layer.wqkv is (attention.wqkv.float_panels() if spec == "fp32" else attention.wqkv._int8dot)
+    assert layer.qkv_bias is attention.qkv_bias and (layer.qkv_bias is not None) == (arch == "qwen2")
+    if arch == "qwen3":
+        assert layer.q_norm is attention.q_norm.weight and layer.k_norm is attention.k_norm.weight
+    else:
+        assert layer.q_norm is None and layer.k_norm is None
     modules.stack = None
     prompt, chain = torch.tensor([3, 1, 4, 1, 5, 9]), torch.tensor([2, 6, 5, 3, 5])
     tree, parents = torch.tensor([4, 8, 9, 7, 9]), torch.tensor([-1, -1, 0, 2])  # the root, then 4 nodes
@@ -146,16 +167,17 @@ def test_the_layer_stack_computes_what_the_modules_compute(spec, kernel_variant)
     assert stacked.stack is None
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("spec", ["fp32", "int4-g32-rtn-head8"])
 @torch.inference_mode()
-def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, kernel_variant):
+def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, arch, kernel_variant):
     """The server's batched verify pass (`forward_many`: a step, a chain and a tree of three
     sequences, each at the end of its own cache) runs in one C call, and each sequence's logits,
     hidden states and cache are the modules' bit for bit; passes beyond ROW_BY_ROW_MAX rows in all
     take the modules."""
     from specq.model.llama import ROW_BY_ROW_MAX, Rows
 
-    model = tiny_model(scale=3.0, hidden=64)
+    model = arch_model(arch)
     quantize_model(model.net, spec, progress=False)
     fastpath.apply(model.net)
     stacked = model.net

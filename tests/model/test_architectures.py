@@ -199,6 +199,46 @@ def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
         assert torch.equal(logits, want)
 
 
+@pytest.mark.parametrize("spec", ["", "@int8"], ids=["fp32", "int8"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_qwen_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, kernel_variant):
+    """Qwen2's q/k/v biases and Qwen3's q/k norms run inside `decoder.Stack`'s one C call per pass:
+    a step, a chain verify, a tree pass and stacked sequences give the modules' logits and caches bit
+    for bit, and speculative decoding on the stack gives plain decoding's tokens (rejections seen)."""
+    from specq.core.acceptance import verify_layout
+    from specq.model.llama import Rows
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    directory = save_hf(hf_model(name), tmp_path / name)
+    model = specq.load(f"{directory}{spec}")
+    net = model.net
+    assert net.stack is not None and net.stack.variant == kernel_variant
+    modules = copy.deepcopy(net)
+    modules.stack = None
+    stack, calls = net.stack, []
+    net.stack = lambda *args: calls.append(1) or stack(*args)
+    parents = torch.tensor([-1, -1, 0, 2, 1])
+    results = []
+    with torch.no_grad():
+        for m in (net, modules):
+            caches = [m.new_cache(96) for _ in range(3)]
+            out = [m(SEQUENCE[:9], caches[0]), m(SEQUENCE[9:10], caches[0]), m(SEQUENCE[10:15], caches[0])]
+            out.append(m(SEQUENCE[15:21], caches[0], **verify_layout(parents, caches[0].length)))
+            m(SEQUENCE[30:37], caches[1])
+            m(SEQUENCE[40:44], caches[2])
+            stacked = m.forward_many([Rows(SEQUENCE[50:51], caches[1]), Rows(SEQUENCE[51:55], caches[2]),
+                                      Rows(SEQUENCE[55:61], caches[0], **verify_layout(parents, caches[0].length))])
+            out += [logits for logits, _ in stacked]
+            results.append((out, [(c.k[:, :, :, :c.length], c.v[:, :, :, :c.length]) for c in caches]))
+    assert len(calls) == 4  # step, chain, tree, the stacked pass (prefills take the modules)
+    (a, ca), (b, cb) = results
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for pa, pb in zip(ca, cb) for x, y in zip(pa, pb))
+    calls.clear()
+    check_speculative(model, perturbed(specq.load(str(directory), backend="eager"), 0.3))
+    assert calls  # the verify passes ran on the stack
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_tree_rows_see_the_window_of_their_own_path(tmp_path, name, fast):

@@ -107,8 +107,6 @@ def apply(net: nn.Module) -> int:
 # feature -> whether a block has it. A model with any of them runs module by module, where each piece
 # still takes its own kernel wherever that computes it exactly (`Attention.segment`, `FeedForward`).
 STACK_LACKS = {
-    "q/k/v biases": lambda b: b.attention.qkv_bias is not None,
-    "q/k norms": lambda b: b.attention.q_norm is not None,
     "a sliding window": lambda b: b.attention.window is not None,
     "a query scale other than head_dim ** -0.5": lambda b: b.attention.scale is not None,
     "a rope base of its own": lambda b: b.local_rope,
@@ -119,8 +117,8 @@ STACK_LACKS = {
 
 def layer_stack(net: Llama) -> decoder.Stack | None:
     """All of `net`'s decoder layers as one C call (`decoder.Stack`), if every linear layer runs on
-    int8dot or f32dot without a bias, the norms are float32 and no layer has a feature of
-    `STACK_LACKS`; else None (the modules run one by one)."""
+    int8dot or f32dot without a bias of its own, the norms and q/k/v biases are float32 and no layer
+    has a feature of `STACK_LACKS`; else None (the modules run one by one)."""
     layers = []
     for block in net.layers:
         if any(has(block) for has in STACK_LACKS.values()):
@@ -130,10 +128,12 @@ def layer_stack(net: Llama) -> decoder.Stack | None:
         weights = [m.float_panels() if isinstance(m, PackedLinear) else getattr(m, "_int8dot", None)
                    for m in linears]
         norms = (block.attention_norm.weight, block.ffn_norm.weight)
+        projection = [attention.qkv_bias] + [None if m is None else m.weight
+                                             for m in (attention.q_norm, attention.k_norm)]
         if any(w is None for w in weights) or any(getattr(m, "bias", None) is not None for m in linears) \
-                or any(w.dtype != torch.float32 for w in norms):
+                or any(w.dtype != torch.float32 for w in (*norms, *projection) if w is not None):
             return None
-        layers.append(decoder.LayerWeights(*norms, *weights))
+        layers.append(decoder.LayerWeights(*norms, *weights, *projection))
     c = net.config
     return decoder.Stack(layers, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps)
 

@@ -199,7 +199,11 @@ int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_
 void linear_f32(const float *x, int M, int K, int N, const float *w, float *y, int threads);
 
 typedef struct { int bits, group; const uint8_t *codes; const float *d, *m; } QuantWeight;
-typedef struct { const float *attention_norm, *ffn_norm; QuantWeight wqkv, wo, w13, w2; } Layer;
+typedef struct {
+    const float *attention_norm, *ffn_norm;
+    QuantWeight wqkv, wo, w13, w2;
+    const float *qkv_bias, *q_norm, *k_norm;  /* NULL where the architecture has none (Qwen2: a bias; Qwen3: norms) */
+} Layer;
 
 /* bits 4 or 8: int8dot's codes and scales; bits 32: f32dot's float panels in `codes`. */
 static int linear(const QuantWeight *w, const float *x, int M, int K, int N, float *y, int threads) {
@@ -214,6 +218,22 @@ static void add_into(float *x, const float *y, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = x[i] + y[i];
 }
 
+/* What `Attention.projected` does to the q/k/v linear layer's output qkv [n, (H + 2 Hkv) D], in
+ * place and in its order: the bias added, then each head's queries and keys normalized (the norm
+ * weights both given, or neither), each with the float operations the modules' calls make. */
+static void project(float *qkv, int n, int H, int Hkv, int D, const float *bias, const float *q_norm,
+                    const float *k_norm, float eps) {
+    const size_t width = (size_t)(H + 2 * Hkv) * D;
+    for (int r = 0; r < n; r++) {
+        float *row = qkv + r * width;
+        if (bias) add_into(row, bias, width);
+        if (q_norm) {
+            rms_norm(row, H, D, q_norm, eps, row);
+            rms_norm(row + (size_t)H * D, Hkv, D, k_norm, eps, row + (size_t)H * D);
+        }
+    }
+}
+
 /* One sequence's rows in a pass: `rows` rows (consecutive in x) written at `start` of its own
  * cache, whose layer 0 is k, v [Hkv, capacity, D] and each next layer layer_stride floats further;
  * seen, offsets as in attend_rows. */
@@ -226,7 +246,8 @@ typedef struct {
 
 /* The L decoder layers of a cached pass, x [n, hidden] updated in place, for a model whose linear
  * layers all run on int8dot or f32dot: what `Block.forward` computes with every module on the fast
- * path's kernels, the same calls in the same order, so the result is bit-identical to that path.
+ * path's kernels, the same calls in the same order, so the result is bit-identical to that path
+ * (with a layer's q/k/v bias and q/k norms where it has them).
  * The n rows may be several sequences' (`parts`, in order): the linear layers run once over all of
  * them (each weight read once), and each part attends to its own cache only. The other arguments
  * are those of attend_rows, rms_norm and linear_a8. Returns 0, or -1 when out of memory. */
@@ -243,6 +264,7 @@ int decoder_layers(int L, const Layer *layers, float *x, int n, int hidden, int 
         const Layer *w = layers + l;
         rms_norm(x, n, hidden, w->attention_norm, eps, h);
         failed |= linear(&w->wqkv, h, n, hidden, width, qkv, threads);
+        project(qkv, n, H, Hkv, D, w->qkv_bias, w->q_norm, w->k_norm, eps);
         for (int p = 0, at = 0; p < parts; at += part[p].rows, p++) {
             const Part *s = part + p;
             failed |= attend_rows(qkv + (size_t)at * width, s->rows, H, Hkv, D, cos + (size_t)at * D,

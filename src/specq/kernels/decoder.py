@@ -114,14 +114,18 @@ class _Part(ctypes.Structure):
                 ("seen", ctypes.c_void_p), ("offsets", ctypes.c_void_p)]
 
 
+PROJECTION = ("qkv_bias", "q_norm", "k_norm")  # what a layer may apply to its q/k/v projection, in C's order
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("attention_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)] + [
-        (name, _QuantWeight) for name in LINEARS]
+        (name, _QuantWeight) for name in LINEARS] + [(name, ctypes.c_void_p) for name in PROJECTION]
 
 
 class LayerWeights(NamedTuple):
     """One decoder layer as `decoder_layers` takes it: float32 norm weights, the linear layers' kernel
-    weights."""
+    weights, and where the architecture has them the q/k/v bias (Qwen2) and the per-head q and k norm
+    weights (Qwen3), float32 and contiguous."""
 
     attention_norm: Tensor
     ffn_norm: Tensor
@@ -129,6 +133,9 @@ class LayerWeights(NamedTuple):
     wo: KernelWeight
     w13: KernelWeight
     w2: KernelWeight
+    qkv_bias: Tensor | None = None  # [(heads + 2 kv_heads) head_dim]
+    q_norm: Tensor | None = None  # [head_dim]
+    k_norm: Tensor | None = None  # [head_dim]
 
 
 class Stack:
@@ -153,6 +160,11 @@ class Stack:
                 if w.bits == 32 and w.variant != self.variant:
                     raise ValueError(f"float panels laid out for the {w.variant} kernels, not {self.variant}")
                 setattr(row, name, _QuantWeight(w.bits, w.group_size, *w.pointers))
+            if (layer.q_norm is None) != (layer.k_norm is None):
+                raise ValueError("a layer normalizes both queries and keys per head, or neither")
+            for name in PROJECTION:
+                t = getattr(layer, name)
+                setattr(row, name, None if t is None else t.data_ptr())
         self._table = table
 
     def __deepcopy__(self, memo: dict) -> "Stack":
