@@ -12,7 +12,7 @@ Measurements, per weights and round:
 - `forward N`: one forward of N tokens at 128 tokens of context, logits for every row (what a
   verify pass of N - 1 draft tokens costs; N = 1 is a decode step), median ms of `--calls` calls,
   the KV cache cut back to 128 tokens after each;
-- `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on chat prompts, the
+- `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on the prompts of `--prompt-set` (default chat), the
   same token ids fed to both tools; tokens/s end to end (prefill included, wall clock);
 - `generate gamma 2`, `generate gamma auto` (specq only): speculative decoding with the registry's
   default draft.
@@ -49,13 +49,17 @@ import specq
 from specq import paths
 from specq.api import encode_prompt
 from specq.bench.prompts import load_set
-from specq.loading import gguf_io, models
+from specq.loading import gguf_io, models, packaged
 
 CONTEXT = 128
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = Path("docs/results/llamacpp.jsonl")
-SPECQ_REFS = {"q4_1": "smollm2-135m@gguf", "f32": "smollm2-135m"}
-SPECULATIVE = {"generate gamma 2": 2, "generate gamma auto": "auto"}
+SPECQ_REFS = {"q4_1": "smollm2-135m@gguf", "f32": "smollm2-135m",
+              "qwen1.5b": "qwen2.5-coder-1.5b", "qwen0.5b": "qwen2.5-coder-0.5b"}  # the coder pair at @gguf
+PACKAGED = {"qwen1.5b": packaged.QWEN_CODER_1_5B, "qwen0.5b": packaged.QWEN_CODER_0_5B}
+# specq's speculative modes: the registry's model draft (where the weights have one) and n-gram lookup
+SPECULATIVE = {"generate gamma 2": ("model", 2), "generate gamma auto": ("model", "auto"),
+               "generate ngram": ("ngram", "auto")}
 INSTALL = "pip install llama-cpp-python==0.3.36 (build command: docs/fastpath.md, 'Against llama.cpp')"
 
 
@@ -211,11 +215,11 @@ class Specq:
         self.cache.crop(start)
         return ms
 
-    def generate(self, prompt: list[int], n: int, gamma: int | str | None) -> tuple[list[int], float, float]:
-        """(n new token ids, prefill s, total s); gamma None: plain decoding."""
+    def generate(self, prompt: list[int], n: int, mode: tuple[str, int | str] | None) -> tuple[list[int], float, float]:
+        """(n new token ids, prefill s, total s); mode None: plain decoding, else (draft kind, gamma)."""
+        draft, gamma = (None, 2) if mode is None else (self.draft if mode[0] == "model" else "ngram", mode[1])
         began = time.perf_counter()
-        out = specq.generate(self.model, prompt, None if gamma is None else self.draft, gamma=gamma or 2,
-                             max_new_tokens=n, ignore_eos=True)
+        out = specq.generate(self.model, prompt, draft, gamma=gamma, max_new_tokens=n, ignore_eos=True)
         total = time.perf_counter() - began
         return out.token_ids, out.stats.prefill_s, total
 
@@ -265,7 +269,8 @@ def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
     if tool == "llama.cpp":
         return {"generate plain": lambda ids: runner.greedy(ids, tokens)}
     runs = {"generate plain": lambda ids: runner.generate(ids, tokens, None)}
-    return runs | {m: (lambda ids, g=g: runner.generate(ids, tokens, g)) for m, g in SPECULATIVE.items()}
+    return runs | {m: (lambda ids, mode=mode: runner.generate(ids, tokens, mode)) for m, mode in SPECULATIVE.items()
+                   if mode[0] != "model" or runner.draft is not None}
 
 
 def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], context_ids: list[int],
@@ -375,19 +380,21 @@ def settings(args: argparse.Namespace) -> Settings:
 
 def load_tools(s: Settings, n_ctx: int) -> dict:
     """{weights: {"llama.cpp": LlamaCpp, "specq": Specq}}; each registry draft is loaded once."""
-    src = q4_1_file()
-    files = {"q4_1": src, "f32": f32_file(src) if "f32" in s.weights else None}
-    drafts = {ref: specq.load(ref) for ref in {models.default_draft_ref(SPECQ_REFS[w]) for w in s.weights}}
+    smol = q4_1_file() if {"q4_1", "f32"} & set(s.weights) else None
+    files = {"q4_1": smol, "f32": f32_file(smol) if "f32" in s.weights else None,
+             **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
+    refs = {w: models.default_draft_ref(SPECQ_REFS[w]) for w in s.weights}
+    drafts = {ref: specq.load(ref) for ref in set(refs.values()) if ref is not None}
     return {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
-                "specq": Specq(SPECQ_REFS[w], drafts[models.default_draft_ref(SPECQ_REFS[w])])} for w in s.weights}
+                "specq": Specq(SPECQ_REFS[w], drafts.get(refs[w]))} for w in s.weights}
 
 
 def warm_up(tools: dict, prompt: list[int]) -> None:
     """Untimed first calls of everything (allocation, lazy init, page-in of the mapped files)."""
     for pair in tools.values():
         pair["llama.cpp"].greedy(prompt, 4)
-        for gamma in (None, *SPECULATIVE.values()):
-            pair["specq"].generate(prompt, 4, gamma)
+        for run in generation_runs("specq", pair["specq"], 4).values():
+            run(prompt)
 
 
 def main() -> None:
@@ -395,10 +402,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per generation")
-    ap.add_argument("--prompts", type=int, default=3, help="chat prompts (the bench's held-out chat set)")
+    ap.add_argument("--prompts", type=int, default=3, help="prompts of --prompt-set")
     ap.add_argument("--calls", type=int, default=9, help="forwards per size and round (median)")
     ap.add_argument("--sizes", default="1,2,4,8,16", help="tokens per forward")
-    ap.add_argument("--weights", default="q4_1,f32", help="q4_1 (the GGUF file), f32 (it dequantized)")
+    ap.add_argument("--weights", default="q4_1,f32",
+                    help="q4_1 (the built-in GGUF file), f32 (it dequantized), qwen1.5b / qwen0.5b (the coder pair's files)")
+    ap.add_argument("--prompt-set", default="chat", help="the bench's prompt set: chat, code, edit, gsm8k")
     ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="auto",
                     help="llama.cpp's flash attention (default auto, llama.cpp's own default: on where the CPU backend has it)")
     ap.add_argument("--out", type=Path, default=None,
@@ -416,7 +425,7 @@ def main() -> None:
     tools = load_tools(s, n_ctx=1024)
     tokenizer = tools[s.weights[0]]["specq"].model.tokenizer
     prompts = [encode_prompt(tools[s.weights[0]]["specq"].model, p.text, p.chat)
-               for p in load_set("chat", s.prompts)]
+               for p in load_set(args.prompt_set, s.prompts)]
     context_ids = torch.randint(100, 40000, (CONTEXT + max(s.sizes),),
                                 generator=torch.Generator().manual_seed(0)).tolist()
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": s.threads,
@@ -436,7 +445,7 @@ def main() -> None:
             with out.open("a") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows if row["round"] == r)
     print(f"\n{s.threads} thread(s); forwards at {CONTEXT} tokens of context (median of {s.calls} calls, logits "
-          f"for every row); generation: {s.tokens} new tokens on {len(prompts)} chat prompts, EOS ignored, "
+          f"for every row); generation: {s.tokens} new tokens on {len(prompts)} {args.prompt_set} prompts, EOS ignored, "
           f"prefill included; medians over {s.rounds} round(s); llama.cpp flash attention "
           f"{s.flash_attn}: {flash}")
     print(summary(rows))
