@@ -204,3 +204,77 @@ def test_corrupt_gguf_target_exits_2_before_anything_is_cached(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.gguf" in err and "Traceback" not in err
     assert not list((tmp_path / "cache").glob("gguf/*"))  # no half-converted cache left behind
+
+
+def tied_gguf(path, qtype: str, seed: int = 0):
+    """A tiny tied-head Llama (the 0.5B Qwen2.5's layout) written as a GGUF file of `qtype` linears;
+    returns the float model it was written from."""
+    import dataclasses
+
+    from specq.loading.models import Model
+    from specq.model.llama import Llama
+
+    model = tiny_model(vocab=48, hidden=64, scale=3.0, seed=seed)
+    net = Llama(dataclasses.replace(model.net.config, tie_word_embeddings=True))
+    net.load_state_dict({k: v for k, v in model.net.state_dict().items() if k != "output.weight"}, strict=False)
+    model = Model(ref="tied", net=net.eval(), tokenizer=model.tokenizer, eos_ids=frozenset(), source="random")
+    write_tiny_gguf(path, model, qtype)
+    return model
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "F16"])
+def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
+    """@gguf keeps no float copy of the embedding: its rows are looked up from the file, a quantized
+    tied head runs the same blocks on the kernels, and the logits are bit for bit those of the same
+    model with gguf's dequantized embedding as an `nn.Embedding` (how it was loaded before)."""
+    import copy
+
+    from specq.backends import fastpath
+    from specq.kernels import int8dot
+    from specq.weights.embedding import FileEmbedding
+    from specq.weights.quant.modules import FileBlocks
+
+    if fast and not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    tied_gguf(tmp_path / "tied.gguf", qtype)
+    parsed = gguf_io.read(tmp_path / "tied.gguf")
+    assert parsed.config.tie_word_embeddings
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    assert isinstance(net.tok_embeddings, FileEmbedding)
+    assert isinstance(net.output, FileBlocks) == (qtype != "F16")
+    floats = [n for n, p in net.named_parameters() if p.shape[0] == 48]
+    assert floats == ([] if qtype != "F16" else ["output.weight"])  # a float head is the only float copy
+    assert not any(t.is_meta for t in (*net.parameters(), *net.buffers()))
+    before = copy.deepcopy(net)
+    before.tok_embeddings = torch.nn.Embedding.from_pretrained(parsed.float_tensor("token_embd.weight"))
+    ids = torch.tensor([1, 5, 9, 2, 7, 3, 5])
+    for n in (net, before):
+        if fast:
+            fastpath.pack_linears(n)
+    with torch.inference_mode():
+        assert torch.equal(net(ids), before(ids))
+
+
+def test_tied_file_greedy_speculative_equals_plain(tmp_path):
+    from conftest import perturbed
+    from specq import generate
+    from specq.backends import fastpath
+    from specq.kernels import int8dot
+    from specq.loading.models import Model
+
+    float_model = tied_gguf(tmp_path / "tied.gguf", "Q8_0")
+    net, _ = gguf_io.load_at_file_precision(gguf_io.read(tmp_path / "tied.gguf"))
+    if int8dot.available():
+        fastpath.apply(net)
+    target = Model(ref="tied.gguf@gguf", net=net, tokenizer=float_model.tokenizer, eos_ids=frozenset(),
+                   source="tied.gguf")
+    draft = perturbed(float_model, 0.3)
+    accepted = rejected = 0
+    for prompt in ([1, 2, 3], [5], [7, 7, 8, 9, 10, 11]):
+        base = generate(target, prompt, max_new_tokens=24)
+        spec = generate(target, prompt, draft, gamma=4, max_new_tokens=24)
+        assert spec.token_ids == base.token_ids and len(base.token_ids) == 24
+        accepted += spec.stats.accepted
+        rejected += spec.stats.drafted - spec.stats.accepted
+    assert accepted > 0 and rejected > 0  # both paths ran

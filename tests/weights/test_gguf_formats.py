@@ -360,3 +360,14 @@ def test_greedy_speculative_equals_plain_on_the_file(formats_file):
         accepted += spec.stats.accepted
         rejected += spec.stats.drafted - spec.stats.accepted
     assert accepted > 0 and rejected > 0  # both paths ran
+
+
+def test_counting_bytes_builds_no_eager_copy(formats_file):
+    """A layer's executed bytes are known before its eager form exists, and equal that form's bytes."""
+    net, _ = gguf_io.load_at_file_precision(formats_file)
+    layers = [m for m in net.modules() if isinstance(m, FileBlocks)]
+    assert {m._torch_int4() for m in layers} == {False, True}
+    for m in layers:
+        counted = m.executed_bytes()
+        assert m._eager is None
+        assert counted == sum(t.nbytes for t in m._eager_form())

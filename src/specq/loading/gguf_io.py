@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from ..errors import SpecqError
 from .gguf_reader import Header
@@ -31,6 +32,7 @@ class GGUFFile:
     path: Path
     config: LlamaConfig
     tensors: dict  # name -> gguf.ReaderTensor
+    header: Header | None = field(default=None, repr=False)  # the mapped file the tensors view
     _floats: dict = field(default_factory=dict, repr=False)  # dequantized once (a tied embedding is read twice)
 
     def qtype(self, name: str) -> str:
@@ -106,7 +108,7 @@ def read(path: Path) -> GGUFFile:
         raise SpecqError(f"'{path}' {e}") from None
     except (TypeError, KeyError, ValueError) as e:
         raise SpecqError(f"'{path}' lacks {arch} metadata the model needs ({e})") from None
-    gguf_file = GGUFFile(path, config, tensors)
+    gguf_file = GGUFFile(path, config, tensors, header)
     used = [p for parts in gguf_file.native_names().values() for p in parts]
     missing = [p for p in used if p not in tensors]
     if missing:
@@ -213,20 +215,40 @@ def _note(qtype: str) -> str | None:
     return None if FORMATS[qtype].floats else f"{qtype} tensors run dequantized to float32"
 
 
+class _NoInit(TorchFunctionMode):
+    """Skip torch.nn.init's initializers (in this thread only). Why: on meta tensors they do nothing
+    useful, and `normal_` there imports torch's compiler, seconds of a load."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return (*args, *kwargs.values())[0]  # the tensor, left as it is
+        return func(*args, **kwargs)
+
+
 def load_at_file_precision(g: GGUFFile):
     """A native Llama whose linear layers (the tied head included) run the file's own blocks, any
     format of `weights.gguf_formats`, as `FileBlocks` (the int8-activation kernel on the fast path);
-    float tensors, norms and embeddings are float32 (other types: dequantized by gguf).
+    the token embedding stays the file's rows (`FileEmbedding`, looked up row by row); float tensors
+    and norms are float32 (other types: dequantized by gguf). The model is built on the meta device
+    and each weight converted tensor by tensor, so no float copy of the whole model is ever made.
     Returns (net, notes): a note for each quantized tensor type that runs dequantized to float32."""
     from ..model.llama import Llama
+    from ..weights.embedding import FileEmbedding
     from ..weights.quant.modules import FileBlocks
 
-    net = Llama(g.config)
+    with torch.device("meta"), _NoInit():  # shapes only: every tensor below comes from the file
+        net = Llama(g.config)
     floats, notes = {}, set()
     names = g.native_names()
+    (embedding,) = names.pop("tok_embeddings.weight")
+    net.tok_embeddings = FileEmbedding(np.asarray(g.raw(embedding)).view(np.uint8), g.qtype(embedding),
+                                       g.config.hidden_size)
     if g.config.tie_word_embeddings:
-        names["output.weight"] = names["tok_embeddings.weight"]
+        names["output.weight"] = (embedding,)
     for name, parts in names.items():
+        if g.header is not None:  # the tensors converted so far are not read again (the embedding's
+            g.header.drop_pages()  # rows are looked up from the file: they map again when read)
         blocks = None
         if name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
             blocks = _kernel_blocks(g, parts)
@@ -236,12 +258,11 @@ def load_at_file_precision(g: GGUFFile):
             net.set_submodule(name.removesuffix(".weight"),
                               FileBlocks(kb.bits, torch.from_numpy(kb.codes), torch.from_numpy(kb.d), m, kind))
             continue
-        if name == "output.weight" and g.config.tie_word_embeddings:
-            continue  # tied to the float embedding
         floats[name] = torch.cat([g.float_tensor(p) for p in parts]) if len(parts) > 1 else g.float_tensor(parts[0])
-        if not name.endswith(("norm.weight", "tok_embeddings.weight")):
+        if not name.endswith("norm.weight"):
             notes.update(note for p in parts if (note := _note(g.qtype(p))))
-    missing, unexpected = net.load_state_dict(floats, strict=False)
-    if unexpected or [k for k in missing if k != "output.weight"]:
-        raise SpecqError(f"'{g.path}': tensors do not fit the model ({(unexpected or missing)[0]})")
+    missing, unexpected = net.load_state_dict(floats, strict=False, assign=True)
+    left = [n for n, t in (*net.named_parameters(), *net.named_buffers()) if t.is_meta]
+    if unexpected or missing or left:
+        raise SpecqError(f"'{g.path}': tensors do not fit the model ({(unexpected or missing or left)[0]})")
     return net.eval(), sorted(notes)

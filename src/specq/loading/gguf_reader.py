@@ -62,6 +62,12 @@ class Header:
         start = -(-self._at // alignment) * alignment
         self.tensors = [self._tensor(name, dims, kind, start + offset) for name, dims, kind, offset in table]
 
+    def drop_pages(self) -> None:
+        """Unmap the pages read so far from this process (they stay in the page cache; a later read
+        maps them again). Why: a file read once to convert its tensors would otherwise stay in the
+        process's resident memory for as long as any view of it lives (a file-backed embedding)."""
+        self._buf.madvise(mmap.MADV_DONTNEED)
+
     def _bytes(self, n: int) -> bytes:
         if self._at + n > len(self._buf):
             raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")

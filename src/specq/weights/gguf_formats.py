@@ -135,8 +135,10 @@ def _q4_1(b: np.ndarray) -> Decoded:
 
 def _q5_0(b: np.ndarray) -> Decoded:
     """fp16 d, 4 bytes of fifth bits, 16 of nibbles: w = d * (q - 16), q in [0, 31]."""
-    q = _nibbles(b[:, 6:]) | (_fifth_bits(b[:, 2:6]) << 4)
-    return q.astype(np.int8) - np.int8(16), _f16(b[:, 0:2]), None
+    q = _nibbles(b[:, 6:])
+    q |= _fifth_bits(b[:, 2:6]) << 4
+    q -= np.uint8(16)  # q - 16 modulo 256: the int8 value read as two's complement
+    return q.view(np.int8), _f16(b[:, 0:2]), None
 
 
 def _q5_1(b: np.ndarray) -> Decoded:
@@ -164,8 +166,11 @@ def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
     """Q4_K / Q5_K's 128 bytes [n, 128] -> 256 4-bit values: each 32 bytes hold sub-block 2i in
     their low nibbles and 2i + 1 in their high ones."""
-    q = qs.reshape(-1, 4, 1, 32)
-    return np.concatenate([q & 0x0F, q >> 4], axis=2).reshape(-1, 256)
+    q = qs.reshape(-1, 4, 1, 32)  # a view: one pass per nibble into the output
+    out = np.empty((q.shape[0], 4, 2, 32), np.uint8)
+    np.bitwise_and(q, 0x0F, out=out[:, :, :1])
+    np.right_shift(q, 4, out=out[:, :, 1:])
+    return out.reshape(-1, 256)
 
 
 def _k_scale_min(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -192,12 +197,18 @@ def _q6_k(b: np.ndarray) -> Decoded:
     """128 bytes of low nibbles, 64 of top 2 bits, 16 int8 sub-scales, fp16 d: w = (d * scale) *
     (q - 32), 16 groups of 16. Each half of 128 values takes 64 low-nibble bytes (values 0-63 in the
     low nibbles, 64-127 in the high) and 32 top-bit bytes (value 32s + i in bits 2s, 2s + 1 of byte i)."""
-    low = b[:, :128].reshape(-1, 2, 1, 64)
-    low = np.concatenate([low & 0x0F, low >> 4], axis=2).reshape(-1, 256)
-    high = (b[:, 128:192].reshape(-1, 2, 1, 32) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None]) & 3
-    q = (low | (high.reshape(-1, 256) << 4)).astype(np.int8) - np.int8(32)
+    low = b[:, :128].reshape(-1, 2, 1, 64)  # views; each step below is one pass into q
+    q = np.empty((low.shape[0], 2, 2, 64), np.uint8)  # half, nibble, byte
+    np.bitwise_and(low, 0x0F, out=q[:, :, :1])
+    np.right_shift(low, 4, out=q[:, :, 1:])
+    high = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None]  # half, s, i
+    high &= 3
+    high <<= 4
+    q = q.reshape(-1, 256)
+    q |= high.reshape(-1, 256)
+    q -= np.uint8(32)  # q - 32 modulo 256: the int8 value read as two's complement
     scales = np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.float32)
-    return q, _f16(b[:, 208:210]) * scales, None
+    return q.view(np.int8), _f16(b[:, 208:210]) * scales, None
 
 
 def _bf16(b: np.ndarray) -> np.ndarray:

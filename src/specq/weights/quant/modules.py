@@ -270,7 +270,12 @@ class FileBlocks(Int8DotSwitch, nn.Module):
         return self.executed_bytes()
 
     def executed_bytes(self) -> int:
-        return self._blocks.nbytes() if self._int8dot is not None else sum(t.nbytes for t in self._eager_form())
+        """What forward reads, counted without building the eager form (a copy of the weight)."""
+        if self._int8dot is not None:
+            return self._blocks.nbytes()
+        if self._torch_int4():  # two codes per byte, a bf16 scale and zero per group
+            return self.out_features * self.in_features // 2 + 4 * self.out_features * (self.in_features // self.group_size)
+        return 2 * self.out_features * self.in_features  # bf16 weights
 
 
 PACK = {4: int8dot.pack_int4, 8: int8dot.pack_int8}  # code bits -> the kernel's packing, (codes, d, m)

@@ -1,0 +1,44 @@
+"""A token embedding kept in a file's own format and looked up row by row.
+
+Why: a GGUF file's embedding is the largest single tensor (151,936 rows for the Qwen2.5 vocabulary);
+as float32 it is several times the file's bytes, yet a step reads only the rows of its tokens. The
+rows stay the file's (memory-mapped) bytes and each lookup dequantizes only those rows with the
+`weights.gguf_formats` row decoders, which equal gguf's dequantize bit for bit (Q4_0 up to the sign
+of zero, which no sum sees).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .gguf_formats import to_float
+
+
+class FileEmbedding(nn.Module):
+    """`nn.Embedding`'s lookup over a file's stored rows. No buffers: the file is the storage."""
+
+    def __init__(self, raw: np.ndarray, qtype: str, dim: int):
+        """raw: uint8 [vocab, row bytes], the stored rows (a memory map: only looked-up rows are read);
+        `qtype` the GGML type name; `dim` the embedding width."""
+        super().__init__()
+        self.raw, self.qtype = raw, qtype
+        self.num_embeddings, self.embedding_dim = raw.shape[0], dim
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids [...] int -> float32 [..., dim]."""
+        rows = to_float(self.raw[ids.reshape(-1).cpu().numpy()], self.qtype)
+        return torch.from_numpy(rows).view(*ids.shape, self.embedding_dim)
+
+    @property
+    def weight(self) -> Tensor:
+        """Every row dequantized, float32 [vocab, dim]: a new float copy on each call, for the rare
+        user of the whole table (a feature draft shares its target's embedding)."""
+        return torch.from_numpy(to_float(self.raw, self.qtype))
+
+    def __deepcopy__(self, memo: dict) -> "FileEmbedding":
+        return FileEmbedding(self.raw, self.qtype, self.embedding_dim)  # the file's bytes are read-only: shared
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.qtype} rows looked up from the file"
