@@ -55,6 +55,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define WIDE_TILE 8  /* rows sharing a panel's unpacked weights */
 #define WIDE_UNROLL _Pragma("GCC unroll 8")
+#define PREFETCH_AHEAD 2048  /* bytes of codes ahead of the block being multiplied */
 #if defined(__AVX512VNNI__)
 #define WIDE_BITS8 1
 #endif
@@ -296,6 +297,11 @@ static inline __attribute__((always_inline)) void wide_panel(
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0, group = 0, left = per_group; b < blocks; b++) {
         const __m512i *wb = (const __m512i *)(wq + (size_t)b * block_bytes);
+        if (rows > 1) {  /* a tile's arithmetic outlasts the hardware prefetcher's reach: fetch ahead */
+            FULLY
+            for (size_t at = 0; at < block_bytes; at += 64)
+                _mm_prefetch((const char *)wb + PREFETCH_AHEAD + at, _MM_HINT_T0);
+        }
         __m512i w[8];  /* dword i of the block's activations meets w[i] */
         if (bits == 4) {
             FULLY
