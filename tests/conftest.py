@@ -78,11 +78,10 @@ def _kernel_variants() -> list:
 def force_kernels(monkeypatch):
     """A function that makes this test run specq's kernels of the variant it names, as
     SPECQ_KERNELS does in a new process; the process's own choice is back after the test."""
-    from specq.kernels import build, int8dot
+    from specq.kernels import build
 
     def forget():
         build.variant.cache_clear()
-        int8dot._library.cache_clear()  # it holds the process's variant
 
     def force(name: str) -> None:
         monkeypatch.setenv(build.ENV, name)

@@ -98,6 +98,7 @@ class KernelWeight(Protocol):
     bits: int
     group_size: int  # int8dot's scale groups (0 for float panels)
     pointers: tuple[int | None, int | None, int | None]  # codes or float panels, scales, offsets
+    variant: str  # the kernel variant whose layout the weight has
 
 
 LINEARS = ("wqkv", "wo", "w13", "w2")  # a layer's linear layers, in the order `decoder_layers` runs them
@@ -145,7 +146,7 @@ class Stack:
     the same kernel calls in the same order as the modules do, so the result is bit-identical to
     theirs (tests/test_decoder_kernels.py): a pass may take either way. The weights' addresses are
     read once; a copy of the model gets a `Stack` of its own copied weights. It runs on the kernel
-    variant of the process at its making, which float panels must have been laid out for."""
+    variant of the process at its making, which every weight must have been laid out for."""
 
     def __init__(self, layers: list[LayerWeights], heads: int, kv_heads: int, head_dim: int, intermediate: int,
                  eps: float):
@@ -157,8 +158,9 @@ class Stack:
             row.attention_norm, row.ffn_norm = layer.attention_norm.data_ptr(), layer.ffn_norm.data_ptr()
             for name in LINEARS:
                 w = getattr(layer, name)
-                if w.bits == 32 and w.variant != self.variant:
-                    raise ValueError(f"float panels laid out for the {w.variant} kernels, not {self.variant}")
+                if w.variant != self.variant:
+                    kind = "float panels" if w.bits == 32 else "int8dot weights"
+                    raise ValueError(f"{kind} laid out for the {w.variant} kernels, not {self.variant}")
                 setattr(row, name, _QuantWeight(w.bits, w.group_size, *w.pointers))
             if (layer.q_norm is None) != (layer.k_norm is None):
                 raise ValueError("a layer normalizes both queries and keys per head, or neither")

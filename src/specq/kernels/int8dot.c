@@ -1,7 +1,7 @@
-/* Integer-weight linear layers with int8 activations, for x86 CPUs with AVX2 (see kernels/int8dot.py
- * for why this is hand-written: no library op on x86 multiplies int8 activations by grouped 4-bit
- * weights, and torch's packed int4/int8 CPU ops dequantize to float, so their cost grows with
- * every verify row).
+/* Integer-weight linear layers with int8 activations, for x86 CPUs with AVX2, AVX-VNNI, AVX-512
+ * or AVX-512 VNNI (see kernels/int8dot.py for why this is hand-written: no library op on x86
+ * multiplies int8 activations by grouped 4-bit weights, and torch's packed int4/int8 CPU ops
+ * dequantize to float, so their cost grows with every verify row).
  *
  * y[r, n] = sum_k x[r, k] * w[n, k] for rows r < M, outputs n < N, inputs k < K, where
  *   - x is float32, quantized here per row and per block of 32 values to int8: x ~ d_a[b] * q_a
@@ -9,13 +9,16 @@
  *   - w is stored per group g of G inputs (G 16 or a multiple of 32) as
  *       4-bit: w = d_w[g] * u + m_w[g], u in [0, 15];
  *       8-bit: w = d_w[g] * c (+ m_w[g] when offsets are given), c in [-128, 127];
- *     in panels of 8 outputs, one per 32-bit lane of a vector (the layout of llama.cpp's repacked
- *     Q4_0 8x8 kernels): per block of 32 inputs, 4-bit codes take 4 chunks of 32 bytes, chunk j
+ *     in panels of P outputs, one per 32-bit lane of a vector (the layout of llama.cpp's repacked
+ *     Q4_0 8x8 kernels): per block of 32 inputs, 4-bit codes take 4 chunks of 4P bytes, chunk j
  *     holding for each output o (bytes 4o..4o+3) inputs 8j..8j+3 in the low nibbles and 8j+4..8j+7
  *     in the high ones; 8-bit codes take 8 chunks, chunk j holding inputs 4j..4j+3 of each output.
- *     Scales and offsets are [panel][group][8]. N is padded to a multiple of 8 with zeros.
- * Four activation bytes broadcast to every lane meet four inputs of each of the 8 outputs in one
- * vpmaddubsw: a panel needs no horizontal sums, and the unpacked weights serve up to 4 rows.
+ *     Scales and offsets are [panel][group][P]. N is padded to a multiple of P with zeros.
+ *     P is 8 (AVX2's vectors) or, where a variant has the 512-bit code for the weight's bits
+ *     (`a8_panel_width`), 16: the weights are laid out for the variant that runs them.
+ * Four activation bytes broadcast to every lane meet four inputs of each of the P outputs in one
+ * vpmaddubsw (one vpdpbusd with VNNI): a panel needs no horizontal sums. AVX2's 16 registers keep
+ * a block's unpacked weights for tiles of 4 rows, AVX-512's 32 for tiles of 8 (`wide_panel`).
  * Each block's integer dot product is exact; it is scaled by d_w * d_a into the output's float
  * lane (groups of 16: each half of the block by its own d_w), and the m_w term uses the group's sum
  * of the quantized x.
@@ -23,46 +26,116 @@
  * Every row is computed by the same sequence of operations whatever M is and wherever the row
  * sits in the batch, so a verify row equals the same position computed as a one-row step bit for
  * bit (speculative decoding is lossless only if it does). Compile with -ffp-contract=off so the
- * compiler cannot fuse differently in differently inlined copies.
+ * compiler cannot fuse differently in differently inlined copies. The integer block dot products
+ * are exact however they are computed, and every variant applies the same float operations to
+ * them in the same order, so all variants give the same bits.
  */
 #include "panel.h"
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define QBLOCK 32
+#define HALF_BLOCK 16  /* groups of 16: each half of a block has its own weight scale */
 #define ROW_TILE 4  /* rows sharing a panel's unpacked weights */
+/* wide_panel's loops over a block's chunks and halves: constant bounds at every call, fully
+ * unrolled so that the unpacked weights stay in registers (not an array in memory indexed at run
+ * time). */
+#define FULLY _Pragma("GCC unroll 8")
 
-/* x [M, K] -> q [M, K] int8, d [M, K/32] (block scales), and when s != NULL s [M, K/G]: the sum of
- * the quantized values over each group, sum(d * q), for the offset term. Using the
- * quantized sum (not the exact one) makes the result exactly sum(w * d * q): the offset
- * m = -8 * scale then cancels the rounding it would otherwise amplify (llama.cpp's Q8_1 does
- * the same). */
-static void quantize_rows(const float *x, int M, int K, int G, int8_t *q, float *d, float *s) {
+/* acc + u [unsigned bytes] times s [signed bytes], four products per 32-bit lane. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD256 _mm256_dpbusd_epi32
+#elif defined(__AVXVNNI__)
+#define DPBUSD256 _mm256_dpbusd_avx_epi32
+#endif
+/* AVX-512: 4-bit codes in panels of 16; 8-bit codes too with VNNI (as unsigned c + 128, corrected
+ * per block: without VNNI, no 512-bit vpsignb for chunk_dots' trick, so they keep AVX2's code). */
+#define WIDE_PANEL 16
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define WIDE_TILE 8  /* rows sharing a panel's unpacked weights */
+#define WIDE_UNROLL _Pragma("GCC unroll 8")
+#define PREFETCH_AHEAD 2048  /* bytes of codes ahead of the block being multiplied */
+#if defined(__AVX512VNNI__)
+#define WIDE_BITS8 1
+#endif
+#endif
+
+/* Whether `bits`-bit weights run on this variant's 512-bit code. */
+static int wide(int bits) {
+#if defined(WIDE_BITS8)
+    return bits == 4 || bits == 8;
+#elif defined(WIDE_TILE)
+    return bits == 4;
+#else
+    (void)bits;
+    return 0;
+#endif
+}
+
+/* Outputs per panel of `bits`-bit weights on this variant: the layout int8dot.py packs them in. */
+int a8_panel_width(int bits) { return wide(bits) ? WIDE_PANEL : PANEL; }
+
+/* The sum of eight 32-bit lanes. */
+static inline int32_t lane_sum(__m256i v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1)));
+}
+
+/* One block of 32 floats x -> 32 int8 codes q, with the block's scale returned and the sums of its
+ * two halves' codes in t[0], t[1]. x ~ scale * q, scale = max|x| / 127, q = round(x * 127 / max|x|)
+ * to nearest even (vcvtps2dq in the default rounding mode, as nearbyintf), the same in every
+ * variant: the maximum is exact in any order. */
+static inline float quantize_block(const float *x, int8_t *q, int32_t *t) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i c[4];
+    for (int i = 0; i < 4; i++) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    t[0] = lane_sum(_mm256_add_epi32(c[0], c[1]));
+    t[1] = lane_sum(_mm256_add_epi32(c[2], c[3]));
+    /* the packs interleave 4-value pieces across the two 128-bit lanes; the permutation undoes it */
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return amax / 127.0f;
+}
+
+/* x [M, K] -> q [K/32, M, 32] int8 (block-major: the rows of a tile sit at fixed offsets from one
+ * pointer, which keeps the kernels' loops from running out of general registers), d [K/32, M]
+ * (block scales), t [M, K/16] (the sums of each 16 codes), and when s != NULL s [K/G, M]: the sum
+ * of the quantized values over each group, sum(d * q), for the offset term. Using the quantized
+ * sum (not the exact one) makes the result exactly sum(w * d * q): the offset m = -8 * scale then
+ * cancels the rounding it would otherwise amplify (llama.cpp's Q8_1 does the same). When z !=
+ * NULL, z [K/span, M] for spans of 16 (G 16) or 32 inputs: -128 times the sum of the span's codes,
+ * what vpdpbusd's product of c + 128 by q overcounts. */
+static void quantize_rows(const float *x, int M, int K, int G, int8_t *q, float *d, int32_t *t, float *s,
+                          int32_t *z) {
+    const int blocks = K / QBLOCK, halves = K / HALF_BLOCK, span = G < QBLOCK ? G : QBLOCK;
     for (int r = 0; r < M; r++) {
-        const float *xr = x + (size_t)r * K;
-        for (int b = 0; b < K / QBLOCK; b++) {
-            const float *xb = xr + b * QBLOCK;
-            float amax = 0.0f;
-            for (int i = 0; i < QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            float scale = amax / 127.0f;
-            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            d[(size_t)r * (K / QBLOCK) + b] = scale;
-            int8_t *qb = q + (size_t)r * K + b * QBLOCK;
-            for (int i = 0; i < QBLOCK; i++) qb[i] = (int8_t)nearbyintf(xb[i] * inv);
-        }
-        if (s) {
-            const int span = G < QBLOCK ? G : QBLOCK;  /* a group's inputs under one block scale */
+        int32_t *tr = t + (size_t)r * halves;
+        for (int b = 0; b < blocks; b++)
+            d[(size_t)b * M + r] = quantize_block(x + (size_t)r * K + b * QBLOCK, q + ((size_t)b * M + r) * QBLOCK,
+                                                  tr + 2 * b);
+        if (s) {  /* a group's spans, each under one block scale, in order */
             for (int g = 0; g < K / G; g++) {
                 float sum = 0.0f;
                 for (int start = g * G; start < (g + 1) * G; start += span) {
-                    int total = 0;
-                    for (int i = start; i < start + span; i++) total += q[(size_t)r * K + i];
-                    sum += d[(size_t)r * (K / QBLOCK) + start / QBLOCK] * (float)total;
+                    int total = span == HALF_BLOCK ? tr[start / HALF_BLOCK] : tr[start / HALF_BLOCK] + tr[start / HALF_BLOCK + 1];
+                    sum += d[(size_t)(start / QBLOCK) * M + r] * (float)total;
                 }
-                s[(size_t)r * (K / G) + g] = sum;
+                s[(size_t)g * M + r] = sum;
             }
+        }
+        if (z) {
+            for (int i = 0; i < K / span; i++)
+                z[(size_t)i * M + r] = -128 * (span == HALF_BLOCK ? tr[i] : tr[2 * i] + tr[2 * i + 1]);
         }
     }
 }
@@ -75,13 +148,33 @@ static inline __m256i broadcast4(const int8_t *a) {
 }
 
 /* The exact integer dot products of `rows` rows with chunks [j0, j1) of one block's codes `wb`
- * (activations `qb`, rows K apart), added to dots[r] as eight 32-bit lanes.
- * vpmaddubsw multiplies unsigned by signed bytes: 4-bit codes are unsigned already, and a block's
- * eight products of 4-bit codes sum in 16 bits without overflow (8 * 2 * 15 * 127 < 32768); 8-bit
- * codes go in as |w| with w's sign moved onto the activations, widened to 32 bits at every step. */
+ * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes.
+ * vpmaddubsw and vpdpbusd multiply unsigned by signed bytes: 4-bit codes are unsigned already, and
+ * a block's eight products of 4-bit codes sum in 16 bits without overflow (8 * 2 * 15 * 127 <
+ * 32768); 8-bit codes go in as |w| with w's sign moved onto the activations, widened to 32 bits at
+ * every step (vpdpbusd sums in 32 bits directly). */
 static inline __attribute__((always_inline)) void chunk_dots(
-        int bits, int rows, int j0, int j1, const uint8_t *wb, const int8_t *qb, int K, __m256i *dots) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+        int bits, int rows, int j0, int j1, const uint8_t *wb, const int8_t *qb, __m256i *dots) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+#if defined(DPBUSD256)
+    for (int j = j0; j < j1; j++) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
+        if (bits == 4) {
+            __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+            UNROLL
+            for (int r = 0; r < rows; r++) {
+                const int8_t *a = qb + r * QBLOCK + 8 * j;
+                dots[r] = DPBUSD256(DPBUSD256(dots[r], lo, broadcast4(a)), hi, broadcast4(a + 4));
+            }
+        } else {
+            __m256i u = _mm256_sign_epi8(w, w);
+            UNROLL
+            for (int r = 0; r < rows; r++)
+                dots[r] = DPBUSD256(dots[r], u, _mm256_sign_epi8(broadcast4(qb + r * QBLOCK + 4 * j), w));
+        }
+    }
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
     if (bits == 4) {
         __m256i sums[ROW_TILE];
         UNROLL
@@ -91,7 +184,7 @@ static inline __attribute__((always_inline)) void chunk_dots(
             __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
             UNROLL
             for (int r = 0; r < rows; r++) {
-                const int8_t *a = qb + (size_t)r * K + 8 * j;
+                const int8_t *a = qb + r * QBLOCK + 8 * j;
                 sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(lo, broadcast4(a)));
                 sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(hi, broadcast4(a + 4)));
             }
@@ -104,11 +197,12 @@ static inline __attribute__((always_inline)) void chunk_dots(
             __m256i u = _mm256_sign_epi8(w, w);  /* |w| as unsigned bytes (-128 becomes 128) */
             UNROLL
             for (int r = 0; r < rows; r++) {
-                __m256i a = _mm256_sign_epi8(broadcast4(qb + (size_t)r * K + 4 * j), w);
+                __m256i a = _mm256_sign_epi8(broadcast4(qb + r * QBLOCK + 4 * j), w);
                 dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones));
             }
         }
     }
+#endif
 }
 
 /* The 8 outputs of one panel for `rows` (<= ROW_TILE, a constant at each call) consecutive rows.
@@ -116,7 +210,7 @@ static inline __attribute__((always_inline)) void chunk_dots(
  * constants at every call, so each form compiles to its own straight-line code. The sequence of
  * operations on one (row, output) lane is the same in every tile. `wm` NULL: no offsets. */
 static inline __attribute__((always_inline)) void panel(
-        int bits, int half, int rows, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
+        int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
         const int8_t *q, const float *d, const float *s, float *y, int N, int valid) {
     const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 4 ? 4 : 8, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;  /* blocks per group of whole blocks */
@@ -124,20 +218,21 @@ static inline __attribute__((always_inline)) void panel(
     __m256 acc[ROW_TILE];
     UNROLL
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < blocks; b++) {
+    for (int b = 0, group = 0, left = per_group; b < blocks; b++) {
         for (int h = 0; h < parts; h++) {  /* the block, or each of its halves */
             __m256i dots[ROW_TILE];
             UNROLL
             for (int r = 0; r < rows; r++) dots[r] = _mm256_setzero_si256();
             chunk_dots(bits, rows, h * chunks / parts, (h + 1) * chunks / parts, wq + (size_t)b * block_bytes,
-                       q + b * QBLOCK, K, dots);
-            __m256 wscale = _mm256_loadu_ps(wd + (size_t)(half ? 2 * b + h : b / per_group) * PANEL);
+                       q + (size_t)b * M * QBLOCK, dots);
+            __m256 wscale = _mm256_loadu_ps(wd + (size_t)(half ? 2 * b + h : group) * PANEL);
             UNROLL
             for (int r = 0; r < rows; r++) {
-                __m256 scale = _mm256_mul_ps(wscale, _mm256_set1_ps(d[(size_t)r * blocks + b]));
+                __m256 scale = _mm256_mul_ps(wscale, _mm256_set1_ps(d[(size_t)b * M + r]));
                 acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dots[r]), acc[r]);
             }
         }
+        if (--left == 0) { group++; left = per_group; }
     }
     UNROLL
     for (int r = 0; r < rows; r++) {
@@ -145,59 +240,209 @@ static inline __attribute__((always_inline)) void panel(
         if (wm) {  /* the offsets: m_w times the group sums of the quantized x */
             __m256 m = _mm256_setzero_ps();
             for (int g = 0; g < groups; g++)
-                m = _mm256_add_ps(m, _mm256_mul_ps(_mm256_loadu_ps(wm + (size_t)g * PANEL), _mm256_set1_ps(s[(size_t)r * groups + g])));
+                m = _mm256_add_ps(m, _mm256_mul_ps(_mm256_loadu_ps(wm + (size_t)g * PANEL), _mm256_set1_ps(s[(size_t)g * M + r])));
             out = _mm256_add_ps(out, m);
         }
         store_panel(y + (size_t)r * N, out, valid);
     }
 }
 
-/* The scratch space for the quantized activations, per call (M * K bytes plus scales). */
-typedef struct { int8_t *q; float *d; float *s; } Acts;
+#if defined(WIDE_TILE)
+/* Four int8 activations broadcast to all sixteen 32-bit lanes. */
+typedef int32_t __attribute__((may_alias, aligned(1))) dword;
+static inline __m512i broadcast_dword(const int8_t *a) { return _mm512_set1_epi32(*(const dword *)a); }
+
+/* dots[r] += the exact integer dot products, per 32-bit lane, of unpacked chunks w[i0..i1) with
+ * dword i of row r's activations `a` (rows QBLOCK apart) for `rows` rows, chunk by chunk so that
+ * the rows' additions overlap. Without VNNI only 4-bit codes come here: they sum in 16 bits first,
+ * as in chunk_dots. */
+static inline __attribute__((always_inline)) void tile_dots(
+        const __m512i *w, int i0, int i1, int rows, const int8_t *a, __m512i *dots) {
+#if defined(__AVX512VNNI__)
+    FULLY
+    for (int i = i0; i < i1; i++) {
+        WIDE_UNROLL
+        for (int r = 0; r < rows; r++)
+            dots[r] = _mm512_dpbusd_epi32(dots[r], w[i], broadcast_dword(a + r * QBLOCK + 4 * i));
+    }
+#else
+    __m512i sums[WIDE_TILE];
+    WIDE_UNROLL
+    for (int r = 0; r < rows; r++) sums[r] = _mm512_setzero_si512();
+    FULLY
+    for (int i = i0; i < i1; i++) {
+        WIDE_UNROLL
+        for (int r = 0; r < rows; r++)
+            sums[r] = _mm512_add_epi16(sums[r], _mm512_maddubs_epi16(w[i], broadcast_dword(a + r * QBLOCK + 4 * i)));
+    }
+    WIDE_UNROLL
+    for (int r = 0; r < rows; r++) dots[r] = _mm512_add_epi32(dots[r], _mm512_madd_epi16(sums[r], _mm512_set1_epi16(1)));
+#endif
+}
+
+/* `panel`'s work for a panel of 16 outputs, one per lane of a 512-bit vector, for `rows` <=
+ * WIDE_TILE rows: per block the 8 unpacked chunks stay in registers for every row of the tile. The
+ * float operations on each (row, output) lane are `panel`'s, in its order. 8-bit codes enter
+ * vpdpbusd as unsigned c + 128 (the top bit flipped); the dot product starts from z, -128 * sum(q)
+ * over the block or half, so what it adds up is exactly sum(c * q). */
+static inline __attribute__((always_inline)) void wide_panel(
+        int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
+        const int8_t *q, const float *d, const float *s, const int32_t *z, float *y, int N, int valid) {
+    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 4 ? 4 : 8, parts = half ? 2 : 1;
+    const int per_group = half ? 1 : G / QBLOCK;
+    const size_t block_bytes = (size_t)chunks * 4 * WIDE_PANEL;
+    const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[WIDE_TILE];
+    WIDE_UNROLL
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0, group = 0, left = per_group; b < blocks; b++) {
+        const __m512i *wb = (const __m512i *)(wq + (size_t)b * block_bytes);
+        if (rows > 1) {  /* more arithmetic per byte than a lone row: the hardware prefetcher lags */
+            FULLY
+            for (size_t at = 0; at < block_bytes; at += 64)
+                _mm_prefetch((const char *)wb + PREFETCH_AHEAD + at, _MM_HINT_T0);
+        }
+        __m512i w[8];  /* dword i of the block's activations meets w[i] */
+        if (bits == 4) {
+            FULLY
+            for (int j = 0; j < 4; j++) {
+                __m512i packed = _mm512_loadu_si512(wb + j);
+                w[2 * j] = _mm512_and_si512(packed, low);
+                w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+            }
+        } else {
+            FULLY
+            for (int j = 0; j < 8; j++) w[j] = _mm512_xor_si512(_mm512_loadu_si512(wb + j), flip);
+        }
+        FULLY
+        for (int h = 0; h < parts; h++) {
+            __m512i dots[WIDE_TILE];
+            WIDE_UNROLL
+            for (int r = 0; r < rows; r++)
+                dots[r] = bits == 8 ? _mm512_set1_epi32(z[(size_t)(parts * b + h) * M + r]) : _mm512_setzero_si512();
+            tile_dots(w, h * 8 / parts, (h + 1) * 8 / parts, rows, q + (size_t)b * M * QBLOCK, dots);
+            __m512 wscale = _mm512_loadu_ps(wd + (size_t)(half ? 2 * b + h : group) * WIDE_PANEL);
+            WIDE_UNROLL
+            for (int r = 0; r < rows; r++) {
+                __m512 scale = _mm512_mul_ps(wscale, _mm512_set1_ps(d[(size_t)b * M + r]));
+                acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dots[r]), acc[r]);
+            }
+        }
+        if (--left == 0) { group++; left = per_group; }
+    }
+    if (wm) {  /* the offsets, group by group for all rows: each group's offsets are loaded once */
+        __m512 m[WIDE_TILE];
+        WIDE_UNROLL
+        for (int r = 0; r < rows; r++) m[r] = _mm512_setzero_ps();
+        for (int g = 0; g < groups; g++) {
+            __m512 offsets = _mm512_loadu_ps(wm + (size_t)g * WIDE_PANEL);
+            WIDE_UNROLL
+            for (int r = 0; r < rows; r++)
+                m[r] = _mm512_add_ps(m[r], _mm512_mul_ps(offsets, _mm512_set1_ps(s[(size_t)g * M + r])));
+        }
+        WIDE_UNROLL
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_add_ps(acc[r], m[r]);
+    }
+    WIDE_UNROLL
+    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + (size_t)r * N, (__mmask16)((1u << valid) - 1), acc[r]);
+}
+#endif
+
+/* The scratch space for the quantized activations, per call (M * K bytes plus scales and sums). */
+typedef struct { int8_t *q; float *d; float *s; int32_t *t, *z; } Acts;
 
 static int acts_alloc(Acts *a, int M, int K, int G) {
-    if (M == 0) { a->q = NULL; a->d = a->s = NULL; return 1; }  /* nothing to quantize or multiply */
+    if (M == 0) { a->q = NULL; a->d = a->s = NULL; a->t = a->z = NULL; return 1; }  /* nothing to quantize or multiply */
     a->q = malloc((size_t)M * K);
     a->d = malloc(sizeof(float) * (size_t)M * (K / QBLOCK));
     a->s = malloc(sizeof(float) * (size_t)M * (K / G));
-    return a->q && a->d && a->s;
+    a->t = malloc(sizeof(int32_t) * (size_t)M * (K / HALF_BLOCK));
+    a->z = malloc(sizeof(int32_t) * (size_t)M * (K / HALF_BLOCK));
+    return a->q && a->d && a->s && a->t && a->z;
 }
 
-static void acts_free(Acts *a) { free(a->q); free(a->d); free(a->s); }
+static void acts_free(Acts *a) { free(a->q); free(a->d); free(a->s); free(a->t); free(a->z); }
 
-/* All M rows of panel p: tiles of 4 rows, then one of 2 and one of 1 for the rest. */
+/* How many of the `left` rows the next tile of at most `tile` takes: never a lone row behind a
+ * full tile (tile + 1 rows go in two tiles of about half). */
+static inline int tile_rows(int left, int tile) {
+    return left == tile + 1 ? (tile + 2) / 2 : left > tile ? tile : left;
+}
+
+/* Each panel's M rows in tiles, each tile's row count a constant of its own code. */
 #define SWEEP(BITS, HALF)                                                                    \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
     for (int p = 0; p < panels; p++) {                                                       \
-        int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL, r = 0;                    \
-        for (; r + 4 <= M; r += 4) PANEL_AT(BITS, HALF, 4, r, p, valid);                    \
-        if (r + 2 <= M) { PANEL_AT(BITS, HALF, 2, r, p, valid); r += 2; }                    \
-        if (r < M) PANEL_AT(BITS, HALF, 1, r, p, valid);                                     \
+        int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;                           \
+        for (int r = 0, rows; r < M; r += rows) {                                            \
+            rows = tile_rows(M - r, ROW_TILE);                                               \
+            switch (rows) {                                                                  \
+                case 4: PANEL_AT(BITS, HALF, 4, r, p, valid); break;                         \
+                case 3: PANEL_AT(BITS, HALF, 3, r, p, valid); break;                         \
+                case 2: PANEL_AT(BITS, HALF, 2, r, p, valid); break;                         \
+                default: PANEL_AT(BITS, HALF, 1, r, p, valid);                               \
+            }                                                                                \
+        }                                                                                    \
+    }
+#define WIDE_SWEEP(BITS, HALF)                                                               \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
+    for (int p = 0; p < panels; p++) {                                                       \
+        int valid = N - p * WIDE_PANEL < WIDE_PANEL ? N - p * WIDE_PANEL : WIDE_PANEL;       \
+        for (int r = 0, rows; r < M; r += rows) {                                            \
+            rows = tile_rows(M - r, WIDE_TILE);                                              \
+            switch (rows) {                                                                  \
+                case 8: WIDE_AT(BITS, HALF, 8, r, p, valid); break;                          \
+                case 7: WIDE_AT(BITS, HALF, 7, r, p, valid); break;                          \
+                case 6: WIDE_AT(BITS, HALF, 6, r, p, valid); break;                          \
+                case 5: WIDE_AT(BITS, HALF, 5, r, p, valid); break;                          \
+                case 4: WIDE_AT(BITS, HALF, 4, r, p, valid); break;                          \
+                case 3: WIDE_AT(BITS, HALF, 3, r, p, valid); break;                          \
+                case 2: WIDE_AT(BITS, HALF, 2, r, p, valid); break;                          \
+                default: WIDE_AT(BITS, HALF, 1, r, p, valid);                                \
+            }                                                                                \
+        }                                                                                    \
     }
 
+/* Which sweep each form takes (`wide`). */
+#if defined(WIDE_BITS8)
+#define SWEEP4 WIDE_SWEEP
+#define SWEEP8 WIDE_SWEEP
+#elif defined(WIDE_TILE)
+#define SWEEP4 WIDE_SWEEP
+#define SWEEP8 SWEEP
+#else
+#define SWEEP4 SWEEP
+#define SWEEP8 SWEEP
+#endif
+
 /* y = x w^T for `bits`-bit weights (4 or 8) in groups of G (16 or a multiple of 32) in the panel
- * layout above; `wm`: the offsets (always for 4 bits; NULL for 8-bit weights without them).
- * Returns 0 on success, -1 when out of memory. Panels are split across `threads` OpenMP threads. */
+ * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (always for 4 bits; NULL for
+ * 8-bit weights without them). Returns 0 on success, -1 when out of memory. Panels are split
+ * across `threads` OpenMP threads. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
               const float *wm, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
-    quantize_rows(x, M, K, G, a.q, a.d, wm ? a.s : NULL);
-    const int groups = K / G, blocks = K / QBLOCK, panels = (N + PANEL - 1) / PANEL;
-    const size_t panel_bytes = (size_t)blocks * (bits == 4 ? 4 * 32 : 8 * 32);
+    quantize_rows(x, M, K, G, a.q, a.d, a.t, wm ? a.s : NULL, bits == 8 && wide(bits) ? a.z : NULL);
+    const int width = a8_panel_width(bits), panels = (N + width - 1) / width, half = G < QBLOCK;
+    const size_t panel_bytes = (size_t)K / QBLOCK * (bits == 4 ? 4 : 8) * 4 * width;
+    const size_t panel_scales = (size_t)(K / G) * width;
 #define PANEL_AT(BITS, HALF, ROWS, r, p, valid)                                                              \
-    panel(BITS, HALF, ROWS, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * groups * PANEL,           \
-          wm ? wm + (size_t)(p) * groups * PANEL : NULL, a.q + (size_t)(r) * K, a.d + (size_t)(r) * blocks,      \
-          a.s + (size_t)(r) * groups, y + (size_t)(r) * N + (size_t)(p) * PANEL, N, valid)
-    const int half = G < QBLOCK;
+    panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,         \
+          wm ? wm + (size_t)(p) * panel_scales : NULL, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r),          \
+          y + (size_t)(r) * N + (size_t)(p) * PANEL, N, valid)
+#define WIDE_AT(BITS, HALF, ROWS, r, p, valid)                                                               \
+    wide_panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,    \
+               wm ? wm + (size_t)(p) * panel_scales : NULL, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r),     \
+               a.z + (r), y + (size_t)(r) * N + (size_t)(p) * WIDE_PANEL, N, valid)
     if (bits == 4 && !half) {
-        SWEEP(4, 0)
+        SWEEP4(4, 0)
     } else if (bits == 4) {
-        SWEEP(4, 1)
+        SWEEP4(4, 1)
     } else if (!half) {
-        SWEEP(8, 0)
+        SWEEP8(8, 0)
     } else {
-        SWEEP(8, 1)
+        SWEEP8(8, 1)
     }
     acts_free(&a);
     return 0;

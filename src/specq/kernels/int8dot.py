@@ -5,10 +5,11 @@ into floats and multiply in float, so on AVX2 their time grows with every row: a
 of an int4 target costs well over a one-token step (docs/fastpath.md), and speculative decoding
 cannot pay. No library op on x86 without AVX512-VNNI multiplies int8 activations by grouped int4
 weights, so specq carries this small kernel: activations are quantized per row and per block of
-32 to int8 (as llama.cpp does), each block is an exact integer dot product, and the weights are
-laid out in panels of 8 outputs (as llama.cpp repacks Q4_0 for its AVX2 kernels), unpacked once
-for up to four rows. Every row is computed the same
-way whatever the row count, so verify rows equal one-token steps bit for bit.
+32 to int8 (as llama.cpp does), each block is an exact integer dot product (vpmaddubsw, or
+vpdpbusd where the CPU has VNNI), and the weights are laid out in panels of 8 outputs (as
+llama.cpp repacks Q4_0 for its AVX2 kernels; 16 on AVX-512), unpacked once for tiles of up to 4
+rows (8 on AVX-512). Every row is computed the same way whatever the row count, so verify rows
+equal one-token steps bit for bit, and every kernel variant gives the same bits.
 
 This is a different rounding of the activations than the torch ops' bf16 cast, so a model on
 this kernel is not bit-identical to the same model on torch's ops; `specq compare` measures what
@@ -34,12 +35,23 @@ available = build.available  # AVX2 and a C compiler: specq's kernels build here
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
-    lib = build.load()
+def _library(variant: str) -> ctypes.CDLL:
+    lib = build.load(variant)
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i]
     lib.linear_a8.restype = ctypes.c_int
+    lib.a8_panel_width.argtypes = [i]
+    lib.a8_panel_width.restype = i
     return lib
+
+
+PANEL = 8  # outputs per panel where specq's kernels are off (the layout then only stores the weights)
+
+
+def panel_width(bits: int, variant: str) -> int:
+    """Outputs per panel of `bits`-bit weights on `variant` (`build.VARIANTS`, or `build.TORCH`): 8,
+    one per 32-bit lane of an AVX2 vector, or 16 where the variant multiplies them with AVX-512."""
+    return PANEL if variant == build.TORCH else _library(variant).a8_panel_width(bits)
 
 
 def shape_blocker(out_features: int, in_features: int, group_size: int) -> str | None:
@@ -51,61 +63,65 @@ def shape_blocker(out_features: int, in_features: int, group_size: int) -> str |
 
 
 class Int8DotWeight:
-    """A weight in the kernel's layout (`int8dot.c`): panels of PANEL outputs, each panel's codes
-    interleaved so that one vector holds a few inputs of all its outputs (4-bit: two codes per
-    byte), then per panel and group the float scales `d` and offsets `m` (always for 4 bits; None
-    for 8-bit codes without them): w = d * code + m. Outputs are padded to whole panels with zeros.
+    """A weight in the kernel's layout (`int8dot.c`) for the kernel variant it was packed on:
+    panels of `panel_width` outputs, each panel's codes interleaved so that one vector holds a few
+    inputs of all its outputs (4-bit: two codes per byte), then per panel and group the float
+    scales `d` and offsets `m` (always for 4 bits; None for 8-bit codes without them):
+    w = d * code + m. Outputs are padded to whole panels with zeros. The weight always runs on its
+    variant.
 
     The call's constant arguments are prepared once (a decode step makes over a hundred calls, so
     the Python side of each call matters); copies rebuild them for their own tensors."""
 
     def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, group_size: int,
-                 out_features: int, in_features: int):
+                 out_features: int, in_features: int, variant: str):
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
-        self.out_features, self.in_features = out_features, in_features
+        self.out_features, self.in_features, self.variant = out_features, in_features, variant
         self._shape = (in_features, out_features, group_size)
         self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
         return Int8DotWeight(self.bits, *(copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m)),
-                             self.group_size, self.out_features, self.in_features)
+                             self.group_size, self.out_features, self.in_features, self.variant)
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.codes, self.d, self.m) if t is not None)
 
 
-PANEL = 8  # outputs per panel, one per 32-bit lane of an AVX2 vector
-
-
-def _panels(t: Tensor) -> Tensor:
-    """t [out, ...] padded with zero rows to a whole number of panels, as [panels, PANEL, ...]."""
-    pad = -t.shape[0] % PANEL
+def _panels(t: Tensor, width: int) -> Tensor:
+    """t [out, ...] padded with zero rows to a whole number of panels, as [panels, width, ...]."""
+    pad = -t.shape[0] % width
     if pad:
         t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
-    return t.view(-1, PANEL, *t.shape[1:])
+    return t.view(-1, width, *t.shape[1:])
 
 
-def panel_major(t: Tensor) -> Tensor:
-    """Floats [out, k] as [panels, k, PANEL]: for each k, a panel's PANEL outputs side by side (the
-    per-group scales here, `f32dot`'s float weights)."""
-    return _panels(t.float()).transpose(1, 2).contiguous()
+def panel_major(t: Tensor, width: int) -> Tensor:
+    """Floats [out, k] as [panels, k, width]: for each k, a panel's outputs side by side."""
+    return _panels(t.float(), width).transpose(1, 2).contiguous()
 
 
-def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor) -> Int8DotWeight:
-    """From codes u in [0, 15] [out, in] and float d, m [out, groups] with w = d * u + m."""
-    out, n_in = unsigned.shape
+def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None) -> Int8DotWeight:
+    """From codes u in [0, 15] [out, in] and float d, m [out, groups] with w = d * u + m, laid out
+    for `variant` (by default the process's)."""
+    variant = variant or build.variant()
+    width, (out, n_in) = panel_width(4, variant), unsigned.shape
     # input 32b + 8j + 4h + t of output o -> panel, block b, chunk j, byte 4o + t, nibble h
-    u = _panels(unsigned.to(torch.uint8)).view(-1, PANEL, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    u = _panels(unsigned.to(torch.uint8), width).view(-1, width, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
     codes = (u[..., 0] | (u[..., 1] << 4)).contiguous()
-    return Int8DotWeight(4, codes, panel_major(d), panel_major(m), n_in // d.shape[1], out, n_in)
+    return Int8DotWeight(4, codes, panel_major(d, width), panel_major(m, width), n_in // d.shape[1], out, n_in,
+                         variant)
 
 
-def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None) -> Int8DotWeight:
-    """From codes c in [-128, 127] [out, in] and float d (and m) [out, groups] with w = d * c (+ m)."""
-    out, n_in = codes.shape
+def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
+    """From codes c in [-128, 127] [out, in] and float d (and m) [out, groups] with w = d * c (+ m),
+    laid out for `variant` (by default the process's)."""
+    variant = variant or build.variant()
+    width, (out, n_in) = panel_width(8, variant), codes.shape
     # input 32b + 4j + t of output o -> panel, block b, chunk j, byte 4o + t
-    c = _panels(codes.to(torch.int8)).view(-1, PANEL, n_in // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
-    return Int8DotWeight(8, c, panel_major(d), None if m is None else panel_major(m), n_in // d.shape[1], out, n_in)
+    c = _panels(codes.to(torch.int8), width).view(-1, width, n_in // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
+    return Int8DotWeight(8, c, panel_major(d, width), None if m is None else panel_major(m, width),
+                         n_in // d.shape[1], out, n_in, variant)
 
 
 def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -122,12 +138,12 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
 
 
 def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
-    """x [..., in] (any float dtype) times `w`, in x's dtype."""
+    """x [..., in] (any float dtype) times `w`, in x's dtype, on the variant `w` was packed for."""
     dtype = x.dtype
     if dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     y = torch.empty(x.shape[:-1] + (w.out_features,))
-    if _library().linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape, *w.pointers, y.data_ptr(),
-                            torch.get_num_threads()):
+    if _library(w.variant).linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape, *w.pointers,
+                                     y.data_ptr(), torch.get_num_threads()):
         raise MemoryError("int8dot: out of memory for the quantized activations")
     return y if dtype == torch.float32 else y.to(dtype)

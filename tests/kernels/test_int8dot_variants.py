@@ -1,0 +1,113 @@
+"""kernels/int8dot on every kernel variant this CPU runs: the same bits as the AVX2 variant for every
+weight form and row count (VNNI's vpdpbusd and AVX-512's panels of 16 outputs change how the exact
+integer block products are summed, never the float operations on them), every row the same
+whatever the row count, and each weight laid out for the variant it was packed on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specq.backends import fastpath
+from specq.kernels import build, int8dot
+from specq.weights.quant import quantize_model
+
+from conftest import tiny_model
+
+pytestmark = pytest.mark.skipif("avx2" not in build.runnable(), reason="needs AVX2")
+
+PACK = {4: int8dot.pack_int4, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
+# bits, group, offsets: 4-bit codes always have offsets (Q4_K, Q4_1); 8-bit ones with (Q5_1, Q5_K)
+# or without (Q8_0, Q6_K at groups of 16, Q5_0)
+FORMS = [(4, 32, True), (4, 16, True), (4, 64, True), (4, 128, True), (8, 16, False), (8, 16, True),
+         (8, 32, False), (8, 32, True), (8, 64, False), (8, 128, True)]
+
+
+def weight_and_rows(bits: int, group: int, offsets: bool, out: int, n_in: int, seed: int):
+    """Random codes, scales and offsets with extreme codes (15, -128) and rows of 1 to 17 with an
+    all-zero row, a tiny row and a huge one."""
+    g = torch.Generator().manual_seed(seed)
+    if bits == 4:
+        codes = torch.randint(0, 16, (out, n_in), generator=g)
+        codes[:, :32] = 15
+    else:
+        codes = torch.randint(-128, 128, (out, n_in), generator=g)
+        codes[:, :32] = -128
+    scale = torch.rand(out, n_in // group, generator=g) * 0.02
+    offset = torch.randn(out, n_in // group, generator=g) * 0.05 if offsets else None
+    x = torch.randn(17, n_in, generator=g) * 3
+    x[1], x[5], x[9] = 0, x[5] * 1e-20, x[9] * 1e20
+    return (codes, scale, offset), x
+
+
+@pytest.mark.parametrize("bits,group,offsets", FORMS)
+@pytest.mark.parametrize("out,n_in", [(64, 256), (18, 128), (40, 384), (8, 128)])  # last panels of 2, 8, 8
+def test_every_variant_gives_the_avx2_bits(bits, group, offsets, out, n_in, kernel_variant):
+    if n_in % group:
+        pytest.skip("the group does not divide the inputs")
+    parts, x = weight_and_rows(bits, group, offsets, out, n_in, seed=bits * group + out)
+    ours, avx2 = PACK[bits](*parts, variant=kernel_variant), PACK[bits](*parts, variant="avx2")
+    for rows in range(1, len(x) + 1):
+        assert torch.equal(int8dot.linear(x[:rows], ours), int8dot.linear(x[:rows], avx2)), rows
+
+
+@pytest.mark.parametrize("bits,group,offsets", FORMS)
+def test_every_row_is_the_same_whatever_the_row_count(bits, group, offsets, kernel_variant):
+    """1 to 17 rows: every row tile (1-4 rows on AVX2, 1-8 on AVX-512) and splits of 9 and 17."""
+    parts, x = weight_and_rows(bits, group, offsets, 40, 256, seed=group)
+    w = PACK[bits](*parts, variant=kernel_variant)
+    alone = torch.cat([int8dot.linear(x[i:i + 1], w) for i in range(len(x))])
+    for rows in range(1, len(x) + 1):
+        for start in (0, len(x) - rows):
+            assert torch.equal(int8dot.linear(x[start:start + rows], w), alone[start:start + rows]), (rows, start)
+    assert torch.equal(alone[1], torch.zeros(40))
+
+
+WIDTHS = {"avx2": (8, 8), "avxvnni": (8, 8), "avx512": (16, 8), "avx512vnni": (16, 16)}  # 4-bit, 8-bit
+
+
+def test_each_variant_lays_weights_out_in_its_own_panels(kernel_variant):
+    """Panels of 16 outputs where the variant has 512-bit code for the weight's bits (8-bit codes
+    need VNNI for it), else AVX2's 8; unpacking gives back what was packed in either layout."""
+    assert (int8dot.panel_width(4, kernel_variant), int8dot.panel_width(8, kernel_variant)) == WIDTHS[kernel_variant]
+    for bits, group, offsets in FORMS[:2] + FORMS[4:6]:
+        (codes, scale, offset), _ = weight_and_rows(bits, group, offsets, 21, 128, seed=3)
+        w = PACK[bits](codes, scale, offset)
+        assert w.variant == kernel_variant and w.codes.shape[3] == int8dot.panel_width(bits, kernel_variant)
+        back = int8dot.unpack(w)
+        assert torch.equal(back[0].long(), codes) and torch.equal(back[1], scale)
+        assert back[2] is None if offset is None else torch.equal(back[2], offset)
+
+
+VNNI256 = {**build.VARIANTS["avx2"], "avx512vl": "-mavx512vl", "avx512_vnni": "-mavx512vnni"}
+
+
+def test_the_256_bit_vnni_code_gives_the_avx2_bits(monkeypatch):
+    """The avxvnni variant (AVX2 machines with AVX-VNNI) multiplies on 256-bit vpdpbusd. Without
+    AVX512BW the same code compiles with AVX-512 VNNI's 256-bit form of the instruction, so a CPU
+    with AVX-512 VNNI checks it too, as a variant of its own made for this test."""
+    if not VNNI256.keys() <= build.cpu_flags():
+        pytest.skip("this CPU lacks AVX-512 VNNI")
+    monkeypatch.setitem(build.VARIANTS, "vnni256", VNNI256)
+    assert int8dot.panel_width(4, "vnni256") == int8dot.panel_width(8, "vnni256") == 8
+    for bits, group, offsets in FORMS:
+        parts, x = weight_and_rows(bits, group, offsets, 40, 256, seed=group + bits)
+        ours, avx2 = PACK[bits](*parts, variant="vnni256"), PACK[bits](*parts, variant="avx2")
+        for rows in (1, 3, 4, 7, 17):
+            assert torch.equal(int8dot.linear(x[:rows], ours), int8dot.linear(x[:rows], avx2)), (bits, group, rows)
+
+
+def test_a_stack_refuses_int8dot_weights_of_another_variant(force_kernels):
+    """int8dot weights have the layout of the variant they were packed on (panels of 8 or 16
+    outputs): a stack made on another variant would read them wrongly, so it refuses them."""
+    wide = [name for name in build.runnable() if int8dot.panel_width(4, name) != 8]
+    if not wide:
+        pytest.skip("this CPU runs no variant with panels of 16")
+    force_kernels("avx2")
+    model = tiny_model(scale=3.0, hidden=64)
+    quantize_model(model.net, "int4-g32-rtn-head8", progress=False)
+    fastpath.apply(model.net)
+    assert model.net.stack.variant == "avx2"
+    force_kernels(wide[-1])
+    with pytest.raises(ValueError, match=f"int8dot weights laid out for the avx2 kernels, not {wide[-1]}"):
+        fastpath.layer_stack(model.net)
