@@ -192,8 +192,8 @@ def _load_hf_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tupl
         net.load_state_dict(hf_to_native_state_dict(state, native))
         net = net.to(dtype).eval()
     else:
+        hf = validate.causal_lm(path, dtype, local_only)  # a broken checkpoint fails here, before the note
         precision.announce(f"{path} runs on transformers, without specq's kernels: {why_not}")
-        hf = validate.causal_lm(path, dtype, local_only)
         net = HFCausalLM(hf)
     return net, tokenizer, _generation_eos(path, config, local_only)
 
