@@ -165,3 +165,18 @@ def _config():
     from specq.core.sampling import SamplingConfig
 
     return SamplingConfig(temperature=1.0)
+
+
+def assert_speculative_is_plain(target: Model, draft: Model) -> None:
+    """Greedy speculative output equals plain output on three prompts, with drafts both accepted and
+    rejected (so both paths ran)."""
+    from specq import generate
+
+    accepted = rejected = 0
+    for prompt in ([1, 2, 3], [5], [7, 7, 8, 9, 10, 11]):
+        base = generate(target, prompt, max_new_tokens=24)
+        spec = generate(target, prompt, draft, gamma=4, max_new_tokens=24)
+        assert spec.token_ids == base.token_ids and len(base.token_ids) == 24
+        accepted += spec.stats.accepted
+        rejected += spec.stats.drafted - spec.stats.accepted
+    assert accepted > 0 and rejected > 0
