@@ -385,11 +385,11 @@ def _load_at_file_precision(ref: str, name: str) -> Model:
         raise SpecqError(f"'@{FILE_PRECISION}' runs a GGUF file at its own precision; '{name}' is not a .gguf file "
                          f"or a built-in shipped as one ({', '.join(BUILTIN_GGUF)})")
     parsed = gguf_io.read(path)  # a corrupt file fails here, before the tokenizer is built
-    tok, eos = _gguf_tokenizer(path)
+    tok = _gguf_tokenizer(path)
     net, notes = gguf_io.load_at_file_precision(parsed)
     for note in notes:
         precision.announce(f"{path.name}: {note}")
-    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set(eos, tok), source=str(path),
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set([], tok), source=str(path),
                  precision=FILE_PRECISION, info={"load_s": time.perf_counter() - started})
 
 
@@ -404,7 +404,7 @@ def _gguf_tokenizer(path: Path):
     if not (cached / "tokenizer_config.json").is_file():
         tok = gguf_io.tokenizer(path)
         atomic.write_dir(cached, tok.save_pretrained)
-    return AutoTokenizer.from_pretrained(cached, local_files_only=True), []
+    return AutoTokenizer.from_pretrained(cached, local_files_only=True)
 
 
 def _tokenizer_and_eos(path: Path):
