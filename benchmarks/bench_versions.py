@@ -1,0 +1,137 @@
+"""Two commits of specq side by side: plain and speculative tokens/s of the built-in target, each
+commit in its own process, alternated round by round (old, new, old, new, ...), so both see the
+same machine. Checks that a change meant to leave behaviour alone (a refactor) left speed alone too.
+
+    python benchmarks/bench_versions.py --old b5eb22f [--new HEAD] [--rounds 3] [--tokens 128]
+        [--prompts 4] [--threads 2] [--out docs/results/versions-speed.jsonl]
+
+Each commit is checked out once into a git worktree under $SPECQ_CACHE/versions (its kernels build
+into the shared kernel cache like any checkout's); one short untimed child per commit first builds its
+kernels and fills its caches (a first quantization, a first build) outside the rounds. A child process per (commit, round) loads every
+configuration of CONFIGS, runs one untimed warm-up, then greedy decoding of `--tokens` new tokens
+(EOS ignored) on each chat prompt, and prints one JSON line per configuration with its tokens/s
+(new tokens over decode wall time, prefill included) and the token ids (which must be equal across
+commits). Writes one row per (commit, round, configuration) and prints, per configuration, the
+median over rounds of new/old paired by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# (name, target ref, draft ref or None): names both commits resolve the same way
+CONFIGS = [
+    ("fp32 plain", "smollm2-135m", None),
+    ("fp32 sequence draft", "smollm2-135m", "smollm2-135m-draft"),
+    ("fp32 feature draft", "smollm2-135m", "smollm2-135m-feature-draft@int8-head8"),
+    ("int4 plain", "smollm2-135m@int4-g64-rtn-head8", None),
+    ("int4 feature draft", "smollm2-135m@int4-g64-rtn-head8", "smollm2-135m-feature-draft@int8-head8"),
+    ("gguf plain", "smollm2-135m@gguf", None),
+]
+GAMMA = 2
+
+CHILD = r"""
+import json, sys, time, torch
+import specq
+torch.set_num_threads(int(sys.argv[1]))
+tokens, prompts, configs = int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+loaded = {}
+def model(ref):
+    if ref not in loaded:
+        loaded[ref] = specq.load(ref)
+    return loaded[ref]
+for name, target_ref, draft_ref in configs:
+    target = model(target_ref)
+    draft = None if draft_ref is None else model(draft_ref)
+    run = lambda p: specq.generate(target, p, draft, gamma=%d, max_new_tokens=tokens, ignore_eos=True, chat=True)
+    run(prompts[0])
+    new, seconds, ids = 0, 0.0, []
+    for p in prompts:
+        began = time.perf_counter()
+        out = run(p)
+        seconds += time.perf_counter() - began
+        new += len(out.token_ids)
+        ids.append(out.token_ids)
+    print(json.dumps({"config": name, "tokens_per_s": new / seconds, "new_tokens": new, "ids": ids}), flush=True)
+""" % GAMMA
+
+
+def prompts(n: int) -> list[str]:
+    sys.path.insert(0, str(ROOT / "src"))
+    from specq import data
+
+    return data.chat_prompts("held_out")[:n]
+
+
+def checkout(rev: str) -> tuple[str, Path]:
+    """(full commit id, a worktree of it), created once."""
+    commit = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, check=True, capture_output=True,
+                            text=True).stdout.strip()
+    cache = Path(os.environ.get("SPECQ_CACHE", Path.home() / ".cache" / "specq"))
+    tree = cache / "versions" / commit[:12]
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
+                       capture_output=True)
+    return commit, tree
+
+
+def child(tree: Path, args: argparse.Namespace, texts: list[str]) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    configs = [list(c) for c in CONFIGS]
+    done = subprocess.run([sys.executable, "-c", CHILD, str(args.threads), str(args.tokens), json.dumps(texts),
+                           json.dumps(configs)], env=env, cwd=tree, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"the child at {tree} failed:\n{done.stderr[-2000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--old", required=True)
+    p.add_argument("--new", default="HEAD")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=ROOT / "docs/results/versions-speed.jsonl")
+    args = p.parse_args()
+    texts = prompts(args.prompts)
+    commits = {label: checkout(rev) for label, rev in (("old", args.old), ("new", args.new))}
+    command = "python benchmarks/bench_versions.py " + " ".join(sys.argv[1:])
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for commit, tree in commits.values():  # builds its kernels and fills its caches outside the rounds
+        child(tree, argparse.Namespace(**{**vars(args), "tokens": 8}), texts[:1])
+    rows = []
+    for r in range(args.rounds):
+        for label, (commit, tree) in commits.items():
+            for out in child(tree, args, texts):
+                rows.append({"round": r, "version": label, "commit": commit[:12], **out, "threads": args.threads,
+                             "tokens": args.tokens, "prompts": args.prompts, "gamma": GAMMA, "command": command,
+                             "date": stamp, "cpu": platform.processor() or platform.machine()})
+                print(f"round {r} {label:3} {out['config']:22} {out['tokens_per_s']:7.1f} tok/s", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(args.out)
+    print(f"\n{'configuration':22} {'old tok/s':>9} {'new tok/s':>9} {'new/old (paired median)':>24} same tokens")
+    for name, *_ in CONFIGS:
+        by = {(row["version"], row["round"]): row for row in rows if row["config"] == name}
+        ratios = [by["new", r]["tokens_per_s"] / by["old", r]["tokens_per_s"] for r in range(args.rounds)]
+        same = all(by["new", r]["ids"] == by["old", r]["ids"] for r in range(args.rounds))
+        old = statistics.median(by["old", r]["tokens_per_s"] for r in range(args.rounds))
+        new = statistics.median(by["new", r]["tokens_per_s"] for r in range(args.rounds))
+        print(f"{name:22} {old:9.1f} {new:9.1f} {statistics.median(ratios):12.3f} "
+              f"[{min(ratios):.3f}, {max(ratios):.3f}] {'yes' if same else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
