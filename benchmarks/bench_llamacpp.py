@@ -15,7 +15,13 @@ Measurements, per weights and round:
 - `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on the prompts of `--prompt-set` (default chat), the
   same token ids fed to both tools; tokens/s end to end (prefill included, wall clock);
 - `generate gamma 2`, `generate gamma auto` (specq only): speculative decoding with the registry's
-  default draft.
+  default draft;
+- `llama.cpp draft n-max N`, `llama.cpp ngram-simple`, `llama.cpp ngram-mod` (with `--llama-cpp-bin`,
+  weights whose file has a draft file: the 1.5B with the 0.5B): llama.cpp's own speculative decoding,
+  its `llama-speculative-simple` example run once per prompt on the same files, threads and prompt
+  ids (as text with its special tokens), greedy (`--temp 0`); tokens/s is its own encode + decode
+  time (load excluded), and it stops at EOS where the other rows ignore it.
+Every generation row also has `decode_tokens_per_s` (prefill excluded).
 
 llama.cpp runs through its Python binding's C functions (`llama_decode` on a batch; a plain greedy
 loop with an argmax over the last logits), which is llama.cpp's own speed minus a few microseconds
@@ -60,6 +66,15 @@ PACKAGED = {"qwen1.5b": packaged.QWEN_CODER_1_5B, "qwen0.5b": packaged.QWEN_CODE
 # specq's speculative modes: the registry's model draft (where the weights have one) and n-gram lookup
 SPECULATIVE = {"generate gamma 2": ("model", 2), "generate gamma auto": ("model", "auto"),
                "generate ngram": ("ngram", "auto")}
+# llama.cpp's speculative modes (`llama-speculative-simple` flags), for targets with a draft file
+LLAMA_CPP_SPECULATIVE = {
+    "llama.cpp draft n-max 2": ["--spec-type", "draft", "--spec-draft-n-max", "2"],
+    "llama.cpp draft n-max 4": ["--spec-type", "draft", "--spec-draft-n-max", "4"],
+    "llama.cpp draft n-max 8": ["--spec-type", "draft", "--spec-draft-n-max", "8", "--spec-draft-p-min", "0.6"],
+    "llama.cpp ngram-simple": ["--spec-type", "ngram-simple"],
+    "llama.cpp ngram-mod": ["--spec-type", "ngram-mod"],
+}
+DRAFT_FILE = {"qwen1.5b": "qwen0.5b"}  # weights -> the weights of its draft file
 INSTALL = "pip install llama-cpp-python==0.3.36 (build command: docs/fastpath.md, 'Against llama.cpp')"
 
 
@@ -191,6 +206,41 @@ class LlamaCpp:
         return out, prefilled - began, time.perf_counter() - began
 
 
+class LlamaCppSpeculative:
+    """llama.cpp's own speculative decoding: its `llama-speculative-simple` example, one process per
+    prompt (the binding has no speculative loop). Built from the binding's vendored source (see
+    docs/fastpath.md, "Against llama.cpp"); `bin_dir` holds the binary."""
+
+    def __init__(self, bin_dir: Path, target: Path, draft: Path, threads: int, tokenizer):
+        self.binary = bin_dir / "llama-speculative-simple"
+        if not self.binary.is_file():
+            sys.exit(f"--llama-cpp-bin: no llama-speculative-simple in {bin_dir}")
+        self.target, self.draft, self.threads, self.tokenizer = target, draft, threads, tokenizer
+
+    def generate(self, prompt: list[int], n: int, flags: list[str]) -> tuple[list[int], float, float, dict]:
+        """(placeholder ids of the new tokens, prefill s, total s, draft counts) as llama.cpp reports them."""
+        import re
+        import subprocess
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(self.tokenizer.decode(prompt))
+        command = [str(self.binary), "-m", str(self.target), "-md", str(self.draft), "-f", f.name, "-n", str(n),
+                   "--temp", "0", "-t", str(self.threads), "-td", str(self.threads), "-c", "2048", "--no-warmup",
+                   *flags]
+        done = subprocess.run(command, capture_output=True, text=True)
+        Path(f.name).unlink()
+        log = done.stdout + done.stderr
+        enc = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+        dec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+        if done.returncode or not enc or not dec:
+            raise RuntimeError(f"llama-speculative-simple failed ({done.returncode}):\n{log[-1500:]}")
+        counts = {k: int(m.group(1)) for k in ("n_drafted", "n_accept")
+                  if (m := re.search(rf"{k}\s+=\s+(\d+)", log))}
+        prefill = float(enc.group(2))
+        return [0] * int(dec.group(1)), prefill, prefill + float(dec.group(2)), counts
+
+
 # ------------------------------------------------------------------------------- specq
 
 class Specq:
@@ -237,6 +287,7 @@ class Settings:
     weights: list[str]
     flash_attn: str
     quick: bool
+    llama_cpp_bin: Path | None = None  # llama.cpp's built examples: its speculative modes
 
 
 def forward_ms(tool, ids: list[int], calls: int) -> float:
@@ -250,13 +301,15 @@ def generation(run: Callable[[list[int]], tuple[list[int], float, float]], promp
     """Tokens/s over all prompts (total new tokens / total wall time), with per-prompt details."""
     per_prompt, outputs = [], []
     for i, ids in enumerate(prompts):
-        out, prefill_s, total_s = run(ids)
+        out, prefill_s, total_s, *extra = run(ids)  # extra: llama.cpp's draft counts
         outputs.append(out)
         per_prompt.append({"prompt": i, "prompt_tokens": len(ids), "new_tokens": len(out),
-                           "prefill_s": prefill_s, "total_s": total_s})
+                           "prefill_s": prefill_s, "total_s": total_s, **(extra[0] if extra else {})})
     tokens = sum(p["new_tokens"] for p in per_prompt)
     seconds = sum(p["total_s"] for p in per_prompt)
-    return {"tokens_per_s": tokens / seconds, "per_prompt": per_prompt, "outputs": outputs}
+    decoding = sum(p["total_s"] - p["prefill_s"] for p in per_prompt)
+    return {"tokens_per_s": tokens / seconds, "decode_tokens_per_s": tokens / decoding, "per_prompt": per_prompt,
+            "outputs": outputs}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -267,7 +320,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
     """measurement -> a function of the prompt ids: llama.cpp decodes plainly, specq also speculatively."""
     if tool == "llama.cpp":
-        return {"generate plain": lambda ids: runner.greedy(ids, tokens)}
+        runs = {"generate plain": lambda ids: runner.greedy(ids, tokens)}
+        spec = getattr(runner, "speculative", None)
+        return runs if spec is None else runs | {
+            m: (lambda ids, flags=flags: spec.generate(ids, tokens, flags)) for m, flags in LLAMA_CPP_SPECULATIVE.items()}
     runs = {"generate plain": lambda ids: runner.generate(ids, tokens, None)}
     return runs | {m: (lambda ids, mode=mode: runner.generate(ids, tokens, mode)) for m, mode in SPECULATIVE.items()
                    if mode[0] != "model" or runner.draft is not None}
@@ -315,6 +371,15 @@ def summary(rows: list[dict]) -> str:
              "|---|---|---|---|---|"]
     keys = dict.fromkeys((r["weights"], r["measurement"]) for r in rows)
     for weights, measurement in keys:
+        if measurement in LLAMA_CPP_SPECULATIVE:  # llama.cpp's own speculative modes, against its plain decoding
+            theirs = {r["round"]: r["tokens_per_s"] for r in rows if (r["tool"], r["weights"], r["measurement"]) ==
+                      ("llama.cpp", weights, measurement)}
+            plain = {r["round"]: r["tokens_per_s"] for r in rows if (r["tool"], r["weights"], r["measurement"]) ==
+                     ("llama.cpp", weights, "generate plain")}
+            ratios = [theirs[k] / plain[k] for k in theirs if k in plain]
+            lines.append(f"| {weights} | {measurement} | {_median(theirs, ' tok/s')} | - | "
+                         f"{statistics.median(ratios):.2f} (llama.cpp vs its plain) |")
+            continue
         forward = measurement.startswith("forward")
         value = "ms" if forward else "tokens_per_s"
         ref_measurement = measurement if forward else "generate plain"
@@ -373,9 +438,11 @@ def warn_if_busy(threads: int) -> None:
 
 def settings(args: argparse.Namespace) -> Settings:
     if args.quick:
-        return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], args.weights.split(","), args.flash_attn, True)
+        return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], args.weights.split(","), args.flash_attn, True,
+                        args.llama_cpp_bin)
     return Settings(args.threads, args.rounds, args.tokens, args.prompts, args.calls,
-                    [int(n) for n in args.sizes.split(",")], args.weights.split(","), args.flash_attn, False)
+                    [int(n) for n in args.sizes.split(",")], args.weights.split(","), args.flash_attn, False,
+                    args.llama_cpp_bin)
 
 
 def load_tools(s: Settings, n_ctx: int) -> dict:
@@ -385,8 +452,14 @@ def load_tools(s: Settings, n_ctx: int) -> dict:
              **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
     refs = {w: models.default_draft_ref(SPECQ_REFS[w]) for w in s.weights}
     drafts = {ref: specq.load(ref) for ref in set(refs.values()) if ref is not None}
-    return {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
-                "specq": Specq(SPECQ_REFS[w], drafts.get(refs[w]))} for w in s.weights}
+    tools = {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
+                 "specq": Specq(SPECQ_REFS[w], drafts.get(refs[w]))} for w in s.weights}
+    for w, pair in tools.items():
+        if s.llama_cpp_bin is not None and w in DRAFT_FILE:
+            pair["llama.cpp"].speculative = LlamaCppSpeculative(
+                s.llama_cpp_bin, files[w], packaged.path(PACKAGED[DRAFT_FILE[w]]), s.threads,
+                pair["specq"].model.tokenizer)
+    return tools
 
 
 def warm_up(tools: dict, prompt: list[int]) -> None:
@@ -412,6 +485,8 @@ def main() -> None:
                     help="llama.cpp's flash attention (default auto, llama.cpp's own default: on where the CPU backend has it)")
     ap.add_argument("--out", type=Path, default=None,
                     help=f"append JSON rows here (default {DEFAULT_OUT}; with --quick, nothing unless given)")
+    ap.add_argument("--llama-cpp-bin", type=Path, default=None,
+                    help="a folder with llama.cpp's llama-speculative-simple: also time its speculative modes")
     ap.add_argument("--quick", action="store_true", help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
     args = ap.parse_args()
     if importlib.util.find_spec("llama_cpp") is None:
@@ -423,7 +498,6 @@ def main() -> None:
     torch.set_num_threads(s.threads)
     out = args.out or (None if s.quick else DEFAULT_OUT)
     tools = load_tools(s, n_ctx=1024)
-    tokenizer = tools[s.weights[0]]["specq"].model.tokenizer
     prompts = [encode_prompt(tools[s.weights[0]]["specq"].model, p.text, p.chat)
                for p in load_set(args.prompt_set, s.prompts)]
     context_ids = torch.randint(100, 40000, (CONTEXT + max(s.sizes),),
