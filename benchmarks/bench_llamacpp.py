@@ -68,9 +68,9 @@ SPECULATIVE = {"generate gamma 2": ("model", 2), "generate gamma auto": ("model"
                "generate ngram": ("ngram", "auto")}
 # llama.cpp's speculative modes (`llama-speculative-simple` flags), for targets with a draft file
 LLAMA_CPP_SPECULATIVE = {
-    "llama.cpp draft n-max 2": ["--spec-type", "draft", "--spec-draft-n-max", "2"],
-    "llama.cpp draft n-max 4": ["--spec-type", "draft", "--spec-draft-n-max", "4"],
-    "llama.cpp draft n-max 8": ["--spec-type", "draft", "--spec-draft-n-max", "8", "--spec-draft-p-min", "0.6"],
+    "llama.cpp draft n-max 2": ["--spec-type", "draft-simple", "--spec-draft-n-max", "2"],
+    "llama.cpp draft n-max 4": ["--spec-type", "draft-simple", "--spec-draft-n-max", "4"],
+    "llama.cpp draft n-max 8": ["--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--spec-draft-p-min", "0.6"],
     "llama.cpp ngram-simple": ["--spec-type", "ngram-simple"],
     "llama.cpp ngram-mod": ["--spec-type", "ngram-mod"],
 }
@@ -226,7 +226,7 @@ class LlamaCppSpeculative:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(self.tokenizer.decode(prompt))
         command = [str(self.binary), "-m", str(self.target), "-md", str(self.draft), "-f", f.name, "-n", str(n),
-                   "--temp", "0", "-t", str(self.threads), "-td", str(self.threads), "-c", "2048", "--no-warmup",
+                   "--temp", "0", "-t", str(self.threads), "-td", str(self.threads), "-c", "2048",
                    *flags]
         done = subprocess.run(command, capture_output=True, text=True)
         Path(f.name).unlink()
