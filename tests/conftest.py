@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 from specq import backends
 from specq.core.sampling import SamplingConfig, probabilities
-from specq.loading.models import Model
+from specq.loading.model import Model
 from specq.loading.precision import parse, quantize_net
 from specq.model.feature_draft import new_feature_draft
 from specq.model.llama import Llama, LlamaConfig

@@ -26,7 +26,8 @@ from .drafters import TreeShape, for_levels, ngram
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
-from .loading.models import Model, check_compatible, check_target
+from .loading.model import Model
+from .loading.vocab import check_compatible, check_target
 
 # what `generate` takes as its draft: a model, an n-gram draft (or its text spec), or a list of
 # them, cheapest first (a hierarchy)

@@ -20,7 +20,9 @@ from pathlib import Path
 from .checks import arg_path
 from .errors import SpecqError
 from .loading import precision, registry, validate
-from .loading.models import ASSETS, SHIPPED_DRAFTS, draft_dirs, select_draft, split_ref
+from .loading.builtins import ASSETS, SHIPPED_DRAFTS
+from .loading.drafts import draft_dirs, select_draft
+from .loading.refs import split_ref
 from .model import feature_draft
 
 SCOPES = ("shipped", "yours")  # the order of `draft_dirs()`

@@ -28,8 +28,8 @@ import torch
 from .. import api, backends
 from ..drafters import refs as draft_refs
 from ..errors import SpecqError
-from ..loading import models, precision
-from ..loading.models import Model
+from ..loading import loader, precision
+from ..loading.model import Model
 from ..model import feature_draft
 from ..model.feature_draft import FeatureDraft
 from . import heldout, store
@@ -120,7 +120,7 @@ def peer_skip_reason(model: Model) -> str | None:
     return None
 
 
-def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.load, backend=None), generate=api.generate,
+def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(loader.load, backend=None), generate=api.generate,
         prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
         console=None, log=None, progress: bool = True, held_out=heldout.shakespeare_chunks) -> list[dict]:
     """Run every cell of the sweep that the store does not hold yet; return the stored run records,

@@ -23,7 +23,7 @@ from ..checks import integer
 from ..core.gamma import MAX_GAMMA
 from ..core.sampling import SamplingConfig
 from ..errors import SpecqError
-from ..loading.models import Model
+from ..loading.model import Model
 from .base import EMPTY, Proposal
 
 NAME = "ngram"

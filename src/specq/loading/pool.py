@@ -19,7 +19,10 @@ from .. import checks
 from ..api import Generation, generate
 from ..drafters import ngram
 from . import precision as precisions
-from .models import Model, load, select_draft, split_ref
+from .drafts import select_draft
+from .loader import load
+from .model import Model
+from .refs import split_ref
 
 
 class ModelPool:

@@ -51,7 +51,7 @@ def check_dir(path: Path) -> None:
 
 def check_hf_dir(path: Path) -> None:
     """A Hugging Face model folder: config, tokenizer, weights readable and, where the native Llama
-    runs it (safetensors weights, `models._load_hf_dir`), exactly the tensors of its config."""
+    runs it (safetensors weights, `hf.load_dir`), exactly the tensors of its config."""
     config = _config(path)
     _tokenizer(path)
     shapes = _headers([f for f in _weight_files(path) if f.suffix == ".safetensors"])

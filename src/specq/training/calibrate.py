@@ -19,7 +19,10 @@ from ..core.stats import bootstrap_ci
 from ..data import chat_prompts
 from ..errors import SpecqError
 from ..loading import precision, registry
-from ..loading.models import Model, check_compatible, save_native, split_ref
+from ..loading.model import Model
+from ..loading.refs import split_ref
+from ..loading.save import save_native
+from ..loading.vocab import check_compatible
 from ..model import feature_draft
 from ..model.feature_draft import FeatureDraft
 from .distill import (

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..core.stats import bootstrap_ci
 from ..errors import SpecqError
-from ..loading.models import Model
+from ..loading.model import Model
 from ..model.feature_draft import FeatureDraft
 
 METRICS = ("kl_ab", "kl_ba", "js", "tv", "top1", "beta")

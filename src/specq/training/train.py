@@ -29,7 +29,10 @@ import torch
 from .. import atomic, backends, checks, data
 from ..errors import SpecqError
 from ..loading import registry
-from ..loading.models import Model, check_compatible, check_target, split_ref, write_native
+from ..loading.model import Model
+from ..loading.refs import split_ref
+from ..loading.save import write_native
+from ..loading.vocab import check_compatible, check_target
 from ..model import feature_draft
 from ..model.feature_draft import FeatureDraft, frequent_tokens, new_feature_draft, restrict_head
 from ..model.llama import Llama, LlamaConfig
