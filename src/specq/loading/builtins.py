@@ -50,5 +50,12 @@ SHIPPED_DRAFTS = ("smollm2-135m-draft",  # sequence draft (any precision)
 PACKAGED_GGUF = {"qwen2.5-coder-1.5b": packaged.QWEN_CODER_1_5B, "qwen2.5-coder-0.5b": packaged.QWEN_CODER_0_5B}
 BUILTIN_GGUF = {"smollm2-135m": _smollm2_gguf,
                 **{name: (lambda f=f: packaged.path(f)) for name, f in PACKAGED_GGUF.items()}}
+
+
+def local_path(name: str) -> Path:
+    """The folder a name means without loading or converting anything: a shipped draft's, else the path."""
+    return ASSETS / "drafts" / name if name in SHIPPED_DRAFTS else Path(name).expanduser()
+
+
 BUILTINS = {"smollm2-135m": _smollm2_dir, **{name: _shipped_draft(name) for name in SHIPPED_DRAFTS},
             **{name: (lambda name=name: gguf_load.float_dir(BUILTIN_GGUF[name]())) for name in PACKAGED_GGUF}}

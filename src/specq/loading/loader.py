@@ -1,4 +1,4 @@
-"""`load`: a model reference -> a runnable `Model` and its tokenizer.
+"""`load`: a model reference -> a runnable `Model` and its tokenizer (any draft ref: `kinds.load`).
 
 A reference is a built-in name (`smollm2-135m`), a local Hugging Face directory, a `.gguf`
 file, or a hub id (works only online). The architectures of `model/architectures.py`'s table run on
@@ -14,9 +14,7 @@ import torch
 
 from .. import backends
 from ..errors import SpecqError
-from ..model import feature_draft
 from ..paths import cache_dir
-from ..weights.quant import quantize_model
 from . import hf, precision
 from .gguf_load import load_at_file_precision
 from .model import Model
@@ -48,19 +46,6 @@ def _load(ref: str) -> Model:
             raise SpecqError(f"quantize hub model '{name}' from a local copy (save it to a directory first)")
         net, tok, eos = hf.load_from_hub(name, spec.dtype)
         return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=f"hub:{name}",
-                     precision=str(spec), info={"load_s": time.perf_counter() - started})
-    if feature_draft.is_feature_draft(source):
-        if not spec.is_float and spec.method != "rtn":
-            raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16) or with RTN "
-                             f"integer weights (e.g. int8-head8), not {spec}")
-        from transformers import AutoTokenizer
-
-        net = feature_draft.load(source, spec.dtype or torch.float32)
-        if not spec.is_float:  # RTN of one small layer and a head: seconds, not worth a disk cache
-            quantize_model(net, spec, progress=False)
-        tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        eos = hf.generation_eos(source, None, local_only=True)  # no config.json: generation_config.json only
-        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
                      precision=str(spec), info={"load_s": time.perf_counter() - started})
     if precision.is_quantized_dir(source):
         net, saved_spec = precision.load_quantized_dir(source)

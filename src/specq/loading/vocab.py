@@ -5,24 +5,23 @@ from __future__ import annotations
 import weakref
 
 from ..errors import SpecqError
-from ..model import feature_draft
-from .model import Model
+from .model import Draft, Model
 
 
 def check_target(target: Model) -> None:
-    """A model that can be a target: a loaded Model whose network scores tokens on its own
-    (a feature draft reads another model's hidden states)."""
+    """A model that can be a target: a loaded `Model` (a `Draft` only drafts: a feature draft reads
+    another model's hidden states, `self@SPEC` is its target's own weights)."""
+    if isinstance(target, Draft):
+        raise SpecqError(f"'{target.ref}' is a {target.kind.name} draft: it drafts for a target and cannot be one")
     if not isinstance(target, Model):
         raise SpecqError(f"the target must be a model from specq.load, got {type(target).__name__}")
-    if isinstance(target.net, feature_draft.FeatureDraft):
-        raise SpecqError(f"'{target.ref}' is a feature draft: it drafts for a target and cannot be one")
 
 
-def check_compatible(draft: Model, target: Model) -> None:
+def check_compatible(draft: Model | Draft, target: Model) -> None:
     """The draft must give every token string the target's id and have an embedding row for
     every token of the target's tokenizer; padded vocab rows are allowed."""
     check_target(target)
-    if not isinstance(draft, Model):
+    if not isinstance(draft, (Model, Draft)):
         raise SpecqError(f"the draft must be a model from specq.load or None, got {type(draft).__name__}")
     _check_same_vocabulary(draft, target)
     if draft.vocab_size < len(target.tokenizer):
@@ -44,7 +43,7 @@ def _vocabulary_key(tokenizer) -> tuple[int, int]:
     return known
 
 
-def _check_same_vocabulary(draft: Model, target: Model) -> None:
+def _check_same_vocabulary(draft: Model | Draft, target: Model) -> None:
     if _vocabulary_key(draft.tokenizer) == _vocabulary_key(target.tokenizer):
         return
     dv, tv = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
