@@ -2,12 +2,12 @@
 how it loads, the drafter it makes for a target, how its network runs alone, how it is scored
 against its target and how it is saved (training: `training/students.py`).
 
-| kind       | named by                                   | loads as                          | drafter           |
-|------------|--------------------------------------------|-----------------------------------|-------------------|
-| `ngram`    | `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]`      | `NgramDraft` (MODEL by its kind)  | `NgramDrafter`, `FallbackDrafter` |
-| `self`     | `self@SPEC`                                | `Draft`: the target's weights at SPEC | `SequenceDrafter` |
-| `feature`  | a folder with `feature_draft.json`         | `Draft` (EAGLE style)             | `FeatureDrafter`  |
-| `sequence` | any other model ref (built-in, folder, `.gguf`, hub id) | `Model`              | `SequenceDrafter` |
+| kind       | named by                                 | loads as                            | drafter           |
+|------------|------------------------------------------|-------------------------------------|-------------------|
+| `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    | `NgramDrafter`    |
+| `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   | `SequenceDrafter` |
+| `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               | `FeatureDrafter`  |
+| `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    | `SequenceDrafter` |
 
 `load` here is `specq.load`: any ref, a target's or a draft's. Only a `Model` can be a target.
 """

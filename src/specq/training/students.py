@@ -120,7 +120,8 @@ STUDENTS = {
     "sequence": Student(sequence_forward, reads_features=False, head_vocab=False, new=_new_sequence,
                         check_base=_check_sequence_base, from_base=_sequence_from, finish=to_native),
     FEATURE: Student(feature_forward, reads_features=True, head_vocab=True, new=_new_feature,
-                     check_base=_check_feature_base, from_base=_feature_from, finish=lambda student, dtype: student.to(dtype).eval()),
+                     check_base=_check_feature_base, from_base=_feature_from,
+                     finish=lambda student, dtype: student.to(dtype).eval()),
 }
 
 
