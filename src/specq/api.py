@@ -5,6 +5,7 @@
     draft = specq.load("path/to/draft")
     out = specq.generate(target, "The capital of France is", draft=draft, gamma=4)
     print(out.text, out.stats.tau)
+    out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))  # its own int8 weights
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
 """
