@@ -24,7 +24,8 @@ import time
 import torch
 
 import specq
-from specq.loading.models import BUILTINS, default_draft_ref
+from specq.loading.builtins import BUILTINS
+from specq.loading.drafts import default_draft_ref
 
 PROMPTS = [
     "Explain in three sentences why the sky is blue.",

@@ -55,7 +55,8 @@ import specq
 from specq import paths
 from specq.api import encode_prompt
 from specq.bench.prompts import load_set
-from specq.loading import gguf_io, models, packaged
+from specq.loading import gguf_io, packaged
+from specq.loading.drafts import default_draft_ref
 
 CONTEXT = 128
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -450,7 +451,7 @@ def load_tools(s: Settings, n_ctx: int) -> dict:
     smol = q4_1_file() if {"q4_1", "f32"} & set(s.weights) else None
     files = {"q4_1": smol, "f32": f32_file(smol) if "f32" in s.weights else None,
              **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
-    refs = {w: models.default_draft_ref(SPECQ_REFS[w]) for w in s.weights}
+    refs = {w: default_draft_ref(SPECQ_REFS[w]) for w in s.weights}
     drafts = {ref: specq.load(ref) for ref in set(refs.values()) if ref is not None}
     tools = {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
                  "specq": Specq(SPECQ_REFS[w], drafts.get(refs[w]))} for w in s.weights}

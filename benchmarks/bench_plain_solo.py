@@ -13,7 +13,7 @@ import torch
 from bench_generate import PROMPTS, _specq, hf_generate
 
 import specq
-from specq.loading.models import BUILTINS
+from specq.loading.builtins import BUILTINS
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig
 
 import specq
-from specq.loading.models import BUILTINS
+from specq.loading.builtins import BUILTINS
 
 
 def both_at_context(context: int = 128):

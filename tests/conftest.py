@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 
 from specq import backends
 from specq.core.sampling import SamplingConfig, probabilities
-from specq.loading.models import Model
+from specq.loading.kinds import FEATURE
+from specq.loading.model import Draft, Model
 from specq.loading.precision import parse, quantize_net
 from specq.model.feature_draft import new_feature_draft
 from specq.model.llama import Llama, LlamaConfig
@@ -130,10 +131,11 @@ def chi_square_p(counts: dict, exact: dict, runs: int) -> float:
     return chisquare(observed, [e * scale for e in expected]).pvalue
 
 
-def _feature_model(target: Model, vocab_ids=None, seed: int = 0) -> Model:
+def _feature_model(target: Model, vocab_ids=None, seed: int = 0) -> Draft:
     ids = torch.arange(VOCAB) if vocab_ids is None else torch.tensor(vocab_ids)
     net = new_feature_draft(target.net, ids, seed=seed).eval()
-    return Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids, source="random")
+    return Draft(FEATURE, Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
+                                source="random"))
 
 
 def at(model: Model, spec: str, fast: bool) -> Model:

@@ -13,7 +13,7 @@ import specq
 from specq.checks import MARKER
 from specq.cli import main
 from specq.errors import SpecqError
-from specq.loading.models import save_native
+from specq.loading.save import save_native
 from specq.model import feature_draft
 from specq.model.feature_draft import new_feature_draft
 

@@ -15,7 +15,7 @@ import pytest
 
 from specq.cli import build_parser, main
 from specq.loading import registry
-from specq.loading.models import save_native
+from specq.loading.save import save_native
 
 from conftest import perturbed, tiny_model
 

@@ -4,9 +4,11 @@ from .api import Generation, generate
 from .core.sampling import SamplingConfig
 from .drafters.ngram import NgramDraft
 from .errors import SpecqError
-from .loading.models import Model, check_compatible, load
+from .loading.kinds import load
+from .loading.model import Draft, Model
 from .loading.pool import ModelPool
+from .loading.vocab import check_compatible
 
 __version__ = "0.1.0"
-__all__ = ["Generation", "Model", "ModelPool", "NgramDraft", "SamplingConfig", "SpecqError", "check_compatible", "generate",
+__all__ = ["Draft", "Generation", "Model", "ModelPool", "NgramDraft", "SamplingConfig", "SpecqError", "check_compatible", "generate",
            "load"]

@@ -5,6 +5,7 @@
     draft = specq.load("path/to/draft")
     out = specq.generate(target, "The capital of France is", draft=draft, gamma=4)
     print(out.text, out.stats.tau)
+    out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))  # its own int8 weights
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
 """
@@ -22,15 +23,17 @@ from .core.gamma import parse as parse_gamma
 from .core.sampling import SamplingConfig
 from .core.stats import DecodeStats
 from .core.stopping import trim_at_stop
-from .drafters import TreeShape, for_levels, ngram
+from .drafters import TreeShape, ngram
 from .drafters.base import DEFAULT_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
-from .loading.models import Model, check_compatible, check_target
+from .loading.kinds import for_levels
+from .loading.model import Draft, Model
+from .loading.vocab import check_compatible, check_target
 
-# what `generate` takes as its draft: a model, an n-gram draft (or its text spec), or a list of
-# them, cheapest first (a hierarchy)
-Draft = Model | ngram.NgramDraft | str | list | None
+# what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram draft (or its
+# text spec), or a list of them, cheapest first (a hierarchy)
+DraftArg = Model | Draft | ngram.NgramDraft | str | list | None
 
 
 @dataclass
@@ -128,7 +131,7 @@ def check_context(target: Model, proposal_nodes: int, max_new_tokens: int, promp
                          f"the target's context of {limit} tokens")
 
 
-def generate(target: Model, prompt: str | list[int], draft: Draft = None, *, gamma: int | str = DEFAULT_GAMMA,
+def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, gamma: int | str = DEFAULT_GAMMA,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
              ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
@@ -150,7 +153,7 @@ def generate(target: Model, prompt: str | list[int], draft: Draft = None, *, gam
     return finish(sequence, _draft(draft))
 
 
-def _draft(draft: Draft) -> Draft:
+def _draft(draft: DraftArg) -> DraftArg:
     """A draft as given to `generate`: text is an n-gram spec (a model draft is loaded with
     `specq.load`); a list is a hierarchy, cheapest first."""
     if isinstance(draft, list):
@@ -167,7 +170,7 @@ def _draft(draft: Draft) -> Draft:
     return spec
 
 
-def start(target: Model, prompt: str | list[int], draft: Draft = None, *,
+def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
           gamma: int | str = DEFAULT_GAMMA, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
           top_p: float = 1.0, seed: int = 0, chat: bool = False, stop: list[str] | None = None,
           ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
@@ -194,7 +197,7 @@ def start(target: Model, prompt: str | list[int], draft: Draft = None, *,
                     generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens)
 
 
-def finish(sequence: Sequence, draft: Draft) -> Generation:
+def finish(sequence: Sequence, draft: DraftArg) -> Generation:
     """A finished sequence as a `Generation` (the text ends before a stop string)."""
     ids, reason, stats = sequence.result()
     text = sequence.target.tokenizer.decode(ids, skip_special_tokens=True)

@@ -259,7 +259,9 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api, backends
-    from .loading.models import check_ref, load, resolve_draft_ref, select_draft
+    from .loading.drafts import resolve_draft_ref, select_draft
+    from .loading.kinds import load
+    from .loading.refs import check_ref
     from .report import print_backends, print_generation
 
     if args.threads:
@@ -327,7 +329,8 @@ def cmd_quantize(args) -> int:
     import torch
 
     from .loading import precision
-    from .loading.models import check_ref, load, split_ref
+    from .loading.kinds import load
+    from .loading.refs import check_ref, split_ref
     from .weights.quant import weight_bytes
 
     if args.threads:
@@ -352,7 +355,9 @@ def cmd_compare(args) -> int:
     import torch
 
     from . import backends
-    from .loading.models import check_compatible, check_ref, load
+    from .loading.kinds import load
+    from .loading.refs import check_ref
+    from .loading.vocab import check_compatible
     from .report import print_comparison
     from .training.divergence import compare, held_out_chunks
 
@@ -392,7 +397,8 @@ def _training_options(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from .loading.models import check_ref, load
+    from .loading.kinds import load
+    from .loading.refs import check_ref
     from .training.calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
 
     _training_options(args)
@@ -427,17 +433,19 @@ def cmd_distill(args) -> int:
 
     import torch
 
-    from .loading.models import check_ref, load
-    from .training.train import DistillSettings, architecture, check_run, check_sources, feature_layers, run
+    from .loading.kinds import load
+    from .loading.refs import check_ref
+    from .training import students
+    from .training.train import DistillSettings, check_run, check_sources, run
 
     _training_options(args)
     if args.minutes is not None and args.minutes <= 0:
         raise SpecqError(f"--minutes must be positive, got {args.minutes}")
     if not args.texts and not args.prompts:
         raise SpecqError("no training data: give --texts and/or --prompts")
-    if args.base is None and feature_layers(args.arch) is None:  # validate before loading anything
-        architecture(args.arch, 1)
-        if args.head_vocab is not None:
+    if args.base is None:  # validate before loading anything
+        students.check_arch(args.arch)
+        if args.head_vocab is not None and not students.of(students.arch_kind(args.arch)).head_vocab:
             raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a feature draft)")
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}.work"

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from .checks import arg_path
 from .errors import SpecqError
-from .loading import precision, registry, validate
-from .loading.models import ASSETS, SHIPPED_DRAFTS, draft_dirs, select_draft, split_ref
-from .model import feature_draft
+from .loading import folders, precision, registry, validate
+from .loading.builtins import ASSETS, SHIPPED_DRAFTS
+from .loading.drafts import draft_dirs, select_draft
+from .loading.refs import split_ref
 
 SCOPES = ("shipped", "yours")  # the order of `draft_dirs()`
 
@@ -41,10 +42,11 @@ class Row:
         return name in (self.entry.draft, self.path.name) or Path(name).expanduser().resolve() == self.path.resolve()
 
     def to_dict(self) -> dict:
-        kind = "built-in" if self.entry.builtin else "feature" if feature_draft.is_feature_draft(self.path) else "sequence"
+        folder = folders.of(self.path)
+        kind = "built-in" if self.entry.builtin else folder.kind if folder else "missing"
         return {"registry": self.scope, "target": self.entry.target, "precision": self.entry.precision,
                 "draft": self.entry.draft, "runs_at": self.entry.draft_spec or None, "folder": str(self.path),
-                "kind": kind if self.entry.builtin or registry.is_draft_dir(self.path) else "missing",
+                "kind": kind,
                 "info": self.entry.info}
 
 

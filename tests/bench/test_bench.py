@@ -19,7 +19,7 @@ from specq.bench.report import write_report
 from specq.cli import _Parser
 from specq.core.stats import bootstrap_ci
 from specq.errors import SpecqError
-from specq.loading.models import save_native
+from specq.loading.save import save_native
 
 from conftest import perturbed, tiny_model
 
@@ -431,7 +431,7 @@ def test_a_gguf_files_own_precision_is_a_target_precision(tmp_path):
     """`target_quant = ["gguf"]` (a GGUF file at its own precision) is a precision like the others:
     accepted, crossed with every target, spelled as is; its cells skip the transformers peer
     (quantized blocks), and a typo is still a one-line error."""
-    from specq.loading.models import Model
+    from specq.loading.model import Model
 
     model = tmp_path / "model.gguf"
     model.touch()  # the config stage checks only that the file exists

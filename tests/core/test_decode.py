@@ -10,7 +10,7 @@ from specq.backends import compiled
 from specq.core.decode import decode
 from specq.core.sampling import SamplingConfig
 from specq.drafters.base import Proposal
-from specq.loading.models import Model
+from specq.loading.model import Model
 from specq.model.hf_backend import HFCausalLM
 
 from conftest import PROMPTS, _exact_sequence_distribution, chi_square_p, perturbed, tiny_model, tiny_tokenizer

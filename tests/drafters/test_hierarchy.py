@@ -3,7 +3,8 @@
 import pytest
 
 from specq import generate
-from specq.drafters import HierarchicalDrafter, TreeShape, for_levels
+from specq.drafters import HierarchicalDrafter, TreeShape
+from specq.loading.kinds import for_levels
 
 from conftest import (
     _config,

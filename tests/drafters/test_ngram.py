@@ -11,10 +11,11 @@ from specq import api
 from specq.cli import main
 from specq.core import acceptance
 from specq.core.sampling import SamplingConfig
-from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape, for_pair, refs
+from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape, refs
 from specq.drafters.ngram import DEFAULT_K, NgramIndex, parse
 from specq.errors import SpecqError
-from specq.loading.models import save_native
+from specq.loading.kinds import for_pair
+from specq.loading.save import save_native
 
 from conftest import _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
 
@@ -312,7 +313,7 @@ def test_cli_bad_ngram_drafts_fail_before_any_model_loads(args, needle, capsys, 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("specq.loading.models.load", no_loading)
+    monkeypatch.setattr("specq.loading.kinds.load", no_loading)
     assert main(["generate", "hi", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err

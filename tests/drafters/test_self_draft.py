@@ -5,7 +5,7 @@ import pytest
 
 from specq import generate
 from specq.drafters import TreeShape
-from specq.loading.models import resolve_draft_ref
+from specq.loading.drafts import resolve_draft_ref
 
 from conftest import _config, _exact_sequence_distribution, _self_draft, chi_square_p, tiny_model
 

@@ -6,8 +6,9 @@ import torch
 from specq import generate
 from specq.backends.fastpath import apply
 from specq.core.acceptance import depths, tree_mask
-from specq.drafters import TreeShape, for_pair
+from specq.drafters import TreeShape
 from specq.drafters.tree import grow
+from specq.loading.kinds import for_pair
 
 from conftest import _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
 

@@ -138,10 +138,10 @@ def test_corrupt_gguf_is_one_line(tmp_path, damage):
 def test_builtin_target_converts_from_an_empty_cache(tmp_path, monkeypatch):
     """The first run on a fresh machine converts the shipped GGUF file (no `accelerate`, no hub)."""
     import specq
-    from specq.loading import models
+    from specq.loading import builtins
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
-    path = models.BUILTINS["smollm2-135m"]()
+    path = builtins.BUILTINS["smollm2-135m"]()
     assert path == tmp_path / "smollm2-135m" and (path / "model.safetensors").is_file()
     target = specq.load("smollm2-135m")
     assert target.source == str(path)
@@ -211,7 +211,7 @@ def tied_gguf(path, qtype: str, seed: int = 0):
     returns the float model it was written from."""
     import dataclasses
 
-    from specq.loading.models import Model
+    from specq.loading.model import Model
     from specq.model.llama import Llama
 
     model = tiny_model(vocab=48, hidden=64, scale=3.0, seed=seed)
@@ -259,7 +259,7 @@ def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
 def test_tied_file_greedy_speculative_equals_plain(tmp_path):
     from specq.backends import fastpath
     from specq.kernels import int8dot
-    from specq.loading.models import Model
+    from specq.loading.model import Model
 
     from conftest import perturbed
 

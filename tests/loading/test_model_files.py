@@ -9,13 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specq.loading import models
+from specq.loading import builtins, loader
+from specq.loading.save import save_native
 from specq.model.feature_draft import CONFIG_FILE, KIND
 
 from conftest import tiny_model
 
-SHIPPED = models.ASSETS / "drafts"
-CAUSAL_LM_DRAFTS = [n for n in models.SHIPPED_DRAFTS if (SHIPPED / n / "config.json").is_file()]
+SHIPPED = builtins.ASSETS / "drafts"
+CAUSAL_LM_DRAFTS = [n for n in builtins.SHIPPED_DRAFTS if (SHIPPED / n / "config.json").is_file()]
 
 
 def _same_logits(directory, native) -> None:
@@ -30,17 +31,17 @@ def _same_logits(directory, native) -> None:
 
 def test_written_model_loads_in_transformers(tmp_path):
     model = tiny_model(scale=3.0)
-    models.save_native(model, tmp_path / "m")
+    save_native(model, tmp_path / "m")
     _same_logits(tmp_path / "m", model.net)
 
 
 def test_shipped_sequence_drafts_are_standard_causal_lms():
     assert len(CAUSAL_LM_DRAFTS) == 2
     for name in CAUSAL_LM_DRAFTS:
-        _same_logits(SHIPPED / name, models.load(name).net)
+        _same_logits(SHIPPED / name, loader.load(name).net)
 
 
-@pytest.mark.parametrize("name", sorted(set(models.SHIPPED_DRAFTS) - set(CAUSAL_LM_DRAFTS)))
+@pytest.mark.parametrize("name", sorted(set(builtins.SHIPPED_DRAFTS) - set(CAUSAL_LM_DRAFTS)))
 def test_feature_draft_does_not_pose_as_a_causal_lm(name):
     """A feature draft cannot generate alone (it reads the target's hidden states), so its folder
     has no config.json for a tool to misread; feature_draft.json names what it is."""

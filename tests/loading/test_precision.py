@@ -5,7 +5,7 @@ import torch
 
 import specq
 from specq.cli import main
-from specq.loading.models import save_native
+from specq.loading.save import save_native
 
 from conftest import perturbed, tiny_model
 

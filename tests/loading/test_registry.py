@@ -76,7 +76,7 @@ def test_corrupt_or_missing_manifest(tmp_path):
 
 def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch):
     import specq
-    from specq.loading.models import save_native
+    from specq.loading.save import save_native
 
     from conftest import perturbed, tiny_model
 
@@ -100,7 +100,7 @@ def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch)
 
 def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
     """`draft_spec` runs the selected draft at that precision: the selected ref carries it."""
-    from specq.loading.models import select_draft
+    from specq.loading.drafts import select_draft
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     drafts = tmp_path / "cache" / "drafts"
@@ -113,7 +113,7 @@ def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
 
 def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
     """The Qwen pair: the 1.5B file's default draft is the 0.5B built-in, a name with no folder."""
-    from specq.loading.models import known_drafts, select_draft
+    from specq.loading.drafts import known_drafts, select_draft
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
     assert select_draft("qwen2.5-coder-1.5b")[0] == "qwen2.5-coder-0.5b"

@@ -8,8 +8,8 @@ import torch
 from specq import generate
 from specq.core.decode import decode
 from specq.drafters import FeatureDrafter
-from specq.loading import models
-from specq.loading.models import Model
+from specq.loading import kinds
+from specq.loading.model import Draft, Model
 from specq.model.feature_draft import FeatureDraft, new_feature_draft, save
 from specq.training import distill
 from specq.training.distill import TeacherSet
@@ -141,7 +141,8 @@ def test_sampling_distribution_matches_target():
     prompt, cfg = [1, 2], SamplingConfig(temperature=1.0)
     target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
     net = new_feature_draft(target.net, torch.tensor([0, 2, 3, 4]), seed=5).eval()  # token 1 never drafted
-    draft = Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids, source="random")
+    draft = Draft(kinds.FEATURE, Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
+                                       source="random"))
     exact = _exact_sequence_distribution(target, prompt, 3, cfg)
     runs = 3000
     counts = dict.fromkeys(exact, 0)
@@ -160,7 +161,7 @@ def test_sampling_distribution_matches_target():
 def test_save_and_load_through_models(trained, tmp_path):
     target, draft, _, _ = trained
     save(draft.net, tmp_path / "fd", target.tokenizer, frozenset({3}), {"note": "test"})
-    loaded = models.load(str(tmp_path / "fd"))
+    loaded = kinds.load(str(tmp_path / "fd"))
     assert isinstance(loaded.net, FeatureDraft) and loaded.eos_ids == frozenset({3})
     assert loaded.vocab_size == VOCAB
     saved, back = draft.net.state_dict(), loaded.net.state_dict()
@@ -182,7 +183,7 @@ def test_bad_feature_draft_is_a_clear_error(tmp_path):
     (tmp_path / "fd").mkdir()
     (tmp_path / "fd" / "feature_draft.json").write_text("{broken")
     with pytest.raises(SpecqError, match=r"feature_draft.json' is not valid JSON"):  # checked before loading
-        models.load(str(tmp_path / "fd"))
+        kinds.load(str(tmp_path / "fd"))
     target = tiny_model(vocab=VOCAB)
     other = tiny_model(vocab=VOCAB, hidden=16)
     with pytest.raises(SpecqError, match="made for a target"):
@@ -222,7 +223,7 @@ def test_bench_runs_a_feature_draft_and_skips_its_peer(trained, tmp_path):
     assert row["mismatches"] == [] and row["tau"][0] >= 1
     assert row["peer_skipped"]
     save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
-    assert "feature draft" in runner.peer_skip_reason(models.load(str(tmp_path / "fd")))
+    assert "feature draft" in runner.peer_skip_reason(kinds.load(str(tmp_path / "fd")))
 
 
 def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
@@ -233,7 +234,7 @@ def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
 
     target, draft, _, _ = trained
     save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
-    cheap = models.load(f"{tmp_path / 'fd'}@int8-head8")
+    cheap = kinds.load(f"{tmp_path / 'fd'}@int8-head8")
     kernels = [m.kernel for m in cheap.net.modules() if hasattr(m, "kernel") and isinstance(m.kernel, str)]
     assert len(kernels) == 1 + 4 + 1 and all("int8dot" in k for k in kernels)  # fc, the layer's 4, the head
     accepted = rejected = 0
@@ -245,7 +246,7 @@ def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
         rejected += out.stats.drafted - out.stats.accepted
     assert accepted > 0 and rejected > 0
     with pytest.raises(SpecqError, match="RTN integer weights"):
-        models.load(f"{tmp_path / 'fd'}@int4-g32-gptq")
+        kinds.load(f"{tmp_path / 'fd'}@int4-g32-gptq")
 
 
 @torch.inference_mode()
@@ -259,7 +260,7 @@ def test_a_draft_on_the_fast_path_runs_its_layer_in_one_call(trained, tmp_path):
 
     target, draft, _, _ = trained
     save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
-    stacked = models.load(f"{tmp_path / 'fd'}@int8-head8").net.attach(target.net)
+    stacked = kinds.load(f"{tmp_path / 'fd'}@int8-head8").net.attach(target.net)
     assert stacked.body.stack is not None
     modules = copy.deepcopy(stacked).attach(target.net)
     modules.body.stack = None
@@ -299,7 +300,7 @@ def test_a_narrowed_head_keeps_its_rows_and_stays_lossless(trained, tmp_path):
     torch.testing.assert_close(hidden, wide_hidden)  # the copy runs on torch's kernels, which may round
     torch.testing.assert_close(logits, wide_logits[:, keep])  # differently (also: a narrower GEMM)
     save(narrow, tmp_path / "narrow", target.tokenizer, target.eos_ids)
-    loaded = models.load(str(tmp_path / "narrow"))
+    loaded = kinds.load(str(tmp_path / "narrow"))
     drafted = rejected = 0
     for prompt in PROMPTS:
         out = generate(target, prompt, loaded, gamma=3, max_new_tokens=25, draft_confidence=0.0)

@@ -8,7 +8,7 @@ import pytest
 import specq
 from specq.cli import main
 from specq.loading import registry
-from specq.loading.models import save_native
+from specq.loading.save import save_native
 
 from conftest import tiny_model
 

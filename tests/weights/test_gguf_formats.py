@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, quants
 from specq.backends import fastpath
 from specq.kernels import int8dot
 from specq.loading import gguf_io
-from specq.loading.models import Model
+from specq.loading.model import Model
 from specq.weights.gguf_formats import FORMATS, stack_rows, to_float
 from specq.weights.quant.modules import FileBlocks
 

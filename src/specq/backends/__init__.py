@@ -69,11 +69,11 @@ def prepare(net: nn.Module, name: str = DEFAULT) -> str:
 
 
 def native(net: nn.Module) -> bool:
-    """Whether specq's own decoder (and so its kernels) runs this network."""
-    from ..model.feature_draft import FeatureDraft
+    """Whether specq's own decoder (and so its kernels) runs this network: it is one, or wraps one
+    (a feature draft's layers are a `Llama` body)."""
     from ..model.llama import Llama
 
-    return isinstance(net, (Llama, FeatureDraft))
+    return isinstance(net, Llama) or any(isinstance(child, Llama) for child in net.children())
 
 
 def plain_copy(net: nn.Module) -> nn.Module:

@@ -25,7 +25,9 @@ from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.models import BUILTINS, SELF, check_ref, default_draft_ref, split_ref
+from ..loading.builtins import BUILTINS
+from ..loading.drafts import default_draft_ref
+from ..loading.refs import SELF, check_ref, split_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"

@@ -12,7 +12,8 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from ..loading.models import Model, split_ref
+from ..loading.model import Model
+from ..loading.refs import split_ref
 from ..training import divergence
 from . import store
 

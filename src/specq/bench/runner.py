@@ -28,10 +28,8 @@ import torch
 from .. import api, backends
 from ..drafters import refs as draft_refs
 from ..errors import SpecqError
-from ..loading import models, precision
-from ..loading.models import Model
-from ..model import feature_draft
-from ..model.feature_draft import FeatureDraft
+from ..loading import kinds, precision
+from ..loading.model import Draft, Model
 from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
 from .prompts import Prompt, load_set
@@ -108,19 +106,20 @@ class _Models:
         return self.hf[model.ref]
 
 
-def peer_skip_reason(model: Model) -> str | None:
+def peer_skip_reason(model: Model | Draft) -> str | None:
     """Why transformers cannot run this model as is (None: it can)."""
     if not precision.is_float(model.precision):
         return f"{model.ref} is quantized"
+    kind = kinds.kind_of(model)
+    if not kind.transformers:
+        return f"{model.ref} is a {kind.name} draft (transformers has no equivalent)"
     source = Path(model.source)
-    if feature_draft.is_feature_draft(source):
-        return f"{model.ref} is a feature draft (transformers has no equivalent)"
     if not (source / "config.json").is_file() or precision.is_quantized_dir(source):
         return f"{model.ref} is not a Hugging Face directory"
     return None
 
 
-def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(models.load, backend=None), generate=api.generate,
+def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.load, backend=None), generate=api.generate,
         prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
         console=None, log=None, progress: bool = True, held_out=heldout.shakespeare_chunks) -> list[dict]:
     """Run every cell of the sweep that the store does not hold yet; return the stored run records,
@@ -253,17 +252,13 @@ def answer_text(target: Model, token_ids: list[int]) -> str:
 
 
 @torch.inference_mode()
-def prefill_ms(model: Model, prompt_ids: list[int]) -> float:
+def prefill_ms(model: Model | Draft, prompt_ids: list[int]) -> float:
     """One prompt forward of one model alone (the decode loop times both models' prefill together)."""
     ids = torch.tensor(prompt_ids, dtype=torch.long)
     cache = model.net.new_cache(len(prompt_ids) + 1)
-    if isinstance(model.net, FeatureDraft):  # its rows also read target states: any of that shape cost the same
-        states = torch.zeros(len(prompt_ids), model.net.config.hidden_size)
-        started = time.perf_counter()
-        model.net(ids, states, cache)
-    else:
-        started = time.perf_counter()
-        model.net(ids, cache, last_only=True)
+    rows = kinds.kind_of(model).rows
+    started = time.perf_counter()
+    rows(model.net, ids, cache)
     return (time.perf_counter() - started) * 1000
 
 

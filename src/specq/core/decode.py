@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..drafters.base import DEFAULT_GAMMA, EMPTY, Drafter, Proposal
-from ..loading.models import Model
+from ..loading.model import Model
 from ..model.llama import Rows
 from .acceptance import accept_greedy, accept_sampling, depths, is_chain, verify_layout
 from .gamma import CostAwareGamma

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..core.acceptance import accept_greedy, accept_sampling, is_chain, verify_layout
 from ..core.sampling import SamplingConfig, probabilities
-from ..loading.models import Model
+from ..loading.model import Model
 from ..model.llama import ROW_BY_ROW_MAX, Llama
 from .base import Drafter, Proposal
 

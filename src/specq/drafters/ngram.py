@@ -23,7 +23,7 @@ from ..checks import integer
 from ..core.gamma import MAX_GAMMA
 from ..core.sampling import SamplingConfig
 from ..errors import SpecqError
-from ..loading.models import Model
+from ..loading.model import Draft, Model
 from .base import EMPTY, Proposal
 
 NAME = "ngram"
@@ -52,13 +52,13 @@ class NgramDraft:
     n_max: int = DEFAULT_N_MAX
     n_min: int = DEFAULT_N_MIN
     k: int = DEFAULT_K
-    fallback: Model | None = None
+    fallback: Model | Draft | None = None
 
     def __post_init__(self):
         integer("n", self.n_max, 1, MAX_N)
         integer("the smallest n", self.n_min, 1, self.n_max)
         integer("k", self.k, 1, MAX_GAMMA)
-        if self.fallback is not None and not isinstance(self.fallback, Model):
+        if self.fallback is not None and not isinstance(self.fallback, (Model, Draft)):
             raise SpecqError(f"an n-gram draft's fallback must be a model from specq.load, got "
                              f"{type(self.fallback).__name__}")
 

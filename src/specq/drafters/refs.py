@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import Callable
 
 from ..errors import SpecqError
-from ..loading.models import Model, resolve_draft_ref
+from ..loading.drafts import resolve_draft_ref
+from ..loading.model import Model
 from . import ngram
 
 

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from ..core.sampling import SamplingConfig
-from ..loading.models import Model
+from ..loading.model import Model
 from .base import Proposal, choose
 from .tree import TreeShape, grow
 

@@ -19,7 +19,10 @@ from .. import checks
 from ..api import Generation, generate
 from ..drafters import ngram
 from . import precision as precisions
-from .models import Model, load, select_draft, split_ref
+from .drafts import select_draft
+from .kinds import load
+from .model import Draft, Model
+from .refs import split_ref
 
 
 class ModelPool:
@@ -39,7 +42,7 @@ class ModelPool:
                 self._targets[spec] = load(f"{self.target}@{spec}")
             return self._targets[spec]
 
-    def draft_model(self, precision: str, ref: str) -> Model | ngram.NgramDraft:
+    def draft_model(self, precision: str, ref: str) -> Model | Draft | ngram.NgramDraft:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
         draft binds to its target's embedding, and precisions may decode at the same time. An
         n-gram draft loads nothing; its fallback model is loaded like any other draft."""
@@ -49,7 +52,7 @@ class ModelPool:
         key = (precisions.canonical(precision), ref)
         with self._lock:
             if key not in self._drafts:
-                self._drafts[key] = load(ref)
+                self._drafts[key] = load(ref, target=f"{self.target}@{key[0]}")  # `self@SPEC`: this target
             return self._drafts[key]
 
     def models(self, precision: str = "fp32") -> tuple[Model, Model | None, str | None]:

@@ -21,7 +21,7 @@ from ..model.llama import Llama, LlamaConfig
 QUANT_CONFIG = "quant_config.json"
 
 
-FILE_PRECISION = "gguf"  # `name@gguf`: a GGUF file's own quantized tensors (`models.load`)
+FILE_PRECISION = "gguf"  # `name@gguf`: a GGUF file's own quantized tensors (`loader.load`)
 CALIB_LEN = 512  # tokens per GPTQ/AWQ calibration window, unless the model's context is shorter
 
 

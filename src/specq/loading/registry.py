@@ -28,8 +28,8 @@ from pathlib import Path
 
 from .. import atomic
 from ..errors import SpecqError
-from ..model import feature_draft
 from ..paths import cache_dir
+from . import folders
 
 MANIFEST = "manifest.json"
 
@@ -110,17 +110,17 @@ def draft_path(directory: Path | str, entry: Entry) -> Path:
 
 
 def is_draft_dir(path: Path) -> bool:
-    """A model directory specq can load as a draft: Hugging Face layout or a feature draft."""
-    return (path / "config.json").exists() or feature_draft.is_feature_draft(path)
+    """A folder specq can load as a draft (`folders.FOLDERS`: a model's or a feature draft's)."""
+    return folders.of(path) is not None
 
 
 def candidates(directory: Path | str, target: str, quantizable: bool = False) -> list[tuple[Path, Entry]]:
     """(draft dir, entry) of every usable entry for `target` in a drafts directory, in manifest order:
-    the folder exists, and with `quantizable` it is not a feature draft (those run only at a
-    float precision or with RTN weights)."""
+    the folder exists, and with `quantizable` it can be quantized by every method (a feature draft
+    runs only at a float precision or with RTN weights; a built-in is what it is)."""
     return [(draft_path(directory, e), e) for e in read(directory)
             if e.target == target and (e.builtin or is_draft_dir(draft_path(directory, e)))
-            and not (quantizable and (e.builtin or feature_draft.is_feature_draft(draft_path(directory, e))))]
+            and not (quantizable and (e.builtin or not folders.of(draft_path(directory, e)).quantizable))]
 
 
 def select(shipped: Path | str, user: Path | str, target: str, precision: str,

@@ -18,10 +18,9 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecqError
-from ..model import feature_draft
 from ..model.architectures import unsupported
 from ..model.llama import Llama, LlamaConfig, native_to_hf_state_dict
-from . import precision
+from . import folders, precision
 
 # a tokenizer transformers can build from the folder: a fast tokenizer's file, or a slow one's vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -35,11 +34,13 @@ IGNORED = ("rotary_emb.inv_freq",)  # buffers older checkpoints hold and every l
 
 
 def check_dir(path: Path) -> None:
-    """Any local model folder specq loads: a feature draft, a quantized model, or a Hugging Face folder."""
-    if feature_draft.is_feature_draft(path):
-        _json_object(path / feature_draft.CONFIG_FILE)
+    """Any local model folder specq loads: one in specq's own format (`folders.py`: its config,
+    tokenizer and weights), a quantized model, or a Hugging Face folder."""
+    folder = folders.of(path)
+    if folder is not None and folder.weights:
+        _json_object(path / folder.marker)
         _tokenizer(path)
-        _headers([path / feature_draft.WEIGHTS_FILE])
+        _headers([path / name for name in folder.weights])
     elif precision.is_quantized_dir(path):
         _json_object(path / precision.QUANT_CONFIG)
         _config(path)
@@ -51,7 +52,7 @@ def check_dir(path: Path) -> None:
 
 def check_hf_dir(path: Path) -> None:
     """A Hugging Face model folder: config, tokenizer, weights readable and, where the native Llama
-    runs it (safetensors weights, `models._load_hf_dir`), exactly the tensors of its config."""
+    runs it (safetensors weights, `hf.load_dir`), exactly the tensors of its config."""
     config = _config(path)
     _tokenizer(path)
     shapes = _headers([f for f in _weight_files(path) if f.suffix == ".safetensors"])

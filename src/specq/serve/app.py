@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from ..drafters import ngram
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.models import split_ref
+from ..loading.refs import split_ref
 from . import errors
 from .engine import Engine, Job
 from .errors import APIError

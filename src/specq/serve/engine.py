@@ -28,7 +28,7 @@ from ..core.decode import Sequence, step
 from ..core.gamma import parse as parse_gamma
 from ..drafters.ngram import NgramDraft
 from ..errors import SpecqError
-from ..loading.models import Model
+from ..loading.model import Model
 from ..loading.pool import ModelPool
 from .errors import APIError, bad_request
 from .metrics import Metrics

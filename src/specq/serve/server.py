@@ -15,9 +15,10 @@ from fastapi import FastAPI
 from .. import checks
 from ..drafters.ngram import draft_models, is_ngram, parse
 from ..errors import SpecqError
-from ..loading.models import check_ref, known_drafts
+from ..loading.drafts import known_drafts
 from ..loading.pool import ModelPool
 from ..loading.precision import canonical
+from ..loading.refs import check_ref
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics

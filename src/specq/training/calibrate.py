@@ -13,24 +13,17 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import backends, checks
+from .. import checks
 from ..api import generate
 from ..core.stats import bootstrap_ci
 from ..data import chat_prompts
 from ..errors import SpecqError
-from ..loading import precision, registry
-from ..loading.models import Model, check_compatible, save_native, split_ref
-from ..model import feature_draft
-from ..model.feature_draft import FeatureDraft
-from .distill import (
-    distill,
-    feature_forward,
-    float_teacher,
-    init_draft,
-    sequence_forward,
-    teacher_continuations,
-    to_native,
-)
+from ..loading import kinds, precision, registry
+from ..loading.model import Draft, Model
+from ..loading.refs import split_ref
+from ..loading.vocab import check_compatible
+from . import students
+from .distill import distill, float_teacher, teacher_continuations
 
 
 @dataclass(frozen=True)
@@ -46,7 +39,7 @@ class CalibrationSettings:
     gamma: int = 4
 
 
-def acceptance(target: Model, draft: Model, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
+def acceptance(target: Model, draft: Model | Draft, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
     """Greedy speculative runs without an early draft stop (so every proposal is gamma tokens):
     per-prompt acceptance rate and tau, with bootstrap CIs."""
     rates, taus = [], []
@@ -106,7 +99,7 @@ def check_output(out: Path | str, force: bool = False, resume: bool = False) -> 
     return out
 
 
-def calibrate(target: Model, draft: Model, settings: CalibrationSettings = CalibrationSettings(),
+def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings = CalibrationSettings(),
               out: Path | str | None = None, progress: bool = True, measure: bool = True, *,
               force: bool = False, resume: bool = False, register: bool = False) -> dict:
     """Fine-tune `draft` on `target`'s own outputs and save it (by default into `registry_dir`);
@@ -117,14 +110,13 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     check_compatible(draft, target)
     if draft.precision not in ("fp32", "bf16", "fp16"):
         raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
-    source = Path(draft.source)
-    feature = isinstance(draft.net, FeatureDraft)
-    if not (source / "config.json").is_file() and not feature:
-        raise SpecqError(f"draft '{draft.ref}' must be a local model directory to calibrate")
+    kind = kinds.kind_of(draft)
+    student_kind = students.of(kind)
+    student_kind.check_base(draft, None)
     out = check_output(out or default_out(draft.ref, target.precision), force, resume)
     train_prompts = chat_prompts("train")[: settings.prompts]
     held_prompts = chat_prompts("held_out")[: settings.held_out]
-    def measured(d: Model) -> dict | None:
+    def measured(d: Model | Draft) -> dict | None:
         return acceptance(target, d, held_prompts, settings.gamma, settings.max_new_tokens) if measure else None
 
     before = measured(draft)
@@ -134,23 +126,18 @@ def calibrate(target: Model, draft: Model, settings: CalibrationSettings = Calib
     held = teacher_continuations(teacher, target.tokenizer, held_prompts, max_new_tokens=settings.max_new_tokens,
                                  progress=progress)
     del teacher
-    if feature:  # it learns from this target's own hidden states
+    if student_kind.reads_features:  # it learns from this target's own hidden states
         train, held = train.with_features(target.net), held.with_features(target.net)
-        student = backends.plain_copy(draft.net).float().attach(target.net).train()
-    else:
-        student = init_draft(None, from_dir=source)
+    student = student_kind.from_base(draft, target, train, None)
     checkpoints = checkpoint_dir(out)  # an interrupted run resumes from here
     result = distill(student, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,
                      batch=settings.batch, checkpoint_dir=checkpoints, eval_every=max(1, settings.steps // 5),
-                     progress=progress, forward=feature_forward if feature else sequence_forward)
-    net = student.to(draft.net.dtype).eval() if feature else to_native(student, draft.net.dtype)
-    tuned = Model(ref=str(out), net=net, tokenizer=draft.tokenizer, eos_ids=draft.eos_ids, source=str(out),
-                  precision=draft.precision)
+                     progress=progress, forward=student_kind.forward)
+    net = student_kind.finish(student, draft.net.dtype)
+    tuned = kinds.as_kind(kind, Model(ref=str(out), net=net, tokenizer=draft.tokenizer, eos_ids=draft.eos_ids,
+                                      source=str(out), precision=draft.precision))
     after = measured(tuned)
-    if feature:
-        feature_draft.save(net, out, draft.tokenizer, draft.eos_ids, {"base": draft.ref})
-    else:
-        save_native(tuned, out)
+    kinds.save(tuned, out, {"base": draft.ref})
     shutil.rmtree(checkpoints, ignore_errors=True)
     target_name = split_ref(target.ref)[0]
     report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,

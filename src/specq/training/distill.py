@@ -236,7 +236,7 @@ FEATURE_STEP_DECAY = 0.8
 
 
 def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
-    """A `FeatureDraft`'s per-position divergences: at step k (from 0), row r reads x_{r+k+1}
+    """A feature draft's per-position divergences: at step k (from 0), row r reads x_{r+k+1}
     (and f_r, or its own step k-1 feature) and is scored on the target's distribution after
     position r + k + 1; the extra loss regresses f_{r+k+1}. Training unrolls FEATURE_UNROLL
     steps (the divergences carry each position's loss weight); evaluation scores the first step."""

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from ..core.stats import bootstrap_ci
 from ..errors import SpecqError
-from ..loading.models import Model
-from ..model.feature_draft import FeatureDraft
+from ..loading import kinds
+from ..loading.model import Draft, Model
 
 METRICS = ("kl_ab", "kl_ba", "js", "tv", "top1", "beta")
 
@@ -46,19 +46,14 @@ def _nll(logits: Tensor, next_ids: Tensor) -> Tensor:
     return -torch.log_softmax(logits.double(), dim=-1).gather(-1, next_ids[:, None]).squeeze(-1)
 
 
-def _next_token_logits(a: Model, b: Model, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Both models' next-token logits at the same positions, and the tokens that follow. A
-    feature draft B reads A's hidden states: its row r (token r+1, A's state at r) predicts the
-    token after r+1, so it is scored from position 1 on (the first step of every proposal)."""
-    if isinstance(b.net, FeatureDraft):
-        logits_a, hidden = a.net(ids, None, return_hidden=True)
-        lb, _ = b.net.attach(a.net)(ids[1:-1], hidden[:-2])
-        return logits_a[1:-1], b.net.full_vocab(lb), ids[2:]
-    return a.net(ids, None)[:-1], b.net(ids, None)[:-1], ids[1:]
+def _next_token_logits(a: Model, b: Model | Draft, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Both models' next-token logits at the same positions, and the tokens that follow, as B's
+    kind scores them (a feature draft B reads A's hidden states)."""
+    return kinds.kind_of(b).next_token_logits(a.net, b.net, ids)
 
 
 @torch.inference_mode()
-def compare(a: Model, b: Model, chunks: list[list[int]], temperature: float = 1.0,
+def compare(a: Model, b: Model | Draft, chunks: list[list[int]], temperature: float = 1.0,
             resamples: int = 2000, seed: int = 0, progress=None) -> dict:
     """Divergence of B from A over token chunks, plus each model's perplexity on them.
     Returns {metric: {"mean", "low", "high"}} and "ppl_a", "ppl_b" the same way."""

@@ -26,34 +26,25 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic, backends, checks, data
+from .. import atomic, checks, data
 from ..errors import SpecqError
-from ..loading import registry
-from ..loading.models import Model, check_compatible, check_target, split_ref, write_native
-from ..model import feature_draft
-from ..model.feature_draft import FeatureDraft, frequent_tokens, new_feature_draft, restrict_head
-from ..model.llama import Llama, LlamaConfig
+from ..loading import kinds, registry
+from ..loading.model import Draft, Model
+from ..loading.refs import split_ref
+from ..loading.vocab import check_compatible, check_target
+from ..model.llama import Llama
+from . import students
 from .calibrate import acceptance
 from .distill import (
     TeacherSet,
     atomic_save,
     chunk_tokens,
     distill,
-    feature_forward,
     float_teacher,
-    init_draft,
-    sequence_forward,
     teacher_continuations,
     teacher_on_text,
-    to_native,
 )
 
-# Named draft shapes on the SmolLM2 vocabulary; "LxH" (e.g. 4x192) gives L layers of width H.
-# "feature" (or "feature:L") is a feature draft (`feature_draft.py`) of L decoder layers.
-ARCHITECTURES = {"small": (6, 256), "tiny": (2, 64)}
-MAX_LAYERS, MAX_WIDTH = 64, 8192  # a draft far larger than any target specq runs would never pay
-FEATURE = "feature"
-NEW_HEAD_VOCAB = 16384  # a new feature draft's head: its most frequent tokens in the training data
 MAX_SYNTHETIC = 100_000  # synthetic prompts: far more than any run uses, far fewer than the templates can make
 DATA_SHARE = 0.5  # of a time budget, the most teacher data may take: the rest goes to training and measuring
 
@@ -80,37 +71,6 @@ class DistillSettings:
     # data); a new draft's default is NEW_HEAD_VOCAB, a base's head is kept unless this is given
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
-
-
-def feature_layers(name: str) -> int | None:
-    """Decoder layers of a feature-draft architecture name ('feature', 'feature:L'); None for
-    the names of classic drafts."""
-    kind, _, layers = name.partition(":")
-    if kind != FEATURE:
-        return None
-    if not layers:
-        return 1
-    if not layers.isdigit() or not 1 <= int(layers) <= MAX_LAYERS:
-        raise SpecqError(f"--arch feature:L needs 1 to {MAX_LAYERS} layers, got '{name}'")
-    return int(layers)
-
-
-def architecture(name: str, vocab_size: int) -> LlamaConfig:
-    """A draft config from a name in ARCHITECTURES or 'LxH'."""
-    layers_width = ARCHITECTURES.get(name)
-    if layers_width is None:
-        try:
-            layers_width = tuple(int(x) for x in name.lower().split("x"))
-        except ValueError:
-            layers_width = ()
-    if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32 or layers_width[0] > MAX_LAYERS \
-            or layers_width[1] > MAX_WIDTH:
-        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with LAYERS <= {MAX_LAYERS} "
-                         f"and WIDTH a multiple of 32 up to {MAX_WIDTH} (e.g. 4x192), or feature[:LAYERS], got '{name}'")
-    layers, width = layers_width
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=3 * width, num_layers=layers,
-                       num_heads=max(1, width // 64), num_kv_heads=max(1, width // 128), head_dim=min(64, width),
-                       rope_theta=100000.0, max_position_embeddings=8192)
 
 
 # ------------------------------------------------------------------------------ data sources
@@ -243,21 +203,18 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
 # ------------------------------------------------------------------------------ the run
 
 
-def step_ms(net: torch.nn.Module, steps: int = 20) -> float:
+def step_ms(model: Model | Draft, steps: int = 20) -> float:
     """Median latency of one cached decode step after a 128-token prefix (overhead included)."""
-    feature = isinstance(net, FeatureDraft)
-    vocab = net.target_vocab_size if feature else net.config.vocab_size
-    ids = torch.randint(0, vocab, (129,), generator=torch.Generator().manual_seed(0))
-    feats = torch.randn(129, net.config.hidden_size, generator=torch.Generator().manual_seed(1)) if feature else None
-    step = (lambda part: net(ids[part], feats[part], cache)) if feature else (lambda part: net(ids[part], cache))
+    rows, net = kinds.kind_of(model).rows, model.net
+    ids = torch.randint(0, model.vocab_size, (129,), generator=torch.Generator().manual_seed(0))
     cache = net.new_cache(256)
     times = []
     with torch.inference_mode():
-        step(slice(0, 128))
+        rows(net, ids[:128], cache)
         for _ in range(steps + 3):
             cache.crop(128)
             started = time.perf_counter()
-            step(slice(128, 129))
+            rows(net, ids[128:129], cache)
             times.append(time.perf_counter() - started)
     return statistics.median(times[3:]) * 1e3
 
@@ -294,7 +251,7 @@ def _check_lengths(target: Model, settings: DistillSettings) -> None:
             raise SpecqError(f"{flag} {tokens} does not fit the context of '{target.ref}' ({context} tokens)")
 
 
-def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | None = None,
+def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base: Model | Draft | None = None,
         arch: str = "small", dtype: torch.dtype = torch.bfloat16, resume: bool = False, force: bool = False,
         register: bool = False, since: float | None = None) -> dict:
     """Distil a draft for `target` into `out`; returns the report also saved as out/distill.json.
@@ -306,64 +263,50 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     check_target(target)
     check_run(out, work, force, resume)
     _check_lengths(target, settings)
-    feature = isinstance(base.net, FeatureDraft) if base is not None else feature_layers(arch) is not None
+    kind = kinds.kind_of(base) if base is not None else students.arch_kind(arch)
+    student_kind = students.of(kind)
     if base is not None:
         check_compatible(base, target)
-        source = Path(base.source)
-        if not (source / "config.json").is_file() and not feature:
-            raise SpecqError(f"draft '{base.ref}' must be a local model directory to start from")
-    if settings.head_vocab is not None and not feature:
+        student_kind.check_base(base, settings.head_vocab)
+    if settings.head_vocab is not None and not student_kind.head_vocab:
         raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a feature draft)")
-    if feature and base is not None and (settings.head_vocab or 0) > base.net.config.vocab_size:
-        raise SpecqError(f"--head-vocab {settings.head_vocab} is more than the {base.net.config.vocab_size} tokens "
-                         f"of the head of '{base.ref}' (a base's head can only be narrowed)")
     if (settings.head_vocab or 0) > target.vocab_size:
         raise SpecqError(f"--head-vocab {settings.head_vocab} is more than the {target.vocab_size} tokens of the "
                          f"vocabulary of '{target.ref}'")
-    if feature and not isinstance(target.net, Llama):
-        raise SpecqError(f"a feature draft reads the target's hidden states: '{target.ref}' must be a Llama model")
-    config = architecture(arch, target.vocab_size) if base is None and not feature else None
+    if student_kind.reads_features and not isinstance(target.net, Llama):
+        raise SpecqError(f"a {kind.name} draft reads the target's hidden states: '{target.ref}' must be a Llama model")
+    if base is None:
+        students.check_arch(arch)
     started = time.perf_counter()
     budget = Budget(None if deadline is None else since + DATA_SHARE * settings.minutes * 60)
-    train, held = teacher_data(target, settings, work, features=feature, budget=budget)
+    train, held = teacher_data(target, settings, work, features=student_kind.reads_features, budget=budget)
     data_s = time.perf_counter() - started
     if budget.skipped:
         print(f"specq: the time budget stopped teacher data after {data_s / 60:.1f} of {settings.minutes:g} minutes: "
               f"{budget.skipped} shards left out, training on the {len(train)} sequences there are",
               file=sys.stderr, flush=True)
-    target_ms = step_ms(target.net)
+    target_ms = step_ms(target)
     # the final speculative runs, estimated at twice the target's plain decoding time
     reserve_s = settings.accept_prompts * settings.new_tokens * 2 * target_ms / 1e3
-    if feature and base is not None:
-        student = backends.plain_copy(base.net).float().attach(target.net)
-        if settings.head_vocab is not None:
-            student = restrict_head(student, frequent_tokens(train.ids, settings.head_vocab, target.vocab_size,
-                                                             target.eos_ids, within=student.vocab_ids))
-        student.train()
-    elif feature:
-        head = frequent_tokens(train.ids, settings.head_vocab or NEW_HEAD_VOCAB, target.vocab_size, target.eos_ids)
-        student = new_feature_draft(target.net, head, feature_layers(arch), seed=settings.seed)
-    elif base is not None:
-        student = init_draft(None, from_dir=base.source)
+    if base is not None:
+        student = student_kind.from_base(base, target, train, settings.head_vocab)
     else:
-        embedding = target.net.tok_embeddings.weight if hasattr(target.net, "tok_embeddings") else None
-        student = init_draft(config, target_embedding=None if embedding is None else embedding.detach().float(),
-                             seed=settings.seed)
+        student = student_kind.new(target, train, settings, arch)
     train_budget_s = None if deadline is None else max(0.0, deadline - time.monotonic() - reserve_s)
     result = distill(student, train, held, steps=settings.steps, time_budget_s=train_budget_s,
                      loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
-                     forward=feature_forward if feature else sequence_forward)
-    net = student.to(dtype).eval() if feature else to_native(student, dtype)
-    draft = Model(ref=str(out), net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
-                  source=str(out), precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
+                     forward=student_kind.forward)
+    draft = kinds.as_kind(kind, Model(ref=str(out), net=student_kind.finish(student, dtype), tokenizer=target.tokenizer,
+                                      eos_ids=target.eos_ids, source=str(out),
+                                      precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")))
     spec = acceptance(target, draft, data.chat_prompts("held_out")[:settings.accept_prompts], settings.gamma,
                       settings.new_tokens) if settings.accept_prompts else None
-    draft_ms = step_ms(draft.net)
-    unused = {"extra"} if feature else {"extra", "head_vocab"}  # only feature drafts have a vocabulary head
+    draft_ms = step_ms(draft)
+    unused = {"extra"} if student_kind.head_vocab else {"extra", "head_vocab"}  # only some heads take a vocabulary
     report = {
         "target": target.ref, "target_precision": target.precision, "base": base.ref if base else f"new:{arch}",
-        "kind": "feature" if feature else "sequence",
+        "kind": kind.name,
         "draft_config": draft.net.config.to_dict(), "dtype": draft.precision,
         "parameters": sum(p.numel() for p in draft.net.parameters()),
         "settings": {k: v for k, v in asdict(settings).items() if k not in unused} | settings.extra,
@@ -380,10 +323,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     }
 
     def write(tmp: Path) -> None:
-        if feature:
-            feature_draft.write(draft.net, tmp, target.tokenizer, target.eos_ids)
-        else:
-            write_native(draft, tmp)
+        kind.write(draft, tmp, None)
         card = out / "MODEL_CARD.md"  # a hand-written card survives re-training
         if card.exists():
             (tmp / card.name).write_text(card.read_text(encoding="utf-8"), encoding="utf-8")

@@ -1,0 +1,75 @@
+"""A GGUF file as specq runs it: at its own precision (its blocks on the packed kernels, the
+tokenizer from its metadata, cached), or converted once to a float safetensors folder."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+from .. import atomic
+from ..model.llama import Llama
+from ..paths import cache_dir
+from . import gguf_io, precision
+from .hf import eos_set
+from .model import Model
+from .save import write_native
+
+
+def convert(gguf: Path, target: Path) -> None:
+    """A GGUF file -> a Hugging Face directory of its architecture's float weights (safetensors), atomically.
+    The file is checked first, so a corrupt one is one error line and no announcement."""
+    parsed = gguf_io.read(gguf)
+    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, under a minute)",
+          file=sys.stderr, flush=True)
+    tok = gguf_io.tokenizer(gguf)
+    net = Llama(parsed.config)
+    net.load_state_dict(parsed.float_state_dict())
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    model = Model(ref=str(gguf), net=net.eval(), tokenizer=tok, eos_ids=frozenset(eos), source=str(gguf))
+    atomic.write_dir(target, lambda tmp: write_native(model, tmp))
+
+
+def file_key(path: Path) -> str:
+    """A cache key for what is derived from a user's file: its name, and a digest of its path, size
+    and modification time (a file changed in place gets a new key)."""
+    st = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    return f"{path.stem}-{digest[:12]}"
+
+
+def float_dir(gguf: Path) -> Path:
+    """A converted cache for a user's GGUF file, keyed by its path, size and mtime."""
+    target = cache_dir() / "gguf" / file_key(gguf)
+    if not (target / "config.json").exists():
+        convert(gguf, target)
+    return target
+
+
+def load_at_file_precision(ref: str, path: Path) -> Model:
+    """`x.gguf@gguf` or a built-in shipped as GGUF: the file's own blocks on the packed kernels,
+    no float round trip and no second quantization; the tokenizer and chat template come from the
+    file's metadata (built once, cached): the file alone is enough."""
+    started = time.perf_counter()
+    parsed = gguf_io.read(path)  # a corrupt file fails here, before the tokenizer is built
+    tok = tokenizer(path)
+    net, notes = gguf_io.load_at_file_precision(parsed)
+    for note in notes:
+        precision.announce(f"{path.name}: {note}")
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=eos_set([], tok), source=str(path),
+                 precision=precision.FILE_PRECISION, info={"load_s": time.perf_counter() - started})
+
+
+def tokenizer(path: Path):
+    """A GGUF file's tokenizer, chat template and EOS id (the tokenizer's: transformers reads it from
+    the file's metadata). transformers builds the tokenizer from the file in tens of seconds for a
+    large vocabulary, so it is saved once under $SPECQ_CACHE (keyed like the file's converted cache)
+    and reloaded from there in about a second."""
+    from transformers import AutoTokenizer
+
+    cached = cache_dir() / "tokenizers" / file_key(path)
+    if not (cached / "tokenizer_config.json").is_file():
+        tok = gguf_io.tokenizer(path)
+        atomic.write_dir(cached, tok.save_pretrained)
+    return AutoTokenizer.from_pretrained(cached, local_files_only=True)

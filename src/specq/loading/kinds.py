@@ -1,0 +1,227 @@
+"""Draft kinds: what a draft can be, keyed by what its ref or its folder says, and for each kind
+how it loads, the drafter it makes for a target, how its network runs alone, how it is scored
+against its target and how it is saved (training: `training/students.py`).
+
+| kind       | named by                                 | loads as                            | drafter           |
+|------------|------------------------------------------|-------------------------------------|-------------------|
+| `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    | `NgramDrafter`    |
+| `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   | `SequenceDrafter` |
+| `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               | `FeatureDrafter`  |
+| `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    | `SequenceDrafter` |
+
+`load` here is `specq.load`: any ref, a target's or a draft's. Only a `Model` can be a target.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .. import atomic, backends
+from ..drafters import ngram
+from ..drafters.base import DEFAULT_GAMMA
+from ..drafters.fallback import FallbackDrafter
+from ..drafters.feature import FeatureDrafter
+from ..drafters.hierarchy import HierarchicalDrafter
+from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE, SequenceDrafter
+from ..drafters.tree import TreeShape
+from ..errors import SpecqError
+from ..model import feature_draft
+from ..model.llama import Llama
+from ..weights.quant import quantize_model
+from . import folders, hf, loader, precision, validate
+from .builtins import local_path
+from .drafts import resolve_draft_ref
+from .model import Draft, Kind, Model
+from .refs import SELF, parts, split_ref
+from .save import write_native
+
+
+def _trees_need_a_native(target: Model, tree: TreeShape | None) -> None:
+    if tree is not None and not isinstance(target.net, Llama):
+        raise SpecqError(f"token trees need a Llama-architecture target on specq's own module, not '{target.ref}'")
+
+
+# ------------------------------------------------------------------------------ sequence (and self)
+
+
+def _sequence_drafter(draft, target: Model, min_confidence: float, tree: TreeShape | None, gamma: int):
+    _trees_need_a_native(target, tree)
+    if tree is not None and not isinstance(draft.net, Llama):
+        raise SpecqError(f"token trees need a Llama-architecture draft on specq's own module, not '{draft.ref}'")
+    return SequenceDrafter(draft, target.vocab_size, min_confidence, tree)
+
+
+def _sequence_rows(net, ids: Tensor, cache):
+    return net(ids, cache, last_only=True)
+
+
+def _sequence_logits(target_net, draft_net, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return target_net(ids, None)[:-1], draft_net(ids, None)[:-1], ids[1:]
+
+
+def _load_self(ref: str, backend: str | None, target) -> Draft:
+    """`self@SPEC`: the target's own model at SPEC (QSPEC-style self-speculation: no draft to train
+    or ship, the same tokenizer by construction)."""
+    if target is None:
+        raise SpecqError(f"'{ref}' is the target's own weights at {split_ref(ref)[1]}: "
+                         f"load it with its target (specq.load('{ref}', target=...))")
+    return Draft(SELF_KIND, loader.load(resolve_draft_ref(ref, target if isinstance(target, str) else target.ref),
+                                        backend))
+
+
+# ------------------------------------------------------------------------------ feature
+
+
+def _load_feature(ref: str, backend: str | None, target=None) -> Draft:
+    """A feature draft at a float precision, or with RTN integer weights (one small layer and a
+    head: quantized at load, in seconds, not cached)."""
+    started = time.perf_counter()
+    name, spec_text = parts(ref)
+    spec = precision.parse(spec_text)
+    if not spec.is_float and spec.method != "rtn":
+        raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16) or with RTN "
+                         f"integer weights (e.g. int8-head8), not {spec}")
+    from transformers import AutoTokenizer
+
+    source = local_path(name)
+    validate.check_dir(source)
+    net = feature_draft.load(source, spec.dtype or torch.float32)
+    if not spec.is_float:
+        quantize_model(net, spec, progress=False)
+    tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    eos = hf.generation_eos(source, None, local_only=True)  # no config.json: generation_config.json only
+    model = Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
+                  precision=str(spec), info={"load_s": time.perf_counter() - started})
+    if backend is not None:
+        model.info["backend"] = backends.prepare(net, backend)
+    return Draft(FEATURE, model)
+
+
+def _feature_drafter(draft: Draft, target: Model, min_confidence: float, tree: TreeShape | None, gamma: int):
+    _trees_need_a_native(target, tree)
+    if not isinstance(target.net, Llama):
+        raise SpecqError(f"feature draft '{draft.ref}' needs a Llama-architecture target, not '{target.ref}'")
+    return FeatureDrafter(draft.net.attach(target.net), min_confidence, tree)
+
+
+def _feature_rows(net, ids: Tensor, cache):
+    """Its rows also read target states: any of that shape cost the same."""
+    return net(ids, torch.zeros(len(ids), net.config.hidden_size), cache)
+
+
+def _feature_logits(target_net, draft_net, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Row r (token r+1, the target's state at r) predicts the token after r+1, so it is scored
+    from position 1 on (the first step of every proposal)."""
+    logits, hidden = target_net(ids, None, return_hidden=True)
+    draft_logits, _ = draft_net.attach(target_net)(ids[1:-1], hidden[:-2])
+    return logits[1:-1], draft_net.full_vocab(draft_logits), ids[2:]
+
+
+def _write_feature(draft: Draft, directory: Path, info: dict | None) -> None:
+    feature_draft.write(draft.net, directory, draft.tokenizer, draft.eos_ids, info)
+
+
+def _is_feature(ref: str) -> bool:
+    return folders.of(local_path(split_ref(ref)[0])) is folders.FEATURE
+
+
+# ------------------------------------------------------------------------------ ngram
+
+
+def _load_ngram(ref: str, backend: str | None, target) -> ngram.NgramDraft:
+    spec, fallback = ngram.parse(ref)
+    return spec if fallback is None else replace(spec, fallback=load(fallback, backend, target))
+
+
+def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float, tree: TreeShape | None,
+                   gamma: int):
+    """Its proposals are looked up; its fallback model (proposing up to `gamma` deep) drafts where
+    nothing matches."""
+    if draft.fallback is None:
+        if tree is not None:
+            raise SpecqError(ngram.NO_TREES)
+        return ngram.NgramDrafter(draft)
+    return FallbackDrafter(ngram.NgramDrafter(draft), for_pair(draft.fallback, target, min_confidence, tree), gamma)
+
+
+# ------------------------------------------------------------------------------ the table
+
+NGRAM = Kind("ngram", "an n-gram draft (prompt lookup, no model)", ngram.is_ngram, _load_ngram, _ngram_drafter)
+SELF_KIND = Kind("self", "a self draft (the target's own weights at another precision)",
+                 lambda ref: split_ref(ref)[0] == SELF, _load_self, _sequence_drafter, rows=_sequence_rows,
+                 next_token_logits=_sequence_logits, verifies=True)
+FEATURE = Kind("feature", "a feature draft (EAGLE style: it reads the target's hidden states)", _is_feature,
+               _load_feature, _feature_drafter, rows=_feature_rows, next_token_logits=_feature_logits,
+               write=_write_feature)
+SEQUENCE = Kind("sequence", "a sequence draft (a model of its own)", lambda ref: True,
+                lambda ref, backend, target=None: loader.load(ref, backend), _sequence_drafter, rows=_sequence_rows,
+                next_token_logits=_sequence_logits, write=lambda draft, directory, info: write_native(draft, directory),
+                verifies=True, transformers=True, is_model=True)
+KINDS = {k.name: k for k in (NGRAM, SELF_KIND, FEATURE, SEQUENCE)}  # recognized in this order: sequence takes the rest
+LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM}  # loaded drafts that are not a `Draft`, by type
+
+
+def recognize(ref: str) -> Kind:
+    """The kind of draft a ref names, from its text or the folder it names (nothing loads)."""
+    parts(ref)  # a string, not empty
+    return next(kind for kind in KINDS.values() if kind.recognizes(ref))
+
+
+def kind_of(draft) -> Kind:
+    """The kind of a loaded draft: a `Draft`'s own, a `Model`'s (sequence) or an `NgramDraft`'s."""
+    if isinstance(draft, Draft):
+        return draft.kind
+    kind = LOADED.get(type(draft))
+    if kind is None:
+        raise SpecqError(f"a draft is a model or draft from specq.load, an n-gram draft (specq.NgramDraft) or a "
+                         f"list of them, got {type(draft).__name__}")
+    return kind
+
+
+def as_kind(kind: Kind, model: Model) -> Model | Draft:
+    """A model as a draft of `kind` (what `load` gives for one): a sequence draft is the model itself."""
+    return model if kind.is_model else Draft(kind, model)
+
+
+def load(ref: str, backend: str | None = backends.DEFAULT, target: Model | str | None = None):
+    """Load any ref: a model (a target, or a sequence draft: a `Model`), or a draft of another kind
+    (`self@SPEC` needs `target`: a loaded target or its ref; an n-gram draft loads its fallback
+    model only). `backend`: as `loader.load` (None: no backend yet, for code that trains or saves)."""
+    return recognize(ref).load(ref, backend, target)
+
+
+def save(draft: Model | Draft, out: Path | str, info: dict | None = None) -> None:
+    """Save a draft in its kind's own format, atomically."""
+    kind = kind_of(draft)
+    if kind.write is None:
+        raise SpecqError(f"{kind.about} has no weights of its own to save")
+    atomic.write_dir(Path(out), lambda tmp: kind.write(draft, tmp, info))
+
+
+def for_pair(draft, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tree: TreeShape | None = None,
+             gamma: int = DEFAULT_GAMMA):
+    """The drafter a loaded draft makes for `target`, by its kind. `tree`: propose dynamic token
+    trees of that shape instead of chains (native Llama models only)."""
+    return kind_of(draft).drafter(draft, target, min_confidence, tree, gamma)
+
+
+def for_levels(drafts: list, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+               tree: TreeShape | None = None, gamma: int = DEFAULT_GAMMA):
+    """A drafter for a hierarchy of loaded drafts, cheapest first: the first proposes (a tree if
+    `tree`), each next one verifies what the levels below proposed (`hierarchy.py`). One draft is
+    just `for_pair`; only a kind that scores tokens on its own can be a level above the first."""
+    drafter = for_pair(drafts[0], target, min_confidence, tree, gamma)
+    for middle in drafts[1:]:
+        kind = kind_of(middle)
+        if not kind.verifies:
+            raise SpecqError(f"{kind.about} can only be the first (cheapest) level of a hierarchy")
+        if not isinstance(middle.net, Llama):
+            raise SpecqError(f"an intermediate draft level needs a Llama-architecture model on specq's own "
+                             f"module, not '{middle.ref}'")
+        drafter = HierarchicalDrafter(drafter, middle, target.vocab_size)
+    return drafter

@@ -1,0 +1,75 @@
+"""`load`: a model reference -> a runnable `Model` and its tokenizer (any draft ref: `kinds.load`).
+
+A reference is a built-in name (`smollm2-135m`), a local Hugging Face directory, a `.gguf`
+file, or a hub id (works only online). The architectures of `model/architectures.py`'s table run on
+the lean native module (`llama.py`); anything else runs through transformers (`hf_backend.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from .. import backends
+from ..errors import SpecqError
+from ..paths import cache_dir
+from . import hf, precision
+from .gguf_load import load_at_file_precision
+from .model import Model
+from .refs import FILE_PRECISION, gguf_file, parts, resolve
+
+
+def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
+    """Load a model reference: `smollm2-135m`, `./dir`, `file.gguf`, `org/name` (online), each
+    optionally with `@spec`: a float precision (fp32, bf16, fp16), a quantization spec (`int8`,
+    `int4-g128-gptq`, ...; see `specq.weights.quant.spec`) or `gguf` (a GGUF file's own blocks).
+    Quantized weights are cached. The network goes on `backend` (`specq.backends`: kernels, eager,
+    compiled) for good; None leaves it on no backend yet, for code that quantizes, trains or saves
+    the weights, or puts it on one itself."""
+    model = _load(ref)
+    if backend is not None:
+        model.info["backend"] = backends.prepare(model.net, backend)
+    return model
+
+
+def _load(ref: str) -> Model:
+    name, spec_text = parts(ref)
+    if spec_text == FILE_PRECISION:
+        return load_at_file_precision(ref, gguf_file(name))
+    spec = precision.parse(spec_text)
+    started = time.perf_counter()
+    source = resolve(name)
+    if isinstance(source, str):  # a hub id
+        if not spec.is_float:
+            raise SpecqError(f"quantize hub model '{name}' from a local copy (save it to a directory first)")
+        net, tok, eos = hf.load_from_hub(name, spec.dtype)
+        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=f"hub:{name}",
+                     precision=str(spec), info={"load_s": time.perf_counter() - started})
+    if precision.is_quantized_dir(source):
+        net, saved_spec = precision.load_quantized_dir(source)
+        if spec_text != "fp32" and str(spec) != saved_spec:
+            raise SpecqError(f"'{name}' holds {saved_spec} weights, not {spec}")
+        tok, eos = hf.tokenizer_and_eos(source)
+        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
+                     precision=saved_spec, info={"load_s": time.perf_counter() - started})
+    if spec.is_float:
+        net, tok, eos = hf.load_dir(source, spec.dtype, local_only=True)
+    else:
+        cached = precision.cached_quantized_dir(cache_dir(), name, Path(source), spec)
+        net = None
+        if precision.is_quantized_dir(cached):
+            try:
+                net, _ = precision.load_quantized_dir(cached)
+                tok, eos = hf.tokenizer_and_eos(source)
+            except SpecqError as e:  # written by an older specq: quantize again
+                precision.announce(f"ignoring a stale quantization cache ({e})")
+        if net is None:
+            net, tok, eos = hf.load_dir(source, torch.float32, local_only=True)
+            precision.check_quantizable(net, spec)
+            precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")
+            precision.quantize_net(net, tok, spec)
+            precision.save_quantized_dir(net, spec, tok, hf.eos_set(eos, tok), cached)
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
+                 precision=str(spec), info={"load_s": time.perf_counter() - started})

@@ -1,0 +1,83 @@
+"""Model references as users write them: `name@spec`, where name is a built-in, a local folder,
+a `.gguf` file or a hub id, checked before any weights load and resolved to where the weights are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import SpecqError
+from . import precision, validate
+from .builtins import BUILTIN_GGUF, BUILTINS, PACKAGED_GGUF
+from .gguf_load import float_dir
+
+FILE_PRECISION = precision.FILE_PRECISION  # `name@gguf`: run a GGUF file's own quantized tensors
+SELF = "self"  # the draft ref `self@SPEC`: the target's own weights at SPEC (self-speculation)
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """`name@spec` -> (name, spec); an `@` with nothing after it is an error. Without a spec a GGUF
+    file (a `.gguf` path, or a built-in shipped as one alone) runs at its own precision, anything
+    else at fp32."""
+    name, sep, spec = ref.rpartition("@")
+    if sep and not spec.strip():
+        raise SpecqError(f"'{ref}' ends in '@' with no precision after it: give one (e.g. {name or 'NAME'}@int8) "
+                         "or leave the '@' out")
+    return (name, spec) if sep else (ref, default_precision(ref))
+
+
+def default_precision(name: str) -> str:
+    return FILE_PRECISION if name in PACKAGED_GGUF or name.endswith(".gguf") else "fp32"
+
+
+def parts(ref: str) -> tuple[str, str]:
+    """(name, spec) of a ref that must be a non-empty string."""
+    if not isinstance(ref, str):
+        raise SpecqError(f"a model reference is a string (a name, a path or a hub id), got {type(ref).__name__}")
+    name, spec = split_ref(ref.strip())
+    if not name:
+        raise SpecqError(f"empty model reference '{ref}'")
+    return name, spec
+
+
+def check_ref(ref: str) -> None:
+    """What `load` checks before reading any weights: the ref's form, its precision and a local
+    folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
+    name, spec = parts(ref)
+    if spec != FILE_PRECISION:
+        precision.parse(spec)
+    path = Path(name).expanduser()
+    if name not in BUILTINS and name != SELF and path.is_dir():
+        validate.check_dir(path)
+
+
+def resolve(name: str) -> Path | str:
+    """A local directory holding the model, or the hub id itself."""
+    path = Path(name).expanduser()
+    if name in BUILTINS:
+        return BUILTINS[name]()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SpecqError(f"GGUF file not found: {path}")
+        return float_dir(path)
+    if path.is_dir():
+        validate.check_dir(path)
+        return path
+    if path.exists():
+        raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
+    if "/" in name and not name.startswith((".", "/", "~")):
+        return name
+    raise SpecqError(f"unknown model '{name}': not a built-in ({', '.join(BUILTINS)}), "
+                     "a local directory, a .gguf file or a hub id (org/name)")
+
+
+def gguf_file(name: str) -> Path:
+    """The GGUF file a `name@gguf` ref runs: a built-in shipped as one, or a `.gguf` path."""
+    if name in BUILTIN_GGUF:
+        return BUILTIN_GGUF[name]()
+    if not name.endswith(".gguf"):
+        raise SpecqError(f"'@{FILE_PRECISION}' runs a GGUF file at its own precision; '{name}' is not a .gguf file "
+                         f"or a built-in shipped as one ({', '.join(BUILTIN_GGUF)})")
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise SpecqError(f"GGUF file not found: {path}")
+    return path
