@@ -13,10 +13,10 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from specq.backends import fastpath
-from specq.kernels import int8dot
+from specq.kernels import build, gguf_repack, int8dot
 from specq.loading import gguf_io
 from specq.loading.models import Model
-from specq.weights.gguf_formats import FORMATS, stack_rows, to_float
+from specq.weights.gguf_formats import FORMATS, kernel_weight, stack_rows, to_float
 from specq.weights.quant.modules import FileBlocks
 
 from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer
@@ -181,6 +181,57 @@ def test_stacked_formats_keep_every_part_exactly():
         assert same_bits(w[start:start + len(raw)], quants.dequantize(raw, GGMLQuantizationType[q]), q == "Q4_0"), q
         start += len(raw)
     assert stack_rows(parts[:1]) is parts[0]
+
+
+def numpy_packed(parts: list[tuple[str, np.ndarray]], variant: str) -> int8dot.Int8DotWeight:
+    """The reference path: the numpy decoders (checked against gguf above) and int8dot's packing."""
+    kb = stack_rows([FORMATS[q].kernel_blocks(raw) for q, raw in parts])
+    pack = int8dot.pack_int4 if kb.bits == 4 else int8dot.pack_int8
+    return pack(*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
+
+
+def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
+    """The same layout, codes and float bits (the sign of a zero included)."""
+    if (a.bits, a.group_size, a.out_features, a.in_features, a.variant) != (
+            b.bits, b.group_size, b.out_features, b.in_features, b.variant) or (a.m is None) != (b.m is None):
+        return False
+    floats = [(x.view(torch.int32), y.view(torch.int32)) for x, y in ((a.d, b.d), (a.m, b.m)) if x is not None]
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in [(a.codes, b.codes), *floats])
+
+
+@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + [["Q4_K", "Q4_K", "Q6_K"], ["Q4_K", "Q6_K", "Q8_0",
+                                                                                         "Q5_1", "Q4_0", "Q5_K"]])
+def test_repacking_in_c_lays_out_the_numpy_decoders_bits(parts, kernel_variant):
+    """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into exactly the tensors
+    the numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows
+    not a multiple of 16) and fused parts of mixed formats."""
+    rng = np.random.default_rng(len(parts) + sum(map(ord, parts[0])))
+    raws = [(q, random_tensor(q, rng, 4 * i + 3, 512, scale=3.0, wide=True)) for i, q in enumerate(parts)]
+    fast = kernel_weight(raws)
+    assert fast.variant == kernel_variant and same_weight(fast, numpy_packed(raws, kernel_variant))
+    assert not same_weight(fast, numpy_packed([(q, raw ^ np.uint8(1)) for q, raw in raws], kernel_variant))
+
+
+def test_without_specqs_kernels_the_numpy_path_lays_out_the_same_weight(monkeypatch):
+    raws = [(q, random_tensor(q, np.random.default_rng(2), 5, 256, wide=True)) for q in ("Q4_K", "Q6_K")]
+    if not build.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    fast = kernel_weight(raws)
+    monkeypatch.setattr(build, "available", lambda: False)
+    monkeypatch.setattr(gguf_repack, "repack", None)  # not called
+    assert same_weight(kernel_weight(raws, fast.variant), fast)
+
+
+def test_repacking_refuses_a_form_that_would_lose_bits():
+    if not build.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    raw = random_tensor("Q6_K", np.random.default_rng(4), 2, 256)
+    for bits, group, offsets in [(4, 16, True), (8, 32, False), (8, 64, False)]:  # narrower codes, coarser groups
+        with pytest.raises(ValueError, match="cannot lay out"):
+            gguf_repack.repack([(FORMATS["Q6_K"].ggml, raw)], 256, bits, group, offsets, build.variant())
+    raw = random_tensor("Q4_K", np.random.default_rng(4), 2, 256)
+    with pytest.raises(ValueError, match="cannot lay out"):  # offsets dropped
+        gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 8, 32, False, build.variant())
 
 
 # ------------------------------------------------------------------ a tiny GGUF file of these types
