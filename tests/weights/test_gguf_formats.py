@@ -191,25 +191,48 @@ def numpy_packed(parts: list[tuple[str, np.ndarray]], variant: str) -> int8dot.I
 
 
 def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
-    """The same layout, codes and float bits (the sign of a zero included)."""
+    """The same form and weights: codes and each group's d and m to the bit (the sign of a zero
+    included), whether the scales are kept in one level or two."""
     if (a.bits, a.group_size, a.out_features, a.in_features, a.variant) != (
             b.bits, b.group_size, b.out_features, b.in_features, b.variant) or (a.m is None) != (b.m is None):
         return False
-    floats = [(x.view(torch.int32), y.view(torch.int32)) for x, y in ((a.d, b.d), (a.m, b.m)) if x is not None]
-    return all(x.shape == y.shape and torch.equal(x, y) for x, y in [(a.codes, b.codes), *floats])
+    (ca, *fa), (cb, *fb) = int8dot.unpack(a), int8dot.unpack(b)
+    floats = [(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(fa, fb) if x is not None]
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in [(ca, cb), *floats])
 
 
-@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + [["Q4_K", "Q4_K", "Q6_K"], ["Q4_K", "Q6_K", "Q8_0",
-                                                                                         "Q5_1", "Q4_0", "Q5_K"]])
-def test_repacking_in_c_lays_out_the_numpy_decoders_bits(parts, kernel_variant):
-    """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into exactly the tensors
-    the numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows
-    not a multiple of 16) and fused parts of mixed formats."""
+K_ONLY = [["Q4_K"], ["Q5_K"], ["Q6_K"], ["Q4_K", "Q4_K", "Q6_K"]]  # two-level scales where every part is a K-quant
+
+
+@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + K_ONLY[3:] + [["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0",
+                                                                             "Q5_K"]])
+def test_repacking_in_c_lays_out_the_numpy_decoders_weights(parts, kernel_variant):
+    """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into the weights the
+    numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows
+    not a multiple of 16) and fused parts of mixed formats; K-quants alone keep their scales in two
+    levels, in fewer bytes."""
     rng = np.random.default_rng(len(parts) + sum(map(ord, parts[0])))
     raws = [(q, random_tensor(q, rng, 4 * i + 3, 512, scale=3.0, wide=True)) for i, q in enumerate(parts)]
-    fast = kernel_weight(raws)
-    assert fast.variant == kernel_variant and same_weight(fast, numpy_packed(raws, kernel_variant))
+    fast, reference = kernel_weight(raws), numpy_packed(raws, kernel_variant)
+    assert fast.variant == kernel_variant and same_weight(fast, reference)
     assert not same_weight(fast, numpy_packed([(q, raw ^ np.uint8(1)) for q, raw in raws], kernel_variant))
+    assert (fast.sub is not None) == (parts in K_ONLY)
+    assert fast.nbytes() < reference.nbytes() if parts in K_ONLY else fast.nbytes() == reference.nbytes()
+
+
+@pytest.mark.parametrize("parts", K_ONLY)
+def test_two_level_scales_give_the_one_level_outputs_on_every_variant(parts, kernel_variant):
+    """The kernel multiplies a super-block's scale by the group's sub-scale into exactly the float32
+    group scale the one-level layout stores: every row count (each tile size) gives the one-level
+    weight's output on AVX2 bit for bit, so the layout changes no computed bit."""
+    rng = np.random.default_rng(sum(map(ord, "".join(parts))))
+    raws = [(q, random_tensor(q, rng, 8 * i + 5, 512, scale=0.3)) for i, q in enumerate(parts)]
+    two, one = kernel_weight(raws), numpy_packed(raws, "avx2")
+    assert two.sub is not None and one.sub is None
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(1)) * 3
+    x[1], x[5], x[9] = 0, x[5] * 1e-20, x[9] * 1e20
+    for rows in range(1, len(x) + 1):
+        assert torch.equal(int8dot.linear(x[:rows], two), int8dot.linear(x[:rows], one)), rows
 
 
 def test_without_specqs_kernels_the_numpy_path_lays_out_the_same_weight(monkeypatch):

@@ -8,7 +8,12 @@
  * Each format's decoder turns one block into its codes and per-group d and m exactly as
  * gguf_formats.py does: the fp16 values widened to float32 (exact), one float32 product per scale
  * (d * sub-scale, dmin * sub-min: exact, as gguf computes them too) and one float32 negation or
- * product for an offset. Types are ggml's ids (GGMLQuantizationType). */
+ * product for an offset. Types are ggml's ids (GGMLQuantizationType).
+ *
+ * K-quants can also be laid out with two-level scales, as the file holds them (int8dot.c): per
+ * super-block the float32 of the fp16 d and of -dmin, per group the sub-scale and sub-min as int8;
+ * d * scale is the one-level scale, and -dmin * min equals -(dmin * min) bit for bit (a product's
+ * sign is its factors'), so the kernel computes the same weights from fewer bytes. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -72,22 +77,28 @@ static void q8_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * 
     memcpy(q, b + 2, 32);
 }
 
-/* Q4_K / Q5_K's fp16 d, dmin and 12 bytes of 6-bit sub-scales and mins -> per-32 d * scale and
- * -(dmin * min) (the layout: gguf_formats.py's _k_scales). */
+/* Q4_K / Q5_K's 12 bytes of 6-bit sub-scales and mins at s (the layout: gguf_formats.py's
+ * _k_scales) -> scale[8], min[8]. */
+static inline void k_scales6(const uint8_t *s, int8_t *scale, int8_t *min) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            scale[j] = (int8_t)(s[j] & 0x3F);
+            min[j] = (int8_t)(s[j + 4] & 0x3F);
+        } else {
+            scale[j] = (int8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+            min[j] = (int8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+        }
+    }
+}
+
+/* Q4_K / Q5_K's fp16 d, dmin and sub-scales -> per-32 d * scale and -(dmin * min). */
 static inline void k_scale_min(const uint8_t *b, float *d, float *m) {
     const float dd = f16(b), dmin = f16(b + 2);
-    const uint8_t *s = b + 4;
+    int8_t scale[8], min[8];
+    k_scales6(b + 4, scale, min);
     for (int j = 0; j < 8; j++) {
-        int scale, min;
-        if (j < 4) {
-            scale = s[j] & 0x3F;
-            min = s[j + 4] & 0x3F;
-        } else {
-            scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-            min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-        d[j] = dd * (float)scale;
-        m[j] = -(dmin * (float)min);
+        d[j] = dd * (float)scale[j];
+        m[j] = -(dmin * (float)min[j]);
     }
 }
 
@@ -132,14 +143,34 @@ static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
     for (int g = 0; g < 16; g++) d[g] = dd * (float)(int8_t)b[192 + g];
 }
 
-typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; } Format;
+/* A K-quant super-block b's two levels: D (d), Mneg (-dmin; -0 for a format without offsets, so
+ * that Mneg * 0 is the -0 offset of place_row) and per group the int8 sub-scale and sub-min. */
+typedef void (*terms_fn)(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min);
 
-/* ggml type id -> its block (weights, bytes), code bits, group, whether it has offsets, decoder. */
+static void k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {  /* Q4_K, Q5_K */
+    *D = f16(b);
+    *Mneg = -f16(b + 2);
+    k_scales6(b + 4, scale, min);
+}
+
+static void q6_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    *D = f16(b + 208);
+    *Mneg = -0.0f;
+    memcpy(scale, b + 192, 16);
+    memset(min, 0, 16);
+}
+
+typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; terms_fn terms; } Format;
+
+/* ggml type id -> its block (weights, bytes), code bits, group, whether it has offsets, decoder,
+ * and for K-quants their two-level terms. */
 static const Format FORMATS[] = {
-    [2] = {32, 18, 4, 32, 1, q4_0},   [3] = {32, 20, 4, 32, 1, q4_1},
-    [6] = {32, 22, 8, 32, 0, q5_0},   [7] = {32, 24, 8, 32, 1, q5_1},   [8] = {32, 34, 8, 32, 0, q8_0},
-    [12] = {256, 144, 4, 32, 1, q4_k}, [13] = {256, 176, 8, 32, 1, q5_k}, [14] = {256, 210, 8, 16, 0, q6_k},
+    [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
+    [6] = {32, 22, 8, 32, 0, q5_0, NULL},   [7] = {32, 24, 8, 32, 1, q5_1, NULL},
+    [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
+    [13] = {256, 176, 8, 32, 1, q5_k, k_terms}, [14] = {256, 210, 8, 16, 0, q6_k, q6_k_terms},
 };
+#define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
 
 /* One row's codes q [K], d and m [K / native group] into output `out` of the panel layout of
@@ -148,6 +179,7 @@ static const Format FORMATS[] = {
  * zero's sign). */
 static void place_row(const int8_t *q, const float *dn, const float *mn, int K, int native, int offsets, int bits,
                       int G, int width, long out, uint8_t *codes, float *d_out, float *m_out) {
+    /* codes, then the one-level d and m */
     const long p = out / width, lane = out % width, groups = K / G, repeat = native / G;
     if (bits == 4) {  /* input 32b + 8j + 4h + t -> block b, chunk j, byte 4 lane + t, nibble h */
         uint8_t *base = codes + p * ((long)K * width / 2) + 4 * lane;
@@ -162,6 +194,7 @@ static void place_row(const int8_t *q, const float *dn, const float *mn, int K, 
         for (int b = 0; b < K / QBLOCK; b++)
             for (int j = 0; j < 8; j++) memcpy(base + (long)(8 * b + j) * 4 * width, q + QBLOCK * b + 4 * j, 4);
     }
+    if (!dn) return;
     float *dp = d_out + p * groups * width + lane;
     for (long g = 0; g < groups; g++) dp[g * width] = dn[g / repeat];
     if (m_out) {
@@ -170,39 +203,67 @@ static void place_row(const int8_t *q, const float *dn, const float *mn, int K, 
     }
 }
 
+/* One row's two-level terms (D, Mneg per super-block; scale, min per native group) into output
+ * `out`: D and Mneg [panel][K / SUPER][width], sub-scales [panel][group][width] followed, with
+ * offsets (m_out), by the sub-mins. */
+static void place_terms(const float *D, const float *Mneg, const int8_t *scale, const int8_t *min, int K,
+                        int native, int G, int width, long out, float *d_out, float *m_out, int8_t *sub) {
+    const long p = out / width, lane = out % width, groups = K / G, repeat = native / G, supers = K / SUPER;
+    for (long i = 0; i < supers; i++) {
+        d_out[(p * supers + i) * width + lane] = D[i];
+        if (m_out) m_out[(p * supers + i) * width + lane] = Mneg[i];
+    }
+    int8_t *sp = sub + p * (m_out ? 2 : 1) * groups * width + lane;
+    for (long g = 0; g < groups; g++) {
+        sp[g * width] = scale[g / repeat];
+        if (m_out) sp[(groups + g) * width] = min[g / repeat];
+    }
+}
+
 /* Rows [0, rows) of a tensor of ggml type `type` with K inputs per row, stored as `raw` (rows after
  * rows, K / block blocks each), into outputs row0.. of a weight in int8dot's layout: `bits`-bit codes
- * in panels of `width`, groups of G, offsets into m (NULL: none; the caller allocates every panel
- * and zeroes the padding outputs). Returns 0, -1 for a type, group or width this cannot lay out
- * (4-bit codes from an 8-bit format, offsets dropped, G not dividing the format's group), -2 when
- * out of memory. */
+ * in panels of `width`, groups of G, offsets into m (NULL: none), and with `sub` two-level scales
+ * (K-quants only; NULL: one-level). The caller allocates every panel and zeroes the padding
+ * outputs. Returns 0, -1 for a type, group or width this cannot lay out (4-bit codes from an 8-bit
+ * format, offsets dropped, G not dividing the format's group, two levels of a format without), -2
+ * when out of memory. */
 int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, int width, int row0,
-                uint8_t *codes, float *d, float *m, int threads) {
+                uint8_t *codes, float *d, float *m, int8_t *sub, int threads) {
     if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
     const Format f = FORMATS[type];
     if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
-        (bits != 4 && bits != 8))
+        (bits != 4 && bits != 8) || (sub && !f.terms))
         return -1;
+    const int per_block = f.block / f.group;
     const long row_bytes = (long)K / f.block * f.bytes;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(|: failed)
     {
-        int8_t *q = malloc((size_t)K);
-        float *dn = malloc(sizeof(float) * (size_t)(K / f.group)), *mn = malloc(sizeof(float) * (size_t)(K / f.group));
-        const int ok = q && dn && mn;
+        const size_t native_groups = (size_t)(K / f.group), blocks = (size_t)(K / f.block);
+        int8_t *q = malloc((size_t)K), *scale = malloc(native_groups), *min = malloc(native_groups);
+        float *dn = malloc(sizeof(float) * native_groups), *mn = malloc(sizeof(float) * native_groups);
+        float *D = malloc(sizeof(float) * blocks), *Mneg = malloc(sizeof(float) * blocks);
+        const int ok = q && scale && min && dn && mn && D && Mneg;
         failed = !ok;
         #pragma omp for schedule(static)  /* every thread meets the loop; one without scratch skips its rows */
         for (int r = 0; r < rows; r++) {
             if (!ok) continue;
             const uint8_t *src = raw + (long)r * row_bytes;
-            for (int b = 0; b < K / f.block; b++)
-                f.decode(src + (long)b * f.bytes, q + (long)b * f.block, dn + (long)b * (f.block / f.group),
-                         mn + (long)b * (f.block / f.group));
-            place_row(q, dn, mn, K, f.group, f.offsets, bits, G, width, (long)row0 + r, codes, d, m);
+            for (int b = 0; b < K / f.block; b++) {
+                const uint8_t *block = src + (long)b * f.bytes;
+                f.decode(block, q + (long)b * f.block, dn + (long)b * per_block, mn + (long)b * per_block);
+                if (sub) f.terms(block, D + b, Mneg + b, scale + (long)b * per_block, min + (long)b * per_block);
+            }
+            place_row(q, sub ? NULL : dn, mn, K, f.group, f.offsets, bits, G, width, (long)row0 + r, codes, d, m);
+            if (sub) place_terms(D, Mneg, scale, min, K, f.group, G, width, (long)row0 + r, d, m, sub);
         }
         free(q);
+        free(scale);
+        free(min);
         free(dn);
         free(mn);
+        free(D);
+        free(Mneg);
     }
     return failed ? -2 : 0;
 }

@@ -102,6 +102,8 @@ class Format:
     kernel: Callable[[np.ndarray], Decoded] | None = None
     floats: Callable[[np.ndarray], np.ndarray] | None = None
     offsets: bool = False  # whether `kernel` gives offsets m
+    two_level: bool = False  # K-quants: the kernel can keep their scales as the file does (a float32 per
+    # super-block of 256 times an int8 sub-scale per group: the same float32 group scales, fewer bytes)
 
     def form(self) -> tuple[int, int, bool]:
         """The kernel's terms: code bits, group size, offsets."""
@@ -241,9 +243,9 @@ FORMATS = {f.name: f for f in (
     Format("Q5_0", 6, 32, 22, 8, 32, _q5_0),
     Format("Q5_1", 7, 32, 24, 8, 32, _q5_1, offsets=True),
     Format("Q8_0", 8, 32, 34, 8, 32, _q8_0),
-    Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True),
-    Format("Q5_K", 13, 256, 176, 8, 32, _q5_k, offsets=True),
-    Format("Q6_K", 14, 256, 210, 8, 16, _q6_k),
+    Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True, two_level=True),
+    Format("Q5_K", 13, 256, 176, 8, 32, _q5_k, offsets=True, two_level=True),
+    Format("Q6_K", 14, 256, 210, 8, 16, _q6_k, two_level=True),
 )}
 
 
@@ -262,15 +264,15 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
     """Tensors concatenated by rows, each (type name, its stored bytes uint8 [rows, row bytes]), as
     one int8dot weight in their `common_form`, laid out for `variant` (by default the process's).
     Where specq's kernels build, read by `kernels/gguf_repack.c` straight from the bytes (a file's
-    load is mostly this); elsewhere by the numpy decoders above and `int8dot`'s packing: the same
-    tensors bit for bit."""
+    load is mostly this), K-quants with their scales in two levels; elsewhere by the numpy decoders
+    above and `int8dot`'s packing, one float32 per group: the same weights and outputs bit for bit."""
     variant = variant or build.variant()
     formats = [FORMATS[name] for name, _ in parts]
     bits, group, offsets = common_form([f.form() for f in formats])
     if build.available():
         n_in = parts[0][1].shape[1] // formats[0].type_size * formats[0].block_size
         return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in, bits, group,
-                                  offsets, variant)
+                                  offsets, variant, all(f.two_level for f in formats))
     kb = stack_rows([f.kernel_blocks(raw) for f, (_, raw) in zip(formats, parts)])
     pack = int8dot.pack_int4 if kb.bits == 4 else int8dot.pack_int8
     return pack(*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
