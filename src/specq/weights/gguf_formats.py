@@ -10,7 +10,8 @@ the kernel multiplies integer codes, so no product sees the difference). Why exa
 weights are what the model was quantized to, and a second rounding is a different model. The
 K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q6_K) with the sub-scale
 already applied: an fp16 d times a 6-bit or 8-bit sub-scale is exact in float32, and gguf computes
-the same product in float32 before it multiplies the codes, so nothing rounds differently.
+the same product in float32 before it multiplies the codes, so nothing rounds differently (the load
+path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
 
 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 8-bit codes: exact, but a byte per
 weight where the file holds 5.5-6.6 bits (a denser layout is later work). F32, F16 and BF16 are float
