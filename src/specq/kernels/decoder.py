@@ -97,7 +97,7 @@ class KernelWeight(Protocol):
 
     bits: int
     group_size: int  # int8dot's scale groups (0 for float panels)
-    pointers: tuple[int | None, int | None, int | None]  # codes or float panels, scales, offsets
+    pointers: tuple[int | None, int | None, int | None, int | None]  # codes or float panels, scales, offsets, sub-scales
     variant: str  # the kernel variant whose layout the weight has
 
 
@@ -106,7 +106,7 @@ LINEARS = ("wqkv", "wo", "w13", "w2")  # a layer's linear layers, in the order `
 
 class _QuantWeight(ctypes.Structure):
     _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p)]
+                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p)]
 
 
 class _Part(ctypes.Structure):

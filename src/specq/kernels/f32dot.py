@@ -59,7 +59,7 @@ class FloatPanels:
         self.variant = build.variant()
         self.width = _library(self.variant).f32_panel_width()
         self.panels = _panel_major(weight.detach(), self.width)
-        self.pointers = (self.panels.data_ptr(), None, None)
+        self.pointers = (self.panels.data_ptr(), None, None, None)
 
     def nbytes(self) -> int:
         return self.panels.nbytes

@@ -14,6 +14,11 @@
  *     holding for each output o (bytes 4o..4o+3) inputs 8j..8j+3 in the low nibbles and 8j+4..8j+7
  *     in the high ones; 8-bit codes take 8 chunks, chunk j holding inputs 4j..4j+3 of each output.
  *     Scales and offsets are [panel][group][P]. N is padded to a multiple of P with zeros.
+ *     Or two-level, as GGUF's K-quants store them (K a multiple of SUPER, G 16 or 32): float32
+ *     [panel][K / SUPER][P] per super-block and int8 sub-scales [panel][group][P] (with offsets,
+ *     then sub-offsets [panel][group][P] after each panel's sub-scales), the group's d_w or m_w
+ *     being the super-block's value times its sub-scale, a float32 product equal to the one-level
+ *     value a loader would compute, so the two forms give the same bits with fewer bytes.
  *     P is 8 (AVX2's vectors) or, where a variant has the 512-bit code for the weight's bits
  *     (`a8_panel_width`), 16: the weights are laid out for the variant that runs them.
  * Four activation bytes broadcast to every lane meet four inputs of each of the P outputs in one
@@ -38,6 +43,7 @@
 #define QBLOCK 32
 #define HALF_BLOCK 16  /* groups of 16: each half of a block has its own weight scale */
 #define ROW_TILE 4  /* rows sharing a panel's unpacked weights */
+#define SUPER_SHIFT 8  /* two-level scales: super-blocks of 1 << 8 = 256 inputs */
 /* wide_panel's loops over a block's chunks and halves: constant bounds at every call, fully
  * unrolled so that the unpacked weights stay in registers (not an array in memory indexed at run
  * time). */
@@ -147,6 +153,14 @@ static inline __m256i broadcast4(const int8_t *a) {
     return _mm256_set1_epi32(v);
 }
 
+/* Group g's weight scales (or offsets) for a panel's 8 lanes: w's float32 values, or with int8
+ * sub-scales `sub`, w's super-block values times them (G: the group size). */
+static inline __m256 group_terms(const float *w, const int8_t *sub, int g, int G) {
+    if (!sub) return _mm256_loadu_ps(w + (size_t)g * PANEL);
+    __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sub + (size_t)g * PANEL))));
+    return _mm256_mul_ps(_mm256_loadu_ps(w + (((size_t)g * G) >> SUPER_SHIFT) * PANEL), s);
+}
+
 /* The exact integer dot products of `rows` rows with chunks [j0, j1) of one block's codes `wb`
  * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes.
  * vpmaddubsw and vpdpbusd multiply unsigned by signed bytes: 4-bit codes are unsigned already, and
@@ -211,7 +225,7 @@ static inline __attribute__((always_inline)) void chunk_dots(
  * operations on one (row, output) lane is the same in every tile. `wm` NULL: no offsets. */
 static inline __attribute__((always_inline)) void panel(
         int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *q, const float *d, const float *s, float *y, int N, int valid) {
+        const int8_t *ws, const int8_t *q, const float *d, const float *s, float *y, int N, int valid) {
     const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 4 ? 4 : 8, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;  /* blocks per group of whole blocks */
     const size_t block_bytes = (size_t)chunks * 32;
@@ -225,7 +239,7 @@ static inline __attribute__((always_inline)) void panel(
             for (int r = 0; r < rows; r++) dots[r] = _mm256_setzero_si256();
             chunk_dots(bits, rows, h * chunks / parts, (h + 1) * chunks / parts, wq + (size_t)b * block_bytes,
                        q + (size_t)b * M * QBLOCK, dots);
-            __m256 wscale = _mm256_loadu_ps(wd + (size_t)(half ? 2 * b + h : group) * PANEL);
+            __m256 wscale = group_terms(wd, ws, half ? 2 * b + h : group, G);
             UNROLL
             for (int r = 0; r < rows; r++) {
                 __m256 scale = _mm256_mul_ps(wscale, _mm256_set1_ps(d[(size_t)b * M + r]));
@@ -240,7 +254,8 @@ static inline __attribute__((always_inline)) void panel(
         if (wm) {  /* the offsets: m_w times the group sums of the quantized x */
             __m256 m = _mm256_setzero_ps();
             for (int g = 0; g < groups; g++)
-                m = _mm256_add_ps(m, _mm256_mul_ps(_mm256_loadu_ps(wm + (size_t)g * PANEL), _mm256_set1_ps(s[(size_t)g * M + r])));
+                m = _mm256_add_ps(m, _mm256_mul_ps(group_terms(wm, ws ? ws + (size_t)groups * PANEL : NULL, g, G),
+                                                   _mm256_set1_ps(s[(size_t)g * M + r])));
             out = _mm256_add_ps(out, m);
         }
         store_panel(y + (size_t)r * N, out, valid);
@@ -251,6 +266,13 @@ static inline __attribute__((always_inline)) void panel(
 /* Four int8 activations broadcast to all sixteen 32-bit lanes. */
 typedef int32_t __attribute__((may_alias, aligned(1))) dword;
 static inline __m512i broadcast_dword(const int8_t *a) { return _mm512_set1_epi32(*(const dword *)a); }
+
+/* group_terms for a panel of 16 lanes. */
+static inline __m512 wide_group_terms(const float *w, const int8_t *sub, int g, int G) {
+    if (!sub) return _mm512_loadu_ps(w + (size_t)g * WIDE_PANEL);
+    __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sub + (size_t)g * WIDE_PANEL))));
+    return _mm512_mul_ps(_mm512_loadu_ps(w + (((size_t)g * G) >> SUPER_SHIFT) * WIDE_PANEL), s);
+}
 
 /* dots[r] += the exact integer dot products, per 32-bit lane, of unpacked chunks w[i0..i1) with
  * dword i of row r's activations `a` (rows QBLOCK apart) for `rows` rows, chunk by chunk so that
@@ -287,7 +309,8 @@ static inline __attribute__((always_inline)) void tile_dots(
  * over the block or half, so what it adds up is exactly sum(c * q). */
 static inline __attribute__((always_inline)) void wide_panel(
         int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *q, const float *d, const float *s, const int32_t *z, float *y, int N, int valid) {
+        const int8_t *ws, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y, int N,
+        int valid) {
     const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 4 ? 4 : 8, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;
     const size_t block_bytes = (size_t)chunks * 4 * WIDE_PANEL;
@@ -321,7 +344,7 @@ static inline __attribute__((always_inline)) void wide_panel(
             for (int r = 0; r < rows; r++)
                 dots[r] = bits == 8 ? _mm512_set1_epi32(z[(size_t)(parts * b + h) * M + r]) : _mm512_setzero_si512();
             tile_dots(w, h * 8 / parts, (h + 1) * 8 / parts, rows, q + (size_t)b * M * QBLOCK, dots);
-            __m512 wscale = _mm512_loadu_ps(wd + (size_t)(half ? 2 * b + h : group) * WIDE_PANEL);
+            __m512 wscale = wide_group_terms(wd, ws, half ? 2 * b + h : group, G);
             WIDE_UNROLL
             for (int r = 0; r < rows; r++) {
                 __m512 scale = _mm512_mul_ps(wscale, _mm512_set1_ps(d[(size_t)b * M + r]));
@@ -335,7 +358,7 @@ static inline __attribute__((always_inline)) void wide_panel(
         WIDE_UNROLL
         for (int r = 0; r < rows; r++) m[r] = _mm512_setzero_ps();
         for (int g = 0; g < groups; g++) {
-            __m512 offsets = _mm512_loadu_ps(wm + (size_t)g * WIDE_PANEL);
+            __m512 offsets = wide_group_terms(wm, ws ? ws + (size_t)groups * WIDE_PANEL : NULL, g, G);
             WIDE_UNROLL
             for (int r = 0; r < rows; r++)
                 m[r] = _mm512_add_ps(m[r], _mm512_mul_ps(offsets, _mm512_set1_ps(s[(size_t)g * M + r])));
@@ -417,24 +440,26 @@ static inline int tile_rows(int left, int tile) {
 
 /* y = x w^T for `bits`-bit weights (4 or 8) in groups of G (16 or a multiple of 32) in the panel
  * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (always for 4 bits; NULL for
- * 8-bit weights without them). Returns 0 on success, -1 when out of memory. Panels are split
- * across `threads` OpenMP threads. */
+ * 8-bit weights without them); `ws`: the int8 sub-scales of two-level scales (NULL: one-level).
+ * Returns 0 on success, -1 when out of memory. Panels are split across `threads` OpenMP threads. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
-              const float *wm, float *y, int threads) {
+              const float *wm, const int8_t *ws, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
     quantize_rows(x, M, K, G, a.q, a.d, a.t, wm ? a.s : NULL, bits == 8 && wide(bits) ? a.z : NULL);
     const int width = a8_panel_width(bits), panels = (N + width - 1) / width, half = G < QBLOCK;
     const size_t panel_bytes = (size_t)K / QBLOCK * (bits == 4 ? 4 : 8) * 4 * width;
-    const size_t panel_scales = (size_t)(K / G) * width;
+    const size_t panel_scales = (size_t)(ws ? K >> SUPER_SHIFT : K / G) * width;
+    const size_t panel_subs = ws ? (size_t)(wm ? 2 : 1) * (K / G) * width : 0;
 #define PANEL_AT(BITS, HALF, ROWS, r, p, valid)                                                              \
     panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,         \
-          wm ? wm + (size_t)(p) * panel_scales : NULL, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r),          \
-          y + (size_t)(r) * N + (size_t)(p) * PANEL, N, valid)
+          wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,                 \
+          a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), y + (size_t)(r) * N + (size_t)(p) * PANEL, N, valid)
 #define WIDE_AT(BITS, HALF, ROWS, r, p, valid)                                                               \
     wide_panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,    \
-               wm ? wm + (size_t)(p) * panel_scales : NULL, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r),     \
-               a.z + (r), y + (size_t)(r) * N + (size_t)(p) * WIDE_PANEL, N, valid)
+               wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,            \
+               a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r),                                        \
+               y + (size_t)(r) * N + (size_t)(p) * WIDE_PANEL, N, valid)
     if (bits == 4 && !half) {
         SWEEP4(4, 0)
     } else if (bits == 4) {

@@ -29,6 +29,7 @@ from . import build
 
 BLOCK = 32  # activations are quantized per 32 values; groups must be multiples of this, or HALF
 HALF = 16  # groups of 16 (GGUF's Q6_K): each half of an activation block has its own weight scale
+SUPER = 256  # two-level scales: a float32 per super-block of this many inputs times an int8 per group
 
 
 available = build.available  # AVX2 and a C compiler: specq's kernels build here
@@ -38,7 +39,7 @@ available = build.available  # AVX2 and a C compiler: specq's kernels build here
 def _library(variant: str) -> ctypes.CDLL:
     lib = build.load(variant)
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i]
+    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, p, i]
     lib.linear_a8.restype = ctypes.c_int
     lib.a8_panel_width.argtypes = [i]
     lib.a8_panel_width.restype = i
@@ -68,24 +69,38 @@ class Int8DotWeight:
     inputs of all its outputs (4-bit: two codes per byte), then per panel and group the float
     scales `d` and offsets `m` (always for 4 bits; None for 8-bit codes without them):
     w = d * code + m. Outputs are padded to whole panels with zeros. The weight always runs on its
-    variant.
+    variant. With `sub` (int8 [panels, groups, width], then with offsets [.., 2 groups, ..]: the
+    sub-offsets after the sub-scales) the scales are two-level, as GGUF's K-quants store them: `d`
+    and `m` are [panels, in / SUPER, width], one per super-block, and a group's scale or offset is
+    that times its int8 sub-scale (`int8dot.c`), the same float32 with fewer bytes.
 
     The call's constant arguments are prepared once (a decode step makes over a hundred calls, so
     the Python side of each call matters); copies rebuild them for their own tensors."""
 
     def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, group_size: int,
-                 out_features: int, in_features: int, variant: str):
+                 out_features: int, in_features: int, variant: str, sub: Tensor | None = None):
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
-        self.out_features, self.in_features, self.variant = out_features, in_features, variant
+        self.out_features, self.in_features, self.variant, self.sub = out_features, in_features, variant, sub
         self._shape = (in_features, out_features, group_size)
-        self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m))
+        self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m, sub))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
-        return Int8DotWeight(self.bits, *(copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m)),
-                             self.group_size, self.out_features, self.in_features, self.variant)
+        codes, d, m, sub = (copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m, self.sub))
+        return Int8DotWeight(self.bits, codes, d, m, self.group_size, self.out_features, self.in_features,
+                             self.variant, sub)
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.codes, self.d, self.m) if t is not None)
+        return sum(t.nbytes for t in (self.codes, self.d, self.m, self.sub) if t is not None)
+
+    def group_terms(self) -> tuple[Tensor, Tensor | None]:
+        """d and m per group, float32 [panels, groups, width] (two-level: each product computed as
+        the kernel computes it)."""
+        if self.sub is None:
+            return self.d, self.m
+        groups = self.in_features // self.group_size
+        spread = [t.repeat_interleave(SUPER // self.group_size, dim=1) for t in (self.d, self.m) if t is not None]
+        return spread[0] * self.sub[:, :groups].float(), (spread[1] * self.sub[:, groups:].float()
+                                                           if self.m is not None else None)
 
 
 def _panels(t: Tensor, width: int) -> Tensor:
@@ -134,7 +149,7 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
         codes = nibbles.reshape(-1, n_in)[:out]
     else:  # panel, block, chunk j, output o, byte t -> input 32b + 4j + t of o
         codes = w.codes.permute(0, 3, 1, 2, 4).reshape(-1, n_in)[:out]
-    return (codes, *(None if t is None else t.transpose(1, 2).reshape(-1, t.shape[1])[:out] for t in (w.d, w.m)))
+    return (codes, *(None if t is None else t.transpose(1, 2).reshape(-1, t.shape[1])[:out] for t in w.group_terms()))
 
 
 def linear(x: Tensor, w: Int8DotWeight) -> Tensor:

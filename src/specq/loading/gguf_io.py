@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,10 +20,13 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from ..errors import SpecqError
-from .gguf_reader import Header
 from ..model import architectures
 from ..model.llama import LlamaConfig
-from ..weights.gguf_formats import FORMATS, KernelBlocks, stack_rows
+from ..weights.gguf_formats import FORMATS, kernel_weight
+from .gguf_reader import Header
+
+if TYPE_CHECKING:
+    from ..weights.quant.modules import FileBlocks
 
 
 @dataclass
@@ -197,14 +201,16 @@ def _copy_metadata(reader, writer) -> None:
 
 # ------------------------------------------------------------------ the file's own precision
 
-def _kernel_blocks(g: GGUFFile, parts: tuple[str, ...]) -> tuple[str, KernelBlocks] | None:
-    """These (row-concatenated) tensors in the int8-activation kernel's terms and the name of their
-    format(s), or None when one of them is a float type or has no row in `gguf_formats`."""
+def _kernel_weight(g: GGUFFile, parts: tuple[str, ...]) -> FileBlocks | None:
+    """These (row-concatenated) tensors as one `FileBlocks`, or None when one of them is a float type
+    or has no row in `gguf_formats`."""
+    from ..weights.quant.modules import FileBlocks
+
     formats = [FORMATS.get(g.qtype(p)) for p in parts]
     if any(f is None or f.kernel is None for f in formats):
         return None
     kind = "+".join(dict.fromkeys(f.name for f in formats))
-    return kind, stack_rows([f.kernel_blocks(g.raw(p)) for f, p in zip(formats, parts)])
+    return FileBlocks(kernel_weight([(f.name, g.raw(p)) for f, p in zip(formats, parts)]), kind)
 
 
 def _note(qtype: str) -> str | None:
@@ -235,7 +241,6 @@ def load_at_file_precision(g: GGUFFile):
     Returns (net, notes): a note for each quantized tensor type that runs dequantized to float32."""
     from ..model.llama import Llama
     from ..weights.embedding import FileEmbedding
-    from ..weights.quant.modules import FileBlocks
 
     with torch.device("meta"), _NoInit():  # shapes only: every tensor below comes from the file
         net = Llama(g.config)
@@ -251,12 +256,9 @@ def load_at_file_precision(g: GGUFFile):
             g.header.drop_pages()  # rows are looked up from the file: they map again when read)
         blocks = None
         if name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
-            blocks = _kernel_blocks(g, parts)
+            blocks = _kernel_weight(g, parts)
         if blocks is not None:
-            kind, kb = blocks
-            m = None if kb.m is None else torch.from_numpy(kb.m)
-            net.set_submodule(name.removesuffix(".weight"),
-                              FileBlocks(kb.bits, torch.from_numpy(kb.codes), torch.from_numpy(kb.d), m, kind))
+            net.set_submodule(name.removesuffix(".weight"), blocks)
             continue
         floats[name] = torch.cat([g.float_tensor(p) for p in parts]) if len(parts) > 1 else g.float_tensor(parts[0])
         if not name.endswith("norm.weight"):

@@ -10,13 +10,17 @@ the kernel multiplies integer codes, so no product sees the difference). Why exa
 weights are what the model was quantized to, and a second rounding is a different model. The
 K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q6_K) with the sub-scale
 already applied: an fp16 d times a 6-bit or 8-bit sub-scale is exact in float32, and gguf computes
-the same product in float32 before it multiplies the codes, so nothing rounds differently.
+the same product in float32 before it multiplies the codes, so nothing rounds differently (the load
+path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
 
 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 8-bit codes: exact, but a byte per
 weight where the file holds 5.5-6.6 bits (a denser layout is later work). F32, F16 and BF16 are float
 rows (`floats`); a type without a row is dequantized by gguf (`to_float`).
 
-Everything is vectorized numpy over all blocks of a tensor at once: a 1.5B model holds ~1.5e9 weights.
+The decoders here are vectorized numpy over all blocks of a tensor at once (the reference, the
+embedding's row lookups, and machines where specq's kernels do not build); a file's load reads its
+blocks with `kernels/gguf_repack.c` instead, straight into int8dot's layout with the same bits
+(`kernel_weight`): a 1.5B model holds ~1.5e9 weights.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from ..kernels import build, gguf_repack, int8dot
 
 CODE_DTYPES = {4: np.uint8, 8: np.int8}  # the kernel's codes: 4-bit unsigned in [0, 15], 8-bit signed
 
@@ -59,14 +66,18 @@ class KernelBlocks:
         return KernelBlocks(bits, self.codes.astype(CODE_DTYPES[bits], copy=False), d, m, group_size)
 
 
+def common_form(forms: list[tuple[int, int, bool]]) -> tuple[int, int, bool]:
+    """Of parts (bits, group size, offsets) concatenated by rows (a fused q/k/v or gate/up of a file
+    that stores the parts in different formats), the one form that holds each exactly: the widest
+    codes, the finest groups, offsets if any part has them."""
+    return max(f[0] for f in forms), math.gcd(*(f[1] for f in forms)), any(f[2] for f in forms)
+
+
 def stack_rows(parts: list[KernelBlocks]) -> KernelBlocks:
-    """Tensors concatenated by rows (a fused q/k/v or gate/up of a file that stores the parts in
-    different formats) in one form that holds each exactly: the widest codes, the finest groups,
-    offsets if any part has them."""
+    """Tensors concatenated by rows, in their `common_form`."""
     if len(parts) == 1:
         return parts[0]
-    bits, group = max(p.bits for p in parts), math.gcd(*(p.group_size for p in parts))
-    offsets = any(p.m is not None for p in parts)
+    bits, group, offsets = common_form([(p.bits, p.group_size, p.m is not None) for p in parts])
     parts = [p.widened(bits, group, offsets) for p in parts]
     return KernelBlocks(bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]),
                         np.concatenate([p.m for p in parts]) if offsets else None, group)
@@ -84,12 +95,20 @@ class Format:
     (`floats`: values [n, type_size] uint8 -> float32 [n, 1])."""
 
     name: str
+    ggml: int  # ggml's type id (the file's number for it; `kernels/gguf_repack.c` reads blocks by it)
     block_size: int
     type_size: int
     bits: int = 0
     group_size: int = 0
     kernel: Callable[[np.ndarray], Decoded] | None = None
     floats: Callable[[np.ndarray], np.ndarray] | None = None
+    offsets: bool = False  # whether `kernel` gives offsets m
+    two_level: bool = False  # K-quants: the kernel can keep their scales as the file does (a float32 per
+    # super-block of 256 times an int8 sub-scale per group: the same float32 group scales, fewer bytes)
+
+    def form(self) -> tuple[int, int, bool]:
+        """The kernel's terms: code bits, group size, offsets."""
+        return self.bits, self.group_size, self.offsets
 
     def kernel_blocks(self, raw: np.ndarray) -> KernelBlocks:
         """A tensor's stored bytes, uint8 [rows, row bytes], in the kernel's terms."""
@@ -217,17 +236,17 @@ def _bf16(b: np.ndarray) -> np.ndarray:
 
 
 FORMATS = {f.name: f for f in (
-    Format("F32", 1, 4, floats=lambda b: b.view(np.float32)),
-    Format("F16", 1, 2, floats=lambda b: b.view(np.float16).astype(np.float32)),
-    Format("BF16", 1, 2, floats=_bf16),
-    Format("Q4_0", 32, 18, 4, 32, _q4_0),
-    Format("Q4_1", 32, 20, 4, 32, _q4_1),
-    Format("Q5_0", 32, 22, 8, 32, _q5_0),
-    Format("Q5_1", 32, 24, 8, 32, _q5_1),
-    Format("Q8_0", 32, 34, 8, 32, _q8_0),
-    Format("Q4_K", 256, 144, 4, 32, _q4_k),
-    Format("Q5_K", 256, 176, 8, 32, _q5_k),
-    Format("Q6_K", 256, 210, 8, 16, _q6_k),
+    Format("F32", 0, 1, 4, floats=lambda b: b.view(np.float32)),
+    Format("F16", 1, 1, 2, floats=lambda b: b.view(np.float16).astype(np.float32)),
+    Format("BF16", 30, 1, 2, floats=_bf16),
+    Format("Q4_0", 2, 32, 18, 4, 32, _q4_0, offsets=True),
+    Format("Q4_1", 3, 32, 20, 4, 32, _q4_1, offsets=True),
+    Format("Q5_0", 6, 32, 22, 8, 32, _q5_0),
+    Format("Q5_1", 7, 32, 24, 8, 32, _q5_1, offsets=True),
+    Format("Q8_0", 8, 32, 34, 8, 32, _q8_0),
+    Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True, two_level=True),
+    Format("Q5_K", 13, 256, 176, 8, 32, _q5_k, offsets=True, two_level=True),
+    Format("Q6_K", 14, 256, 210, 8, 16, _q6_k, two_level=True),
 )}
 
 
@@ -240,3 +259,21 @@ def to_float(raw: np.ndarray, type_name: str) -> np.ndarray:
     from gguf.quants import dequantize
 
     return np.ascontiguousarray(dequantize(raw, GGMLQuantizationType[type_name]), dtype=np.float32)
+
+
+def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = None) -> int8dot.Int8DotWeight:
+    """Tensors concatenated by rows, each (type name, its stored bytes uint8 [rows, row bytes]), as
+    one int8dot weight in their `common_form`, laid out for `variant` (by default the process's).
+    Where specq's kernels build, read by `kernels/gguf_repack.c` straight from the bytes (a file's
+    load is mostly this), K-quants with their scales in two levels; elsewhere by the numpy decoders
+    above and `int8dot`'s packing, one float32 per group: the same weights and outputs bit for bit."""
+    variant = variant or build.variant()
+    formats = [FORMATS[name] for name, _ in parts]
+    bits, group, offsets = common_form([f.form() for f in formats])
+    if build.available():
+        n_in = parts[0][1].shape[1] // formats[0].type_size * formats[0].block_size
+        return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in, bits, group,
+                                  offsets, variant, all(f.two_level for f in formats))
+    kb = stack_rows([f.kernel_blocks(raw) for f, (_, raw) in zip(formats, parts)])
+    pack = int8dot.pack_int4 if kb.bits == 4 else int8dot.pack_int8
+    return pack(*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)

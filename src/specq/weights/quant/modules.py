@@ -215,13 +215,13 @@ class FileBlocks(Int8DotSwitch, nn.Module):
     built from them on first use and dropped when the kernel takes over (no second copy of a large
     model). The file is the storage, so these modules keep no buffers."""
 
-    def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, kind: str):
-        """codes [out, in] (4 bits: in [0, 15]; 8 bits: in [-128, 127]), float d, m [out, groups]:
-        w = d * code + m (m None: none); `kind` names the file's format(s)."""
+    def __init__(self, blocks: int8dot.Int8DotWeight, kind: str):
+        """`blocks`: the file's weights in the kernel's layout (`weights.gguf_formats.kernel_weight`);
+        `kind` names the file's format(s)."""
         super().__init__()
-        self._blocks = PACK[bits](codes, d, m)
-        self.out_features, self.in_features = codes.shape
-        self.bits, self.group_size, self.kind = bits, self._blocks.group_size, kind
+        self._blocks = blocks
+        self.out_features, self.in_features = blocks.out_features, blocks.in_features
+        self.bits, self.group_size, self.kind = blocks.bits, blocks.group_size, kind
         self._eager: tuple[Tensor, ...] | None = None
 
     @property
@@ -277,8 +277,6 @@ class FileBlocks(Int8DotSwitch, nn.Module):
             return self.out_features * self.in_features // 2 + 4 * self.out_features * (self.in_features // self.group_size)
         return 2 * self.out_features * self.in_features  # bf16 weights
 
-
-PACK = {4: int8dot.pack_int4, 8: int8dot.pack_int8}  # code bits -> the kernel's packing, (codes, d, m)
 
 
 def kernel_blocker(qw: QuantizedWeight) -> str | None:

@@ -1,0 +1,269 @@
+/* A GGUF tensor's quantized blocks, read straight from the file's bytes into int8dot.c's panel
+ * layout (codes, scales d and offsets m per group, w = d * code + m), the same bytes and float32
+ * values that int8dot.py's pack_int4 / pack_int8 lay out from weights/gguf_formats.py's numpy
+ * decoders. Why C: those decoders and the torch permutes of the packing pass over every weight
+ * several times (most of a 1.5B file's load); here each weight is read once and written once, rows
+ * split across threads.
+ *
+ * Each format's decoder turns one block into its codes and per-group d and m exactly as
+ * gguf_formats.py does: the fp16 values widened to float32 (exact), one float32 product per scale
+ * (d * sub-scale, dmin * sub-min: exact, as gguf computes them too) and one float32 negation or
+ * product for an offset. Types are ggml's ids (GGMLQuantizationType).
+ *
+ * K-quants can also be laid out with two-level scales, as the file holds them (int8dot.c): per
+ * super-block the float32 of the fp16 d and of -dmin, per group the sub-scale and sub-min as int8;
+ * d * scale is the one-level scale, and -dmin * min equals -(dmin * min) bit for bit (a product's
+ * sign is its factors'), so the kernel computes the same weights from fewer bytes. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QBLOCK 32
+
+static inline float f16(const uint8_t *b) {
+    uint16_t h;
+    memcpy(&h, b, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+/* One block b -> its codes q (4-bit formats: 0..15; 8-bit: the signed codes) and per-group d and
+ * m (m left alone by formats without offsets). */
+typedef void (*decode_fn)(const uint8_t *b, int8_t *q, float *d, float *m);
+
+/* 32 values from 16 bytes: the low nibbles first, then the high ones. */
+static inline void nibbles32(const uint8_t *qs, int8_t *q) {
+    for (int i = 0; i < 16; i++) {
+        q[i] = (int8_t)(qs[i] & 0x0F);
+        q[i + 16] = (int8_t)(qs[i] >> 4);
+    }
+}
+
+static void q4_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * u - 8d */
+    d[0] = f16(b);
+    m[0] = -8.0f * d[0];
+    nibbles32(b + 2, q);
+}
+
+static void q4_1(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * u + m */
+    d[0] = f16(b);
+    m[0] = f16(b + 2);
+    nibbles32(b + 4, q);
+}
+
+/* Q5_0 / Q5_1: the fifth bit of value i is bit i of the 4 little-endian bytes at qh. */
+static inline void fifths32(const uint8_t *qh, const uint8_t *qs, int8_t *q, int8_t minus) {
+    uint32_t high;
+    memcpy(&high, qh, sizeof high);
+    nibbles32(qs, q);
+    for (int i = 0; i < 32; i++) q[i] = (int8_t)((q[i] | (((high >> i) & 1) << 4)) - minus);
+}
+
+static void q5_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * (q - 16) */
+    (void)m;
+    d[0] = f16(b);
+    fifths32(b + 2, b + 6, q, 16);
+}
+
+static void q5_1(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * q + m */
+    d[0] = f16(b);
+    m[0] = f16(b + 2);
+    fifths32(b + 4, b + 8, q, 0);
+}
+
+static void q8_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * c */
+    (void)m;
+    d[0] = f16(b);
+    memcpy(q, b + 2, 32);
+}
+
+/* Q4_K / Q5_K's 12 bytes of 6-bit sub-scales and mins at s (the layout: gguf_formats.py's
+ * _k_scales) -> scale[8], min[8]. */
+static inline void k_scales6(const uint8_t *s, int8_t *scale, int8_t *min) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            scale[j] = (int8_t)(s[j] & 0x3F);
+            min[j] = (int8_t)(s[j + 4] & 0x3F);
+        } else {
+            scale[j] = (int8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+            min[j] = (int8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+        }
+    }
+}
+
+/* Q4_K / Q5_K's fp16 d, dmin and sub-scales -> per-32 d * scale and -(dmin * min). */
+static inline void k_scale_min(const uint8_t *b, float *d, float *m) {
+    const float dd = f16(b), dmin = f16(b + 2);
+    int8_t scale[8], min[8];
+    k_scales6(b + 4, scale, min);
+    for (int j = 0; j < 8; j++) {
+        d[j] = dd * (float)scale[j];
+        m[j] = -(dmin * (float)min[j]);
+    }
+}
+
+/* Q4_K / Q5_K's 128 bytes of low nibbles: each 32 bytes hold sub-block 2i low, 2i + 1 high. */
+static inline void k_low_nibbles(const uint8_t *qs, int8_t *q) {
+    for (int i = 0; i < 4; i++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * i + l] = (int8_t)(qs[32 * i + l] & 0x0F);
+            q[64 * i + 32 + l] = (int8_t)(qs[32 * i + l] >> 4);
+        }
+}
+
+static void q4_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+    k_scale_min(b, d, m);
+    k_low_nibbles(b + 16, q);
+}
+
+static void q5_k(const uint8_t *b, int8_t *q, float *d, float *m) {  /* bit j of byte l: value 32j + l's fifth */
+    k_scale_min(b, d, m);
+    k_low_nibbles(b + 48, q);
+    const uint8_t *qh = b + 16;
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 32; l++) q[32 * j + l] = (int8_t)(q[32 * j + l] | (((qh[l] >> j) & 1) << 4));
+}
+
+/* Q6_K: per half of 128 values, 64 bytes of low nibbles (values 0-63 low, 64-127 high) and 32 of
+ * top bits (value 32s + i in bits 2s, 2s + 1 of byte i); 16 int8 sub-scales, then fp16 d. */
+static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+    (void)m;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        int8_t *out = q + 128 * h;
+        for (int l = 0; l < 64; l++) {
+            out[l] = (int8_t)(ql[l] & 0x0F);
+            out[64 + l] = (int8_t)(ql[l] >> 4);
+        }
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 32; i++)
+                out[32 * s + i] = (int8_t)((out[32 * s + i] | (((qh[i] >> (2 * s)) & 3) << 4)) - 32);
+    }
+    const float dd = f16(b + 208);
+    for (int g = 0; g < 16; g++) d[g] = dd * (float)(int8_t)b[192 + g];
+}
+
+/* A K-quant super-block b's two levels: D (d), Mneg (-dmin; -0 for a format without offsets, so
+ * that Mneg * 0 is the -0 offset of place_row) and per group the int8 sub-scale and sub-min. */
+typedef void (*terms_fn)(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min);
+
+static void k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {  /* Q4_K, Q5_K */
+    *D = f16(b);
+    *Mneg = -f16(b + 2);
+    k_scales6(b + 4, scale, min);
+}
+
+static void q6_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    *D = f16(b + 208);
+    *Mneg = -0.0f;
+    memcpy(scale, b + 192, 16);
+    memset(min, 0, 16);
+}
+
+typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; terms_fn terms; } Format;
+
+/* ggml type id -> its block (weights, bytes), code bits, group, whether it has offsets, decoder,
+ * and for K-quants their two-level terms. */
+static const Format FORMATS[] = {
+    [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
+    [6] = {32, 22, 8, 32, 0, q5_0, NULL},   [7] = {32, 24, 8, 32, 1, q5_1, NULL},
+    [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
+    [13] = {256, 176, 8, 32, 1, q5_k, k_terms}, [14] = {256, 210, 8, 16, 0, q6_k, q6_k_terms},
+};
+#define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
+#define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
+
+/* One row's codes q [K], d and m [K / native group] into output `out` of the panel layout of
+ * `width` outputs, `bits`-bit codes and groups of G (dividing the native group); m_out NULL: no
+ * offsets; `offsets` 0: the format has none, so its rows get -0 (d * c + -0 is d * c, even a
+ * zero's sign). */
+static void place_row(const int8_t *q, const float *dn, const float *mn, int K, int native, int offsets, int bits,
+                      int G, int width, long out, uint8_t *codes, float *d_out, float *m_out) {
+    /* codes, then the one-level d and m */
+    const long p = out / width, lane = out % width, groups = K / G, repeat = native / G;
+    if (bits == 4) {  /* input 32b + 8j + 4h + t -> block b, chunk j, byte 4 lane + t, nibble h */
+        uint8_t *base = codes + p * ((long)K * width / 2) + 4 * lane;
+        for (int b = 0; b < K / QBLOCK; b++)
+            for (int j = 0; j < 4; j++) {
+                const int8_t *v = q + QBLOCK * b + 8 * j;
+                uint8_t *dst = base + (long)(4 * b + j) * 4 * width;
+                for (int t = 0; t < 4; t++) dst[t] = (uint8_t)((v[t] & 0x0F) | (v[t + 4] << 4));
+            }
+    } else {  /* input 32b + 4j + t -> block b, chunk j, byte 4 lane + t */
+        uint8_t *base = codes + p * ((long)K * width) + 4 * lane;
+        for (int b = 0; b < K / QBLOCK; b++)
+            for (int j = 0; j < 8; j++) memcpy(base + (long)(8 * b + j) * 4 * width, q + QBLOCK * b + 4 * j, 4);
+    }
+    if (!dn) return;
+    float *dp = d_out + p * groups * width + lane;
+    for (long g = 0; g < groups; g++) dp[g * width] = dn[g / repeat];
+    if (m_out) {
+        float *mp = m_out + p * groups * width + lane;
+        for (long g = 0; g < groups; g++) mp[g * width] = offsets ? mn[g / repeat] : -0.0f;
+    }
+}
+
+/* One row's two-level terms (D, Mneg per super-block; scale, min per native group) into output
+ * `out`: D and Mneg [panel][K / SUPER][width], sub-scales [panel][group][width] followed, with
+ * offsets (m_out), by the sub-mins. */
+static void place_terms(const float *D, const float *Mneg, const int8_t *scale, const int8_t *min, int K,
+                        int native, int G, int width, long out, float *d_out, float *m_out, int8_t *sub) {
+    const long p = out / width, lane = out % width, groups = K / G, repeat = native / G, supers = K / SUPER;
+    for (long i = 0; i < supers; i++) {
+        d_out[(p * supers + i) * width + lane] = D[i];
+        if (m_out) m_out[(p * supers + i) * width + lane] = Mneg[i];
+    }
+    int8_t *sp = sub + p * (m_out ? 2 : 1) * groups * width + lane;
+    for (long g = 0; g < groups; g++) {
+        sp[g * width] = scale[g / repeat];
+        if (m_out) sp[(groups + g) * width] = min[g / repeat];
+    }
+}
+
+/* Rows [0, rows) of a tensor of ggml type `type` with K inputs per row, stored as `raw` (rows after
+ * rows, K / block blocks each), into outputs row0.. of a weight in int8dot's layout: `bits`-bit codes
+ * in panels of `width`, groups of G, offsets into m (NULL: none), and with `sub` two-level scales
+ * (K-quants only; NULL: one-level). The caller allocates every panel and zeroes the padding
+ * outputs. Returns 0, -1 for a type, group or width this cannot lay out (4-bit codes from an 8-bit
+ * format, offsets dropped, G not dividing the format's group, two levels of a format without), -2
+ * when out of memory. */
+int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, int width, int row0,
+                uint8_t *codes, float *d, float *m, int8_t *sub, int threads) {
+    if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
+    const Format f = FORMATS[type];
+    if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
+        (bits != 4 && bits != 8) || (sub && !f.terms))
+        return -1;
+    const int per_block = f.block / f.group;
+    const long row_bytes = (long)K / f.block * f.bytes;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) reduction(|: failed)
+    {
+        const size_t native_groups = (size_t)(K / f.group), blocks = (size_t)(K / f.block);
+        int8_t *q = malloc((size_t)K), *scale = malloc(native_groups), *min = malloc(native_groups);
+        float *dn = malloc(sizeof(float) * native_groups), *mn = malloc(sizeof(float) * native_groups);
+        float *D = malloc(sizeof(float) * blocks), *Mneg = malloc(sizeof(float) * blocks);
+        const int ok = q && scale && min && dn && mn && D && Mneg;
+        failed = !ok;
+        #pragma omp for schedule(static)  /* every thread meets the loop; one without scratch skips its rows */
+        for (int r = 0; r < rows; r++) {
+            if (!ok) continue;
+            const uint8_t *src = raw + (long)r * row_bytes;
+            for (int b = 0; b < K / f.block; b++) {
+                const uint8_t *block = src + (long)b * f.bytes;
+                f.decode(block, q + (long)b * f.block, dn + (long)b * per_block, mn + (long)b * per_block);
+                if (sub) f.terms(block, D + b, Mneg + b, scale + (long)b * per_block, min + (long)b * per_block);
+            }
+            place_row(q, sub ? NULL : dn, mn, K, f.group, f.offsets, bits, G, width, (long)row0 + r, codes, d, m);
+            if (sub) place_terms(D, Mneg, scale, min, K, f.group, G, width, (long)row0 + r, d, m, sub);
+        }
+        free(q);
+        free(scale);
+        free(min);
+        free(dn);
+        free(mn);
+        free(D);
+        free(Mneg);
+    }
+    return failed ? -2 : 0;
+}
