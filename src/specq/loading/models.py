@@ -28,8 +28,9 @@ from ..model.architectures import unsupported
 from ..model.hf_backend import HFCausalLM
 from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict
 from ..paths import cache_dir
+from ..weights.narrow_head import NarrowHead
 from ..weights.quant import quantize_model
-from . import gguf_io, packaged, precision, registry, validate
+from . import file_spec, gguf_io, packaged, precision, registry, validate
 
 
 @dataclass
@@ -302,8 +303,7 @@ def check_ref(ref: str) -> None:
     name, spec = split_ref(ref.strip())
     if not name:
         raise SpecqError(f"empty model reference '{ref}'")
-    if spec != FILE_PRECISION:
-        precision.parse(spec)
+    file_spec.parse(spec) if file_spec.names_file(spec) else precision.parse(spec)
     path = Path(name).expanduser()
     if name not in BUILTINS and name != SELF and path.is_dir():
         validate.check_dir(path)
@@ -315,8 +315,8 @@ def _load(ref: str) -> Model:
     name, spec_text = split_ref(ref.strip())
     if not name:
         raise SpecqError(f"empty model reference '{ref}'")
-    if spec_text == FILE_PRECISION:
-        return _load_at_file_precision(ref, name)
+    if file_spec.names_file(spec_text):
+        return _load_at_file_precision(ref, name, file_spec.parse(spec_text))
     spec = precision.parse(spec_text)
     started = time.perf_counter()
     source = _resolve(name)
@@ -370,10 +370,11 @@ def _load(ref: str) -> Model:
 FILE_PRECISION = precision.FILE_PRECISION  # `name@gguf`: run a GGUF file's own quantized tensors
 
 
-def _load_at_file_precision(ref: str, name: str) -> Model:
+def _load_at_file_precision(ref: str, name: str, spec: file_spec.FileSpec) -> Model:
     """`x.gguf@gguf` or a built-in shipped as GGUF: the file's own blocks on the packed kernels,
-    no float round trip and no second quantization; the tokenizer and chat template come from the
-    file's metadata (built once, cached): the file alone is enough."""
+    no float round trip and no second quantization (unless `spec` asks for a 4-bit body or a
+    narrowed head: `file_spec`); the tokenizer and chat template come from the file's metadata
+    (built once, cached): the file alone is enough."""
     started = time.perf_counter()
     if name in BUILTIN_GGUF:
         path = BUILTIN_GGUF[name]()
@@ -387,10 +388,11 @@ def _load_at_file_precision(ref: str, name: str) -> Model:
     parsed = gguf_io.read(path)  # a corrupt file fails here, before the tokenizer is built
     tok = _gguf_tokenizer(path)
     net, notes = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(net, parsed, spec, tok)
     for note in notes:
         precision.announce(f"{path.name}: {note}")
     return Model(ref=ref, net=net, tokenizer=tok, eos_ids=_eos_set([], tok), source=str(path),
-                 precision=FILE_PRECISION, info={"load_s": time.perf_counter() - started})
+                 precision=str(spec), info={"load_s": time.perf_counter() - started})
 
 
 def _gguf_tokenizer(path: Path):
@@ -428,6 +430,8 @@ def check_target(target: Model) -> None:
         raise SpecqError(f"the target must be a model from specq.load, got {type(target).__name__}")
     if isinstance(target.net, feature_draft.FeatureDraft):
         raise SpecqError(f"'{target.ref}' is a feature draft: it drafts for a target and cannot be one")
+    if isinstance(getattr(target.net, "output", None), NarrowHead):
+        raise SpecqError(f"'{target.ref}' has a narrowed head (it scores only some tokens): a draft, not a target")
 
 
 def check_compatible(draft: Model, target: Model) -> None:
