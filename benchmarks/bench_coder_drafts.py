@@ -2,6 +2,7 @@
 each draft precision (`loading/file_spec.py`), greedy, on the bench's code and edit prompts.
 
     python benchmarks/bench_coder_drafts.py [--drafts gguf,gguf-head32k,...] [--prompts 4] [--threads 2]
+    python benchmarks/bench_coder_drafts.py --summary   # a Markdown table of --out
 
 Acceptance (tau = emitted tokens per verify pass, acceptance rate = accepted / drafted) is
 deterministic given the files, so it can be measured on a busy machine; the step times (`step`
@@ -50,7 +51,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=30, help="1-token steps timed per model")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/coder-drafts.jsonl"))
+    parser.add_argument("--summary", action="store_true", help="print a table of --out and exit")
     args = parser.parse_args()
+    if args.summary:
+        return summary(args.out)
     torch.set_num_threads(args.threads)
     done = set()
     if args.out.exists():
@@ -86,6 +90,23 @@ def main() -> None:
                            "tau": s.emitted / max(s.steps, 1), "acceptance": s.accepted / max(s.drafted, 1),
                            "draft_s": s.draft_s, "verify_s": s.verify_s, "decode_s": s.decode_s})
         del draft
+
+
+def summary(path: Path) -> None:
+    """Per draft and gamma: tau and acceptance pooled over the runs of each prompt set, the draft's
+    step, and whether every output was the target's."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    steps = {r["model"].rpartition("@")[2]: r["ms"] for r in rows if r["kind"] == "step" and "@" in r["model"]}
+    runs = [r for r in rows if r["kind"] == "run"]
+    print("| draft | gamma | set | runs | tau | acceptance | same as plain | draft step ms (noisy) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key in sorted({(r["draft"], r["gamma"], r["set"]) for r in runs}, key=lambda k: (k[1], k[2], k[0])):
+        group = [r for r in runs if (r["draft"], r["gamma"], r["set"]) == key]
+        tau = sum(r["emitted"] for r in group) / sum(r["steps"] for r in group)
+        rate = sum(r["accepted"] for r in group) / sum(r["drafted"] for r in group)
+        same = all(r["same_as_plain"] for r in group)
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | {rate:.3f} | {same} | "
+              f"{steps.get(key[0], float('nan')):.1f} |")
 
 
 def _loadavg() -> float:
