@@ -98,15 +98,16 @@ def summary(path: Path) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     steps = {r["model"].rpartition("@")[2]: r["ms"] for r in rows if r["kind"] == "step" and "@" in r["model"]}
     runs = [r for r in rows if r["kind"] == "run"]
-    print("| draft | gamma | set | runs | tau | acceptance | same as plain | draft step ms (noisy) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| draft | gamma | set | runs | tau | acceptance | same as plain | draft step ms | draft ms per drafted token |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted({(r["draft"], r["gamma"], r["set"]) for r in runs}, key=lambda k: (k[1], k[2], k[0])):
         group = [r for r in runs if (r["draft"], r["gamma"], r["set"]) == key]
         tau = sum(r["emitted"] for r in group) / sum(r["steps"] for r in group)
         rate = sum(r["accepted"] for r in group) / sum(r["drafted"] for r in group)
         same = all(r["same_as_plain"] for r in group)
+        per_token = statistics.median(1000 * r["draft_s"] / r["drafted"] for r in group)
         print(f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | {rate:.3f} | {same} | "
-              f"{steps.get(key[0], float('nan')):.1f} |")
+              f"{steps.get(key[0], float('nan')):.1f} | {per_token:.1f} |")
 
 
 def _loadavg() -> float:
