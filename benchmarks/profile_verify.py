@@ -6,8 +6,11 @@ tokens of context, for one target ref on the fast path (2 threads).
 
 import sys
 
-import torch, specq
-from torch.profiler import profile, ProfilerActivity
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import specq
+
 torch.set_num_threads(2)
 ref = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m@int4-g64-rtn-head8"
 print(f"{ref}, fast path, {torch.get_num_threads()} threads, 10 forwards per table")

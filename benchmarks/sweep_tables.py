@@ -41,7 +41,7 @@ def pivot(rows: list[dict], column: str, columns: list, value: str, title: str, 
     keyed: dict[tuple, dict] = {}
     for r in rows:
         keyed.setdefault((r["target_precision"], draft_label(r)), {})[r[column]] = r
-    head = f"| target | draft | " + " | ".join(f"{column} {c}" for c in columns) + " |"
+    head = "| target | draft | " + " | ".join(f"{column} {c}" for c in columns) + " |"
     lines = [f"**{title}**", "", head, "|" + "---|" * (len(columns) + 2)]
     order = ["fp32", "bf16", "int8", "int4", "int3", "int2"]
     rank = lambda key: (next((i for i, p in enumerate(order) if key[0].startswith(p)), 9), key[1])  # noqa: E731

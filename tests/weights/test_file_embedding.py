@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from test_gguf_formats import QUANTIZED, random_tensor, same_bits
 
 from specq.weights.embedding import FileEmbedding
-
-from test_gguf_formats import QUANTIZED, random_tensor, same_bits
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED + ["F32", "F16", "BF16", "Q2_K"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import atomic
 from ..model.llama import Llama
 from ..paths import cache_dir
-from . import gguf_io, precision
+from . import file_spec, gguf_io, precision
 from .hf import eos_set
 from .model import Model
 from .save import write_native
@@ -47,18 +47,20 @@ def float_dir(gguf: Path) -> Path:
     return target
 
 
-def load_at_file_precision(ref: str, path: Path) -> Model:
+def load_at_file_precision(ref: str, path: Path, spec: file_spec.FileSpec) -> Model:
     """`x.gguf@gguf` or a built-in shipped as GGUF: the file's own blocks on the packed kernels,
-    no float round trip and no second quantization; the tokenizer and chat template come from the
-    file's metadata (built once, cached): the file alone is enough."""
+    no float round trip and no second quantization (unless `spec` asks for a 4-bit body or a
+    narrowed head: `file_spec`); the tokenizer and chat template come from the file's metadata
+    (built once, cached): the file alone is enough."""
     started = time.perf_counter()
     parsed = gguf_io.read(path)  # a corrupt file fails here, before the tokenizer is built
     tok = tokenizer(path)
     net, notes = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(net, parsed, spec, tok)
     for note in notes:
         precision.announce(f"{path.name}: {note}")
     return Model(ref=ref, net=net, tokenizer=tok, eos_ids=eos_set([], tok), source=str(path),
-                 precision=precision.FILE_PRECISION, info={"load_s": time.perf_counter() - started})
+                 precision=str(spec), info={"load_s": time.perf_counter() - started})
 
 
 def tokenizer(path: Path):

@@ -15,10 +15,10 @@ import torch
 from .. import backends
 from ..errors import SpecqError
 from ..paths import cache_dir
-from . import hf, precision
+from . import file_spec, hf, precision
 from .gguf_load import load_at_file_precision
 from .model import Model
-from .refs import FILE_PRECISION, gguf_file, parts, resolve
+from .refs import gguf_file, parts, resolve
 
 
 def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
@@ -36,8 +36,8 @@ def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
 
 def _load(ref: str) -> Model:
     name, spec_text = parts(ref)
-    if spec_text == FILE_PRECISION:
-        return load_at_file_precision(ref, gguf_file(name))
+    if file_spec.names_file(spec_text):
+        return load_at_file_precision(ref, gguf_file(name), file_spec.parse(spec_text))
     spec = precision.parse(spec_text)
     started = time.perf_counter()
     source = resolve(name)

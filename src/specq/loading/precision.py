@@ -17,22 +17,23 @@ import torch
 from .. import atomic
 from ..errors import SpecqError
 from ..model.llama import Llama, LlamaConfig
+from . import file_spec
 
 QUANT_CONFIG = "quant_config.json"
 
 
-FILE_PRECISION = "gguf"  # `name@gguf`: a GGUF file's own quantized tensors (`loader.load`)
+FILE_PRECISION = file_spec.FILE_PRECISION  # `name@gguf`: a GGUF file's own quantized tensors (`loader.load`)
 CALIB_LEN = 512  # tokens per GPTQ/AWQ calibration window, unless the model's context is shorter
 
 
 def canonical(spec_text: str) -> str:
-    """The canonical spelling of a precision: the parsed spec's, or `gguf`, which names no spec."""
-    return spec_text if spec_text == FILE_PRECISION else str(parse(spec_text))
+    """The canonical spelling of a precision: the parsed spec's, or a GGUF file's (`file_spec`)."""
+    return str(file_spec.parse(spec_text) if file_spec.names_file(spec_text) else parse(spec_text))
 
 
 def is_float(spec_text: str) -> bool:
     """Whether a precision keeps float weights (`gguf` files hold quantized blocks)."""
-    return spec_text != FILE_PRECISION and parse(spec_text).is_float
+    return not file_spec.names_file(spec_text) and parse(spec_text).is_float
 
 
 def parse(spec_text: str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecqError
-from . import precision, validate
+from . import file_spec, precision, validate
 from .builtins import BUILTIN_GGUF, BUILTINS, PACKAGED_GGUF
 from .gguf_load import float_dir
 
@@ -43,8 +43,7 @@ def check_ref(ref: str) -> None:
     """What `load` checks before reading any weights: the ref's form, its precision and a local
     folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
     name, spec = parts(ref)
-    if spec != FILE_PRECISION:
-        precision.parse(spec)
+    file_spec.parse(spec) if file_spec.names_file(spec) else precision.parse(spec)
     path = Path(name).expanduser()
     if name not in BUILTINS and name != SELF and path.is_dir():
         validate.check_dir(path)

@@ -54,7 +54,7 @@ def precision_bits(spec: str) -> float:
     """Weight bits of a precision spec, for 'nearest precision' (fp32 32, bf16 16, int4 4, ...)."""
     if spec in ("fp32", "bf16", "fp16"):
         return {"fp32": 32, "bf16": 16, "fp16": 16}[spec]
-    if spec == "gguf":  # a GGUF file at its own precision: the built-in's is Q4_1, 4-bit blocks
+    if spec.split("-")[0] == "gguf":  # a GGUF file at its own precision (options too): 4-bit blocks mostly
         return 4
     m = re.match(r"int(\d)", spec)
     if not m:

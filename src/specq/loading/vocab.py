@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 
 from ..errors import SpecqError
+from ..weights.narrow_head import NarrowHead
 from .model import Draft, Model
 
 
@@ -15,6 +16,8 @@ def check_target(target: Model) -> None:
         raise SpecqError(f"'{target.ref}' is a {target.kind.name} draft: it drafts for a target and cannot be one")
     if not isinstance(target, Model):
         raise SpecqError(f"the target must be a model from specq.load, got {type(target).__name__}")
+    if isinstance(getattr(target.net, "output", None), NarrowHead):
+        raise SpecqError(f"'{target.ref}' has a narrowed head (it scores only some tokens): a draft, not a target")
 
 
 def check_compatible(draft: Model | Draft, target: Model) -> None:

@@ -1,0 +1,138 @@
+"""`@gguf` and its options: a GGUF file at its own precision, made cheaper to run as a draft.
+
+    gguf[-int4][-head{N}k]
+
+* `int4`: the file's 5- to 8-bit weight tensors (Q5_0, Q8_0, Q6_K, ...) requantized by specq's RTN
+  to 4-bit codes in groups of 32 with a scale and an offset each (Q4_1's form), from their exact
+  dequantized values; 4-bit tensors, the token embedding and the head stay the file's. Why: the
+  kernels run 5- to 8-bit codes as bytes, so a 4-bit body reads about half the bytes per step.
+* `head{N}k`: the output layer keeps only the N * 1024 tokens a ranked list puts first, plus the
+  file's special tokens, its rows exactly the file's (`weights.narrow_head`): drafts only, since a
+  dropped token is never proposed (acceptance may drop, correctness cannot). The list is the one
+  in `assets/heads/` made for the file's vocabulary (the sha256 of its token strings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import SpecqError
+from ..weights.gguf_formats import FORMATS, kernel_weight
+from ..weights.narrow_head import NarrowHead
+from ..weights.quant.modules import FileBlocks
+from ..weights.quant.rtn import quantize_rtn
+from .gguf_io import GGUFFile
+
+FILE_PRECISION = "gguf"
+FORM = "gguf[-int4][-head{N}k] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k)"
+HEADS = Path(__file__).parents[1] / "assets" / "heads"  # src/specq/assets/heads: <name>.npy + <name>.json
+INT4_GROUP = 32
+# GGUF token types a narrowed head always keeps: unknown, control, user-defined, byte (not normal, unused)
+SPECIAL_TOKEN_TYPES = (2, 3, 4, 6)
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    int4: bool = False  # 5- to 8-bit tensors requantized to 4 bits
+    head_tokens: int | None = None  # ranked tokens the head keeps; None: the whole vocabulary
+
+    def __str__(self) -> str:
+        parts = [FILE_PRECISION] + (["int4"] if self.int4 else [])
+        return "-".join(parts + ([f"head{self.head_tokens // 1024}k"] if self.head_tokens else []))
+
+
+def names_file(spec_text: str) -> bool:
+    """Whether a precision names a GGUF file's own blocks (`gguf`, or `gguf-` with options)."""
+    return spec_text == FILE_PRECISION or spec_text.startswith(FILE_PRECISION + "-")
+
+
+def parse(spec_text: str) -> FileSpec:
+    """`gguf[-int4][-head{N}k]` (options in any order) -> FileSpec; anything else one line."""
+    head, *options = spec_text.strip().lower().split("-")
+    if head != FILE_PRECISION:
+        raise SpecqError(f"'{spec_text}' is not a GGUF file precision: {FORM}")
+    int4, tokens = False, None
+    for option in options:
+        m = re.fullmatch(r"head(\d+)k", option)
+        if option == "int4" and not int4:
+            int4 = True
+        elif m and tokens is None and 1 <= int(m.group(1)) <= 1024:
+            tokens = int(m.group(1)) * 1024
+        else:
+            raise SpecqError(f"bad GGUF file precision '{spec_text}' (at '{option}'): {FORM}")
+    return FileSpec(int4, tokens)
+
+
+def vocabulary_digest(tokenizer) -> str:
+    """sha256 of a tokenizer's token strings in id order: which ranked list fits a file."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return hashlib.sha256("\n".join(tokens).encode()).hexdigest()
+
+
+def ranked_tokens(tokenizer) -> np.ndarray:
+    """The ranked token ids (most useful first) of the list made for this tokenizer's vocabulary."""
+    digest = vocabulary_digest(tokenizer)
+    for meta in sorted(HEADS.glob("*.json")):
+        if json.loads(meta.read_text()).get("vocabulary_sha256") == digest:
+            return np.load(meta.with_suffix(".npy"))
+    raise SpecqError(f"no ranked token list for this file's vocabulary in {HEADS} (`-head{{N}}k` needs one; "
+                     "benchmarks/coder_head_tokens.py builds one)")
+
+
+def kept_tokens(g: GGUFFile, tokenizer, count: int) -> torch.Tensor:
+    """The `count` first ranked tokens and the file's special tokens (and EOS), sorted."""
+    ranked = ranked_tokens(tokenizer)
+    if count > ranked.size:
+        raise SpecqError(f"a head of {count // 1024}k tokens: the ranked list holds only {ranked.size} tokens")
+    types = (g.header.fields.get("tokenizer.ggml.token_type") if g.header is not None else None) or []
+    special = [i for i, t in enumerate(types) if t in SPECIAL_TOKEN_TYPES]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids = np.unique(np.concatenate([ranked[:count], np.array(special + eos, dtype=ranked.dtype)]))
+    return torch.from_numpy(ids[ids < g.config.vocab_size].astype(np.int64))
+
+
+def narrowed_head(g: GGUFFile, keep: torch.Tensor) -> NarrowHead:
+    """The file's head (its output tensor, or the tied token embedding) over the rows of `keep`,
+    each row the file's bytes as they are: the same blocks on the int8-activation kernel."""
+    name = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
+    fmt, rows = FORMATS.get(g.qtype(name)), keep.numpy()
+    if fmt is not None and fmt.kernel is not None:
+        head = FileBlocks(kernel_weight([(g.qtype(name), np.ascontiguousarray(np.asarray(g.raw(name))[rows]))]),
+                          fmt.name)
+    else:
+        head = nn.Linear(g.config.hidden_size, rows.size, bias=False)
+        head.weight = nn.Parameter(g.float_tensor(name)[keep], requires_grad=False)
+    return NarrowHead(head, keep, g.config.vocab_size)
+
+
+def to_int4(blocks: FileBlocks) -> FileBlocks:
+    """A file's 5- to 8-bit blocks as 4-bit RTN codes (groups of 32, scale and offset) of their
+    exact dequantized weights."""
+    from ..kernels import int8dot
+
+    codes, d, m = int8dot.unpack(blocks._blocks)
+    w = codes.float().view(blocks.out_features, -1, blocks.group_size) * d[..., None]
+    w = (w if m is None else w + m[..., None]).view(blocks.out_features, blocks.in_features)
+    qw = quantize_rtn(w, 4, INT4_GROUP, symmetric=False)
+    scale = qw.scales.float()
+    return FileBlocks(int8dot.pack_int4(qw.codes.to(torch.uint8), scale, -qw.zeros.float() * scale),
+                      f"{blocks.kind} as int4")
+
+
+def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer) -> None:
+    """Put the options of `spec` on a network `gguf_io.load_at_file_precision` built, in place
+    (before a backend is chosen)."""
+    if spec.int4:
+        for name, module in list(net.layers.named_modules()):
+            if isinstance(module, FileBlocks) and module.bits > 4:
+                net.layers.set_submodule(name, to_int4(module))
+    if spec.head_tokens:
+        net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens))

@@ -1,0 +1,116 @@
+"""`@gguf` options (`loading/file_spec.py`): a narrowed head whose rows are the file's own blocks,
+and a 4-bit body requantized from the file's exact weights."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_gguf import write_tiny_gguf
+
+from specq.errors import SpecqError
+from specq.kernels import int8dot
+from specq.loading import file_spec, gguf_io, precision
+from specq.loading.file_spec import FileSpec
+from specq.weights.narrow_head import NarrowHead
+from specq.weights.quant.modules import FileBlocks
+
+from conftest import assert_speculative_is_plain, perturbed, tiny_model
+
+VOCAB = 2048  # a head of 1k tokens keeps half of it
+
+
+@pytest.mark.parametrize("text, canonical", [("gguf", "gguf"), ("gguf-head32k", "gguf-head32k"),
+                                             ("GGUF-head16k-int4", "gguf-int4-head16k"), ("gguf-int4", "gguf-int4")])
+def test_file_precisions_parse_to_one_spelling(text, canonical):
+    assert file_spec.names_file(text.lower()) and precision.canonical(text.lower()) == canonical
+    assert not precision.is_float(text.lower())
+
+
+@pytest.mark.parametrize("text", ["gguf-head", "gguf-head32", "gguf-head0k", "gguf-int4-int4", "gguf-q4",
+                                  "gguf-head8k-head16k", "gguf-"])
+def test_bad_file_precisions_are_one_line(text):
+    with pytest.raises(SpecqError) as e:
+        file_spec.parse(text)
+    assert "\n" not in str(e.value) and "gguf[-int4][-head{N}k]" in str(e.value)
+
+
+@pytest.fixture
+def tiny_file(tmp_path, monkeypatch):
+    """(float model, parsed Q8_0 file, tokenizer) with a ranked list for its vocabulary: token ids in
+    reverse order (so the kept half is the upper one) in a heads folder of its own."""
+    model = tiny_model(vocab=VOCAB, hidden=32, scale=3.0)
+    write_tiny_gguf(tmp_path / "tiny.gguf", model, "Q8_0")
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    np.save(heads / "tiny.npy", np.arange(VOCAB - 1, -1, -1, dtype=np.int32))
+    (heads / "tiny.json").write_text(json.dumps({"vocabulary_sha256": file_spec.vocabulary_digest(model.tokenizer)}))
+    monkeypatch.setattr(file_spec, "HEADS", heads)
+    return model, gguf_io.read(tmp_path / "tiny.gguf"), model.tokenizer
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
+def test_narrowed_head_rows_are_the_files_rows(tiny_file, fast):
+    """The kept tokens' logits are bit for bit the whole head's (the same Q8_0 blocks on the same
+    kernel), the others -inf."""
+    from specq.backends import fastpath
+
+    if fast and not int8dot.available():
+        pytest.skip("needs AVX2 and a C compiler")
+    _, parsed, tok = tiny_file
+    full, _ = gguf_io.load_at_file_precision(parsed)
+    narrow, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(narrow, parsed, FileSpec(head_tokens=1024), tok)
+    keep = narrow.output.keep
+    assert isinstance(narrow.output, NarrowHead) and isinstance(narrow.output.rows, FileBlocks)
+    assert narrow.output.rows.kind == "Q8_0" and torch.equal(keep, torch.arange(VOCAB // 2, VOCAB))
+    for net in (full, narrow):
+        if fast:
+            fastpath.apply(net)
+    ids = torch.tensor([1, 5, 900, 2, 1500, 3])
+    with torch.inference_mode():
+        a, b = full(ids), narrow(ids)
+    assert torch.equal(b[:, keep], a[:, keep]) and torch.isneginf(b[:, :VOCAB // 2]).all()
+
+
+def test_int4_body_is_close_to_the_files_weights_and_keeps_the_head(tiny_file):
+    _, parsed, tok = tiny_file
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(net, parsed, FileSpec(int4=True), tok)
+    reference = parsed.float_state_dict()
+    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w2"):
+        module = net.get_submodule(name)
+        assert isinstance(module, FileBlocks) and module.bits == 4 and module.group_size == 32
+        codes, d, m = int8dot.unpack(module._blocks)
+        weight = (codes.float().view(module.out_features, -1, 32) * d[..., None] + m[..., None]).flatten(1)
+        expected = reference[f"{name}.weight"]
+        step = d.repeat_interleave(32, 1)
+        assert ((weight - expected).abs() <= 0.51 * step + 1e-6).all()  # RTN: within half a step
+    assert net.output.bits == 8  # the head stays the file's Q8_0
+
+
+def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file):
+    from specq.backends import fastpath
+    from specq.loading.model import Model
+
+    model, parsed, tok = tiny_file
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(net, parsed, FileSpec(int4=True, head_tokens=1024), tok)
+    if int8dot.available():
+        fastpath.apply(net)
+    draft = Model(ref="tiny.gguf@gguf-int4-head1k", net=net, tokenizer=tok, eos_ids=frozenset(), source="tiny")
+    target = perturbed(model, 0.02, ref="target")  # agrees with the draft on most tokens
+    assert_speculative_is_plain(target, draft)
+
+
+def test_a_vocabulary_without_a_ranked_list_is_one_line(tiny_file, monkeypatch, tmp_path):
+    _, parsed, tok = tiny_file
+    monkeypatch.setattr(file_spec, "HEADS", tmp_path / "none")
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    with pytest.raises(SpecqError, match="no ranked token list"):
+        file_spec.apply(net, parsed, FileSpec(head_tokens=1024), tok)
+    with pytest.raises(SpecqError, match="holds only"):
+        monkeypatch.setattr(file_spec, "HEADS", tiny_file[1].path.parent / "heads")
+        file_spec.apply(net, parsed, FileSpec(head_tokens=4096), tok)
