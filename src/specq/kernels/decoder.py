@@ -76,7 +76,8 @@ class _Part(ctypes.Structure):
                 ("seen", ctypes.c_void_p), ("offsets", ctypes.c_void_p)]
 
 
-OPTIONAL = ("qkv_bias", "q_norm", "k_norm", "post_attention_norm", "post_ffn_norm")  # weights a layer may lack, in C's order
+# The weights a layer may lack (NULL in C), in C's order.
+OPTIONAL = ("qkv_bias", "q_norm", "k_norm", "post_attention_norm", "post_ffn_norm")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gate's activations by transformers' name, numbered as in C
 
 

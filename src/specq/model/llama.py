@@ -254,8 +254,8 @@ class Attention(nn.Module):
         elif isinstance(kv, Prior):
             kv.keys[layer].append(k)
             kv.values[layer].append(v)
-            out = F.scaled_dot_product_attention(q, torch.cat(kv.keys[layer], dim=2), torch.cat(kv.values[layer], dim=2),
-                                                 attn_mask=kv.mask, scale=self.scale, enable_gqa=True)
+            keys, values = torch.cat(kv.keys[layer], dim=2), torch.cat(kv.values[layer], dim=2)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=kv.mask, scale=self.scale, enable_gqa=True)
         else:  # compiled: fixed shapes, positions as a tensor
             kv.k[layer].index_copy_(2, kv.positions, k)
             kv.v[layer].index_copy_(2, kv.positions, v)
