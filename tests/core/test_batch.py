@@ -14,6 +14,7 @@ from specq.core.acceptance import verify_layout
 from specq.core.decode import Sequence, step
 from specq.drafters import TreeShape
 from specq.kernels import f32dot
+from specq.kernels.rows import ROW_BY_ROW_MAX
 from specq.model.llama import MAX_STACKED_ROWS, Rows, invariant_rows
 
 from conftest import _feature_model, at, perturbed, tiny_model
@@ -65,7 +66,7 @@ def test_stacked_rows_equal_each_sequence_alone(spec):
     # every kernel row-invariant up to the cap; float layers (fp32, and the fp32 head of int4-g32-rtn)
     # only up to f32dot's rows: beyond them torch's GEMM takes over and rounds differently
     floats = spec != "int4-g32-rtn-head8" and f32dot.available()
-    assert net.stack_limit() == (f32dot.MAX_ROWS if floats else MAX_STACKED_ROWS)
+    assert net.stack_limit() == (ROW_BY_ROW_MAX if floats else MAX_STACKED_ROWS)
     rng = torch.Generator().manual_seed(0)
     assert_same_as_alone(net, passes(net, rng))
     # the cap full: 16 sequences of 16 rows, and beyond it (split into several passes)
@@ -220,7 +221,7 @@ def test_linear_kernels_at_the_real_models_shapes_stack_exactly():
         if spec != "fp32":
             quantize_model(net, spec, progress=False)
         fastpath.pack_linears(net)
-        cap = f32dot.MAX_ROWS if spec == "fp32" and f32dot.available() else MAX_STACKED_ROWS
+        cap = ROW_BY_ROW_MAX if spec == "fp32" and f32dot.available() else MAX_STACKED_ROWS
         assert invariant_rows(net, MAX_STACKED_ROWS, torch.float32) == cap, spec
 
 

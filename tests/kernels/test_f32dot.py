@@ -11,6 +11,7 @@ import torch
 
 from specq.backends import fastpath
 from specq.kernels import build, f32dot
+from specq.kernels.rows import ROW_BY_ROW_MAX
 
 pytestmark = pytest.mark.skipif(not f32dot.available(), reason="needs AVX2 and a C compiler")
 
@@ -57,10 +58,10 @@ def test_the_fast_float_layer_hands_long_inputs_to_torch():
     linear = torch.nn.Linear(40, 24, bias=False)
     layer = fastpath.PackedLinear(linear.weight.detach())
     assert "f32dot" in layer.kernel
-    x = torch.randn(1, f32dot.MAX_ROWS + 3, 40, generator=g)
+    x = torch.randn(1, ROW_BY_ROW_MAX + 3, 40, generator=g)
     with torch.no_grad():
-        short, long = layer(x[:, :f32dot.MAX_ROWS]), layer(x)
+        short, long = layer(x[:, :ROW_BY_ROW_MAX]), layer(x)
         torch.testing.assert_close(long, linear(x), rtol=1e-5, atol=1e-5)  # a prefill: torch's GEMM
-        assert torch.equal(short, f32dot.linear(x[:, :f32dot.MAX_ROWS], layer.float_panels()))
+        assert torch.equal(short, f32dot.linear(x[:, :ROW_BY_ROW_MAX], layer.float_panels()))
         copied = copy.deepcopy(layer)
         assert copied.float_panels() is not layer.float_panels() and torch.equal(copied(x[:, :3]), short[:, :3])

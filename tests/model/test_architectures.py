@@ -5,7 +5,8 @@ reference) and loaded by specq from a saved Hugging Face directory and from a GG
 way llama.cpp's converter writes that architecture. Natively, on the eager and on the fast path, it
 must give transformers' logits (prefill, cached steps, verify passes; fp32, within 1e-4), its
 greedy tokens, and speculative output equal to plain decoding (chains and token trees, with
-rejections), with verify rows bit-identical to one-token steps on the fast path.
+rejections); on the fast path every architecture's layers run on `decoder.Stack`, with verify rows
+bit-identical to one-token steps.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def hf_greedy(hf, model, n: int) -> list[int]:
 
 
 def check_fast_rows(model) -> None:
-    """On the fast path a verify pass's rows equal one-token steps bit for bit."""
+    """On the kernels backend every layer runs in `decoder.Stack`'s one C call per cached pass, and
+    a verify pass's rows equal one-token steps bit for bit."""
+    assert model.net.stack is not None
     assert verify_vs_steps(model.net, SEQUENCE[:9], SEQUENCE[9:17]) == 0
 
 
@@ -169,12 +172,13 @@ def test_quantized_fast_path(tmp_path, monkeypatch, name):
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
     """The server's batching (`Llama.forward_many`) on sliding-window layers: a step, chain and tree
-    verify passes, a prefill and a long pass of several sequences in one pass, each bit-identical to
-    its own pass on the fast path."""
+    verify passes, a prefill and a long pass of several sequences, in as few passes as keep each
+    bit-identical to its own pass on the fast path (the stack's rows apart from the modules')."""
     from specq.core.acceptance import verify_layout
     from specq.model.llama import Rows
 
     net = specq.load(str(save_hf(hf_model(name), tmp_path / name))).net
+    assert net.stack is not None
     rng = torch.Generator().manual_seed(0)
 
     def prefilled(n: int):
@@ -200,11 +204,14 @@ def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
 
 
 @pytest.mark.parametrize("spec", ["", "@int8"], ids=["fp32", "int8"])
-@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
-def test_qwen_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, kernel_variant):
-    """Qwen2's q/k/v biases and Qwen3's q/k norms run inside `decoder.Stack`'s one C call per pass:
-    a step, a chain verify, a tree pass and stacked sequences give the modules' logits and caches bit
-    for bit, and speculative decoding on the stack gives plain decoding's tokens (rejections seen)."""
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma3"])
+def test_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, kernel_variant):
+    """Qwen2's q/k/v biases, Qwen3's q/k norms and Gemma 3's layers (sliding windows with their own
+    rope, post-norms, GeGLU, a query scale) run inside `decoder.Stack`'s one C call per pass: a step,
+    a chain verify, a tree pass and stacked sequences give the torch modules' logits and caches
+    (within float tolerance; integer weights: relative RMS error, int8dot quantizing activations
+    the two round apart), and speculative decoding on the stack gives plain decoding's tokens
+    (rejections seen)."""
     from specq.core.acceptance import verify_layout
     from specq.model.llama import Rows
 
@@ -229,11 +236,13 @@ def test_qwen_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, k
             stacked = m.forward_many([Rows(SEQUENCE[50:51], caches[1]), Rows(SEQUENCE[51:55], caches[2]),
                                       Rows(SEQUENCE[55:61], caches[0], **verify_layout(parents, caches[0].length))])
             out += [logits for logits, _ in stacked]
-            results.append((out, [(c.k[:, :, :, :c.length], c.v[:, :, :, :c.length]) for c in caches]))
+            results.append(out + [t[:, :, :, :c.length] for c in caches for t in (c.k, c.v)])
     assert len(calls) == 4  # step, chain, tree, the stacked pass (prefills take the modules)
-    (a, ca), (b, cb) = results
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert all(torch.equal(x, y) for pa, pb in zip(ca, cb) for x, y in zip(pa, pb))
+    for x, y in zip(*results):
+        if spec:
+            assert (x - y).pow(2).mean().sqrt() <= 1e-2 * y.pow(2).mean().sqrt()
+        else:
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
     calls.clear()
     check_speculative(model, perturbed(specq.load(str(directory), backend="eager"), 0.3))
     assert calls  # the verify passes ran on the stack
@@ -247,6 +256,7 @@ def test_tree_rows_see_the_window_of_their_own_path(tmp_path, name, fast):
     from specq.core.acceptance import verify_layout
 
     net = specq.load(str(save_hf(hf_model(name), tmp_path / name)), backend="kernels" if fast else "eager").net
+    assert (net.stack is not None) == fast
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, 4, -1])
     prefix, tokens = SEQUENCE[:9], SEQUENCE[30:39]  # the root, then one token per node
     with torch.no_grad():

@@ -253,7 +253,8 @@ def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
 def test_a_draft_on_the_fast_path_runs_its_layer_in_one_call(trained, tmp_path):
     """At an RTN integer spec every linear layer of the draft runs on int8dot, so its cached passes
     (a chain step, several rows, a tree's rows) go through `decoder.Stack` like a target's, and
-    give the modules' logits, features and cache bit for bit."""
+    give the torch modules' logits, features and cache (relative RMS error: int8dot quantizes
+    activations that the two round apart)."""
     import copy
 
     from specq.core.acceptance import verify_layout
@@ -279,7 +280,8 @@ def test_a_draft_on_the_fast_path_runs_its_layer_in_one_call(trained, tmp_path):
         results.append(([t for pair in out for t in pair], cache.k[:, :, :, :cache.length].clone()))
     (a, ka), (b, kb) = results
     assert len(calls) == 3  # every cached pass but the prefill
-    assert all(torch.equal(x, y) for x, y in zip(a, b)) and torch.equal(ka, kb)
+    for x, y in zip([*a, ka], [*b, kb]):
+        assert (x - y).pow(2).mean().sqrt() <= 1e-2 * y.pow(2).mean().sqrt()
 
 
 @torch.inference_mode()

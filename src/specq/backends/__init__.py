@@ -2,8 +2,9 @@
 model, and never changed afterwards.
 
 - `kernels` (the default): specq's CPU kernels where they take a layer (`fastpath`: float32
-  linears on f32dot panels, 4/8-bit weights on int8dot, the work between them in C, whole cached
-  passes in one C call), torch's ops for the rest;
+  linears on f32dot panels, 4/8-bit weights on int8dot, and where every linear layer is on them,
+  whole cached passes, the work between the linear layers included, in one C call), torch's ops
+  for the rest;
 - `eager`: torch's ops only, the reference (training, quantization and saving read these modules);
 - `compiled`: torch.compile of padded fixed-shape chain steps (`compiled`), on torch's ops.
 

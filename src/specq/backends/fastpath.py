@@ -1,8 +1,8 @@
 """The fast CPU path: put a loaded model's float32 linear layers on specq's `f32dot` panels (bf16
 ones on oneDNN's packed GEMM), its 4-bit and 8-bit layers on specq's int8-activation kernel
-(`kernels/int8dot.py`), the decoder's work between them (norms, attention rows, activations) on
-`kernels/decoder.py`, and where every linear layer is on specq's kernels, whole passes on
-`decoder.Stack` (`apply`).
+(`kernels/int8dot.py`), and where every linear layer of the decoder is on specq's kernels, whole
+cached passes, the work between the linear layers included, on `decoder.Stack` (`apply`). Passes
+the stack does not take (prefills, long passes, gradients) run the modules' torch ops.
 
 Why: `F.linear` on CPU goes to MKL's sgemm, whose small-batch path costs about linearly more per
 row up to a few rows, so a verify pass of 2-5 rows costs about two one-token steps and
@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import decoder, f32dot
-from ..model.llama import Attention, FeedForward, Llama, RMSNorm
+from ..kernels.rows import ROW_BY_ROW_MAX
+from ..model.llama import Llama
 from ..weights.quant.modules import Int8DotSwitch
 
 # oneDNN packs for an expected number of rows; any row count runs on the packed weight.
@@ -37,7 +38,7 @@ PACK_ROWS_HINT = 4
 
 class PackedLinear(nn.Module):
     """`nn.Linear` (no bias) on the fast path's float kernels; same dtype in and out as the weight.
-    float32 weights on this CPU's AVX2: up to `f32dot.MAX_ROWS` rows on specq's `f32dot` panels,
+    float32 weights on this CPU's AVX2: up to `ROW_BY_ROW_MAX` rows on specq's `f32dot` panels,
     more rows (prefills) on torch's `F.linear`; otherwise (bf16, or no AVX2 or compiler) on
     oneDNN's pre-packed GEMM."""
 
@@ -51,12 +52,12 @@ class PackedLinear(nn.Module):
     @property
     def kernel(self) -> str:
         if self._panels is not None:
-            return f"specq f32dot panels (up to {f32dot.MAX_ROWS} rows; F.linear beyond)"
+            return f"specq f32dot panels (up to {ROW_BY_ROW_MAX} rows; F.linear beyond)"
         return "oneDNN packed GEMM"
 
     def forward(self, x: Tensor) -> Tensor:
         if self._panels is not None:
-            if x.numel() <= f32dot.MAX_ROWS * self.in_features:
+            if x.numel() <= ROW_BY_ROW_MAX * self.in_features:
                 return f32dot.linear(x, self._panels)
             return F.linear(x, self.weight)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, None, "none", [], "")
@@ -89,60 +90,42 @@ def packs(dtype: torch.dtype) -> bool:
 
 
 def apply(net: nn.Module) -> int:
-    """The whole fast path, in place: `pack_linears`, and the decoder's norms, cached attention rows
-    and activations on `kernels/decoder` where it builds (float32 inputs only; others keep torch's
-    ops). Returns how many linear layers changed kernel. Inference only; `revert` undoes it."""
-    glue = decoder.available()
-    for module in net.modules():
-        if isinstance(module, (RMSNorm, Attention, FeedForward)):
-            module.kernel = glue
+    """The whole fast path, in place: `pack_linears`, then a `layer_stack` for each native decoder
+    where specq's kernels build. Returns how many linear layers changed kernel. Inference only;
+    `revert` undoes it."""
     swapped = pack_linears(net)
     for module in net.modules():
         if isinstance(module, Llama):
-            module.stack = layer_stack(module) if glue else None
+            module.stack = layer_stack(module) if decoder.available() else None
     return swapped
-
-
-# What a decoder layer may compute that `decoder.Stack`'s C loop does not (it runs Llama's layer): the
-# feature -> whether a block has it. A model with any of them runs module by module, where each piece
-# still takes its own kernel wherever that computes it exactly (`Attention.segment`, `FeedForward`).
-STACK_LACKS = {
-    "a sliding window": lambda b: b.attention.window is not None,
-    "a query scale other than head_dim ** -0.5": lambda b: b.attention.scale is not None,
-    "a rope base of its own": lambda b: b.local_rope,
-    "norms after attention and feed-forward": lambda b: b.post_attention_norm is not None,
-    "an activation other than SiLU": lambda b: b.feed_forward.act != "silu",
-}
 
 
 def layer_stack(net: Llama) -> decoder.Stack | None:
     """All of `net`'s decoder layers as one C call (`decoder.Stack`), if every linear layer runs on
-    int8dot or f32dot without a bias of its own, the norms and q/k/v biases are float32 and no layer
-    has a feature of `STACK_LACKS`; else None (the modules run one by one)."""
+    int8dot or f32dot without a bias of its own and the norms and q/k/v biases are float32; else
+    None (the modules run one by one, on torch's ops between the linear layers)."""
     layers = []
     for block in net.layers:
-        if any(has(block) for has in STACK_LACKS.values()):
-            return None
         attention, ffn = block.attention, block.feed_forward
         linears = (attention.wqkv, attention.wo, ffn.w13, ffn.w2)
         weights = [m.float_panels() if isinstance(m, PackedLinear) else getattr(m, "_int8dot", None)
                    for m in linears]
         norms = (block.attention_norm.weight, block.ffn_norm.weight)
-        projection = [attention.qkv_bias] + [None if m is None else m.weight
-                                             for m in (attention.q_norm, attention.k_norm)]
+        optional = [attention.qkv_bias] + [None if m is None else m.weight for m in (
+            attention.q_norm, attention.k_norm, block.post_attention_norm, block.post_ffn_norm)]
         if any(w is None for w in weights) or any(getattr(m, "bias", None) is not None for m in linears) \
-                or any(w.dtype != torch.float32 for w in (*norms, *projection) if w is not None):
+                or any(w.dtype != torch.float32 for w in (*norms, *optional) if w is not None):
             return None
-        layers.append(decoder.LayerWeights(*norms, *weights, *projection))
+        layers.append(decoder.LayerWeights(*norms, *weights, *optional, attention.window, block.local_rope))
     c = net.config
-    return decoder.Stack(layers, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps)
+    scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
+    return decoder.Stack(layers, decoder.Shape(c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                               c.rms_norm_eps, scale, c.hidden_act))
 
 
 def revert(net: nn.Module) -> None:
     """Undo `apply` (before training, compiling or saving a module tree), in place."""
     for module in net.modules():
-        if isinstance(module, (RMSNorm, Attention, FeedForward)):
-            module.kernel = False
         if isinstance(module, Llama):
             module.stack = None
     unpack_linears(net)

@@ -1,15 +1,15 @@
-/* The decoder's work between its linear layers, for float32 models on x86 CPUs with AVX2 or AVX-512 (see
- * kernels/decoder.py for why it is hand-written): RMSNorm, SiLU(gate) * up, and the attention of
- * the rows of a cached pass (rotary embedding, the cache write, and each row's softmax attention
- * over exactly the keys it sees); and `decoder_layers`, every layer of a model whose linear layers
- * all run on int8dot or f32dot (compiled into the same object) in one call, which leaves no
- * Python between the kernels of a pass.
+/* Every decoder layer of a cached pass in one call (`decoder_layers`, see kernels/decoder.py for why
+ * it is hand-written), for float32 models on x86 CPUs with AVX2 or AVX-512 whose linear layers all
+ * run on int8dot or f32dot (compiled into the same object): RMSNorm, the rows' attention (rotary
+ * embedding, the cache write, and each row's softmax attention over exactly the keys it sees, on a
+ * sliding layer the last `window` of them), the gated activation (SiLU or tanh-approximated GELU)
+ * and, where a layer has them, q/k/v biases, per-head q/k norms and norms after attention and
+ * feed-forward. No Python runs between the kernels of a pass.
  *
  * Every row is computed by the same sequence of operations whatever the number of rows and
  * wherever the row sits, so a verify row equals the same position computed as a one-row step bit
- * for bit. Compile with -ffp-contract=off: the rotary embedding then rounds exactly as torch's
- * `x * cos + rotate_half(x) * sin` does, so rows rotated here and rows rotated by torch (a
- * prefill) agree.
+ * for bit. Compile with -ffp-contract=off: the rotary embedding then rounds as torch's
+ * `x * cos + rotate_half(x) * sin` does.
  *
  * Across variants: the dot products (attention scores, the norm's sum of squares) are summed in
  * vectors of 8 lanes with AVX2 and 16 with AVX-512, so the two variants' results differ in
@@ -106,8 +106,8 @@ static void weighted_sum(const float *p, int keys, const float *vh, const int *s
     }
 }
 
-/* y = x / sqrt(mean(x^2) + eps) * w per row of x [M, K]. */
-void rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
+/* y = x / sqrt(mean(x^2) + eps) * w per row of x [M, K] (y may be x). */
+static void rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
     for (int r = 0; r < M; r++) {
         const float *xr = x + (size_t)r * K;
         float *yr = y + (size_t)r * K;
@@ -116,12 +116,22 @@ void rms_norm(const float *x, int M, int K, const float *w, float eps, float *y)
     }
 }
 
-/* y [M, I] = silu(gate) * up, from gu [M, 2I] (gate, then up, per row). */
-void silu_mul(const float *gu, int M, int I, float *y) {
+/* gelu(x) with tanh's approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). */
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+enum { SILU, GELU_TANH };  /* the gate's activation, as decoder.py's ACTIVATIONS numbers them */
+
+/* y [M, I] = act(gate) * up, from gu [M, 2I] (gate, then up, per row). */
+static void gated(const float *gu, int M, int I, int act, float *y) {
     for (int r = 0; r < M; r++) {
         const float *g = gu + (size_t)r * 2 * I, *u = g + I;
         float *yr = y + (size_t)r * I;
-        for (int i = 0; i < I; i++) yr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        if (act == GELU_TANH)
+            for (int i = 0; i < I; i++) yr[i] = gelu_tanh(g[i]) * u[i];
+        else
+            for (int i = 0; i < I; i++) yr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
 
@@ -140,11 +150,12 @@ static inline void rotate(const float *x, const float *cos, const float *sin, in
  *     rows' own are written here;
  *   seen: NULL for a chain (row i sees slots 0..start+i), else for each row i the slots
  *     seen[offsets[i]..offsets[i+1]) in order (a token tree: the prefix and the row's ancestors);
+ *   window: 0, or a sliding layer's window: each row sees only the last `window` of those slots;
  *   out [n, H D]: per row and head, softmax(q k^T * scale) v over the seen slots.
  * Query head h reads key/value head h / (H / Hkv). Returns 0, or -1 when out of memory. */
-int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const float *cos, const float *sin,
-                float *k_cache, float *v_cache, int capacity, int start, const int *seen, const int *offsets,
-                float scale, float *out, int threads) {
+static int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const float *cos, const float *sin,
+                       float *k_cache, float *v_cache, int capacity, int start, const int *seen, const int *offsets,
+                       int window, float scale, float *out, int threads) {
     const size_t row = (size_t)(H + 2 * Hkv) * D;
     float *q = malloc(sizeof(float) * (size_t)n * H * D);
     int most = 0;
@@ -168,9 +179,12 @@ int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const float *cos
     for (int t = 0; t < n * H; t++) {
         int i = t / H, h = t % H, kv = h / group;
         int keys = seen ? offsets[i + 1] - offsets[i] : start + i + 1;
-        const int *slots = seen ? seen + offsets[i] : NULL;
+        int skip = window && keys > window ? keys - window : 0;  /* the path's keys before the window */
+        keys -= skip;
+        const int *slots = seen ? seen + offsets[i] + skip : NULL;
+        size_t first = seen ? 0 : (size_t)skip * D;  /* a chain's keys are the consecutive slots from `skip` */
         const float *qh = q + (size_t)t * D;
-        const float *kh = k_cache + (size_t)kv * capacity * D, *vh = v_cache + (size_t)kv * capacity * D;
+        const float *kh = k_cache + (size_t)kv * capacity * D + first, *vh = v_cache + (size_t)kv * capacity * D + first;
         float *p = scores + (size_t)t * most;
         float top = -INFINITY;
         for (int j = 0; j < keys; j++) {
@@ -202,7 +216,11 @@ typedef struct { int bits, group; const uint8_t *codes; const float *d, *m; cons
 typedef struct {
     const float *attention_norm, *ffn_norm;
     QuantWeight wqkv, wo, w13, w2;
-    const float *qkv_bias, *q_norm, *k_norm;  /* NULL where the architecture has none (Qwen2: a bias; Qwen3: norms) */
+    /* NULL where the architecture has none: a q/k/v bias (Qwen2), per-head q/k norms (Qwen3, Gemma 3),
+     * norms of the attention and feed-forward outputs (Gemma 3) */
+    const float *qkv_bias, *q_norm, *k_norm, *post_attention_norm, *post_ffn_norm;
+    int window;  /* 0, or a sliding layer's window */
+    int local_rope;  /* whether the layer rotates by the local rope tables (Gemma 3's sliding layers) */
 } Layer;
 
 /* bits 4 or 8: int8dot's codes and scales; bits 32: f32dot's float panels in `codes`. */
@@ -220,7 +238,7 @@ static void add_into(float *x, const float *y, size_t count) {
 
 /* What `Attention.projected` does to the q/k/v linear layer's output qkv [n, (H + 2 Hkv) D], in
  * place and in its order: the bias added, then each head's queries and keys normalized (the norm
- * weights both given, or neither), each with the float operations the modules' calls make. */
+ * weights both given, or neither). */
 static void project(float *qkv, int n, int H, int Hkv, int D, const float *bias, const float *q_norm,
                     const float *k_norm, float eps) {
     const size_t width = (size_t)(H + 2 * Hkv) * D;
@@ -245,39 +263,42 @@ typedef struct {
 } Part;
 
 /* The L decoder layers of a cached pass, x [n, hidden] updated in place, for a model whose linear
- * layers all run on int8dot or f32dot: what `Block.forward` computes with every module on the fast
- * path's kernels, the same calls in the same order, so the result is bit-identical to that path
- * (with a layer's q/k/v bias and q/k norms where it has them).
+ * layers all run on int8dot or f32dot: what `Block.forward` computes, with a layer's q/k/v bias, q/k
+ * norms, post-norms, window and local rope where it has them; `act` the gate's activation (SILU or
+ * GELU_TANH); local_cos, local_sin [n, D] the rows' angles on layers with `local_rope` (else NULL).
  * The n rows may be several sequences' (`parts`, in order): the linear layers run once over all of
  * them (each weight read once), and each part attends to its own cache only. The other arguments
  * are those of attend_rows, rms_norm and linear_a8. Returns 0, or -1 when out of memory. */
 int decoder_layers(int L, const Layer *layers, float *x, int n, int hidden, int H, int Hkv, int D, int inter,
-                   float eps, float scale, const float *cos, const float *sin, int parts, const Part *part,
-                   int threads) {
+                   float eps, float scale, int act, const float *cos, const float *sin, const float *local_cos,
+                   const float *local_sin, int parts, const Part *part, int threads) {
     const int width = (H + 2 * Hkv) * D, q_size = H * D;
     float *h = malloc(sizeof(float) * (size_t)n * (2 * hidden + width + q_size + 3 * inter));
     if (!h) return -1;
     float *qkv = h + (size_t)n * hidden, *att = qkv + (size_t)n * width, *o = att + (size_t)n * q_size;
-    float *gate_up = o + (size_t)n * hidden, *act = gate_up + (size_t)n * 2 * inter;
+    float *gate_up = o + (size_t)n * hidden, *gated_out = gate_up + (size_t)n * 2 * inter;
     int failed = 0;
     for (int l = 0; l < L && !failed; l++) {
         const Layer *w = layers + l;
+        const float *rope_cos = w->local_rope ? local_cos : cos, *rope_sin = w->local_rope ? local_sin : sin;
         rms_norm(x, n, hidden, w->attention_norm, eps, h);
         failed |= linear(&w->wqkv, h, n, hidden, width, qkv, threads);
         project(qkv, n, H, Hkv, D, w->qkv_bias, w->q_norm, w->k_norm, eps);
         for (int p = 0, at = 0; p < parts; at += part[p].rows, p++) {
             const Part *s = part + p;
-            failed |= attend_rows(qkv + (size_t)at * width, s->rows, H, Hkv, D, cos + (size_t)at * D,
-                                  sin + (size_t)at * D, s->k + l * s->layer_stride, s->v + l * s->layer_stride,
-                                  s->capacity, s->start, s->seen, s->offsets, scale, att + (size_t)at * q_size,
-                                  threads);
+            failed |= attend_rows(qkv + (size_t)at * width, s->rows, H, Hkv, D, rope_cos + (size_t)at * D,
+                                  rope_sin + (size_t)at * D, s->k + l * s->layer_stride, s->v + l * s->layer_stride,
+                                  s->capacity, s->start, s->seen, s->offsets, w->window, scale,
+                                  att + (size_t)at * q_size, threads);
         }
         failed |= linear(&w->wo, att, n, q_size, hidden, o, threads);
+        if (w->post_attention_norm) rms_norm(o, n, hidden, w->post_attention_norm, eps, o);
         add_into(x, o, (size_t)n * hidden);
         rms_norm(x, n, hidden, w->ffn_norm, eps, h);
         failed |= linear(&w->w13, h, n, hidden, 2 * inter, gate_up, threads);
-        silu_mul(gate_up, n, inter, act);
-        failed |= linear(&w->w2, act, n, inter, hidden, o, threads);
+        gated(gate_up, n, inter, act, gated_out);
+        failed |= linear(&w->w2, gated_out, n, inter, hidden, o, threads);
+        if (w->post_ffn_norm) rms_norm(o, n, hidden, w->post_ffn_norm, eps, o);
         add_into(x, o, (size_t)n * hidden);
     }
     free(h);

@@ -5,8 +5,8 @@ memory bandwidth, and a verify pass of a few rows should cost little more. MKL's
 linearly per row at small row counts, and oneDNN's pre-packed GEMM (the fast path's float kernel
 before this one, and what inductor uses for frozen linears) read the weights of this model's
 layers more slowly than this loop does at 1-8 rows on an AVX2 machine (docs/fastpath.md). The
-loop also lets `decoder.Stack` run float layers from C. Beyond `MAX_ROWS` rows (prefills) the
-layer goes back to torch's GEMM, which is compute-efficient there.
+loop also lets `decoder.Stack` run float layers from C. Beyond `rows.ROW_BY_ROW_MAX` rows (prefills)
+the layer goes back to torch's GEMM, which is compute-efficient there (`fastpath.PackedLinear`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,6 @@ import torch
 from torch import Tensor
 
 from . import build
-
-# Up to this many rows run here: every row of a pass that attends row by row
-# (`llama.ROW_BY_ROW_MAX`), so a verify row and the one-token step at its position take the same
-# kernel and agree bit for bit. More rows (prefills, large batches) take torch's GEMM.
-MAX_ROWS = 65
-
 
 available = build.available  # a variant this CPU runs and a C compiler: specq's kernels build here
 

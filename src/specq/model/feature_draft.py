@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .. import atomic
 from ..errors import SpecqError
-from .llama import KVCache, Llama, LlamaConfig, Segment, visibility
+from .llama import KVCache, Llama, LlamaConfig, Prior, Segment, visibility
 
 KIND = "specq-feature-draft"
 CONFIG_FILE = "feature_draft.json"
@@ -111,16 +111,9 @@ class FeatureDraft(nn.Module):
             tokens = F.pad(ids[:, k + 1:], (0, k))[:, :rows]
             x = self.fc(torch.cat([F.embedding(tokens, self.token_embedding).to(self.dtype),
                                    features.to(self.dtype)], dim=-1))
-            cos, sin = body.rope_cos[k:k + rows], body.rope_sin[k:k + rows]
-            mask = torch.cat([causal] + [diagonal] * k, dim=1)
-            for i, layer in enumerate(body.layers):
-                q, key, value = layer.attention.rotated(layer.attention.wqkv(layer.attention_norm(x)), cos, sin)
-                keys[i].append(key)
-                values[i].append(value)
-                att = F.scaled_dot_product_attention(q, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2),
-                                                     attn_mask=mask, enable_gqa=True)
-                x = x + layer.attention.wo(att.transpose(1, 2).reshape(*x.shape[:2], -1))
-                x = x + layer.feed_forward(layer.ffn_norm(x))
+            rope = slice(k, k + rows)
+            prior = Prior(keys, values, torch.cat([causal] + [diagonal] * k, dim=1))
+            x = body.decoder_pass(x, body.rope_cos[rope], body.rope_sin[rope], prior, body._local(rope))
             features = body.norm(x)
             out.append(features)
         return out

@@ -20,18 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import decoder
+from ..kernels.rows import ROW_BY_ROW_MAX
 from . import architectures, rope
 
 MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
-# Fused attention over n query rows rounds differently from n one-row calls, and the bf16 casts in
-# front of packed int4/int8 kernels can amplify that into a flipped greedy token. Verify passes of
-# up to this many rows (gamma 64, the longest, plus the root; trees of up to 64 nodes) therefore
-# attend row by row, each row over exactly the keys of its own path, like a decode step.
-# Their logits are then bit-identical to one-token steps wherever every matmul is row-invariant:
-# specq's f32dot and int8dot, oneDNN's packed GEMM and torch's packed int8/int4 kernels, not MKL's fp32 sgemm
-# (tests/test_fastpath.py reports the differences). A prefill (an empty cache) and longer passes
-# use fused attention.
-ROW_BY_ROW_MAX = 65
 # Several sequences' rows share one pass (`Llama.forward_many`, the server's batching) up to this
 # many rows in all: the linear layers run once over the stacked rows, attention per sequence. Each
 # sequence's result is bit-identical to its own pass only where every linear kernel computes a row
@@ -174,17 +166,24 @@ class StaticView(NamedTuple):
     mask: Tensor
 
 
+class Prior(NamedTuple):
+    """Keys and values of earlier passes kept as autograd tensors, not in a cache: the feature
+    draft's training-time test (`FeatureDraft.unrolled`) backpropagates through them. Each layer
+    appends its new rows' keys and values to its lists, and the rows attend to all of them through
+    `mask`, which says the whole visibility (a sliding window is not added to it)."""
+
+    keys: list[list[Tensor]]  # per layer, [b, kv_heads, rows, head_dim] per earlier pass
+    values: list[list[Tensor]]
+    mask: Tensor  # [n, all rows of the lists, the new ones included] bool
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    kernel = False  # the fast path's C loop (`kernels/decoder`), for float32 inference
-
     def forward(self, x: Tensor) -> Tensor:
-        if self.kernel and decoder.takes(x):
-            return decoder.rms_norm(x.contiguous(), self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -200,7 +199,7 @@ class Attention(nn.Module):
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         # The biases sit beside the linear layer, not in it: the bias-free layer then takes the fast
-        # path's kernels (row-invariant), and adding the bias afterwards is exact.
+        # path's kernels (row-invariant), and the bias is added afterwards, as `decoder.Stack` does.
         self.wqkv = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if c.qkv_bias else None
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
@@ -209,12 +208,6 @@ class Attention(nn.Module):
         self.window = c.window(layer)
         scalar = c.query_pre_attn_scalar
         self.scale = None if scalar is None or scalar == c.head_dim else scalar ** -0.5  # None: head_dim ** -0.5
-
-    # The fast path's C attention (`kernels/decoder`) for the rows of cached passes that attend row
-    # by row (steps and verify passes), float32 inference only; prefills keep fused attention. It
-    # attends over every cached key at the scale head_dim ** -0.5, so layers with a window or a
-    # scale of their own keep torch's attention.
-    kernel = False
 
     def projected(self, x: Tensor) -> Tensor:
         """The q/k/v projection of x [b, n, hidden]: [b, n, (heads + 2 kv_heads) head_dim], biased and
@@ -240,22 +233,29 @@ class Attention(nn.Module):
         q, k = qk.split([self.n_heads, self.n_kv], dim=1)
         return q, k, v
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: list[Segment] | StaticView | None,
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: list[Segment] | StaticView | Prior | None,
                 layer: int) -> Tensor:
         """`kv`: the `Segment` of each sequence whose rows x stacks (decoding), the static view of
-        the compiled step, or None (training: x [b, n] sequences from position 0, no cache)."""
+        the compiled step, earlier passes' keys and values (`Prior`), or None (training: x [b, n]
+        sequences from position 0, no cache)."""
         b, n = x.shape[:2]
         qkv = self.projected(x)
         if isinstance(kv, list):
-            parts = [self.segment(qkv[:, s.rows], cos[s.rows], sin[s.rows], s, layer) for s in kv]
-            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-            return self.wo(out)
+            parts = [attend(*self.rotated(qkv[:, s.rows], cos[s.rows], sin[s.rows]), s, layer, self.window, self.scale)
+                     for s in kv]
+            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+            return self.wo(out.transpose(1, 2).reshape(1, n, self.q_size))
         q, k, v = self.rotated(qkv, cos, sin)
         if kv is None:
             mask = None if self.window is None else (
                 torch.ones(n, n, dtype=torch.bool).tril_() & band(torch.arange(n), n, self.window))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                  enable_gqa=True)
+        elif isinstance(kv, Prior):
+            kv.keys[layer].append(k)
+            kv.values[layer].append(v)
+            keys, values = torch.cat(kv.keys[layer], dim=2), torch.cat(kv.values[layer], dim=2)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=kv.mask, scale=self.scale, enable_gqa=True)
         else:  # compiled: fixed shapes, positions as a tensor
             kv.k[layer].index_copy_(2, kv.positions, k)
             kv.v[layer].index_copy_(2, kv.positions, v)
@@ -264,22 +264,10 @@ class Attention(nn.Module):
                                                  enable_gqa=True)
         return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
 
-    def segment(self, qkv: Tensor, cos: Tensor, sin: Tensor, s: Segment, layer: int) -> Tensor:
-        """One sequence's rows of a cached pass: [1, n, q_size] attention outputs."""
-        n = qkv.shape[1]
-        if (self.kernel and decoder.takes(qkv) and by_rows(s.cache.length, n) and self.window is None
-                and self.scale is None):
-            rows = decoder.attend_rows(qkv[0].contiguous(), self.n_heads, self.n_kv, cos.contiguous(),
-                                       sin.contiguous(), s.cache.k[layer, 0], s.cache.v[layer, 0],
-                                       s.cache.length, s.seen.rows)
-            return rows.unsqueeze(0)
-        out = attend(*self.rotated(qkv, cos, sin), s, layer, self.window, self.scale)
-        return out.transpose(1, 2).reshape(1, n, self.q_size)
-
 
 def by_rows(start: int, n: int) -> bool:
-    """Whether n rows written at `start` of a cache attend row by row (see ROW_BY_ROW_MAX): all but
-    prefills (an empty cache) and passes too long for it."""
+    """Whether n rows written at `start` of a cache attend row by row (`kernels/rows.py` says why):
+    all but prefills (an empty cache) and passes too long for it."""
     return start > 0 and n <= ROW_BY_ROW_MAX
 
 
@@ -346,13 +334,8 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    kernel = False  # the fast path's C loop for silu(gate) * up (`kernels/decoder`), float32 inference
-
     def forward(self, x: Tensor) -> Tensor:
-        gate_up = self.w13(x)
-        if self.kernel and self.act == "silu" and decoder.takes(gate_up):
-            return self.w2(decoder.silu_mul(gate_up.contiguous()))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
+        gate, up = self.w13(x).split(self.intermediate, dim=-1)
         return self.w2(ACTIVATIONS[self.act](gate) * up)
 
 
@@ -448,21 +431,26 @@ class Llama(nn.Module):
     def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
         """Several sequences' rows, each at the end of its own cache, in as few passes as exactness
         allows: (logits, hidden states or None) per sequence, as `forward` returns them. Sequences
-        are stacked in order while their rows fit `stack_limit()`: the linear layers then read each
-        weight once for all of them, and each row attends to its own sequence only, so every result
-        is bit-identical to the sequence's own `forward`."""
+        are stacked in order while their rows fit `stack_limit()` and the layer stack takes all of
+        them or none (`on_stack`): the linear layers then read each weight once for all of them,
+        each row attends to its own sequence only, and each sequence runs the kernels its own pass
+        runs, so every result is bit-identical to the sequence's own `forward`."""
         if self.compiled_step is not None:  # compiled steps take one sequence at a time
             return [self._one(s, return_hidden) for s in seqs]
         if len(seqs) == 1:  # nothing to stack (and no probe: `specq generate` never pays for it)
             return self._stacked(seqs, return_hidden)
         out, group, rows, limit = [], [], 0, self.stack_limit()
         for s in seqs:
-            if group and rows + s.ids.shape[0] > limit:
+            if group and (rows + s.ids.shape[0] > limit or self.on_stack(s) != self.on_stack(group[0])):
                 out += self._stacked(group, return_hidden)
                 group, rows = [], 0
             group.append(s)
             rows += s.ids.shape[0]
         return out + self._stacked(group, return_hidden) if group else out
+
+    def on_stack(self, s: Rows) -> bool:
+        """Whether the layer stack runs these rows in a float32 inference pass (`decoder_pass`)."""
+        return self.stack is not None and by_rows(s.cache.length, s.ids.shape[0])
 
     def _one(self, s: Rows, return_hidden: bool) -> tuple[Tensor, Tensor | None]:
         out = self(s.ids, s.cache, s.last_only, return_hidden, s.positions, s.mask)
@@ -512,10 +500,11 @@ class Llama(nn.Module):
         rope = slice(0, ids.shape[0])
         return self.norm(self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope)))[0]
 
-    # The fast path's C loop over every layer (`kernels/decoder.Stack`) where all linear layers run on
-    # int8dot or f32dot: one call per cached pass of up to ROW_BY_ROW_MAX rows, of one sequence or
-    # several stacked, each attending row by row. Set by `fastpath.apply`; it computes what the
-    # modules compute, bit for bit.
+    # The kernels backend's C loop over every layer (`kernels/decoder.Stack`) where all linear layers
+    # run on int8dot or f32dot: one call per cached float32 inference pass whose every sequence
+    # attends row by row (`by_rows`), of one sequence or several stacked. Set by `fastpath.apply`;
+    # it computes the modules' math, rounded its own way but the same for a row whatever rows are
+    # beside it, so steps and verify passes, which both take it, agree bit for bit.
     stack = None
 
     def _layers(self, ids, cos, sin, kv, local=None) -> Tensor:
@@ -529,9 +518,9 @@ class Llama(nn.Module):
         """x [B, n, hidden] through every decoder layer (no final norm): in one C call where the
         stack takes the pass, else module by module. `kv` as `Attention.forward` takes it; cos, sin
         [n, head_dim] of the rows' positions, `local` the same for layers with a rope of their own."""
-        if (self.stack is not None and isinstance(kv, list) and decoder.takes(x) and x.shape[1] <= ROW_BY_ROW_MAX
+        if (self.stack is not None and isinstance(kv, list) and decoder.takes(x)
                 and all(by_rows(s.cache.length, s.rows.stop - s.rows.start) for s in kv)):
-            return self.stack(x.contiguous(), cos, sin, kv)
+            return self.stack(x.contiguous(), cos, sin, kv, local)
         for i, layer in enumerate(self.layers):
             x = layer(x, *(local if layer.local_rope else (cos, sin)), kv, i)
         return x
