@@ -101,7 +101,7 @@ def cmd_qad(args) -> int:
     report = qad.run(target, quantized, spec, out, work, settings, resume=args.resume, force=args.force,
                      since=started)
     if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "history"}))
+        print(json.dumps(report))
         return 0
     b, a = report["held_out_before"], report["held_out_after"]
     print(f"held-out vs {report['teacher']}: KL {b['kl']:.4f} -> {a['kl']:.4f}, top-1 {b['top1']:.3f} -> "

@@ -187,8 +187,9 @@ def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: 
     before = evaluate(net, held, forward=qad_forward)
     train_budget_s = None if deadline is None else max(0.0, deadline - time.monotonic())
     result = distill(net, train, held, steps=settings.steps, time_budget_s=train_budget_s, loss=settings.loss,
-                     lr=settings.lr, batch=settings.batch, checkpoint_dir=ckpt, checkpoint_every=settings.checkpoint_every,
-                     eval_every=settings.eval_every, seed=settings.seed, forward=qad_forward, groups=param_groups(net))
+                     lr=settings.lr, batch=settings.batch, checkpoint_dir=ckpt,
+                     checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
+                     forward=qad_forward, groups=param_groups(net))
     provenance = {
         "method": "qad", "from": f"{split_ref(quantized.ref)[0]}@{quantized.precision}",
         "teacher": f"{split_ref(target.ref)[0]}@{target.precision}",
@@ -196,13 +197,14 @@ def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: 
         "settings": {k: v for k, v in asdict(settings).items() if k in SETTINGS} | settings.extra,
         "train_sequences": len(train), "train_positions": train.positions(), "held_out_positions": held.positions(),
         "teacher_data_s": round(data_s, 1), "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
-        "budget": None if deadline is None else {"minutes": settings.minutes, "teacher_shards_left_out": budget.skipped},
-        "held_out_before": before, "held_out_after": result["held_out"],
+        "budget": None if deadline is None else {"minutes": settings.minutes,
+                                                 "teacher_shards_left_out": budget.skipped},
+        "held_out_before": before, "held_out_after": result["held_out"], "history": result["history"],
         "threads": torch.get_num_threads(),
     }
     precision.save_quantized_dir(export(net), spec, target.tokenizer, target.eos_ids, out, provenance)
     shutil.rmtree(ckpt, ignore_errors=True)  # finished: a later run of this spec starts afresh
-    return provenance | {"out": str(out), "history": result["history"]}
+    return provenance | {"out": str(out)}
 
 
 SETTINGS = ("texts", "prompts", "temperatures", "new_tokens", "text_windows", "seq_len", "steps", "minutes", "loss",
