@@ -184,8 +184,10 @@ def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: 
               f"{budget.skipped} shards left out, training on the {len(train)} sequences there are",
               file=sys.stderr, flush=True)
     net = student(quantized.net, target.net if spec.method in FLOAT_START else None)
+    evaluated = time.monotonic()
     before = evaluate(net, held, forward=qad_forward)
-    train_budget_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+    eval_s = time.monotonic() - evaluated  # the final evaluation costs as much: kept out of training's budget
+    train_budget_s = None if deadline is None else max(0.0, deadline - time.monotonic() - eval_s)
     result = distill(net, train, held, steps=settings.steps, time_budget_s=train_budget_s, loss=settings.loss,
                      lr=settings.lr, batch=settings.batch, checkpoint_dir=ckpt,
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
