@@ -42,7 +42,7 @@ def add_qad_parser(sub) -> None:
     p.add_argument("--steps", type=arg_int(0), default=2000, help="training steps (the time budget may stop sooner)")
     p.add_argument("--minutes", type=arg_float(), default=None,
                    help="time budget of the whole command: teacher data takes at most half, training the rest")
-    p.add_argument("--lr", type=arg_float(), default=0.02,
+    p.add_argument("--lr", type=arg_float(), default=0.005,
                    help="peak learning rate of the latent codes, in grid steps per update (norms: 1/20 of it)")
     p.add_argument("--batch", type=_positive, default=4)
     p.add_argument("--eval-every", type=_positive, default=100, help="steps between held-out evaluations")
