@@ -22,6 +22,7 @@ from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafts_cli import add_drafts_parser
 from .errors import SpecqError
 from .kernels import build as kernel_build
+from .qad_cli import add_qad_parser
 
 # The names of `specq.backends.BACKENDS` (importing it here would load torch for every `specq --help`)
 BACKEND_HELP = ("what the models run on: kernels (specq's CPU kernels, the default), eager (torch's ops, the "
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_report_parser(sub)
     add_drafts_parser(sub)
+    add_qad_parser(sub)
     return parser
 
 

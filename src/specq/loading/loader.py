@@ -66,6 +66,7 @@ def _load(ref: str) -> Model:
             except SpecqError as e:  # written by an older specq: quantize again
                 precision.announce(f"ignoring a stale quantization cache ({e})")
         if net is None:
+            precision.check_plain(spec, name)  # a `-qad` model is built by `specq qad`, not here
             net, tok, eos = hf.load_dir(source, torch.float32, local_only=True)
             precision.check_quantizable(net, spec)
             precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")

@@ -66,6 +66,7 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
     `seq_len` tokens; default CALIB_LEN, or the model's context if shorter)."""
     from ..weights.quant import quantize_model
 
+    check_plain(spec)
     if not isinstance(net, Llama):
         raise SpecqError("quantization needs a Llama-architecture model (the native module)")
     context = net.config.max_position_embeddings
@@ -78,6 +79,16 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
         return quantize_model(net, spec, calibration=calibration, progress=progress)
     except ValueError as e:
         raise SpecqError(str(e)) from None
+
+
+def check_plain(spec, name: str = "MODEL") -> None:
+    """A `-qad` spec names codes that only `specq qad` makes (minutes of training): loading one that
+    is not built yet, or quantizing to one, is a one-line error that says how to make it."""
+    from ..weights.quant.spec import without_qad
+
+    if spec.qad:
+        raise SpecqError(f"{name}@{spec} is not built: make it once with `specq qad {name} {without_qad(spec)}` "
+                         "(quantization-aware distillation, minutes on a CPU; docs/quantization.md)")
 
 
 def check_quantizable(net: Llama, spec) -> None:
@@ -95,12 +106,13 @@ def check_quantizable(net: Llama, spec) -> None:
             raise SpecqError(str(e)) from None
 
 
-def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str) -> None:
-    """A self-contained quantized model directory: HF config + tokenizer + specq quant weights."""
+def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str, provenance: dict | None = None) -> None:
+    """A self-contained quantized model directory: HF config + tokenizer + specq quant weights
+    (`provenance`: into quant_config.json)."""
     from ..weights.quant import save_quantized
 
     def write(tmp: Path) -> None:
-        save_quantized(net, spec, tmp / "weights")
+        save_quantized(net, spec, tmp / "weights", provenance)
         for f in (tmp / "weights").iterdir():
             f.rename(tmp / f.name)
         (tmp / "weights").rmdir()

@@ -334,7 +334,7 @@ def _order(n: int, seed: int, epoch: int) -> list[int]:
 def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, time_budget_s: float | None = None,
             loss: str = "kl", lr: float = 2e-3, batch: int = 8, checkpoint_dir: Path | str | None = None,
             checkpoint_every: int = 100, resume: bool = True, eval_every: int = 200, seed: int = 0,
-            progress: bool = True, forward=sequence_forward) -> dict:
+            progress: bool = True, forward=sequence_forward, groups: list[dict] | None = None) -> dict:
     """Train `draft_hf` towards the target distributions in `train`; return the final held-out
     metrics and the history. `forward(student, data, rows) -> (divergences, extra loss)` says
     how a kind of draft is run on a batch (`sequence_forward`, `feature_forward`); the
@@ -344,9 +344,11 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
     short by its time budget still ends with a decayed rate; without a budget a run (and any
     resumed run) is exactly reproducible. Checkpoints (model, optimizer, step, data position,
     RNG state, history) go to `checkpoint_dir/last.pt` every `checkpoint_every` steps.
+    `groups`: optimizer parameter groups (default: every parameter), each with an optional
+    `lr_scale` on the schedule's rate (parameters of different units, e.g. `qad.py`'s codes).
     """
     w = tv_weight(loss)
-    optimizer = torch.optim.AdamW(draft_hf.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    optimizer = torch.optim.AdamW(groups or draft_hf.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "history": []}
     ckpt = Path(checkpoint_dir) / "last.pt" if checkpoint_dir is not None else None
     if checkpoint_dir is not None:
@@ -397,7 +399,7 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
         value.backward()
         torch.nn.utils.clip_grad_norm_(draft_hf.parameters(), 1.0)
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(done, lr)
+            group["lr"] = _lr_at(done, lr) * group.get("lr_scale", 1.0)
         optimizer.step()
         state["step"] += 1
         bar.update(1)

@@ -219,14 +219,14 @@ def step_ms(model: Model | Draft, steps: int = 20) -> float:
     return statistics.median(times[3:]) * 1e3
 
 
-def check_run(out: Path, work: Path, force: bool = False, resume: bool = False) -> None:
+def check_run(out: Path, work: Path, force: bool = False, resume: bool = False, ckpt: str = "ckpt") -> None:
     """`out` may be written (`checks.output`), `work` is a writable folder, and an unfinished run
-    in it is continued only with `resume`."""
+    in it (checkpoints in `work/ckpt`) is continued only with `resume`."""
     checks.output(out, force, "--out")
     if work.exists() and not work.is_dir():
         raise SpecqError(f"--work '{work}' is a file, not a folder")
-    checks.writable_parent(work / "ckpt", "--work")
-    unfinished = (work / "ckpt" / "last.pt").exists()
+    checks.writable_parent(work / ckpt, "--work")
+    unfinished = (work / ckpt / "last.pt").exists()
     if unfinished and not resume:
         raise SpecqError(f"'{work}' holds an unfinished run: add --resume to continue it, or remove the directory")
     if resume and not unfinished and not any((work / "teacher").glob("*/shard_*.pt")):

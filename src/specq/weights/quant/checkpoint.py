@@ -29,8 +29,10 @@ FORMAT = "specq-quant"
 VERSION = 1
 
 
-def save_quantized(model: nn.Module, spec: QuantSpec | str, directory: str | os.PathLike) -> Path:
-    """Write `model` (quantized to `spec` by `quantize_model`) to `directory`, replacing it.
+def save_quantized(model: nn.Module, spec: QuantSpec | str, directory: str | os.PathLike,
+                   provenance: dict | None = None) -> Path:
+    """Write `model` (quantized to `spec` by `quantize_model`) to `directory`, replacing it;
+    `provenance` (how the codes were made, e.g. by `specq qad`) goes into the config as is.
 
     Written into a temporary sibling directory and swapped into place (`specq.atomic`), so a
     crash never leaves a half-written checkpoint under `directory`."""
@@ -44,6 +46,8 @@ def save_quantized(model: nn.Module, spec: QuantSpec | str, directory: str | os.
     float_dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     dtype = str(float_dtypes.pop()).removeprefix("torch.") if len(float_dtypes) == 1 else None
     config = {"format": FORMAT, "version": VERSION, "spec": str(spec), "dtype": dtype, "layers": layers}
+    if provenance is not None:
+        config["provenance"] = provenance
 
     def write(tmp: Path) -> None:
         save_model(model, str(tmp / WEIGHTS_FILE))

@@ -4,7 +4,7 @@ tables and saved checkpoints.
 Grammar (suffixes may come in any order when parsing; `str()` writes this canonical order):
 
     fp32 | bf16 | fp16
-    int{bits}[-g{group}][-rtn|-gptq|-awq][-sym|-asym][-head|-head8]
+    int{bits}[-g{group}][-rtn|-gptq|-awq][-sym|-asym][-head|-head8][-qad]
 
 * bits 2..8. Without `-g` there is one scale per output channel ("per channel").
 * Method defaults to `rtn`. The canonical form spells the method out unless the spec is plain
@@ -17,10 +17,14 @@ Grammar (suffixes may come in any order when parsing; `str()` writes this canoni
   tied to the input embeddings and is the layer most sensitive to quantization). `-head8` gives
   the head per-channel int8 RTN weights (the packed int8 kernel) whatever the body's format: the
   head is the largest single matmul of a small model's step, and int8 keeps it close to float.
+* `-qad` marks codes recovered by quantization-aware distillation (`specq qad`): the same format
+  as without it (bits, groups, kernels, bytes), other code values, so it names another model and
+  another cache entry. Only `specq qad` makes one; quantizing to it is an error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -29,7 +33,7 @@ import torch
 FLOAT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 METHODS = ("rtn", "gptq", "awq")
 MAX_GROUP = 1 << 16  # weights per quantization group: more than any layer's row
-VALID_FORMS = ("fp32 | bf16 | fp16 | int{2..8}[-g<group>][-rtn|-gptq|-awq][-sym|-asym][-head|-head8] "
+VALID_FORMS = ("fp32 | bf16 | fp16 | int{2..8}[-g<group>][-rtn|-gptq|-awq][-sym|-asym][-head|-head8][-qad] "
                "(e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn)")
 
 
@@ -47,13 +51,14 @@ class QuantSpec:
     symmetric: bool | None = None
     quantize_head: bool = False  # the head quantized like the body
     head_int8: bool = False  # the head as per-channel int8 RTN (`-head8`)
+    qad: bool = False  # codes recovered by quantization-aware distillation (`-qad`, `training/qad.py`)
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
             if self.dtype not in FLOAT_DTYPES.values():
                 raise ValueError(f"unsupported float dtype {self.dtype}; valid specs: {VALID_FORMS}")
-            if (self.bits, self.group_size, self.method, self.symmetric, self.quantize_head, self.head_int8) != (
-                    None, None, "rtn", None, False, False):
+            if (self.bits, self.group_size, self.method, self.symmetric, self.quantize_head, self.head_int8,
+                self.qad) != (None, None, "rtn", None, False, False, False):
                 raise ValueError(f"a float spec takes no quantization options; valid specs: {VALID_FORMS}")
             return
         if self.bits is None or not 2 <= self.bits <= 8:
@@ -85,6 +90,8 @@ class QuantSpec:
             parts.append("head")
         if self.head_int8:
             parts.append("head8")
+        if self.qad:
+            parts.append("qad")
         return "-".join(parts)
 
 
@@ -118,6 +125,8 @@ def parse_spec(spec: str) -> QuantSpec:
             kind = "symmetry"
         elif token in ("head", "head8"):
             kind = "head"
+        elif token == "qad":
+            kind = "qad"
         else:
             raise _bad(spec, f"unknown part {token!r}")
         if kind in seen:
@@ -130,5 +139,11 @@ def parse_spec(spec: str) -> QuantSpec:
         symmetric=seen["symmetry"] == "sym" if "symmetry" in seen else None,
         quantize_head=seen.get("head") == "head",
         head_int8=seen.get("head") == "head8",
+        qad="qad" in seen,
     )
+
+
+def without_qad(spec: QuantSpec) -> QuantSpec:
+    """The plain spec a `-qad` spec starts from (same format, the initial codes)."""
+    return dataclasses.replace(spec, qad=False)
 
