@@ -1,6 +1,6 @@
 """A cached load of the Qwen2.5-Coder pair's GGUF files at their own precision, and what it leaves
-resident (issue 25: "a cached load of the 1.5B file under 10 s; resident memory of the loaded 1.5B
-target <= 1.3x its file size").
+resident (the goals: a cached load of the 1.5B file under 10 s, resident memory of the loaded 1.5B
+target at most 1.3x its file size).
 
     python benchmarks/bench_load.py [--refs qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--rounds 3]
         [--threads 2] [--out docs/results/load-time-memory.jsonl]

@@ -122,16 +122,26 @@ def main() -> None:
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
     tmp.replace(args.out)
-    print(f"\n{'configuration':22} {'old tok/s':>9} {'new tok/s':>9} {'new/old (paired median)':>24} same tokens")
-    for name, *_ in CONFIGS:
-        by = {(row["version"], row["round"]): row for row in rows if row["config"] == name}
-        ratios = [by["new", r]["tokens_per_s"] / by["old", r]["tokens_per_s"] for r in range(args.rounds)]
-        same = all(by["new", r]["ids"] == by["old", r]["ids"] for r in range(args.rounds))
-        old = statistics.median(by["old", r]["tokens_per_s"] for r in range(args.rounds))
-        new = statistics.median(by["new", r]["tokens_per_s"] for r in range(args.rounds))
-        print(f"{name:22} {old:9.1f} {new:9.1f} {statistics.median(ratios):12.3f} "
-              f"[{min(ratios):.3f}, {max(ratios):.3f}] {'yes' if same else 'NO'}")
+    print()
+    print(summary(rows))
 
+
+def summary(rows: list[dict]) -> str:
+    """Per configuration: median tokens/s of each commit over rounds, the median and range of the
+    new/old ratios paired by round, and whether every round's tokens were the same."""
+    rounds = sorted({row["round"] for row in rows})
+    commits = {row["version"]: row["commit"] for row in rows}
+    lines = [f"| configuration | old ({commits['old']}) tok/s | new ({commits['new']}) tok/s | "
+             "new / old, paired by round: median [min, max] | same tokens |", "|---|---|---|---|---|"]
+    for name in dict.fromkeys(row["config"] for row in rows):
+        by = {(row["version"], row["round"]): row for row in rows if row["config"] == name}
+        ratios = [by["new", r]["tokens_per_s"] / by["old", r]["tokens_per_s"] for r in rounds]
+        same = all(by["new", r]["ids"] == by["old", r]["ids"] for r in rounds)
+        old = statistics.median(by["old", r]["tokens_per_s"] for r in rounds)
+        new = statistics.median(by["new", r]["tokens_per_s"] for r in rounds)
+        lines.append(f"| {name} | {old:.1f} | {new:.1f} | {statistics.median(ratios):.3f} "
+                     f"[{min(ratios):.3f}, {max(ratios):.3f}] | {'yes' if same else 'no'} |")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,8 @@ the paired speedup with CI and tau), with the filters `tokens=N` and `gamma=N` (
 `verify` (benchmarks/bench_verify.py's rows: ms per forward by precision, path and token count);
 `tree-verify` (benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and
 node count);
-`llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side).
+`llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side), `versions`
+(benchmarks/bench_versions.py's rows: two commits side by side).
 `serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
 clients, mode and --max-batch).
 
@@ -119,6 +120,14 @@ def llamacpp_table(results: str) -> str:
     from bench_llamacpp import summary
 
     return summary([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+
+
+def versions_table(results: str) -> str:
+    from bench_versions import summary
+
+    return summary([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+
+
 def serve_batch_table(results: str) -> str:
     from bench_serve import load_table
 
@@ -136,6 +145,8 @@ def render(spec: str) -> str:
         return tree_verify_table(results)
     if kind == "llamacpp":
         return llamacpp_table(results)
+    if kind == "versions":
+        return versions_table(results)
     if kind == "serve-batch":
         return serve_batch_table(results)
     rows = _filtered(speculative_rows(results), options)
