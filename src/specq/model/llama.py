@@ -168,7 +168,7 @@ class StaticView(NamedTuple):
 
 class Prior(NamedTuple):
     """Keys and values of earlier passes kept as autograd tensors, not in a cache: the feature
-    draft's training-time test (`FeatureDraft.unrolled`) backpropagates through them. Each layer
+    draft's training-time test (its `unrolled`) backpropagates through them. Each layer
     appends its new rows' keys and values to its lists, and the rows attend to all of them through
     `mask`, which says the whole visibility (a sliding window is not added to it)."""
 
