@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 
 import pytest
 import torch
@@ -38,6 +39,21 @@ def tiny_config(vocab: int = 32, layers: int = 2, hidden: int = 32, **switches) 
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
                        num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rope_theta=10000.0,
                        tie_word_embeddings=False, max_position_embeddings=512, **switches)
+
+
+def training_files(tmp_path, monkeypatch, vocab: int, hidden: int, words: int, prompts: int, seed: int = 0):
+    """A tiny saved target (`tmp_path/target`), a text file of 10 random documents of `words` words and
+    `prompts` random prompts, and an empty $SPECQ_CACHE: what `specq distill` and `specq qad` read."""
+    from specq.loading.save import save_native
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    save_native(tiny_model(vocab=vocab, hidden=hidden, scale=3.0, seed=seed), tmp_path / "target")
+    rng = random.Random(0)
+    docs = [" ".join(f"t{rng.randrange(vocab)}" for _ in range(words)) for _ in range(10)]
+    (tmp_path / "text.txt").write_text("\n\n".join(docs))
+    (tmp_path / "prompts.txt").write_text("\n".join(" ".join(f"t{rng.randrange(vocab)}" for _ in range(5))
+                                                     for _ in range(prompts)))
+    return tmp_path
 
 
 def tiny_model(vocab: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0, scale: float = 1.0,

@@ -11,7 +11,6 @@ import specq
 from specq.cli import main
 from specq.core.sampling import SamplingConfig
 from specq.loading import precision
-from specq.loading.save import save_native
 from specq.training import qad
 from specq.weights.quant import load_quantized, parse_spec, quantize_model, weight_bytes
 from specq.weights.quant.rtn import max_code
@@ -21,7 +20,7 @@ from conftest import (
     assert_speculative_is_plain,
     chi_square_p,
     perturbed,
-    tiny_model,
+    training_files,
 )
 
 FAST = ["--new-tokens", "8", "--text-windows", "32", "--seq-len", "32", "--eval-every", "1000", "--gen-batch", "4",
@@ -29,14 +28,7 @@ FAST = ["--new-tokens", "8", "--text-windows", "32", "--seq-len", "32", "--eval-
 
 
 def _files(tmp_path, monkeypatch, vocab: int, hidden: int, seed: int = 0):
-    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
-    save_native(tiny_model(vocab=vocab, hidden=hidden, scale=3.0, seed=seed), tmp_path / "target")
-    rng = random.Random(0)
-    docs = [" ".join(f"t{rng.randrange(vocab)}" for _ in range(600)) for _ in range(10)]
-    (tmp_path / "text.txt").write_text("\n\n".join(docs))
-    (tmp_path / "prompts.txt").write_text("\n".join(" ".join(f"t{rng.randrange(vocab)}" for _ in range(5))
-                                                     for _ in range(4)))
-    return tmp_path
+    return training_files(tmp_path, monkeypatch, vocab, hidden, words=600, prompts=4, seed=seed)
 
 
 @pytest.fixture()

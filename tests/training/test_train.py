@@ -1,16 +1,14 @@
 """`specq distill` end to end on a tiny (quantized) target: data, training, export, registration on request, errors."""
 
 import json
-import random
 
 import pytest
 
 import specq
 from specq.cli import main
 from specq.loading import registry
-from specq.loading.save import save_native
 
-from conftest import tiny_model
+from conftest import training_files
 
 FAST = ["--steps", "6", "--new-tokens", "8", "--text-windows", "4", "--seq-len", "16", "--accept-prompts", "2",
         "--eval-every", "3", "--checkpoint-every", "2", "--gen-batch", "3", "--batch", "2", "--arch", "2x32"]
@@ -18,14 +16,7 @@ FAST = ["--steps", "6", "--new-tokens", "8", "--text-windows", "4", "--seq-len",
 
 @pytest.fixture()
 def files(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
-    save_native(tiny_model(vocab=64, hidden=64, scale=3.0), tmp_path / "target")
-    rng = random.Random(0)
-    docs = [" ".join(f"t{rng.randrange(64)}" for _ in range(60)) for _ in range(10)]
-    (tmp_path / "text.txt").write_text("\n\n".join(docs))
-    (tmp_path / "prompts.txt").write_text("\n".join(" ".join(f"t{rng.randrange(64)}" for _ in range(5))
-                                                     for _ in range(5)))
-    return tmp_path
+    return training_files(tmp_path, monkeypatch, vocab=64, hidden=64, words=60, prompts=5)
 
 
 def test_distill_trains_saves_and_registers(files, capsys):
