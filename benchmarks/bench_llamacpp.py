@@ -40,8 +40,11 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,10 +223,6 @@ class LlamaCppSpeculative:
 
     def generate(self, prompt: list[int], n: int, flags: list[str]) -> tuple[list[int], float, float, dict]:
         """(placeholder ids of the new tokens, prefill s, total s, draft counts) as llama.cpp reports them."""
-        import re
-        import subprocess
-        import tempfile
-
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(self.tokenizer.decode(prompt))
         command = [str(self.binary), "-m", str(self.target), "-md", str(self.draft), "-f", f.name, "-n", str(n),
