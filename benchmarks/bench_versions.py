@@ -1,6 +1,7 @@
 """Two commits of specq side by side: plain and speculative tokens/s of the built-in target, each
-commit in its own process, alternated round by round (old, new, old, new, ...), so both see the
-same machine. Checks that a change meant to leave behaviour alone (a refactor) left speed alone too.
+commit in its own process, alternated round by round (old, new, new, old, old, new, ...: which
+commit goes first flips every round), so both see the same machine. Checks that a change meant to
+leave behaviour alone (a refactor) left speed alone too.
 
     python benchmarks/bench_versions.py --old b5eb22f [--new HEAD] [--rounds 3] [--tokens 128]
         [--prompts 4] [--threads 2] [--out docs/results/versions-speed.jsonl]
@@ -8,11 +9,13 @@ same machine. Checks that a change meant to leave behaviour alone (a refactor) l
 Each commit is checked out once into a git worktree under $SPECQ_CACHE/versions (its kernels build
 into the shared kernel cache like any checkout's); one short untimed child per commit first builds its
 kernels and fills its caches (a first quantization, a first build) outside the rounds. A child process per (commit, round) loads every
-configuration of CONFIGS, runs one untimed warm-up, then greedy decoding of `--tokens` new tokens
+configuration of CONFIGS, in an order rotated by one every round (so no configuration is always the
+first a fresh process times), runs one untimed warm-up, then greedy decoding of `--tokens` new tokens
 (EOS ignored) on each chat prompt, and prints one JSON line per configuration with its tokens/s
-(new tokens over decode wall time, prefill included) and the token ids (which must be equal across
-commits). Writes one row per (commit, round, configuration) and prints, per configuration, the
-median over rounds of new/old paired by round.
+(new tokens over decode wall time, prefill included), the prefill and decode seconds its stats
+recorded, and the token ids (which must be equal across commits). Writes one row per (commit, round,
+configuration) and prints, per configuration, the median over rounds of new/old paired by round,
+end to end and for the prefill and decode times apart.
 """
 
 from __future__ import annotations
@@ -54,14 +57,16 @@ for name, target_ref, draft_ref in configs:
     draft = None if draft_ref is None else model(draft_ref)
     run = lambda p: specq.generate(target, p, draft, gamma=%d, max_new_tokens=tokens, ignore_eos=True, chat=True)
     run(prompts[0])
-    new, seconds, ids = 0, 0.0, []
+    new, seconds, prefill, decode, ids = 0, 0.0, 0.0, 0.0, []
     for p in prompts:
         began = time.perf_counter()
         out = run(p)
         seconds += time.perf_counter() - began
+        prefill, decode = prefill + out.stats.prefill_s, decode + out.stats.decode_s
         new += len(out.token_ids)
         ids.append(out.token_ids)
-    print(json.dumps({"config": name, "tokens_per_s": new / seconds, "new_tokens": new, "ids": ids}), flush=True)
+    print(json.dumps({"config": name, "tokens_per_s": new / seconds, "prefill_s": prefill, "decode_s": decode,
+                      "new_tokens": new, "ids": ids}), flush=True)
 """ % GAMMA
 
 
@@ -84,9 +89,10 @@ def checkout(rev: str) -> tuple[str, Path]:
     return commit, tree
 
 
-def child(tree: Path, args: argparse.Namespace, texts: list[str]) -> list[dict]:
+def child(tree: Path, args: argparse.Namespace, texts: list[str], rotate: int = 0) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
-    configs = [list(c) for c in CONFIGS]
+    shift = rotate % len(CONFIGS)
+    configs = [list(c) for c in CONFIGS[shift:] + CONFIGS[:shift]]
     done = subprocess.run([sys.executable, "-c", CHILD, str(args.threads), str(args.tokens), json.dumps(texts),
                            json.dumps(configs)], env=env, cwd=tree, capture_output=True, text=True)
     if done.returncode:
@@ -112,8 +118,9 @@ def main() -> None:
         child(tree, argparse.Namespace(**{**vars(args), "tokens": 8}), texts[:1])
     rows = []
     for r in range(args.rounds):
-        for label, (commit, tree) in commits.items():
-            for out in child(tree, args, texts):
+        order = list(commits.items()) if r % 2 == 0 else list(commits.items())[::-1]
+        for label, (commit, tree) in order:
+            for out in child(tree, args, texts, rotate=r):
                 rows.append({"round": r, "version": label, "commit": commit[:12], **out, "threads": args.threads,
                              "tokens": args.tokens, "prompts": args.prompts, "gamma": GAMMA, "command": command,
                              "date": stamp, "cpu": platform.processor() or platform.machine()})
@@ -128,20 +135,32 @@ def main() -> None:
 
 def summary(rows: list[dict]) -> str:
     """Per configuration: median tokens/s of each commit over rounds, the median and range of the
-    new/old ratios paired by round, and whether every round's tokens were the same."""
+    new/old ratios paired by round, the same for the prefill and decode seconds apart (old / new, so
+    above 1 is the new commit faster everywhere; rows without them leave those cells empty), and
+    whether every round's tokens were the same."""
     rounds = sorted({row["round"] for row in rows})
     commits = {row["version"]: row["commit"] for row in rows}
     lines = [f"| configuration | old ({commits['old']}) tok/s | new ({commits['new']}) tok/s | "
-             "new / old, paired by round: median [min, max] | same tokens |", "|---|---|---|---|---|"]
+             "new / old, paired by round: median [min, max] | prefill old / new | decode old / new | same tokens |",
+             "|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(row["config"] for row in rows):
         by = {(row["version"], row["round"]): row for row in rows if row["config"] == name}
-        ratios = [by["new", r]["tokens_per_s"] / by["old", r]["tokens_per_s"] for r in rounds]
         same = all(by["new", r]["ids"] == by["old", r]["ids"] for r in rounds)
         old = statistics.median(by["old", r]["tokens_per_s"] for r in rounds)
         new = statistics.median(by["new", r]["tokens_per_s"] for r in rounds)
-        lines.append(f"| {name} | {old:.1f} | {new:.1f} | {statistics.median(ratios):.3f} "
-                     f"[{min(ratios):.3f}, {max(ratios):.3f}] | {'yes' if same else 'no'} |")
+        ratio = _paired(by, rounds, "tokens_per_s", lambda o, n: n / o)
+        prefill = _paired(by, rounds, "prefill_s", lambda o, n: o / n)
+        decode = _paired(by, rounds, "decode_s", lambda o, n: o / n)
+        lines.append(f"| {name} | {old:.1f} | {new:.1f} | {ratio} | {prefill} | {decode} | {'yes' if same else 'no'} |")
     return "\n".join(lines)
+
+
+def _paired(by: dict, rounds: list[int], key: str, ratio) -> str:
+    """'median [min, max]' of ratio(old, new) over rounds for one field, '' where a row lacks it."""
+    if any(key not in by[v, r] for v in ("old", "new") for r in rounds):
+        return ""
+    values = [ratio(by["old", r][key], by["new", r][key]) for r in rounds]
+    return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
 
 if __name__ == "__main__":
     main()
