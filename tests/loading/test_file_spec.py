@@ -48,6 +48,7 @@ def tiny_file(tmp_path, monkeypatch):
     np.save(heads / "tiny.npy", np.arange(VOCAB - 1, -1, -1, dtype=np.int32))
     (heads / "tiny.json").write_text(json.dumps({"vocabulary_sha256": file_spec.vocabulary_digest(model.tokenizer)}))
     monkeypatch.setattr(file_spec, "HEADS", heads)
+    monkeypatch.setattr(file_spec, "cache_dir", lambda: tmp_path / "cache")  # the int4 body's, not the kernels'
     return model, gguf_io.read(tmp_path / "tiny.gguf"), model.tokenizer
 
 
@@ -89,6 +90,34 @@ def test_int4_body_is_close_to_the_files_weights_and_keeps_the_head(tiny_file):
         step = d.repeat_interleave(32, 1)
         assert ((weight - expected).abs() <= 0.51 * step + 1e-6).all()  # RTN: within half a step
     assert net.output.bits == 8  # the head stays the file's Q8_0
+
+
+def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch):
+    _, parsed, tok = tiny_file
+    made, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(made, parsed, FileSpec(int4=True), tok)
+    path = file_spec.int4_cache(parsed, made.layers[0].feed_forward.w2._blocks.variant)
+    assert path.is_file()
+
+    def no_requantizing(blocks):
+        raise AssertionError("requantized although the cache holds the body")
+
+    monkeypatch.setattr(file_spec, "to_int4", no_requantizing)
+    read, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(read, parsed, FileSpec(int4=True), tok)
+    converted = [name for name, m in made.layers.named_modules() if isinstance(m, FileBlocks) and m.bits == 4]
+    assert converted
+    for name in converted:
+        a, b = made.layers.get_submodule(name), read.layers.get_submodule(name)
+        assert b.kind == a.kind and (b.out_features, b.in_features, b.group_size) == (a.out_features, a.in_features, 32)
+        for part in ("codes", "d", "m"):
+            assert torch.equal(getattr(a._blocks, part), getattr(b._blocks, part))
+    path.write_bytes(b"")  # a cache that cannot be read would be a traceback: it is not trusted, it is remade
+    monkeypatch.undo()
+    monkeypatch.setattr(file_spec, "cache_dir", lambda: path.parent.parent)
+    again, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(again, parsed, FileSpec(int4=True), tok)
+    assert path.stat().st_size > 0
 
 
 def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file):

@@ -6,6 +6,8 @@
   to 4-bit codes in groups of 32 with a scale and an offset each (Q4_1's form), from their exact
   dequantized values; 4-bit tensors, the token embedding and the head stay the file's. Why: the
   kernels run 5- to 8-bit codes as bytes, so a 4-bit body reads about half the bytes per step.
+  Requantizing takes tens of seconds, so the result is saved once under `$SPECQ_CACHE/gguf-int4/`
+  (keyed by the file and the kernel variant whose layout it holds) and read back in well under one.
 * `head{N}k`: the output layer keeps only the N * 1024 tokens a ranked list puts first, plus the
   file's special tokens, its rows exactly the file's (`weights.narrow_head`): drafts only, since a
   dropped token is never proposed (acceptance may drop, correctness cannot). The list is the one
@@ -24,7 +26,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import atomic
 from ..errors import SpecqError
+from ..kernels import int8dot
+from ..paths import cache_dir, file_key
 from ..weights.gguf_formats import FORMATS, kernel_weight
 from ..weights.narrow_head import NarrowHead
 from ..weights.quant.modules import FileBlocks
@@ -35,6 +40,7 @@ FILE_PRECISION = "gguf"
 FORM = "gguf[-int4][-head{N}k] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k)"
 HEADS = Path(__file__).parents[1] / "assets" / "heads"  # src/specq/assets/heads: <name>.npy + <name>.json
 INT4_GROUP = 32
+INT4_FORM = 1  # in the cache's key: raise it when `to_int4` changes what it makes
 # GGUF token types a narrowed head always keeps: unknown, control, user-defined, byte (not normal, unused)
 SPECIAL_TOKEN_TYPES = (2, 3, 4, 6)
 
@@ -116,23 +122,48 @@ def narrowed_head(g: GGUFFile, keep: torch.Tensor) -> NarrowHead:
 def to_int4(blocks: FileBlocks) -> FileBlocks:
     """A file's 5- to 8-bit blocks as 4-bit RTN codes (groups of 32, scale and offset) of their
     exact dequantized weights."""
-    from ..kernels import int8dot
-
     codes, d, m = int8dot.unpack(blocks._blocks)
     w = codes.float().view(blocks.out_features, -1, blocks.group_size) * d[..., None]
     w = (w if m is None else w + m[..., None]).view(blocks.out_features, blocks.in_features)
     qw = quantize_rtn(w, 4, INT4_GROUP, symmetric=False)
     scale = qw.scales.float()
-    return FileBlocks(int8dot.pack_int4(qw.codes.to(torch.uint8), scale, -qw.zeros.float() * scale),
-                      f"{blocks.kind} as int4")
+    return FileBlocks(int8dot.pack_int4(qw.codes.to(torch.uint8), scale, -qw.zeros.float() * scale,
+                                        blocks._blocks.variant), f"{blocks.kind} as int4")
+
+
+def int4_cache(g: GGUFFile, variant: str) -> Path:
+    """Where the 4-bit body of `g`, laid out for kernel `variant`, is kept."""
+    return cache_dir() / "gguf-int4" / f"{file_key(g.path)}-{variant}-form{INT4_FORM}.safetensors"
+
+
+def int4_body(net: nn.Module, g: GGUFFile) -> None:
+    """Replace the 5- to 8-bit `FileBlocks` of `net.layers` by `to_int4`'s, from the cache when it
+    holds them (else made and saved there), in place."""
+    from safetensors.torch import load_file, save
+
+    wide = {name: m for name, m in net.layers.named_modules() if isinstance(m, FileBlocks) and m.bits > 4}
+    if not wide:
+        return
+    variant = next(iter(wide.values()))._blocks.variant
+    path = int4_cache(g, variant)
+    try:
+        stored = load_file(path) if path.is_file() else {}
+    except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
+        stored = {}
+    if not all(f"{name}.codes" in stored for name in wide):  # absent, or written for another layout
+        made = {name: to_int4(module)._blocks for name, module in wide.items()}
+        stored = {f"{name}.{part}": getattr(w, part).contiguous() for name, w in made.items() for part in ("codes", "d", "m")}
+        atomic.write_file(path, lambda f: f.write(save(stored)))
+    for name, module in wide.items():
+        weight = int8dot.Int8DotWeight(4, stored[f"{name}.codes"], stored[f"{name}.d"], stored[f"{name}.m"], INT4_GROUP,
+                                       module.out_features, module.in_features, variant)
+        net.layers.set_submodule(name, FileBlocks(weight, f"{module.kind} as int4"))
 
 
 def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer) -> None:
     """Put the options of `spec` on a network `gguf_io.load_at_file_precision` built, in place
     (before a backend is chosen)."""
     if spec.int4:
-        for name, module in list(net.layers.named_modules()):
-            if isinstance(module, FileBlocks) and module.bits > 4:
-                net.layers.set_submodule(name, to_int4(module))
+        int4_body(net, g)
     if spec.head_tokens:
         net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens))

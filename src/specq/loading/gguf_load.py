@@ -3,14 +3,13 @@ tokenizer from its metadata, cached), or converted once to a float safetensors f
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 from pathlib import Path
 
 from .. import atomic
 from ..model.llama import Llama
-from ..paths import cache_dir
+from ..paths import cache_dir, file_key
 from . import file_spec, gguf_io, precision
 from .hf import eos_set
 from .model import Model
@@ -29,14 +28,6 @@ def convert(gguf: Path, target: Path) -> None:
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     model = Model(ref=str(gguf), net=net.eval(), tokenizer=tok, eos_ids=frozenset(eos), source=str(gguf))
     atomic.write_dir(target, lambda tmp: write_native(model, tmp))
-
-
-def file_key(path: Path) -> str:
-    """A cache key for what is derived from a user's file: its name, and a digest of its path, size
-    and modification time (a file changed in place gets a new key)."""
-    st = path.stat()
-    digest = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-    return f"{path.stem}-{digest[:12]}"
 
 
 def float_dir(gguf: Path) -> Path:
