@@ -271,3 +271,42 @@ def test_tied_file_greedy_speculative_equals_plain(tmp_path):
                    source="tied.gguf")
     draft = perturbed(float_model, 0.3)
     assert_speculative_is_plain(target, draft)
+
+
+def test_cached_tokenizer_gives_the_files_own_tokens(tmp_path, monkeypatch):
+    """A GGUF file's tokenizer, reloaded from its cache as the generic backend (no Python copy of the
+    vocabulary kept), encodes, decodes and applies the chat template as the tokenizer transformers
+    builds from the file's metadata (the built-in file; the Qwen pair's in test_real_pair.py)."""
+    from specq.loading import builtins
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
+    assert_cached_tokenizer_is_the_files(builtins.BUILTIN_GGUF["smollm2-135m"](), monkeypatch)
+
+
+TOKENIZER_TEXTS = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n", " leading space", "a" * 50,
+                   "Héllo wörld 你好 \t\t x<|im_end|><|endoftext|>", "The capital of France is"]
+
+
+def assert_cached_tokenizer_is_the_files(path, monkeypatch) -> None:
+    """`gguf_load.tokenizer` (built once from the file, saved, reloaded) against what transformers
+    built from the file's metadata on the way (one build: tens of seconds for a large vocabulary)."""
+    from specq.loading import gguf_load
+
+    built, build = [], gguf_io.tokenizer
+    monkeypatch.setattr(gguf_io, "tokenizer", lambda p: built.append(build(p)) or built[-1])
+    cached = gguf_load.tokenizer(path)
+    assert len(built) == 1 and type(cached).__name__ == "TokenizersBackend"
+    assert_same_tokenizer(cached, built[0])
+
+
+def assert_same_tokenizer(cached, reference) -> None:
+    for text in TOKENIZER_TEXTS:
+        ids = reference(text)["input_ids"]
+        assert cached(text)["input_ids"] == ids, text
+        assert cached.decode(ids) == reference.decode(ids)
+    chat = [{"role": "user", "content": "Write a binary search in Python."}]
+    assert (cached.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            == reference.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    assert (cached.eos_token_id, cached.bos_token_id, cached.pad_token_id, len(cached)) == \
+           (reference.eos_token_id, reference.bos_token_id, reference.pad_token_id, len(reference))
+    assert cached.get_vocab() == reference.get_vocab()

@@ -5,6 +5,7 @@ another architecture. Speculative output equals the target's own, with drafts ac
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +49,15 @@ def test_speculative_equals_plain_on_the_pair(pair, draft_kind):
                           draft_confidence=0.0)
     assert fast.token_ids == plain.token_ids
     assert 0 < fast.stats.accepted < fast.stats.drafted  # accepts and rejects both happened
+
+
+@needs_pair
+def test_the_pairs_cached_tokenizer_gives_the_files_own_tokens(pair, tmp_path, monkeypatch):
+    from test_gguf import assert_cached_tokenizer_is_the_files
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))  # a fresh tokenizer cache; the file stays where it is
+    target, _ = pair
+    assert_cached_tokenizer_is_the_files(Path(target.source), monkeypatch)
 
 
 # A fresh process loads one file and reports its memory growth and packed weight bytes.

@@ -58,11 +58,15 @@ def tokenizer(path: Path):
     """A GGUF file's tokenizer, chat template and EOS id (the tokenizer's: transformers reads it from
     the file's metadata). transformers builds the tokenizer from the file in tens of seconds for a
     large vocabulary, so it is saved once under $SPECQ_CACHE (keyed like the file's converted cache)
-    and reloaded from there in about a second."""
-    from transformers import AutoTokenizer
+    and reloaded from there in about a second. Reloaded as the generic `TokenizersBackend`, straight
+    from the saved tokenizer.json (which holds the whole pipeline): the architecture's own class
+    (Qwen2Tokenizer, ...) rebuilds it from a Python copy of the vocabulary and merges that it keeps,
+    tens of MiB resident for a 150k-token vocabulary, for the same token ids
+    (tests/loading/test_gguf.py compares the two)."""
+    from transformers import TokenizersBackend
 
     cached = cache_dir() / "tokenizers" / file_key(path)
     if not (cached / "tokenizer_config.json").is_file():
         tok = gguf_io.tokenizer(path)
         atomic.write_dir(cached, tok.save_pretrained)
-    return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+    return TokenizersBackend.from_pretrained(cached, local_files_only=True)

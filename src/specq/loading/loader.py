@@ -7,6 +7,7 @@ the lean native module (`llama.py`); anything else runs through transformers (`h
 
 from __future__ import annotations
 
+import ctypes
 import time
 from pathlib import Path
 
@@ -31,7 +32,18 @@ def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
     model = _load(ref)
     if backend is not None:
         model.info["backend"] = backends.prepare(model.net, backend)
+    _return_freed_heap()
     return model
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's `malloc_trim`; nothing elsewhere). A
+    load parses a tokenizer.json of several MB and builds transient tables; glibc keeps what they
+    freed mapped, so without this a loaded model stays resident with tens of MiB it no longer uses."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _load(ref: str) -> Model:
