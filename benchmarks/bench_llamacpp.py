@@ -3,7 +3,7 @@ tools see the same machine (issue 14: "compare with the tools users would pick i
 
     python benchmarks/bench_llamacpp.py [--threads 2] [--rounds 3] [--tokens 128] [--prompts 3]
         [--calls 9] [--sizes 1,2,4,8,16] [--weights q4_1,f32] [--flash-attn auto|on|off] [--out FILE]
-        [--quick]
+        [--extra-drafts REF,...] [--quick]
 
 Weights: the built-in target's own GGUF file (SmolLM2-135M-Instruct, Q4_1; specq runs its blocks
 with `smollm2-135m@gguf`), and the same weights dequantized to an F32 GGUF file written once into
@@ -15,7 +15,8 @@ Measurements, per weights and round:
 - `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on the prompts of `--prompt-set` (default chat), the
   same token ids fed to both tools; tokens/s end to end (prefill included, wall clock);
 - `generate gamma 2`, `generate gamma auto` (specq only): speculative decoding with the registry's
-  default draft;
+  default draft; `generate gamma auto, draft REF` the same with each of `--extra-drafts` instead
+  (weights that have a registered draft only), to weigh another draft against the default;
 - `llama.cpp draft n-max N`, `llama.cpp ngram-simple`, `llama.cpp ngram-mod` (with `--llama-cpp-bin`,
   weights whose file has a draft file: the 1.5B with the 0.5B): llama.cpp's own speculative decoding,
   its `llama-speculative-simple` example run once per prompt on the same files, threads and prompt
@@ -246,9 +247,10 @@ class LlamaCppSpeculative:
 class Specq:
     """The specq model on the same weights: forwards on its own KV cache, `specq.generate`."""
 
-    def __init__(self, ref: str, draft: specq.Model | None):
+    def __init__(self, ref: str, draft: specq.Model | None, extra_drafts: dict[str, specq.Model] | None = None):
         self.model = specq.load(ref)
         self.draft = draft
+        self.extra_drafts = extra_drafts or {}  # ref -> draft, the modes `generate gamma auto, draft REF`
         self.cache = None
 
     def prefill_context(self, ids: list[int], capacity: int) -> None:
@@ -266,8 +268,10 @@ class Specq:
         return ms
 
     def generate(self, prompt: list[int], n: int, mode: tuple[str, int | str] | None) -> tuple[list[int], float, float]:
-        """(n new token ids, prefill s, total s); mode None: plain decoding, else (draft kind, gamma)."""
-        draft, gamma = (None, 2) if mode is None else (self.draft if mode[0] == "model" else "ngram", mode[1])
+        """(n new token ids, prefill s, total s); mode None: plain decoding, else (draft, gamma) with
+        draft "model" (the registry's), "ngram" or a ref of `extra_drafts`."""
+        drafts = {"model": self.draft, "ngram": "ngram", **self.extra_drafts}
+        draft, gamma = (None, 2) if mode is None else (drafts[mode[0]], mode[1])
         began = time.perf_counter()
         out = specq.generate(self.model, prompt, draft, gamma=gamma, max_new_tokens=n, ignore_eos=True)
         total = time.perf_counter() - began
@@ -288,6 +292,7 @@ class Settings:
     flash_attn: str
     quick: bool
     llama_cpp_bin: Path | None = None  # llama.cpp's built examples: its speculative modes
+    extra_drafts: tuple[str, ...] = ()  # specq drafts timed beside the registry's (gamma auto)
 
 
 def forward_ms(tool, ids: list[int], calls: int) -> float:
@@ -325,8 +330,9 @@ def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
         return runs if spec is None else runs | {
             m: (lambda ids, flags=flags: spec.generate(ids, tokens, flags)) for m, flags in LLAMA_CPP_SPECULATIVE.items()}
     runs = {"generate plain": lambda ids: runner.generate(ids, tokens, None)}
-    return runs | {m: (lambda ids, mode=mode: runner.generate(ids, tokens, mode)) for m, mode in SPECULATIVE.items()
-                   if mode[0] != "model" or runner.draft is not None}
+    modes = {m: mode for m, mode in SPECULATIVE.items() if mode[0] != "model" or runner.draft is not None}
+    modes |= {f"generate gamma auto, draft {ref}": (ref, "auto") for ref in runner.extra_drafts}
+    return runs | {m: (lambda ids, mode=mode: runner.generate(ids, tokens, mode)) for m, mode in modes.items()}
 
 
 def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], context_ids: list[int],
@@ -437,12 +443,13 @@ def warn_if_busy(threads: int) -> None:
 
 
 def settings(args: argparse.Namespace) -> Settings:
+    extra = tuple(ref for ref in args.extra_drafts.split(",") if ref)
     if args.quick:
         return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], args.weights.split(","), args.flash_attn, True,
-                        args.llama_cpp_bin)
+                        args.llama_cpp_bin, extra)
     return Settings(args.threads, args.rounds, args.tokens, args.prompts, args.calls,
                     [int(n) for n in args.sizes.split(",")], args.weights.split(","), args.flash_attn, False,
-                    args.llama_cpp_bin)
+                    args.llama_cpp_bin, extra)
 
 
 def load_tools(s: Settings, n_ctx: int) -> dict:
@@ -451,9 +458,11 @@ def load_tools(s: Settings, n_ctx: int) -> dict:
     files = {"q4_1": smol, "f32": f32_file(smol) if "f32" in s.weights else None,
              **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
     refs = {w: default_draft_ref(SPECQ_REFS[w]) for w in s.weights}
-    drafts = {ref: specq.load(ref) for ref in set(refs.values()) if ref is not None}
+    drafts = {ref: specq.load(ref) for ref in {*refs.values(), *s.extra_drafts} if ref is not None}
     tools = {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
-                 "specq": Specq(SPECQ_REFS[w], drafts.get(refs[w]))} for w in s.weights}
+                 "specq": Specq(SPECQ_REFS[w], drafts.get(refs[w]),
+                                {ref: drafts[ref] for ref in s.extra_drafts} if refs[w] else None)}
+             for w in s.weights}
     for w, pair in tools.items():
         if s.llama_cpp_bin is not None and w in DRAFT_FILE:
             pair["llama.cpp"].speculative = LlamaCppSpeculative(
@@ -487,6 +496,8 @@ def main() -> None:
                     help=f"append JSON rows here (default {DEFAULT_OUT}; with --quick, nothing unless given)")
     ap.add_argument("--llama-cpp-bin", type=Path, default=None,
                     help="a folder with llama.cpp's llama-speculative-simple: also time its speculative modes")
+    ap.add_argument("--extra-drafts", default="",
+                    help="specq drafts to time beside the registry's (gamma auto), comma-separated refs")
     ap.add_argument("--quick", action="store_true", help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
     args = ap.parse_args()
     if importlib.util.find_spec("llama_cpp") is None:
