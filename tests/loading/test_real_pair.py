@@ -35,7 +35,7 @@ def test_the_pair_runs_at_the_files_precision_on_specqs_kernels(pair):
     described = backends.describe(target.net)
     assert described["backend"] == "kernels" and described["layer_stack"]
     assert all("int8dot" in kernel for kernel in described["linear_layers"])
-    assert select_draft(target.ref)[0] == "qwen2.5-coder-0.5b@gguf-head32k"
+    assert select_draft(target.ref)[0] == "qwen2.5-coder-0.5b@gguf-int4-head32k"
 
 
 @needs_pair

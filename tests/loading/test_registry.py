@@ -113,13 +113,13 @@ def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
 
 def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
     """The Qwen pair: the 1.5B file's default draft is the 0.5B built-in, a name with no folder, with
-    its head narrowed (`file_spec`)."""
+    a 4-bit body and its head narrowed (`file_spec`)."""
     from specq.loading.drafts import known_drafts, select_draft
     from specq.loading.refs import check_ref
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
-    assert select_draft("qwen2.5-coder-1.5b")[0] == "qwen2.5-coder-0.5b@gguf-head32k"
-    assert select_draft("qwen2.5-coder-1.5b@gguf")[0] == "qwen2.5-coder-0.5b@gguf-head32k"
+    assert select_draft("qwen2.5-coder-1.5b")[0] == "qwen2.5-coder-0.5b@gguf-int4-head32k"
+    assert select_draft("qwen2.5-coder-1.5b@gguf")[0] == "qwen2.5-coder-0.5b@gguf-int4-head32k"
     check_ref(select_draft("qwen2.5-coder-1.5b")[0])  # a ref that loads
     assert known_drafts("qwen2.5-coder-1.5b") == {"qwen2.5-coder-0.5b"}
     assert select_draft("qwen2.5-coder-1.5b", quantizable=True)[0] is None  # a built-in file is not re-quantized

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,8 @@ def int4_body(net: nn.Module, g: GGUFFile) -> None:
     except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
         stored = {}
     if not all(f"{name}.codes" in stored for name in wide):  # absent, or written for another layout
+        print(f"specq: requantizing {g.path.name}'s 5- to 8-bit tensors to 4 bits into {path.parent} "
+              "(once, under a minute)", file=sys.stderr, flush=True)
         made = {name: to_int4(module)._blocks for name, module in wide.items()}
         stored = {f"{name}.{part}": getattr(w, part).contiguous() for name, w in made.items() for part in ("codes", "d", "m")}
         atomic.write_file(path, lambda f: f.write(save(stored)))
