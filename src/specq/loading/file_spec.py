@@ -142,22 +142,22 @@ def int4_body(net: nn.Module, g: GGUFFile) -> None:
     holds them (else made and saved there), in place."""
     from safetensors.torch import load_file, save
 
-    wide = {name: m for name, m in net.layers.named_modules() if isinstance(m, FileBlocks) and m.bits > 4}
-    if not wide:
+    byte_coded = {name: m for name, m in net.layers.named_modules() if isinstance(m, FileBlocks) and m.bits > 4}
+    if not byte_coded:
         return
-    variant = next(iter(wide.values()))._blocks.variant
+    variant = next(iter(byte_coded.values()))._blocks.variant
     path = int4_cache(g, variant)
     try:
         stored = load_file(path) if path.is_file() else {}
     except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
         stored = {}
-    if not all(f"{name}.codes" in stored for name in wide):  # absent, or written for another layout
+    if not all(f"{name}.codes" in stored for name in byte_coded):  # absent, unreadable, or not this network's
         print(f"specq: requantizing {g.path.name}'s 5- to 8-bit tensors to 4 bits into {path.parent} "
               "(once, under a minute)", file=sys.stderr, flush=True)
-        made = {name: to_int4(module)._blocks for name, module in wide.items()}
+        made = {name: to_int4(module)._blocks for name, module in byte_coded.items()}
         stored = {f"{name}.{part}": getattr(w, part).contiguous() for name, w in made.items() for part in ("codes", "d", "m")}
         atomic.write_file(path, lambda f: f.write(save(stored)))
-    for name, module in wide.items():
+    for name, module in byte_coded.items():
         weight = int8dot.Int8DotWeight(4, stored[f"{name}.codes"], stored[f"{name}.d"], stored[f"{name}.m"], INT4_GROUP,
                                        module.out_features, module.in_features, variant)
         net.layers.set_submodule(name, FileBlocks(weight, f"{module.kind} as int4"))
