@@ -93,31 +93,48 @@ def test_int4_body_is_close_to_the_files_weights_and_keeps_the_head(tiny_file):
 
 
 def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch):
+    """The first load requantizes and saves the 4-bit body; the next one takes it from the cache in
+    place of the file's tensors, which it neither requantizes nor repacks; a broken cache is remade."""
     _, parsed, tok = tiny_file
-    made, _ = gguf_io.load_at_file_precision(parsed)
-    file_spec.apply(made, parsed, FileSpec(int4=True), tok)
-    path = file_spec.int4_cache(parsed, made.layers[0].feed_forward.w2._blocks.variant)
-    assert path.is_file()
+    spec = FileSpec(int4=True)
+    repacked = []
+    kernel_weight = gguf_io._kernel_weight
+    monkeypatch.setattr(gguf_io, "_kernel_weight", lambda g, parts: repacked.append(parts) or kernel_weight(g, parts))
+
+    def load() -> torch.nn.Module:
+        net, _ = gguf_io.load_at_file_precision(parsed, file_spec.cached_int4_body(parsed, spec))
+        file_spec.apply(net, parsed, spec, tok)
+        return net
+
+    assert file_spec.cached_int4_body(parsed, spec) == {}
+    made, first = load(), len(repacked)
+    converted = [name for name, m in made.named_modules() if isinstance(m, FileBlocks) and "as int4" in m.kind]
+    assert converted and file_spec.cached_int4_body(parsed, FileSpec()) == {}  # only a 4-bit body is read
 
     def no_requantizing(blocks):
         raise AssertionError("requantized although the cache holds the body")
 
     monkeypatch.setattr(file_spec, "to_int4", no_requantizing)
-    read, _ = gguf_io.load_at_file_precision(parsed)
-    file_spec.apply(read, parsed, FileSpec(int4=True), tok)
-    converted = [name for name, m in made.layers.named_modules() if isinstance(m, FileBlocks) and m.bits == 4]
-    assert converted
+    read = load()
+    assert len(repacked) - first == first - len(converted)  # the cached modules' tensors were not repacked
     for name in converted:
-        a, b = made.layers.get_submodule(name), read.layers.get_submodule(name)
+        a, b = made.get_submodule(name), read.get_submodule(name)
         assert b.kind == a.kind and (b.out_features, b.in_features, b.group_size) == (a.out_features, a.in_features, 32)
         for part in ("codes", "d", "m"):
             assert torch.equal(getattr(a._blocks, part), getattr(b._blocks, part))
-    path.write_bytes(b"")  # a cache that cannot be read would be a traceback: it is not trusted, it is remade
-    monkeypatch.undo()
-    monkeypatch.setattr(file_spec, "cache_dir", lambda: path.parent.parent)
-    again, _ = gguf_io.load_at_file_precision(parsed)
-    file_spec.apply(again, parsed, FileSpec(int4=True), tok)
-    assert path.stat().st_size > 0
+    ids = torch.tensor([1, 5, 900, 2, 1500, 3])
+    with torch.inference_mode():
+        assert torch.equal(made(ids), read(ids))
+
+    path = file_spec.int4_cache(parsed, made.get_submodule(converted[0])._blocks.variant)
+    path.write_bytes(b"not a safetensors file")
+    assert file_spec.cached_int4_body(parsed, spec) == {}
+    monkeypatch.setattr(file_spec, "to_int4", kernel_to_int4)
+    load()
+    assert file_spec.cached_int4_body(parsed, spec).keys() == set(converted)
+
+
+kernel_to_int4 = file_spec.to_int4
 
 
 def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file):

@@ -7,7 +7,8 @@
   dequantized values; 4-bit tensors, the token embedding and the head stay the file's. Why: the
   kernels run 5- to 8-bit codes as bytes, so a 4-bit body reads about half the bytes per step.
   Requantizing takes tens of seconds, so the result is saved once under `$SPECQ_CACHE/gguf-int4/`
-  (keyed by the file and the kernel variant whose layout it holds) and read back in well under one.
+  (keyed by the file and the kernel variant whose layout it holds); a later load puts it in place
+  of those tensors, which it then neither reads nor repacks.
 * `head{N}k`: the output layer keeps only the N * 1024 tokens a ranked list puts first, plus the
   file's special tokens, its rows exactly the file's (`weights.narrow_head`): drafts only, since a
   dropped token is never proposed (acceptance may drop, correctness cannot). The list is the one
@@ -29,7 +30,7 @@ from torch import nn
 
 from .. import atomic
 from ..errors import SpecqError
-from ..kernels import int8dot
+from ..kernels import build, int8dot
 from ..paths import cache_dir, file_key
 from ..weights.gguf_formats import FORMATS, kernel_weight
 from ..weights.narrow_head import NarrowHead
@@ -137,30 +138,46 @@ def int4_cache(g: GGUFFile, variant: str) -> Path:
     return cache_dir() / "gguf-int4" / f"{file_key(g.path)}-{variant}-form{INT4_FORM}.safetensors"
 
 
-def int4_body(net: nn.Module, g: GGUFFile) -> None:
-    """Replace the 5- to 8-bit `FileBlocks` of `net.layers` by `to_int4`'s, from the cache when it
-    holds them (else made and saved there), in place."""
-    from safetensors.torch import load_file, save
+def cached_int4_body(g: GGUFFile, spec: FileSpec) -> dict[str, FileBlocks]:
+    """The 4-bit modules `int4_body` saved for `g` (by module name, `layers.0.attention.wqkv`), for
+    the loader to put in place of the file's 5- to 8-bit tensors without repacking those first; {}
+    unless `spec` asks for a 4-bit body and the cache holds a readable one."""
+    from safetensors import safe_open
 
-    byte_coded = {name: m for name, m in net.layers.named_modules() if isinstance(m, FileBlocks) and m.bits > 4}
+    path = int4_cache(g, build.variant())
+    if not spec.int4 or not path.is_file():
+        return {}
+    try:
+        with safe_open(path, "pt") as f:
+            shapes = json.loads(f.metadata()["modules"])
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+        return {name: FileBlocks(int8dot.Int8DotWeight(4, tensors[f"{name}.codes"], tensors[f"{name}.d"],
+                                                       tensors[f"{name}.m"], INT4_GROUP, out, n_in, build.variant()),
+                                 kind)
+                for name, (out, n_in, kind) in shapes.items()}
+    except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
+        return {}
+
+
+def int4_body(net: nn.Module, g: GGUFFile) -> None:
+    """Replace the 5- to 8-bit `FileBlocks` of `net` by `to_int4`'s, in place, and save them for
+    `cached_int4_body` (one file per GGUF file and kernel variant, written whole)."""
+    from safetensors.torch import save
+
+    byte_coded = {name: m for name, m in net.named_modules() if isinstance(m, FileBlocks) and m.bits > 4
+                  and name.startswith("layers.")}
     if not byte_coded:
         return
-    variant = next(iter(byte_coded.values()))._blocks.variant
-    path = int4_cache(g, variant)
-    try:
-        stored = load_file(path) if path.is_file() else {}
-    except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
-        stored = {}
-    if not all(f"{name}.codes" in stored for name in byte_coded):  # absent, unreadable, or not this network's
-        print(f"specq: requantizing {g.path.name}'s 5- to 8-bit tensors to 4 bits into {path.parent} "
-              "(once, under a minute)", file=sys.stderr, flush=True)
-        made = {name: to_int4(module)._blocks for name, module in byte_coded.items()}
-        stored = {f"{name}.{part}": getattr(w, part).contiguous() for name, w in made.items() for part in ("codes", "d", "m")}
-        atomic.write_file(path, lambda f: f.write(save(stored)))
-    for name, module in byte_coded.items():
-        weight = int8dot.Int8DotWeight(4, stored[f"{name}.codes"], stored[f"{name}.d"], stored[f"{name}.m"], INT4_GROUP,
-                                       module.out_features, module.in_features, variant)
-        net.layers.set_submodule(name, FileBlocks(weight, f"{module.kind} as int4"))
+    path = int4_cache(g, next(iter(byte_coded.values()))._blocks.variant)
+    print(f"specq: requantizing {g.path.name}'s 5- to 8-bit tensors to 4 bits into {path.parent} "
+          "(once, under a minute)", file=sys.stderr, flush=True)
+    made = {name: to_int4(module) for name, module in byte_coded.items()}
+    for name, module in made.items():
+        net.set_submodule(name, module)
+    tensors = {f"{name}.{part}": getattr(m._blocks, part).contiguous() for name, m in made.items()
+               for part in ("codes", "d", "m")}
+    shapes = {name: (m.out_features, m.in_features, m.kind) for name, m in made.items()}
+    atomic.write_file(path, lambda f: f.write(save(tensors, metadata={"modules": json.dumps(shapes)})))
 
 
 def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import SpecqError
@@ -232,12 +232,14 @@ class _NoInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def load_at_file_precision(g: GGUFFile):
+def load_at_file_precision(g: GGUFFile, given: dict[str, nn.Module] | None = None):
     """A native Llama whose linear layers (the tied head included) run the file's own blocks, any
     format of `weights.gguf_formats`, as `FileBlocks` (the int8-activation kernel on the fast path);
     the token embedding stays the file's rows (`FileEmbedding`, looked up row by row); float tensors
     and norms are float32 (other types: dequantized by gguf). The model is built on the meta device
     and each weight converted tensor by tensor, so no float copy of the whole model is ever made.
+    `given` (module name -> module) takes the place of those modules' tensors, which are not read
+    (a cached 4-bit body: `file_spec.cached_int4_body`).
     Returns (net, notes): a note for each quantized tensor type that runs dequantized to float32."""
     from ..model.llama import Llama
     from ..weights.embedding import FileEmbedding
@@ -254,8 +256,8 @@ def load_at_file_precision(g: GGUFFile):
     for name, parts in names.items():
         if g.header is not None:  # the tensors converted so far are not read again (the embedding's
             g.header.drop_pages()  # rows are looked up from the file: they map again when read)
-        blocks = None
-        if name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
+        blocks = (given or {}).get(name.removesuffix(".weight"))
+        if blocks is None and name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
             blocks = _kernel_weight(g, parts)
         if blocks is not None:
             net.set_submodule(name.removesuffix(".weight"), blocks)

@@ -46,7 +46,7 @@ def load_at_file_precision(ref: str, path: Path, spec: file_spec.FileSpec) -> Mo
     started = time.perf_counter()
     parsed = gguf_io.read(path)  # a corrupt file fails here, before the tokenizer is built
     tok = tokenizer(path)
-    net, notes = gguf_io.load_at_file_precision(parsed)
+    net, notes = gguf_io.load_at_file_precision(parsed, file_spec.cached_int4_body(parsed, spec))
     file_spec.apply(net, parsed, spec, tok)
     for note in notes:
         precision.announce(f"{path.name}: {note}")
