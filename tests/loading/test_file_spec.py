@@ -97,7 +97,7 @@ def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch)
     place of the file's tensors, which it neither requantizes nor repacks; a broken cache is remade."""
     _, parsed, tok = tiny_file
     spec = FileSpec(int4=True)
-    repacked = []
+    requantize, repacked = file_spec.to_int4, []
     kernel_weight = gguf_io._kernel_weight
     monkeypatch.setattr(gguf_io, "_kernel_weight", lambda g, parts: repacked.append(parts) or kernel_weight(g, parts))
 
@@ -129,12 +129,9 @@ def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch)
     path = file_spec.int4_cache(parsed, made.get_submodule(converted[0])._blocks.variant)
     path.write_bytes(b"not a safetensors file")
     assert file_spec.cached_int4_body(parsed, spec) == {}
-    monkeypatch.setattr(file_spec, "to_int4", kernel_to_int4)
+    monkeypatch.setattr(file_spec, "to_int4", requantize)
     load()
     assert file_spec.cached_int4_body(parsed, spec).keys() == set(converted)
-
-
-kernel_to_int4 = file_spec.to_int4
 
 
 def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file):

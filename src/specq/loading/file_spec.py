@@ -144,7 +144,8 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec) -> dict[str, FileBlocks]:
     unless `spec` asks for a 4-bit body and the cache holds a readable one."""
     from safetensors import safe_open
 
-    path = int4_cache(g, build.variant())
+    variant = build.variant()
+    path = int4_cache(g, variant)
     if not spec.int4 or not path.is_file():
         return {}
     try:
@@ -152,8 +153,7 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec) -> dict[str, FileBlocks]:
             shapes = json.loads(f.metadata()["modules"])
             tensors = {key: f.get_tensor(key) for key in f.keys()}
         return {name: FileBlocks(int8dot.Int8DotWeight(4, tensors[f"{name}.codes"], tensors[f"{name}.d"],
-                                                       tensors[f"{name}.m"], INT4_GROUP, out, n_in, build.variant()),
-                                 kind)
+                                                       tensors[f"{name}.m"], INT4_GROUP, out, n_in, variant), kind)
                 for name, (out, n_in, kind) in shapes.items()}
     except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
         return {}
