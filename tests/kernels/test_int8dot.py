@@ -19,7 +19,8 @@ from specq.weights.quant.rtn import quantize_rtn
 
 pytestmark = pytest.mark.skipif(not int8dot.available(), reason="needs AVX2 and a C compiler")
 
-PACK = {4: int8dot.pack_int4, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
+PACK = {4: int8dot.pack_int4, 6: int8dot.pack_int6, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
+CODES = {4: (0, 16), 6: (-32, 32), 8: (-128, 128)}  # code bits -> [low, high) of their codes
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
@@ -64,23 +65,24 @@ def test_int8_weights_match_the_reference(group):
 
 def random_weight(bits: int, group: int, offsets: bool, out: int, n_in: int, g: torch.Generator):
     """Random codes [out, n_in] of `bits` bits, scales and (if `offsets`) offsets [out, n_in / group]."""
-    codes = torch.randint(0, 16, (out, n_in), generator=g) if bits == 4 else torch.randint(-128, 128, (out, n_in), generator=g)
+    codes = torch.randint(*CODES[bits], (out, n_in), generator=g)
     scale = torch.rand(out, n_in // group, generator=g) * 0.02
     offset = torch.randn(out, n_in // group, generator=g) * 0.05 if offsets else None
     return codes, scale, offset
 
 
-FORMS = [(4, 64, True), (8, 192, False), (8, 32, True), (8, 16, False), (8, 16, True), (4, 16, True)]  # bits, group, offsets
+FORMS = [(4, 64, True), (8, 192, False), (8, 32, True), (8, 16, False), (8, 16, True), (4, 16, True),
+         (6, 16, False), (6, 32, True), (6, 64, False)]  # bits, group, offsets
 
 
 @pytest.mark.parametrize("bits,group,offsets", FORMS[2:])
 def test_offsets_and_groups_of_16_match_the_reference(bits, group, offsets):
-    """8-bit codes with offsets (GGUF's Q5_1 / Q5_K) and groups of 16 (Q6_K), where each half of an
-    activation block of 32 meets its own weight scale."""
+    """6- and 8-bit codes with offsets (GGUF's Q5_1 / Q5_K) and groups of 16 (Q6_K), where each half
+    of an activation block of 32 meets its own weight scale."""
     g = torch.Generator().manual_seed(bits * group)
     codes, scale, offset = random_weight(bits, group, offsets, 36, 256, g)
-    if bits == 8:
-        codes[0, :32] = -128
+    if bits > 4:  # the extreme codes: through unsigned-times-signed products as |c| or c + bias
+        codes[0, :32], codes[1, 32:64] = CODES[bits][0], CODES[bits][1] - 1
     x = torch.randn(7, 256, generator=g) * 4
     x[2] = 0
     y = int8dot.linear(x, PACK[bits](codes, scale, offset))

@@ -16,23 +16,22 @@ from conftest import tiny_model
 
 pytestmark = pytest.mark.skipif("avx2" not in build.runnable(), reason="needs AVX2")
 
-PACK = {4: int8dot.pack_int4, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
-# bits, group, offsets: 4-bit codes always have offsets (Q4_K, Q4_1); 8-bit ones with (Q5_1, Q5_K)
-# or without (Q8_0, Q6_K at groups of 16, Q5_0)
-FORMS = [(4, 32, True), (4, 16, True), (4, 64, True), (4, 128, True), (8, 16, False), (8, 16, True),
-         (8, 32, False), (8, 32, True), (8, 64, False), (8, 128, True)]
+PACK = {4: int8dot.pack_int4, 6: int8dot.pack_int6, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
+CODES = {4: (0, 16), 6: (-32, 32), 8: (-128, 128)}  # code bits -> [low, high) of their codes
+# bits, group, offsets: 4-bit codes always have offsets (Q4_K, Q4_1); 6- and 8-bit ones with (Q5_1,
+# Q5_K, a fused Q4_K q/k with a Q6_K v) or without (Q8_0, Q6_K at groups of 16, Q5_0)
+FORMS = [(4, 32, True), (4, 16, True), (4, 64, True), (4, 128, True), (6, 16, False), (6, 16, True),
+         (6, 32, False), (6, 32, True), (6, 128, False), (8, 16, False), (8, 16, True), (8, 32, False),
+         (8, 32, True), (8, 64, False), (8, 128, True)]
 
 
 def weight_and_rows(bits: int, group: int, offsets: bool, out: int, n_in: int, seed: int):
     """Random codes, scales and offsets with extreme codes (15, -128) and rows of 1 to 17 with an
     all-zero row, a tiny row and a huge one."""
     g = torch.Generator().manual_seed(seed)
-    if bits == 4:
-        codes = torch.randint(0, 16, (out, n_in), generator=g)
-        codes[:, :32] = 15
-    else:
-        codes = torch.randint(-128, 128, (out, n_in), generator=g)
-        codes[:, :32] = -128
+    low, high = CODES[bits]
+    codes = torch.randint(low, high, (out, n_in), generator=g)
+    codes[:, :32], codes[:, 32:64] = (high - 1, low) if bits == 4 else (low, high - 1)
     scale = torch.rand(out, n_in // group, generator=g) * 0.02
     offset = torch.randn(out, n_in // group, generator=g) * 0.05 if offsets else None
     x = torch.randn(17, n_in, generator=g) * 3
@@ -63,14 +62,14 @@ def test_every_row_is_the_same_whatever_the_row_count(bits, group, offsets, kern
     assert torch.equal(alone[1], torch.zeros(40))
 
 
-WIDTHS = {"avx2": (8, 8), "avxvnni": (8, 8), "avx512": (16, 8), "avx512vnni": (16, 16)}  # 4-bit, 8-bit
+WIDTHS = {"avx2": (8, 8, 8), "avxvnni": (8, 8, 8), "avx512": (16, 8, 8), "avx512vnni": (16, 16, 16)}  # 4, 6, 8 bits
 
 
 def test_each_variant_lays_weights_out_in_its_own_panels(kernel_variant):
-    """Panels of 16 outputs where the variant has 512-bit code for the weight's bits (8-bit codes
-    need VNNI for it), else AVX2's 8; unpacking gives back what was packed in either layout."""
-    assert (int8dot.panel_width(4, kernel_variant), int8dot.panel_width(8, kernel_variant)) == WIDTHS[kernel_variant]
-    for bits, group, offsets in FORMS[:2] + FORMS[4:6]:
+    """Panels of 16 outputs where the variant has 512-bit code for the weight's bits (6- and 8-bit
+    codes need VNNI for it), else AVX2's 8; unpacking gives back what was packed in either layout."""
+    assert tuple(int8dot.panel_width(b, kernel_variant) for b in (4, 6, 8)) == WIDTHS[kernel_variant]
+    for bits, group, offsets in FORMS[:2] + FORMS[4:6] + FORMS[9:11]:
         (codes, scale, offset), _ = weight_and_rows(bits, group, offsets, 21, 128, seed=3)
         w = PACK[bits](codes, scale, offset)
         assert w.variant == kernel_variant and w.codes.shape[3] == int8dot.panel_width(bits, kernel_variant)
@@ -89,12 +88,23 @@ def test_the_256_bit_vnni_code_gives_the_avx2_bits(monkeypatch):
     if not VNNI256.keys() <= build.cpu_flags():
         pytest.skip("this CPU lacks AVX-512 VNNI")
     monkeypatch.setitem(build.VARIANTS, "vnni256", VNNI256)
-    assert int8dot.panel_width(4, "vnni256") == int8dot.panel_width(8, "vnni256") == 8
+    assert int8dot.panel_width(4, "vnni256") == int8dot.panel_width(6, "vnni256") == int8dot.panel_width(8, "vnni256") == 8
     for bits, group, offsets in FORMS:
         parts, x = weight_and_rows(bits, group, offsets, 40, 256, seed=group + bits)
         ours, avx2 = PACK[bits](*parts, variant="vnni256"), PACK[bits](*parts, variant="avx2")
         for rows in (1, 3, 4, 7, 17):
             assert torch.equal(int8dot.linear(x[:rows], ours), int8dot.linear(x[:rows], avx2)), (bits, group, rows)
+
+
+@pytest.mark.parametrize("group,offsets", [(16, False), (16, True), (32, False), (64, True)])
+def test_6_bit_codes_give_the_8_bit_forms_bits_in_fewer_bytes(group, offsets, kernel_variant):
+    """The same codes in [-32, 31] packed at 6 bits (their top two bits apart) and at 8 give the same
+    outputs bit for bit for every row count: the 6-bit form changes the bytes read, not a result."""
+    parts, x = weight_and_rows(6, group, offsets, 40, 256, seed=group + 6)
+    six, eight = int8dot.pack_int6(*parts, variant=kernel_variant), int8dot.pack_int8(*parts, variant=kernel_variant)
+    assert six.codes.numel() * 8 == eight.codes.numel() * 6
+    for rows in range(1, len(x) + 1):
+        assert torch.equal(int8dot.linear(x[:rows], six), int8dot.linear(x[:rows], eight)), rows
 
 
 def test_a_stack_refuses_int8dot_weights_of_another_variant(force_kernels):

@@ -16,14 +16,15 @@ from specq.backends import fastpath
 from specq.kernels import build, gguf_repack, int8dot
 from specq.loading import gguf_io
 from specq.loading.model import Model
-from specq.weights.gguf_formats import FORMATS, kernel_weight, stack_rows, to_float
+from specq.weights.gguf_formats import FORMATS, PACK, kernel_weight, stack_rows, to_float
 from specq.weights.quant.modules import FileBlocks
 
 from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer
 
 QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (8, 32), "Q5_1": (8, 32), "Q8_0": (8, 32), "Q4_K": (4, 32),
-         "Q5_K": (8, 32), "Q6_K": (8, 16)}  # the kernel's code bits and group size per type
+FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q4_K": (4, 32),
+         "Q5_K": (6, 32), "Q6_K": (6, 16)}  # the kernel's code bits and group size per type
+CODE_RANGES = {4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
 
 def fp16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0, wide: bool = True) -> np.ndarray:
@@ -131,7 +132,9 @@ def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
         kb = fmt.kernel_blocks(raw)
         assert (kb.bits, kb.group_size) == FORMS[qtype] and kb.codes.shape == (12, 512)
         assert kb.d.dtype == np.float32 and kb.d.shape == (12, 512 // kb.group_size)
-        assert kb.codes.dtype == (np.uint8 if kb.bits == 4 else np.int8) and (kb.bits == 8 or kb.codes.max() <= 15)
+        low, high = CODE_RANGES[kb.bits]
+        assert kb.codes.dtype == (np.uint8 if kb.bits == 4 else np.int8)
+        assert low <= kb.codes.min() and kb.codes.max() <= high
         assert same_bits(kb.dequantize(), reference, zero_sign=qtype == "Q4_0")
 
 
@@ -166,16 +169,17 @@ def test_unlisted_types_are_dequantized_by_gguf():
     assert np.array_equal(to_float(raw, "Q2_K"), quants.dequantize(raw, GGMLQuantizationType.Q2_K))
 
 
-def test_stacked_formats_keep_every_part_exactly():
+@pytest.mark.parametrize("types,form", [(["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"], (8, 16, True)),
+                                        (["Q4_K", "Q4_K", "Q6_K"], (6, 16, True)), (["Q5_0", "Q4_0"], (6, 32, True))])
+def test_stacked_formats_keep_every_part_exactly(types, form):
     """A fused layer of parts in different formats (Q4_K_M files store attn_v as Q6_K beside Q4_K
-    q and k) takes one form that holds each part's weights exactly: 8-bit codes, groups of 16,
-    offsets (-0 for parts without: d * c + -0 keeps even the sign of a zero)."""
+    q and k) takes one form that holds each part's weights exactly: the widest codes, the finest
+    groups, offsets (-0 for parts without: d * c + -0 keeps even the sign of a zero)."""
     rng = np.random.default_rng(9)
-    types = ["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"]
     raws = [random_tensor(q, rng, 8 * (i + 1), 256, wide=True) for i, q in enumerate(types)]
     parts = [FORMATS[q].kernel_blocks(raw) for q, raw in zip(types, raws)]
     stacked = stack_rows(parts)
-    assert (stacked.bits, stacked.group_size, stacked.m is not None) == (8, 16, True)
+    assert (stacked.bits, stacked.group_size, stacked.m is not None) == form
     w, start = stacked.dequantize(), 0
     for q, raw in zip(types, raws):
         assert same_bits(w[start:start + len(raw)], quants.dequantize(raw, GGMLQuantizationType[q]), q == "Q4_0"), q
@@ -186,8 +190,7 @@ def test_stacked_formats_keep_every_part_exactly():
 def numpy_packed(parts: list[tuple[str, np.ndarray]], variant: str) -> int8dot.Int8DotWeight:
     """The reference path: the numpy decoders (checked against gguf above) and int8dot's packing."""
     kb = stack_rows([FORMATS[q].kernel_blocks(raw) for q, raw in parts])
-    pack = int8dot.pack_int4 if kb.bits == 4 else int8dot.pack_int8
-    return pack(*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
+    return PACK[kb.bits](*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
 
 
 def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
@@ -249,9 +252,12 @@ def test_repacking_refuses_a_form_that_would_lose_bits():
     if not build.available():
         pytest.skip("needs AVX2 and a C compiler")
     raw = random_tensor("Q6_K", np.random.default_rng(4), 2, 256)
-    for bits, group, offsets in [(4, 16, True), (8, 32, False), (8, 64, False)]:  # narrower codes, coarser groups
+    for bits, group, offsets in [(4, 16, True), (6, 32, False), (8, 64, False)]:  # narrower codes, coarser groups
         with pytest.raises(ValueError, match="cannot lay out"):
             gguf_repack.repack([(FORMATS["Q6_K"].ggml, raw)], 256, bits, group, offsets, build.variant())
+    with pytest.raises(ValueError, match="cannot lay out"):  # 8-bit codes in 6 bits
+        gguf_repack.repack([(FORMATS["Q8_0"].ggml, random_tensor("Q8_0", np.random.default_rng(4), 2, 256))], 256, 6,
+                           32, False, build.variant())
     raw = random_tensor("Q4_K", np.random.default_rng(4), 2, 256)
     with pytest.raises(ValueError, match="cannot lay out"):  # offsets dropped
         gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 8, 32, False, build.variant())
@@ -326,10 +332,10 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
     net, notes = gguf_io.load_at_file_precision(formats_file)
     assert notes == []
     reference = formats_file.float_state_dict()
-    forms = {"layers.0.attention.wqkv": (8, 16), "layers.0.attention.wo": (8, 32), "layers.0.feed_forward.w13": (8, 32),
+    forms = {"layers.0.attention.wqkv": (6, 16), "layers.0.attention.wo": (6, 32), "layers.0.feed_forward.w13": (6, 32),
              "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
-             "layers.1.feed_forward.w13": (8, 32), "layers.1.feed_forward.w2": (8, 16),
-             "layers.2.feed_forward.w13": (4, 32), "output": (8, 16)}
+             "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
+             "layers.2.feed_forward.w13": (4, 32), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name

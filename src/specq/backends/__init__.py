@@ -2,7 +2,7 @@
 model, and never changed afterwards.
 
 - `kernels` (the default): specq's CPU kernels where they take a layer (`fastpath`: float32
-  linears on f32dot panels, 4/8-bit weights on int8dot, and where every linear layer is on them,
+  linears on f32dot panels, 4/6/8-bit weights on int8dot, and where every linear layer is on them,
   whole cached passes, the work between the linear layers included, in one C call), torch's ops
   for the rest;
 - `eager`: torch's ops only, the reference (training, quantization and saving read these modules);

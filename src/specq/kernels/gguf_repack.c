@@ -27,8 +27,8 @@ static inline float f16(const uint8_t *b) {
     return _cvtsh_ss(h);
 }
 
-/* One block b -> its codes q (4-bit formats: 0..15; 8-bit: the signed codes) and per-group d and
- * m (m left alone by formats without offsets). */
+/* One block b -> its codes q (4-bit formats: 0..15; 5- and 6-bit ones: in [-32, 31]; 8-bit: the
+ * signed codes) and per-group d and m (m left alone by formats without offsets). */
 typedef void (*decode_fn)(const uint8_t *b, int8_t *q, float *d, float *m);
 
 /* 32 values from 16 bytes: the low nibbles first, then the high ones. */
@@ -166,15 +166,15 @@ typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; terms
  * and for K-quants their two-level terms. */
 static const Format FORMATS[] = {
     [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
-    [6] = {32, 22, 8, 32, 0, q5_0, NULL},   [7] = {32, 24, 8, 32, 1, q5_1, NULL},
+    [6] = {32, 22, 6, 32, 0, q5_0, NULL},   [7] = {32, 24, 6, 32, 1, q5_1, NULL},
     [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
-    [13] = {256, 176, 8, 32, 1, q5_k, k_terms}, [14] = {256, 210, 8, 16, 0, q6_k, q6_k_terms},
+    [13] = {256, 176, 6, 32, 1, q5_k, k_terms}, [14] = {256, 210, 6, 16, 0, q6_k, q6_k_terms},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
 
 /* One row's codes q [K], d and m [K / native group] into output `out` of the panel layout of
- * `width` outputs, `bits`-bit codes and groups of G (dividing the native group); m_out NULL: no
+ * `width` outputs, `bits`-bit codes (int8dot.c's layouts) and groups of G (dividing the native group); m_out NULL: no
  * offsets; `offsets` 0: the format has none, so its rows get -0 (d * c + -0 is d * c, even a
  * zero's sign). */
 static void place_row(const int8_t *q, const float *dn, const float *mn, int K, int native, int offsets, int bits,
@@ -189,6 +189,23 @@ static void place_row(const int8_t *q, const float *dn, const float *mn, int K, 
                 uint8_t *dst = base + (long)(4 * b + j) * 4 * width;
                 for (int t = 0; t < 4; t++) dst[t] = (uint8_t)((v[t] & 0x0F) | (v[t + 4] << 4));
             }
+    } else if (bits == 6) {  /* c + 32: its low 4 bits as 4-bit codes in chunks 0-3; its top 2 bits
+                              * of input 32b + 16k + 4i + t -> chunk 4 + k, byte 4 lane + t, bits 2i */
+        uint8_t *base = codes + p * ((long)K * width * 6 / 8) + 4 * lane;
+        for (int b = 0; b < K / QBLOCK; b++) {
+            uint8_t u[QBLOCK];
+            for (int i = 0; i < QBLOCK; i++) u[i] = (uint8_t)(q[QBLOCK * b + i] + 32);
+            uint8_t *dst = base + (long)6 * b * 4 * width;
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < 4; t++)
+                    dst[(long)j * 4 * width + t] = (uint8_t)((u[8 * j + t] & 0x0F) | ((u[8 * j + 4 + t] & 0x0F) << 4));
+            for (int k = 0; k < 2; k++)
+                for (int t = 0; t < 4; t++) {
+                    uint8_t top = 0;
+                    for (int i = 0; i < 4; i++) top |= (uint8_t)((u[16 * k + 4 * i + t] >> 4) << (2 * i));
+                    dst[(long)(4 + k) * 4 * width + t] = top;
+                }
+        }
     } else {  /* input 32b + 4j + t -> block b, chunk j, byte 4 lane + t */
         uint8_t *base = codes + p * ((long)K * width) + 4 * lane;
         for (int b = 0; b < K / QBLOCK; b++)
@@ -224,15 +241,15 @@ static void place_terms(const float *D, const float *Mneg, const int8_t *scale, 
  * rows, K / block blocks each), into outputs row0.. of a weight in int8dot's layout: `bits`-bit codes
  * in panels of `width`, groups of G, offsets into m (NULL: none), and with `sub` two-level scales
  * (K-quants only; NULL: one-level). The caller allocates every panel and zeroes the padding
- * outputs. Returns 0, -1 for a type, group or width this cannot lay out (4-bit codes from an 8-bit
- * format, offsets dropped, G not dividing the format's group, two levels of a format without), -2
+ * outputs. Returns 0, -1 for a type, group or width this cannot lay out (codes narrower than the
+ * format's, offsets dropped, G not dividing the format's group, two levels of a format without), -2
  * when out of memory. */
 int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, int width, int row0,
                 uint8_t *codes, float *d, float *m, int8_t *sub, int threads) {
     if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
     const Format f = FORMATS[type];
     if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
-        (bits != 4 && bits != 8) || (sub && !f.terms))
+        (bits != 4 && bits != 6 && bits != 8) || (sub && !f.terms))
         return -1;
     const int per_block = f.block / f.group;
     const long row_bytes = (long)K / f.block * f.bytes;

@@ -1,5 +1,5 @@
 """GGUF blocks straight into int8dot's layout (`gguf_repack.c`): a file's tensors become kernel
-weights in one C pass over their bytes, the same bytes `int8dot.pack_int4` / `pack_int8` lay out
+weights in one C pass over their bytes, the same bytes `int8dot.pack_int4` / `pack_int6` / `pack_int8` lay out
 from `weights.gguf_formats`' decoders, without their intermediate codes and float arrays."""
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def repack(parts: list[tuple[int, np.ndarray]], n_in: int, bits: int, group_size
     lib = _library(build.variant())  # any variant's code lays out any variant's panels
     width, out = int8dot.panel_width(bits, variant), sum(len(raw) for _, raw in parts)
     panels, blocks, groups = -(-out // width), n_in // int8dot.BLOCK, n_in // group_size
-    chunks = 4 if bits == 4 else 8
-    codes = torch.empty(panels, blocks, chunks, width, 4, dtype=torch.uint8 if bits == 4 else torch.int8)
+    codes = torch.empty(panels, blocks, bits, width, 4, dtype=torch.int8 if bits == 8 else torch.uint8)  # bits chunks
     scales = n_in // int8dot.SUPER if two_level else groups
     d = torch.empty(panels, scales, width)
     m = torch.empty(panels, scales, width) if offsets else None

@@ -8,11 +8,16 @@
  *     (d_a = max|x| / 127), the scheme of llama.cpp's Q8_0;
  *   - w is stored per group g of G inputs (G 16 or a multiple of 32) as
  *       4-bit: w = d_w[g] * u + m_w[g], u in [0, 15];
+ *       6-bit: w = d_w[g] * c (+ m_w[g] when offsets are given), c in [-32, 31] (GGUF's Q6_K and
+ *              5-bit formats, at 6.25 bits a weight instead of a byte);
  *       8-bit: w = d_w[g] * c (+ m_w[g] when offsets are given), c in [-128, 127];
  *     in panels of P outputs, one per 32-bit lane of a vector (the layout of llama.cpp's repacked
  *     Q4_0 8x8 kernels): per block of 32 inputs, 4-bit codes take 4 chunks of 4P bytes, chunk j
  *     holding for each output o (bytes 4o..4o+3) inputs 8j..8j+3 in the low nibbles and 8j+4..8j+7
- *     in the high ones; 8-bit codes take 8 chunks, chunk j holding inputs 4j..4j+3 of each output.
+ *     in the high ones; 8-bit codes take 8 chunks, chunk j holding inputs 4j..4j+3 of each output;
+ *     6-bit codes take 6: the low 4 bits of c + 32 as 4-bit codes in chunks 0-3, then its top 2
+ *     bits in chunks 4 and 5, byte 4o + t of chunk 4 + k holding those of inputs 16k + 4i + t in
+ *     bits 2i, 2i + 1 (i < 4). A block's bytes are always 4P times its bits.
  *     Scales and offsets are [panel][group][P]. N is padded to a multiple of P with zeros.
  *     Or two-level, as GGUF's K-quants store them (K a multiple of SUPER, G 16 or 32): float32
  *     [panel][K / SUPER][P] per super-block and int8 sub-scales [panel][group][P] (with offsets,
@@ -24,6 +29,8 @@
  * Four activation bytes broadcast to every lane meet four inputs of each of the P outputs in one
  * vpmaddubsw (one vpdpbusd with VNNI): a panel needs no horizontal sums. AVX2's 16 registers keep
  * a block's unpacked weights for tiles of 4 rows, AVX-512's 32 for tiles of 8 (`wide_panel`).
+ * 6-bit codes enter as unsigned c + 32, 8-bit ones on AVX-512 VNNI as c + 128; the dot product
+ * starts from -32 (or -128) times the sum of the activation codes it meets, so it is sum(c * q).
  * Each block's integer dot product is exact; it is scaled by d_w * d_a into the output's float
  * lane (groups of 16: each half of the block by its own d_w), and the m_w term uses the group's sum
  * of the quantized x.
@@ -55,8 +62,9 @@
 #elif defined(__AVXVNNI__)
 #define DPBUSD256 _mm256_dpbusd_avx_epi32
 #endif
-/* AVX-512: 4-bit codes in panels of 16; 8-bit codes too with VNNI (as unsigned c + 128, corrected
- * per block: without VNNI, no 512-bit vpsignb for chunk_dots' trick, so they keep AVX2's code). */
+/* AVX-512: 4-bit codes in panels of 16; 6- and 8-bit codes too with VNNI (as unsigned c + 32 or
+ * c + 128, corrected per block: without VNNI, no 512-bit vpsignb for chunk_dots' 8-bit trick, and
+ * 6-bit products may sum past 16 bits, so they keep AVX2's code). */
 #define WIDE_PANEL 16
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define WIDE_TILE 8  /* rows sharing a panel's unpacked weights */
@@ -70,7 +78,7 @@
 /* Whether `bits`-bit weights run on this variant's 512-bit code. */
 static int wide(int bits) {
 #if defined(WIDE_BITS8)
-    return bits == 4 || bits == 8;
+    return bits == 4 || bits == 6 || bits == 8;
 #elif defined(WIDE_TILE)
     return bits == 4;
 #else
@@ -119,10 +127,10 @@ static inline float quantize_block(const float *x, int8_t *q, int32_t *t) {
  * of the quantized values over each group, sum(d * q), for the offset term. Using the quantized
  * sum (not the exact one) makes the result exactly sum(w * d * q): the offset m = -8 * scale then
  * cancels the rounding it would otherwise amplify (llama.cpp's Q8_1 does the same). When z !=
- * NULL, z [K/span, M] for spans of 16 (G 16) or 32 inputs: -128 times the sum of the span's codes,
- * what vpdpbusd's product of c + 128 by q overcounts. */
+ * NULL, z [K/span, M] for spans of 16 (G 16) or 32 inputs: -bias times the sum of the span's codes,
+ * what the product of unsigned weight codes c + bias by q overcounts. */
 static void quantize_rows(const float *x, int M, int K, int G, int8_t *q, float *d, int32_t *t, float *s,
-                          int32_t *z) {
+                          int32_t *z, int bias) {
     const int blocks = K / QBLOCK, halves = K / HALF_BLOCK, span = G < QBLOCK ? G : QBLOCK;
     for (int r = 0; r < M; r++) {
         int32_t *tr = t + (size_t)r * halves;
@@ -141,7 +149,7 @@ static void quantize_rows(const float *x, int M, int K, int G, int8_t *q, float 
         }
         if (z) {
             for (int i = 0; i < K / span; i++)
-                z[(size_t)i * M + r] = -128 * (span == HALF_BLOCK ? tr[i] : tr[2 * i] + tr[2 * i + 1]);
+                z[(size_t)i * M + r] = -bias * (span == HALF_BLOCK ? tr[i] : tr[2 * i] + tr[2 * i + 1]);
         }
     }
 }
@@ -161,17 +169,48 @@ static inline __m256 group_terms(const float *w, const int8_t *sub, int g, int G
     return _mm256_mul_ps(_mm256_loadu_ps(w + (((size_t)g * G) >> SUPER_SHIFT) * PANEL), s);
 }
 
+/* Bits 2s and 2s + 1 of each byte of h (s < 4, a constant at every call) moved to bits 4 and 5: a
+ * 6-bit code's top two bits (the 16-bit shifts carry bits across bytes, the mask drops them). */
+static inline __m256i top_bits(__m256i h, int s) {
+    const __m256i mask = _mm256_set1_epi8(0x30);
+    return _mm256_and_si256(s == 0 ? _mm256_slli_epi16(h, 4) : s == 1 ? _mm256_slli_epi16(h, 2)
+                            : s == 2 ? h : _mm256_srli_epi16(h, 2), mask);
+}
+
+/* Low-nibble chunk j (< 4) of a 6-bit block `wb` with its top bits: the unsigned codes c + 32 of
+ * inputs 8j..8j+3 (u[0]) and 8j+4..8j+7 (u[1]) of each output. */
+static inline void six_bit_codes(const uint8_t *wb, int j, __m256i *u) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
+    __m256i h = _mm256_loadu_si256((const __m256i *)(wb + 32 * (4 + j / 2)));
+    u[0] = _mm256_or_si256(_mm256_and_si256(w, low), top_bits(h, 2 * (j % 2)));
+    u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), top_bits(h, 2 * (j % 2) + 1));
+}
+
 /* The exact integer dot products of `rows` rows with chunks [j0, j1) of one block's codes `wb`
- * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes.
+ * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes; for 6-bit codes
+ * the chunks are those of the low nibbles, each with its top bits.
  * vpmaddubsw and vpdpbusd multiply unsigned by signed bytes: 4-bit codes are unsigned already, and
  * a block's eight products of 4-bit codes sum in 16 bits without overflow (8 * 2 * 15 * 127 <
- * 32768); 8-bit codes go in as |w| with w's sign moved onto the activations, widened to 32 bits at
- * every step (vpdpbusd sums in 32 bits directly). */
+ * 32768); 6-bit codes go in as c + 32, two products in 16 bits (2 * 2 * 63 * 127 < 32768), the
+ * caller's dots[r] starting from -32 times the activations' sum; 8-bit codes go in as |w| with w's
+ * sign moved onto the activations, widened to 32 bits at every step (vpdpbusd sums in 32 bits
+ * directly). */
 static inline __attribute__((always_inline)) void chunk_dots(
         int bits, int rows, int j0, int j1, const uint8_t *wb, const int8_t *qb, __m256i *dots) {
     const __m256i low = _mm256_set1_epi8(0x0F);
 #if defined(DPBUSD256)
     for (int j = j0; j < j1; j++) {
+        if (bits == 6) {
+            __m256i u[2];
+            six_bit_codes(wb, j, u);
+            UNROLL
+            for (int r = 0; r < rows; r++) {
+                const int8_t *a = qb + r * QBLOCK + 8 * j;
+                dots[r] = DPBUSD256(DPBUSD256(dots[r], u[0], broadcast4(a)), u[1], broadcast4(a + 4));
+            }
+            continue;
+        }
         __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
         if (bits == 4) {
             __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
@@ -205,6 +244,18 @@ static inline __attribute__((always_inline)) void chunk_dots(
         }
         UNROLL
         for (int r = 0; r < rows; r++) dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(sums[r], ones));
+    } else if (bits == 6) {
+        for (int j = j0; j < j1; j++) {
+            __m256i u[2];
+            six_bit_codes(wb, j, u);
+            UNROLL
+            for (int r = 0; r < rows; r++) {
+                const int8_t *a = qb + r * QBLOCK + 8 * j;
+                __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], broadcast4(a)),
+                                                _mm256_maddubs_epi16(u[1], broadcast4(a + 4)));
+                dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(pair, ones));
+            }
+        }
     } else {
         for (int j = j0; j < j1; j++) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
@@ -220,15 +271,17 @@ static inline __attribute__((always_inline)) void chunk_dots(
 }
 
 /* The 8 outputs of one panel for `rows` (<= ROW_TILE, a constant at each call) consecutive rows.
- * `bits` (4 or 8) and `half` (1: groups of 16, two per block of 32; 0: groups of whole blocks) are
- * constants at every call, so each form compiles to its own straight-line code. The sequence of
- * operations on one (row, output) lane is the same in every tile. `wm` NULL: no offsets. */
+ * `bits` (4, 6 or 8) and `half` (1: groups of 16, two per block of 32; 0: groups of whole blocks)
+ * are constants at every call, so each form compiles to its own straight-line code. The sequence of
+ * operations on one (row, output) lane is the same in every tile. `wm` NULL: no offsets; `z`: the
+ * 6-bit codes' correction (quantize_rows). */
 static inline __attribute__((always_inline)) void panel(
         int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *ws, const int8_t *q, const float *d, const float *s, float *y, int N, int valid) {
-    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 4 ? 4 : 8, parts = half ? 2 : 1;
+        const int8_t *ws, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y, int N,
+        int valid) {
+    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 8 ? 8 : 4, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;  /* blocks per group of whole blocks */
-    const size_t block_bytes = (size_t)chunks * 32;
+    const size_t block_bytes = (size_t)bits * 4 * PANEL;
     __m256 acc[ROW_TILE];
     UNROLL
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
@@ -236,7 +289,8 @@ static inline __attribute__((always_inline)) void panel(
         for (int h = 0; h < parts; h++) {  /* the block, or each of its halves */
             __m256i dots[ROW_TILE];
             UNROLL
-            for (int r = 0; r < rows; r++) dots[r] = _mm256_setzero_si256();
+            for (int r = 0; r < rows; r++)
+                dots[r] = bits == 6 ? _mm256_set1_epi32(z[(size_t)(parts * b + h) * M + r]) : _mm256_setzero_si256();
             chunk_dots(bits, rows, h * chunks / parts, (h + 1) * chunks / parts, wq + (size_t)b * block_bytes,
                        q + (size_t)b * M * QBLOCK, dots);
             __m256 wscale = group_terms(wd, ws, half ? 2 * b + h : group, G);
@@ -302,18 +356,25 @@ static inline __attribute__((always_inline)) void tile_dots(
 #endif
 }
 
+/* top_bits for 512-bit vectors. */
+static inline __m512i wide_top_bits(__m512i h, int s) {
+    const __m512i mask = _mm512_set1_epi8(0x30);
+    return _mm512_and_si512(s == 0 ? _mm512_slli_epi16(h, 4) : s == 1 ? _mm512_slli_epi16(h, 2)
+                            : s == 2 ? h : _mm512_srli_epi16(h, 2), mask);
+}
+
 /* `panel`'s work for a panel of 16 outputs, one per lane of a 512-bit vector, for `rows` <=
  * WIDE_TILE rows: per block the 8 unpacked chunks stay in registers for every row of the tile. The
  * float operations on each (row, output) lane are `panel`'s, in its order. 8-bit codes enter
- * vpdpbusd as unsigned c + 128 (the top bit flipped); the dot product starts from z, -128 * sum(q)
- * over the block or half, so what it adds up is exactly sum(c * q). */
+ * vpdpbusd as unsigned c + 128 (the top bit flipped), 6-bit ones as c + 32; the dot product starts
+ * from z, -128 (or -32) * sum(q) over the block or half, so what it adds up is exactly sum(c * q). */
 static inline __attribute__((always_inline)) void wide_panel(
         int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
         const int8_t *ws, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y, int N,
         int valid) {
-    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 4 ? 4 : 8, parts = half ? 2 : 1;
+    const int blocks = K / QBLOCK, groups = K / G, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;
-    const size_t block_bytes = (size_t)chunks * 4 * WIDE_PANEL;
+    const size_t block_bytes = (size_t)bits * 4 * WIDE_PANEL;
     const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[WIDE_TILE];
     WIDE_UNROLL
@@ -333,6 +394,14 @@ static inline __attribute__((always_inline)) void wide_panel(
                 w[2 * j] = _mm512_and_si512(packed, low);
                 w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
             }
+        } else if (bits == 6) {
+            FULLY
+            for (int j = 0; j < 4; j++) {
+                __m512i packed = _mm512_loadu_si512(wb + j), top = _mm512_loadu_si512(wb + 4 + j / 2);
+                w[2 * j] = _mm512_or_si512(_mm512_and_si512(packed, low), wide_top_bits(top, 2 * (j % 2)));
+                w[2 * j + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(packed, 4), low),
+                                               wide_top_bits(top, 2 * (j % 2) + 1));
+            }
         } else {
             FULLY
             for (int j = 0; j < 8; j++) w[j] = _mm512_xor_si512(_mm512_loadu_si512(wb + j), flip);
@@ -342,7 +411,7 @@ static inline __attribute__((always_inline)) void wide_panel(
             __m512i dots[WIDE_TILE];
             WIDE_UNROLL
             for (int r = 0; r < rows; r++)
-                dots[r] = bits == 8 ? _mm512_set1_epi32(z[(size_t)(parts * b + h) * M + r]) : _mm512_setzero_si512();
+                dots[r] = bits == 4 ? _mm512_setzero_si512() : _mm512_set1_epi32(z[(size_t)(parts * b + h) * M + r]);
             tile_dots(w, h * 8 / parts, (h + 1) * 8 / parts, rows, q + (size_t)b * M * QBLOCK, dots);
             __m512 wscale = wide_group_terms(wd, ws, half ? 2 * b + h : group, G);
             WIDE_UNROLL
@@ -437,24 +506,27 @@ static inline int tile_rows(int left, int tile) {
 #define SWEEP4 SWEEP
 #define SWEEP8 SWEEP
 #endif
+#define SWEEP6 SWEEP8  /* 6-bit codes: 512-bit code where 8-bit codes have it */
 
-/* y = x w^T for `bits`-bit weights (4 or 8) in groups of G (16 or a multiple of 32) in the panel
+/* y = x w^T for `bits`-bit weights (4, 6 or 8) in groups of G (16 or a multiple of 32) in the panel
  * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (always for 4 bits; NULL for
- * 8-bit weights without them); `ws`: the int8 sub-scales of two-level scales (NULL: one-level).
+ * 6- or 8-bit weights without them); `ws`: the int8 sub-scales of two-level scales (NULL: one-level).
  * Returns 0 on success, -1 when out of memory. Panels are split across `threads` OpenMP threads. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
               const float *wm, const int8_t *ws, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
-    quantize_rows(x, M, K, G, a.q, a.d, a.t, wm ? a.s : NULL, bits == 8 && wide(bits) ? a.z : NULL);
+    const int biased = bits == 6 || (bits == 8 && wide(bits));  /* unsigned codes c + bias: z corrects */
+    quantize_rows(x, M, K, G, a.q, a.d, a.t, wm ? a.s : NULL, biased ? a.z : NULL, bits == 6 ? 32 : 128);
     const int width = a8_panel_width(bits), panels = (N + width - 1) / width, half = G < QBLOCK;
-    const size_t panel_bytes = (size_t)K / QBLOCK * (bits == 4 ? 4 : 8) * 4 * width;
+    const size_t panel_bytes = (size_t)K / QBLOCK * bits * 4 * width;
     const size_t panel_scales = (size_t)(ws ? K >> SUPER_SHIFT : K / G) * width;
     const size_t panel_subs = ws ? (size_t)(wm ? 2 : 1) * (K / G) * width : 0;
 #define PANEL_AT(BITS, HALF, ROWS, r, p, valid)                                                              \
     panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,         \
           wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,                 \
-          a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), y + (size_t)(r) * N + (size_t)(p) * PANEL, N, valid)
+          a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r), y + (size_t)(r) * N + (size_t)(p) * PANEL, N, \
+          valid)
 #define WIDE_AT(BITS, HALF, ROWS, r, p, valid)                                                               \
     wide_panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,    \
                wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,            \
@@ -464,6 +536,10 @@ int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_
         SWEEP4(4, 0)
     } else if (bits == 4) {
         SWEEP4(4, 1)
+    } else if (bits == 6 && !half) {
+        SWEEP6(6, 0)
+    } else if (bits == 6) {
+        SWEEP6(6, 1)
     } else if (!half) {
         SWEEP8(8, 0)
     } else {

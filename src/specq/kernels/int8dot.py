@@ -1,4 +1,4 @@
-"""Linear layers with 4- or 8-bit weights and int8 activations (`int8dot.c`), llama.cpp's scheme.
+"""Linear layers with 4-, 6- or 8-bit weights and int8 activations (`int8dot.c`), llama.cpp's scheme.
 
 torch's packed CPU ops (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) turn the weights
 into floats and multiply in float, so on AVX2 their time grows with every row: a 4-token verify
@@ -128,6 +128,23 @@ def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None
                          variant)
 
 
+def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
+    """From codes c in [-32, 31] [out, in] and float d (and m) [out, groups] with w = d * c (+ m),
+    laid out for `variant`: GGUF's Q6_K and 5-bit formats at 6 bits a code instead of 8. Why:
+    decoding reads every weight once per step, so its time is mostly the bytes read."""
+    variant = variant or build.variant()
+    width, (out, n_in) = panel_width(6, variant), codes.shape
+    biased = _panels((codes + 32).to(torch.uint8), width).view(-1, width, n_in // BLOCK, 32)
+    # the low 4 bits: pack_int4's layout; input 32b + 16k + 4i + t of output o -> chunk 4 + k, byte
+    # 4o + t, bits 2i and 2i + 1
+    low = biased.view(-1, width, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4) & 0x0F
+    top = (biased >> 4).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+    top = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
+    c = torch.cat([low[..., 0] | (low[..., 1] << 4), top], dim=2).contiguous()
+    return Int8DotWeight(6, c, panel_major(d, width), None if m is None else panel_major(m, width),
+                         n_in // d.shape[1], out, n_in, variant)
+
+
 def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
     """From codes c in [-128, 127] [out, in] and float d (and m) [out, groups] with w = d * c (+ m),
     laid out for `variant` (by default the process's)."""
@@ -140,13 +157,18 @@ def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | 
 
 
 def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The inverse of `pack_int4` / `pack_int8`: codes [out, in] (uint8 for 4 bits, int8 for 8) and
-    float d, m [out, groups] (m None where the weight has no offsets). Why: the eager path builds
-    its torch form from the kernel's tensors, so a layer need not keep a second copy of its codes."""
+    """The inverse of `pack_int4` / `pack_int6` / `pack_int8`: codes [out, in] (uint8 for 4 bits,
+    int8 for 6 and 8) and float d, m [out, groups] (m None where the weight has no offsets). Why: the
+    eager path builds its torch form from the kernel's tensors, so a layer need not keep a second
+    copy of its codes."""
     out, n_in = w.out_features, w.in_features
     if w.bits == 4:  # panel, block, chunk j, output o, byte t, nibble h -> input 32b + 8j + 4h + t of o
         nibbles = torch.stack([w.codes & 0x0F, w.codes >> 4], -1).permute(0, 3, 1, 2, 5, 4)
         codes = nibbles.reshape(-1, n_in)[:out]
+    elif w.bits == 6:  # pack_int6's two parts, each back to [panel, output, block, 32 inputs]
+        low = torch.stack([w.codes[:, :, :4] & 0x0F, w.codes[:, :, :4] >> 4], -1).permute(0, 3, 1, 2, 5, 4)
+        top = torch.stack([(w.codes[:, :, 4:] >> s) & 3 for s in (0, 2, 4, 6)], -1).permute(0, 3, 1, 2, 5, 4)
+        codes = ((low.reshape(-1, n_in)[:out] | (top.reshape(-1, n_in)[:out] << 4)).to(torch.int16) - 32).to(torch.int8)
     else:  # panel, block, chunk j, output o, byte t -> input 32b + 4j + t of o
         codes = w.codes.permute(0, 3, 1, 2, 4).reshape(-1, n_in)[:out]
     return (codes, *(None if t is None else t.transpose(1, 2).reshape(-1, t.shape[1])[:out] for t in w.group_terms()))

@@ -5,7 +5,7 @@
 * `int4`: the file's 5- to 8-bit weight tensors (Q5_0, Q8_0, Q6_K, ...) requantized by specq's RTN
   to 4-bit codes in groups of 32 with a scale and an offset each (Q4_1's form), from their exact
   dequantized values; 4-bit tensors, the token embedding and the head stay the file's. Why: the
-  kernels run 5- to 8-bit codes as bytes, so a 4-bit body reads about half the bytes per step.
+  kernels run 5- and 6-bit codes at 6.25 bits and 8-bit ones as bytes, so a 4-bit body reads fewer.
   Requantizing takes tens of seconds, so the result is saved once under `$SPECQ_CACHE/gguf-int4/`
   (keyed by the file and the kernel variant whose layout it holds); a later load puts it in place
   of those tensors, which it then neither reads nor repacks.

@@ -13,9 +13,10 @@ already applied: an fp16 d times a 6-bit or 8-bit sub-scale is exact in float32,
 the same product in float32 before it multiplies the codes, so nothing rounds differently (the load
 path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
 
-5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 8-bit codes: exact, but a byte per
-weight where the file holds 5.5-6.6 bits (a denser layout is later work). F32, F16 and BF16 are float
-rows (`floats`); a type without a row is dequantized by gguf (`to_float`).
+5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 6-bit codes (signed, in [-32,
+31]), 6.25 bits a weight beside the file's 5.5-6.6: decoding reads every weight once a step, so the
+bytes are most of its time. F32, F16 and BF16 are float rows (`floats`); a type without a row is
+dequantized by gguf (`to_float`).
 
 The decoders here are vectorized numpy over all blocks of a tensor at once (the reference, the
 embedding's row lookups, and machines where specq's kernels do not build); a file's load reads its
@@ -34,7 +35,8 @@ import torch
 
 from ..kernels import build, gguf_repack, int8dot
 
-CODE_DTYPES = {4: np.uint8, 8: np.int8}  # the kernel's codes: 4-bit unsigned in [0, 15], 8-bit signed
+CODE_DTYPES = {4: np.uint8, 6: np.int8, 8: np.int8}  # the kernel's codes: 4-bit in [0, 15], 6- and 8-bit signed
+PACK = {4: int8dot.pack_int4, 6: int8dot.pack_int6, 8: int8dot.pack_int8}  # code bits -> their packing
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,10 @@ class KernelBlocks:
     """A [rows, cols] weight in the int8-activation kernel's terms: w = d * code + m per group of
     `group_size` consecutive inputs of a row."""
 
-    bits: int  # 4 or 8
+    bits: int  # 4, 6 or 8
     codes: np.ndarray  # [rows, cols], CODE_DTYPES[bits]
     d: np.ndarray  # [rows, cols // group_size] float32
-    m: np.ndarray | None  # like d, or None: no offsets (8-bit only)
+    m: np.ndarray | None  # like d, or None: no offsets (6- and 8-bit only)
     group_size: int
 
     def dequantize(self) -> np.ndarray:
@@ -241,12 +243,12 @@ FORMATS = {f.name: f for f in (
     Format("BF16", 30, 1, 2, floats=_bf16),
     Format("Q4_0", 2, 32, 18, 4, 32, _q4_0, offsets=True),
     Format("Q4_1", 3, 32, 20, 4, 32, _q4_1, offsets=True),
-    Format("Q5_0", 6, 32, 22, 8, 32, _q5_0),
-    Format("Q5_1", 7, 32, 24, 8, 32, _q5_1, offsets=True),
+    Format("Q5_0", 6, 32, 22, 6, 32, _q5_0),
+    Format("Q5_1", 7, 32, 24, 6, 32, _q5_1, offsets=True),
     Format("Q8_0", 8, 32, 34, 8, 32, _q8_0),
     Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True, two_level=True),
-    Format("Q5_K", 13, 256, 176, 8, 32, _q5_k, offsets=True, two_level=True),
-    Format("Q6_K", 14, 256, 210, 8, 16, _q6_k, two_level=True),
+    Format("Q5_K", 13, 256, 176, 6, 32, _q5_k, offsets=True, two_level=True),
+    Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
 )}
 
 
@@ -275,5 +277,4 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
         return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in, bits, group,
                                   offsets, variant, all(f.two_level for f in formats))
     kb = stack_rows([f.kernel_blocks(raw) for f, (_, raw) in zip(formats, parts)])
-    pack = int8dot.pack_int4 if kb.bits == 4 else int8dot.pack_int8
-    return pack(*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
+    return PACK[kb.bits](*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
