@@ -9,7 +9,7 @@ that a busy machine slows them alike; each cell is the median over rounds. With 
 other work then deschedules the kernel without counting it (caches and memory stay shared).
 
     python benchmarks/bench_int8dot.py [--threads 2] [--rounds 7] [--variants avx2,avx512vnni]
-        [--layers w13,head] [--cpu-time] [--out rows.jsonl]
+        [--layers w13,head] [--forms q6-g16,q8-g16] [--cpu-time] [--out rows.jsonl]
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from specq.kernels import build, int8dot
 HIDDEN = 1536
 SHAPES = {"wqkv": (2048, HIDDEN), "wo": (HIDDEN, HIDDEN), "w13": (17920, HIDDEN), "w2": (HIDDEN, 8960),
           "head": (151936, HIDDEN)}  # name: (out, in)
-FORMS = {"q4-g32": (4, 32, True), "q8-g16": (8, 16, False), "q8-g32": (8, 32, False)}  # name: (bits, group, offsets)
-LAYERS = [(name, form) for name in SHAPES for form in FORMS if name != "head" or form == "q8-g16"]  # the head is Q6_K
+FORMS = {"q4-g32": (4, 32, True), "q6-g16": (6, 16, False), "q6-g32": (6, 32, False), "q8-g16": (8, 16, False),
+         "q8-g32": (8, 32, False)}  # name: (bits, group, offsets)
+LAYERS = [(name, form) for name in SHAPES for form in FORMS if name != "head" or form.endswith("g16")]  # the head is Q6_K
 ROWS = (1, 2, 4, 8, 16)
 STREAM_BYTES = 160 * 2**20  # at least this many weight bytes per timed sweep: 5x a 32 MiB L3
 
@@ -40,7 +41,9 @@ def weight(out: int, n_in: int, bits: int, group: int, offsets: bool, variants: 
     if bits == 4:
         codes, offset, pack = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8), -8 * scale, int8dot.pack_int4
     else:
-        codes, pack = torch.randint(-128, 128, (out, n_in), generator=g, dtype=torch.int8), int8dot.pack_int8
+        low = -(1 << (bits - 1))
+        codes = torch.randint(low, -low, (out, n_in), generator=g, dtype=torch.int8)
+        pack = int8dot.pack_int6 if bits == 6 else int8dot.pack_int8
         offset = torch.randn(out, n_in // group, generator=g) * 1e-3 if offsets else None
     return {v: pack(codes, scale, offset, variant=v) for v in variants}
 
@@ -60,6 +63,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--variants", default="avx2,avx512vnni", help="comma-separated, of those this CPU runs")
     ap.add_argument("--layers", default="", help="comma-separated layer names (default: all)")
+    ap.add_argument("--forms", default="", help=f"comma-separated weight forms of {', '.join(FORMS)} (default: all)")
     ap.add_argument("--cpu-time", action="store_true", help="time the thread's CPU time (with --threads 1)")
     ap.add_argument("--out", help="append one JSON row per cell to this file")
     args = ap.parse_args()
@@ -69,9 +73,10 @@ def main() -> None:
     variants = args.variants.split(",")
     if not set(variants) <= set(build.runnable()):
         ap.error(f"--variants: choose from those this CPU runs ({', '.join(build.runnable())})")
-    layers = [(name, form) for name, form in LAYERS if not args.layers or name in args.layers.split(",")]
+    layers = [(name, form) for name, form in LAYERS if (not args.layers or name in args.layers.split(","))
+              and (not args.forms or form in args.forms.split(","))]
     if not layers:
-        ap.error(f"--layers: choose from {', '.join(SHAPES)}")
+        ap.error(f"--layers, --forms: choose from {', '.join(SHAPES)} and {', '.join(FORMS)}")
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     print(f"{args.threads} threads, {args.rounds} rounds, {'CPU' if args.cpu_time else 'wall'} time; "

@@ -2,8 +2,8 @@
 tools see the same machine (issue 14: "compare with the tools users would pick instead").
 
     python benchmarks/bench_llamacpp.py [--threads 2] [--rounds 3] [--tokens 128] [--prompts 3]
-        [--calls 9] [--sizes 1,2,4,8,16] [--weights q4_1,f32] [--flash-attn auto|on|off] [--out FILE]
-        [--extra-drafts REF,...] [--quick]
+        [--calls 9] [--sizes 1,2,4,8,16] [--contexts 128] [--weights q4_1,f32] [--flash-attn auto|on|off]
+        [--out FILE] [--extra-drafts REF,...] [--quick]
 
 Weights: the built-in target's own GGUF file (SmolLM2-135M-Instruct, Q4_1; specq runs its blocks
 with `smollm2-135m@gguf`), and the same weights dequantized to an F32 GGUF file written once into
@@ -11,7 +11,8 @@ $SPECQ_CACHE/llamacpp (specq: `smollm2-135m`, the fp32 model converted from the 
 Measurements, per weights and round:
 - `forward N`: one forward of N tokens at 128 tokens of context, logits for every row (what a
   verify pass of N - 1 draft tokens costs; N = 1 is a decode step), median ms of `--calls` calls,
-  the KV cache cut back to 128 tokens after each;
+  the KV cache cut back to 128 tokens after each; `forward N at C` the same at each other context
+  length C of `--contexts` (attention reads the whole cache, so a step's cost grows with it);
 - `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on the prompts of `--prompt-set` (default chat), the
   same token ids fed to both tools; tokens/s end to end (prefill included, wall clock);
 - `generate gamma 2`, `generate gamma auto` (specq only): speculative decoding with the registry's
@@ -291,15 +292,20 @@ class Settings:
     weights: list[str]
     flash_attn: str
     quick: bool
+    contexts: tuple[int, ...] = (CONTEXT,)  # tokens of context the forwards start from
     llama_cpp_bin: Path | None = None  # llama.cpp's built examples: its speculative modes
     extra_drafts: tuple[str, ...] = ()  # specq drafts timed beside the registry's (gamma auto)
 
 
-def forward_ms(tool, ids: list[int], calls: int) -> float:
-    """Median ms of `calls` forwards of `ids` at CONTEXT tokens of context, after one untimed call
+def forward_ms(tool, ids: list[int], context: int, calls: int) -> float:
+    """Median ms of `calls` forwards of `ids` at `context` tokens of context, after one untimed call
     (the first call after the other tool ran pays for waking this tool's threads)."""
-    tool.timed_forward(ids, CONTEXT)
-    return statistics.median(tool.timed_forward(ids, CONTEXT) for _ in range(calls))
+    tool.timed_forward(ids, context)
+    return statistics.median(tool.timed_forward(ids, context) for _ in range(calls))
+
+
+def forward_name(n: int, context: int) -> str:
+    return f"forward {n}" if context == CONTEXT else f"forward {n} at {context}"
 
 
 def generation(run: Callable[[list[int]], tuple[list[int], float, float]], prompts: list[list[int]]) -> dict:
@@ -343,14 +349,15 @@ def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], co
     rows = []
     for weights in s.weights:
         pair = tools[weights]
-        for tool in order:  # generation (and the sanity check) used the caches since
-            pair[tool].prefill_context(context_ids[:CONTEXT], CONTEXT + max(s.sizes) + 1)
-        for n in s.sizes:
-            ids = context_ids[CONTEXT:CONTEXT + n]
-            for tool in order:
-                rows.append({**base, "tool": tool, "weights": weights, "measurement": f"forward {n}", "round": r,
-                             "ms": forward_ms(pair[tool], ids, s.calls), "calls": s.calls,
-                             "loadavg_1min": os.getloadavg()[0]})
+        for context in s.contexts:
+            for tool in order:  # generation (and the sanity check) used the caches since
+                pair[tool].prefill_context(context_ids[:context], context + max(s.sizes) + 1)
+            for n in s.sizes:
+                ids = context_ids[context:context + n]
+                for tool in order:
+                    rows.append({**base, "tool": tool, "weights": weights, "measurement": forward_name(n, context),
+                                 "round": r, "ms": forward_ms(pair[tool], ids, context, s.calls), "calls": s.calls,
+                                 "context": context, "loadavg_1min": os.getloadavg()[0]})
         outputs = {}
         for tool in order:
             for measurement, run in generation_runs(tool, pair[tool], s.tokens).items():
@@ -444,12 +451,13 @@ def warn_if_busy(threads: int) -> None:
 
 def settings(args: argparse.Namespace) -> Settings:
     extra = tuple(ref for ref in args.extra_drafts.split(",") if ref)
+    contexts = tuple(int(n) for n in args.contexts.split(","))
     if args.quick:
         return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], args.weights.split(","), args.flash_attn, True,
-                        args.llama_cpp_bin, extra)
+                        contexts, args.llama_cpp_bin, extra)
     return Settings(args.threads, args.rounds, args.tokens, args.prompts, args.calls,
                     [int(n) for n in args.sizes.split(",")], args.weights.split(","), args.flash_attn, False,
-                    args.llama_cpp_bin, extra)
+                    contexts, args.llama_cpp_bin, extra)
 
 
 def load_tools(s: Settings, n_ctx: int) -> dict:
@@ -487,6 +495,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3, help="prompts of --prompt-set")
     ap.add_argument("--calls", type=int, default=9, help="forwards per size and round (median)")
     ap.add_argument("--sizes", default="1,2,4,8,16", help="tokens per forward")
+    ap.add_argument("--contexts", default=str(CONTEXT), help="tokens of context the forwards start from, e.g. 128,1024")
     ap.add_argument("--weights", default="q4_1,f32",
                     help="q4_1 (the built-in GGUF file), f32 (it dequantized), qwen1.5b / qwen0.5b (the coder pair's files)")
     ap.add_argument("--prompt-set", default="chat", help="the bench's prompt set: chat, code, edit, gsm8k")
@@ -508,10 +517,10 @@ def main() -> None:
     warn_if_busy(s.threads)
     torch.set_num_threads(s.threads)
     out = args.out or (None if s.quick else DEFAULT_OUT)
-    tools = load_tools(s, n_ctx=1024)
+    tools = load_tools(s, n_ctx=max(1024, max(s.contexts) + max(s.sizes) + 1))
     prompts = [encode_prompt(tools[s.weights[0]]["specq"].model, p.text, p.chat)
                for p in load_set(args.prompt_set, s.prompts)]
-    context_ids = torch.randint(100, 40000, (CONTEXT + max(s.sizes),),
+    context_ids = torch.randint(100, 40000, (max(s.contexts) + max(s.sizes),),
                                 generator=torch.Generator().manual_seed(0)).tolist()
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": s.threads,
             "context": CONTEXT, "llama_cpp": llama_cpp.__version__, "flash_attn": s.flash_attn,
@@ -529,7 +538,7 @@ def main() -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows if row["round"] == r)
-    print(f"\n{s.threads} thread(s); forwards at {CONTEXT} tokens of context (median of {s.calls} calls, logits "
+    print(f"\n{s.threads} thread(s); forwards at {', '.join(map(str, s.contexts))} tokens of context (median of {s.calls} calls, logits "
           f"for every row); generation: {s.tokens} new tokens on {len(prompts)} {args.prompt_set} prompts, EOS ignored, "
           f"prefill included; medians over {s.rounds} round(s); llama.cpp flash attention "
           f"{s.flash_attn}: {flash}")

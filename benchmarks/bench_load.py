@@ -10,7 +10,8 @@ per file (the file in the page cache, the kernels compiled, the tokenizer cached
 means), each round records the seconds of `specq.load(ref)` (the kernels backend, as users get it),
 the process's VmRSS and VmHWM after its imports and after the load, and the bytes of the packed
 weights (the int8dot tensors of every `FileBlocks`; the embedding stays the file's), each beside
-the file's size. Writes one JSON row per (ref, round) to `--out` and prints medians.
+the file's size, and those bytes per file format and the kernel form it runs as. Writes one JSON row
+per (ref, round) to `--out` and prints medians.
 """
 
 from __future__ import annotations
@@ -52,12 +53,50 @@ def child(ref: str, threads: int) -> dict:
     model = specq.load(ref)
     load_s = time.perf_counter() - started
     after = memory()
-    packed = sum(m._blocks.nbytes() for m in model.net.modules() if isinstance(m, FileBlocks))
+    blocks = [m for m in model.net.modules() if isinstance(m, FileBlocks)]
+    packed = sum(m._blocks.nbytes() for m in blocks)
+    by_kind: dict[str, dict] = {}  # the file's format(s) and the kernel form they run as -> weights, bytes
+    for m in blocks:
+        w = m._blocks
+        form = f"{w.bits}-bit codes, groups of {w.group_size}{', offsets' if w.m is not None else ''}" + (
+            ", two-level scales" if w.sub is not None else "")
+        cell = by_kind.setdefault(f"{m.kind}: {form}", {"weights": 0, "bytes": 0})
+        cell["weights"] += w.out_features * w.in_features
+        cell["bytes"] += w.nbytes()
     size = Path(model.source).stat().st_size
     return {"ref": ref, "file_bytes": size, "import_s": imported, "load_s": load_s,
             "rss_after_import": before["VmRSS"], "rss": after["VmRSS"], "hwm": after["VmHWM"],
             "packed_weight_bytes": packed, "rss_per_file": after["VmRSS"] / size, "hwm_per_file": after["VmHWM"] / size,
-            "weights_per_file": packed / size, "backend": model.info.get("backend"), "threads": threads}
+            "weights_per_file": packed / size, "packed_by_kind": by_kind, "backend": model.info.get("backend"),
+            "threads": threads}
+
+
+def table(rows: list[dict]) -> str:
+    """Per file, medians over rounds: load seconds, resident and peak memory, what was resident
+    before the load (torch and specq imported) and the packed weights, each beside the file."""
+    lines = ["| model | file | load | resident after the load | peak | resident before it | packed weights |",
+             "|---|---|---|---|---|---|---|"]
+    for ref in dict.fromkeys(r["ref"] for r in rows):
+        mine = [r for r in rows if r["ref"] == ref]
+        size = mine[0]["file_bytes"]
+        med = {k: statistics.median(r[k] for r in mine) for k in ("load_s", "rss", "hwm", "rss_after_import",
+                                                                   "packed_weight_bytes")}
+        lines.append(f"| {ref} | {size / 2**20:.0f} MiB | {med['load_s']:.2f} s | {med['rss'] / 2**20:.0f} MiB "
+                     f"({med['rss'] / size:.2f}x) | {med['hwm'] / 2**20:.0f} MiB ({med['hwm'] / size:.2f}x) | "
+                     f"{med['rss_after_import'] / 2**20:.0f} MiB | {med['packed_weight_bytes'] / size:.3f}x |")
+    return "\n".join(lines)
+
+
+def forms_table(rows: list[dict]) -> str:
+    """Per file (its first round), its quantized tensors by format and the kernel form they run as:
+    weights, bytes and bits per weight."""
+    lines = ["| model | file format: kernel form | weights | packed bytes | bits per weight |", "|---|---|---|---|---|"]
+    for ref in dict.fromkeys(r["ref"] for r in rows):
+        first = next(r for r in rows if r["ref"] == ref)
+        for kind, cell in sorted(first["packed_by_kind"].items(), key=lambda kv: -kv[1]["bytes"]):
+            lines.append(f"| {ref} | {kind} | {cell['weights']:,} | {cell['bytes']:,} | "
+                         f"{8 * cell['bytes'] / cell['weights']:.2f} |")
+    return "\n".join(lines)
 
 
 def run_child(ref: str, threads: int) -> dict:

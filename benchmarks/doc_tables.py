@@ -19,7 +19,8 @@ node count);
 `llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side), `versions`
 (benchmarks/bench_versions.py's rows: two commits side by side).
 `serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
-clients, mode and --max-batch).
+clients, mode and --max-batch); `load` and `load-forms` (benchmarks/bench_load.py's rows: load time and
+memory per file; its packed weights by format).
 
     python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
     python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
@@ -134,6 +135,13 @@ def serve_batch_table(results: str) -> str:
     return load_table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
 
 
+def bench_load_table(results: str, forms: bool) -> str:
+    from bench_load import forms_table, table
+
+    rows = [json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()]
+    return forms_table(rows) if forms else table(rows)
+
+
 def render(spec: str) -> str:
     results, kind, *args = spec.split()
     options = dict(a.split("=", 1) for a in args)
@@ -149,6 +157,8 @@ def render(spec: str) -> str:
         return versions_table(results)
     if kind == "serve-batch":
         return serve_batch_table(results)
+    if kind in ("load", "load-forms"):
+        return bench_load_table(results, kind == "load-forms")
     rows = _filtered(speculative_rows(results), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")
