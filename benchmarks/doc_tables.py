@@ -21,6 +21,10 @@ node count);
 `serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
 clients, mode and --max-batch); `load` and `load-forms` (benchmarks/bench_load.py's rows: load time and
 memory per file; its packed weights by format).
+`qad` (docs/results/qad.jsonl: `part=settings`, benchmarks/qad_settings.py's short trainings;
+`part=runs`, the `specq qad` runs' held-out KL and top-1 before and after; `part=compare`,
+`specq compare` of the float target with plain and QAD targets; `part=acceptance`, the shipped
+drafts' acceptance on them).
 
     python benchmarks/doc_tables.py            # rewrite the tables in README.md and docs/*.md
     python benchmarks/doc_tables.py --check    # exit 1, with a diff, when a table is stale
@@ -142,6 +146,54 @@ def bench_load_table(results: str, forms: bool) -> str:
     return forms_table(rows) if forms else table(rows)
 
 
+def _ci(m: dict, digits: int) -> str:
+    return f"{m['mean']:.{digits}f} [{m['low']:.{digits}f}, {m['high']:.{digits}f}]"
+
+
+def qad_table(results: str, part: str) -> str:
+    """docs/results/qad.jsonl: `settings` (benchmarks/qad_settings.py's short trainings), `runs`
+    (one row per `specq qad` run: held-out KL and top-1 against the float teacher before and after)
+    `compare` (one row per `specq compare` of the float target with a quantized one: perplexities,
+    top-1 and KL with 95% CIs) or `acceptance` (benchmarks/qad_acceptance.py's rows)."""
+    rows = [json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()]
+
+    def moved(r: dict, key: str, digits: int = 3) -> str:
+        return f"{r['held_out_before'][key]:.{digits}f} -> {r['held_out_after'][key]:.{digits}f}"
+
+    if part == "settings":
+        out = ["| from | scales' lr | codes' lr | norms' lr | steps | s / step | held-out KL | held-out top-1 |",
+               "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r["kind"] == "qad_setting":
+                c = r["config"]
+                norms = c.get("vec", 0.05 * max(c["lr"], c["code_lr"]))
+                out.append(f"| {r['spec']} | {c['lr']:g} | {c['code_lr']:g} | {norms:g} | {r['steps']} | "
+                           f"{r['s_per_step']:.1f} | {moved(r, 'kl')} | {moved(r, 'top1')} |")
+    elif part == "runs":
+        out = ["| result | scales' lr | codes' lr | threads | steps | s / step | held-out KL | held-out top-1 |",
+               "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r["kind"] == "qad_run":
+                s = r["settings"]
+                out.append(f"| {r['result']} | {s['lr']:g} | {s['code_lr']:g} | {r['threads']} | {r['steps']} | "
+                           f"{r['train_s'] / max(1, r['steps']):.1f} | {moved(r, 'kl')} | {moved(r, 'top1')} |")
+    elif part == "compare":
+        out = ["| B | ppl A (fp32) | ppl B | top-1 vs fp32 | KL(A, B) |", "|---|---|---|---|---|"]
+        for r in rows:
+            if r["kind"] == "compare":
+                out.append(f"| {r['b']} | {_ci(r['ppl_a'], 1)} | {_ci(r['ppl_b'], 1)} | {_ci(r['top1'], 3)} | "
+                           f"{_ci(r['kl_ab'], 3)} |")
+    elif part == "acceptance":
+        out = ["| target | draft | acceptance rate | tau |", "|---|---|---|---|"]
+        for r in rows:
+            if r["kind"] == "qad_acceptance":
+                rate, tau = ({"mean": m, "low": lo, "high": hi} for m, lo, hi in (r["acceptance_rate"], r["tau"]))
+                out.append(f"| {r['target']} | {r['draft']} | {_ci(rate, 3)} | {_ci(tau, 2)} |")
+    else:
+        raise SystemExit(f"qad table: unknown part {part!r} (settings, runs, compare or acceptance)")
+    return "\n".join(out)
+
+
 def render(spec: str) -> str:
     results, kind, *args = spec.split()
     options = dict(a.split("=", 1) for a in args)
@@ -159,6 +211,8 @@ def render(spec: str) -> str:
         return serve_batch_table(results)
     if kind in ("load", "load-forms"):
         return bench_load_table(results, kind == "load-forms")
+    if kind == "qad":
+        return qad_table(results, options.get("part", "runs"))
     rows = _filtered(speculative_rows(results), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")

@@ -16,6 +16,7 @@ from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, arg_path
 from .errors import SpecqError
 
 _positive = arg_int(1)
+LR, CODE_LR = 0.002, 0.0  # the defaults: see docs/quantization.md (QAD) for the runs that chose them
 
 
 def add_qad_parser(sub) -> None:
@@ -42,8 +43,11 @@ def add_qad_parser(sub) -> None:
     p.add_argument("--steps", type=arg_int(0), default=2000, help="training steps (the time budget may stop sooner)")
     p.add_argument("--minutes", type=arg_float(), default=None,
                    help="time budget of the whole command: teacher data takes at most half, training the rest")
-    p.add_argument("--lr", type=arg_float(), default=0.005,
-                   help="peak learning rate of the latent codes, in grid steps per update (norms: 1/20 of it)")
+    p.add_argument("--lr", type=arg_float(), default=LR,
+                   help="peak learning rate of the group scales (their log: relative change per update; 0: they "
+                        "stay); the norms train at 1/20 of it")
+    p.add_argument("--code-lr", type=arg_float(), default=CODE_LR,
+                   help="peak learning rate of the codes, in grid steps per update (0: they stay)")
     p.add_argument("--batch", type=_positive, default=4)
     p.add_argument("--eval-every", type=_positive, default=100, help="steps between held-out evaluations")
     p.add_argument("--checkpoint-every", type=_positive, default=10)
@@ -74,8 +78,11 @@ def cmd_qad(args) -> int:
         raise SpecqError("give the float model without an @spec; the spec is the second argument")
     if args.minutes is not None and args.minutes <= 0:
         raise SpecqError(f"--minutes must be positive, got {args.minutes}")
-    if not 0 < args.lr < 1:
-        raise SpecqError(f"--lr must be in (0, 1), got {args.lr}")
+    for flag, lr in (("--lr", args.lr), ("--code-lr", args.code_lr)):
+        if not 0 <= lr < 1:
+            raise SpecqError(f"{flag} must be in [0, 1), got {lr}")
+    if args.lr == 0 and args.code_lr == 0:
+        raise SpecqError("--lr and --code-lr are both 0: nothing would train")
     if not args.texts and not args.prompts:
         raise SpecqError("no training data: give --texts and/or --prompts")
     default_work = cache_dir() / "qad" / args.model.replace("/", "_")
@@ -99,8 +106,8 @@ def cmd_qad(args) -> int:
         work = Path(args.work) if args.work else default_work
         check_run(out, work, args.force, args.resume, qad.checkpoint_name(spec))
     quantized = load(f"{name}@{plain}", backend=None)  # quantized once and cached, as any @spec
-    report = qad.run(target, quantized, spec, out, work, settings, resume=args.resume, force=args.force,
-                     since=started)
+    report = qad.run(target, quantized, spec, out, work, settings, code_lr=args.code_lr, resume=args.resume,
+                     force=args.force, since=started)
     if args.json:
         print(json.dumps(report))
         return 0

@@ -128,3 +128,18 @@ def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
     assert registry.candidates(tmp_path / "reg", "t") == []  # a folder entry needs its folder
     registry.add(tmp_path / "reg", registry.Entry("t", "fp32", "qwen2.5-coder-0.5b", builtin=True))
     assert [e.draft for _, e in registry.candidates(tmp_path / "reg", "t")] == ["qwen2.5-coder-0.5b"]
+
+
+def test_a_qad_precision_has_its_own_drafts(tmp_path):
+    """`-qad` is a precision like any other: a draft registered for it is chosen for it and for
+    nothing else; without one, the nearest shipped precision stands in."""
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    for name in ("base", "base-int4"):
+        _draft(shipped, name)
+    _draft(user, "cal-qad")
+    registry.add(shipped, registry.Entry("m", "fp32", "base"))
+    registry.add(shipped, registry.Entry("m", "int4-g64-rtn", "base-int4"))
+    registry.add(user, registry.Entry("m", "int4-g64-rtn-qad", "cal-qad"))
+    assert registry.select(shipped, user, "m", "int4-g64-rtn-qad")[::2] == (user / "cal-qad", True)
+    assert registry.select(shipped, user, "m", "int4-g64-rtn")[::2] == (shipped / "base-int4", True)
+    assert registry.select(shipped, user, "m", "int3-g64-rtn-qad")[::2] == (shipped / "base-int4", False)

@@ -47,6 +47,8 @@ def _args(files, spec: str, *extra: str) -> list[str]:
     (["{target}@int4-g32-rtn", "int4-g32-rtn"], "without an @spec"),
     (["{target}", "int4-g32-rtn", "--minutes", "0"], "--minutes"),
     (["{target}", "int4-g32-rtn", "--lr", "2"], "--lr"),
+    (["{target}", "int4-g32-rtn", "--code-lr", "-1"], "--code-lr"),
+    (["{target}", "int4-g32-rtn", "--lr", "0", "--code-lr", "0"], "nothing would train"),
     (["{target}", "int4-g32-rtn", "--texts", "--prompts"], "no training data"),
     (["{target}", "int4-g32-rtn", "--prompts", "{tmp}/missing.txt"], "missing.txt"),
     (["{target}", "int4-g32-rtn", "--out", "{tmp}/q", "--resume"], "nothing to resume"),
@@ -66,7 +68,8 @@ def test_a_qad_spec_that_is_not_built_is_one_line_naming_the_command(files, caps
 
 
 def test_qad_lowers_the_kl_keeps_the_format_and_loads_by_name(files, capsys):
-    assert main(_args(files, "int4-g32-rtn", "--steps", "40", "--text-windows", "128", "--json")) == 0
+    assert main(_args(files, "int4-g32-rtn", "--steps", "40", "--text-windows", "128", "--code-lr", "0.005",
+                      "--json")) == 0
     report = json.loads(capsys.readouterr().out)
     before, after = report["held_out_before"], report["held_out_after"]
     assert report["steps"] == 40 and after["kl"] < 0.9 * before["kl"]  # held-out text and answers
@@ -84,14 +87,15 @@ def test_qad_lowers_the_kl_keeps_the_format_and_loads_by_name(files, capsys):
     assert config["provenance"]["steps"] == 40 and config["provenance"]["from"].endswith("@int4-g32-rtn")
     assert (out / "model.safetensors").stat().st_size == (plain_dir / "model.safetensors").stat().st_size
     assert weight_bytes(tuned.net) == weight_bytes(plain.net)
-    # plain RTN is untouched by the QAD run (no collision in the cache), and training changed codes
+    # plain RTN is untouched by the QAD run (no collision in the cache), and training changed codes and scales
     fresh = quantize_model(specq.load(ref, backend=None).net, "int4-g32-rtn", progress=False)
     layers = {n: m for n, m in plain.net.named_modules() if hasattr(m, "quantized")}
-    changed = 0
+    codes = scales = 0
     for name, m in layers.items():
         assert torch.equal(m.quantized().codes, fresh.get_submodule(name).quantized().codes)
-        changed += int((tuned.net.get_submodule(name).quantized().codes != m.quantized().codes).sum())
-    assert changed > 0
+        codes += int((tuned.net.get_submodule(name).quantized().codes != m.quantized().codes).sum())
+        scales += int((tuned.net.get_submodule(name).quantized().scales != m.quantized().scales).sum())
+    assert codes > 0 and scales > 0
     # the same KL, measured again on the loaded model's packed kernels, is lower than plain RTN's
     teacher = specq.load(ref, backend=None)
     kl = dict.fromkeys((tuned.precision, plain.precision), 0.0)
@@ -109,10 +113,25 @@ def test_qad_lowers_the_kl_keeps_the_format_and_loads_by_name(files, capsys):
     assert "--force" in capsys.readouterr().err
 
 
+def test_by_default_the_scales_train_and_the_codes_stay(files, capsys):
+    assert main(_args(files, "int4-g32-rtn", "--steps", "100", "--text-windows", "128", "--json")) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["held_out_after"]["kl"] < 0.9 * report["held_out_before"]["kl"]
+    assert report["settings"]["code_lr"] == 0 and report["trained"].startswith("group scales")
+    tuned, plain = (specq.load(f"{files / 'target'}@{s}") for s in ("int4-g32-rtn-qad", "int4-g32-rtn"))
+    scales = 0
+    for name, m in plain.net.named_modules():
+        if hasattr(m, "quantized"):
+            assert torch.equal(tuned.net.get_submodule(name).quantized().codes, m.quantized().codes)
+            scales += int((tuned.net.get_submodule(name).quantized().scales != m.quantized().scales).sum())
+    assert scales > 0
+
+
 @pytest.mark.parametrize("spec", ["int4-g32-rtn", "int3-g32-rtn-head8", "int2-g32-rtn-sym", "int4-g64-awq"])
 def test_the_fake_quantized_student_is_the_exported_model(files, spec):
-    """Latents moved far (some out of the code range): the exported model's simulated logits equal
-    the student's, every code is in range, and the packed kernels agree to bf16 rounding."""
+    """Latents moved far (some out of the code range) and scales by up to 20%: the exported
+    model's simulated logits equal the student's, every code is in range, and the packed kernels
+    agree to bf16 rounding."""
     target = specq.load(str(files / "target"), backend=None)
     quantized = specq.load(f"{files / 'target'}@{spec}", backend=None)
     net = qad.student(quantized.net, target.net if "awq" not in spec else None)
@@ -121,6 +140,7 @@ def test_the_fake_quantized_student_is_the_exported_model(files, spec):
         for m in net.modules():
             if isinstance(m, qad.FakeQuantLinear):
                 m.latent.add_(torch.randn(m.latent.shape, generator=gen) * 3)
+                m.log_gain.add_((torch.rand(m.log_gain.shape, generator=gen) - 0.5) * 0.4)
         for p in net.parameters():
             if p.dim() == 1:
                 p.mul_(1 + 0.1 * torch.randn(p.shape, generator=gen))
@@ -148,6 +168,9 @@ def test_resume_continues_an_interrupted_run(files, capsys, monkeypatch):
     args = _args(files, "int4-g32-rtn", "--checkpoint-every", "2", "--json")
     monkeypatch.setattr(qad, "export", interrupted)  # training ran 4 steps, then the run stops
     assert main(args + ["--steps", "4"]) == 130
+    [ckpt] = (files / "cache").rglob("last.pt")
+    saved = torch.load(ckpt, weights_only=False)["model"]  # the frozen codes are not in it: rebuilt on resume
+    assert any(k.endswith(".log_gain") for k in saved) and not any(k.endswith(".latent") for k in saved)
     monkeypatch.undo()
     monkeypatch.setenv("SPECQ_CACHE", str(files / "cache"))
     capsys.readouterr()
@@ -176,3 +199,19 @@ def test_speculative_sampling_on_a_qad_target_follows_it(tmp_path, monkeypatch, 
         rejected += out.stats.drafted - out.stats.accepted
     assert accepted > 0 and rejected > 0
     assert chi_square_p(counts, exact, runs) > 0.001
+
+
+@pytest.mark.parametrize("codes,scales", [(False, True), (True, False), (True, True)])
+def test_gradients_reach_what_trains_and_nothing_else(files, codes, scales):
+    target = specq.load(str(files / "target"), backend=None)
+    quantized = specq.load(f"{files / 'target'}@int4-g32-rtn", backend=None)
+    net = qad.student(quantized.net, target.net, codes=codes, scales=scales)
+    ids = torch.tensor([3, 9, 27, 1, 40, 12, 5, 63])
+    torch.log_softmax(net(ids, None), -1)[:-1].gather(-1, ids[1:, None]).sum().backward()
+    layers = [m for m in net.modules() if isinstance(m, qad.FakeQuantLinear)]
+    for m in layers:
+        assert (m.latent.grad is not None and bool(m.latent.grad.abs().sum() > 0)) == codes
+        assert (m.log_gain.grad is not None and bool(m.log_gain.grad.abs().sum() > 0)) == scales
+    trained = {id(p) for g in qad.param_groups(net) for p in g["params"]}
+    assert trained == {id(p) for p in net.parameters() if p.requires_grad}
+    assert all(g["weight_decay"] == 0 for g in qad.param_groups(net))

@@ -2,15 +2,18 @@
 
 The quantized model is trained to match its own float model's next-token distributions (KL on the
 float teacher's top-k, the teacher data of `specq distill`), and is written back in exactly its
-format: same spec (plus the `-qad` marker), same bits, groups, scales and zero points, same packed
-kernels, same bytes; only code values change.
+format: same spec (plus the `-qad` marker), same bits, groups, bf16 scales and integer zero points,
+same packed kernels, same bytes; only values change.
 
-Method: the grid of the initial quantization (RTN, GPTQ or AWQ: its bf16 group scales and integer
-zero points) stays fixed. Each quantized layer's codes become continuous ("latent", in units of
-its group's step, so one learning rate fits every bit width), rounded in the forward pass with a
-straight-through gradient and clamped to the code range; the float vectors (norms, biases) train
-too. Export rounds the latents: the fake-quantized forward is the exported model's simulated
-forward, bit for bit (`tests/training/test_qad.py`).
+Method: the codes and the zero points of the initial quantization (RTN, GPTQ or AWQ) stay; what
+trains by default is each group's scale, as its initial bf16 value times exp(`log_gain`), rounded
+to bf16 in the forward pass with a straight-through gradient (so the stored scale is the one
+trained), and the float vectors (norms, biases). The codes can train too (`code_lr`): continuous
+"latent" codes, in units of the group's initial step (one rate fits every bit width), rounded in
+the forward pass with a straight-through gradient and clamped to the code range. Short runs on the
+built-in target (docs/quantization.md) chose scales: one number per group, moving smoothly, where Adam
+moving every latent flips codes by whole steps. Export rounds: the fake-quantized forward is the
+exported model's simulated forward, bit for bit (`tests/training/test_qad.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from .distill import TeacherSet, _batch, distill, divergences, evaluate
 from .train import DATA_SHARE, Budget, DistillSettings, check_run, teacher_data
 
 PULL = 0.49  # a latent starting from a float weight stays this many steps from its initial code
-VECTOR_LR_SCALE = 0.05  # norms and biases (of order 1) move this much slower than latent codes
+VECTOR_LR_SCALE = 0.05  # norms and biases (of order 1) move this much slower than the scales (or codes)
 FLOAT_START = ("rtn", "gptq")  # methods whose float weights are in the quantized layers' coordinates
 # (AWQ folds per-channel scales into norms and weights: its latents start on the grid)
 
@@ -56,12 +59,27 @@ class _RoundSTE(torch.autograd.Function):
         return grad
 
 
-class FakeQuantLinear(nn.Module):
-    """A quantized layer in training: the group scales and zero points fixed, the codes continuous
-    (`latent` [out, in], signed, in units of the group's step: w = round(latent) * scale after the
-    clamp to the code range); gradients pass the rounding straight through and stop at the clamp."""
+class _RoundBF16(torch.autograd.Function):
+    """Rounding to bfloat16 (the stored scales' precision) forward, identity backward."""
 
-    def __init__(self, qw: QuantizedWeight, bias: Tensor | None, start: Tensor | None = None):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.to(torch.bfloat16).float()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad
+
+
+class FakeQuantLinear(nn.Module):
+    """A quantized layer in training: the zero points fixed; the codes continuous (`latent`
+    [out, in], signed, in units of the group's initial step: w = round(latent) * scale after the
+    clamp to the code range; gradients pass the rounding straight through and stop at the clamp);
+    each group's scale its initial one times exp(`log_gain`) [out, groups], rounded to bf16 as
+    stored (straight through). `codes` / `scales`: which of the two train."""
+
+    def __init__(self, qw: QuantizedWeight, bias: Tensor | None, start: Tensor | None = None, *,
+                 codes: bool = True, scales: bool = True):
         """`start` [out, in]: float weights to begin from, kept within PULL of the initial codes
         (None: begin on the codes)."""
         super().__init__()
@@ -74,7 +92,9 @@ class FakeQuantLinear(nn.Module):
         latent = signed
         if start is not None:
             latent = signed + (self._grouped(start.float()) / self.scales[..., None] - signed).clamp(-PULL, PULL)
-        self.latent = nn.Parameter(latent.reshape(self.out_features, self.in_features).contiguous())
+        self.latent = nn.Parameter(latent.reshape(self.out_features, self.in_features).contiguous(),
+                                   requires_grad=codes)
+        self.log_gain = nn.Parameter(torch.zeros_like(self.scales), requires_grad=scales)
 
     @property
     def symmetric(self) -> bool:
@@ -93,41 +113,74 @@ class FakeQuantLinear(nn.Module):
             return rounded.clamp(-qmax, qmax)
         return (rounded + self._zero()).clamp(0, qmax)
 
+    def scale(self) -> Tensor:
+        """The groups' steps [out, groups] as stored: bf16 values (exactly the initial ones at gain 1)."""
+        if not self.log_gain.requires_grad and not self.log_gain.any():
+            return self.scales
+        return _RoundBF16.apply(self.scales * self.log_gain.exp())
+
+    def signed(self) -> Tensor:
+        """The codes relative to the zero point [out, groups, group], rounded and clamped."""
+        if not self.latent.requires_grad:  # frozen codes: no rounding to pass gradients through
+            with torch.no_grad():
+                return self._codes(torch.round(self._grouped(self.latent))) - self._zero()
+        return self._codes(_RoundSTE.apply(self._grouped(self.latent))) - self._zero()
+
     def weight(self) -> Tensor:
         """The fake-quantized weight [out, in]: exactly `QuantizedWeight.dequantize` of `quantized()`."""
-        codes = self._codes(_RoundSTE.apply(self._grouped(self.latent)))
-        return ((codes - self._zero()) * self.scales[..., None]).reshape(self.out_features, self.in_features)
+        return (self.signed() * self.scale()[..., None]).reshape(self.out_features, self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight(), self.bias)
+
+    # Frozen codes are the initial ones, which `student` rebuilds: a checkpoint leaves them out
+    # (4 bytes a weight, most of its size otherwise).
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if not self.latent.requires_grad:
+            del destination[prefix + "latent"]
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if not self.latent.requires_grad and prefix + "latent" in missing_keys:
+            missing_keys.remove(prefix + "latent")
 
     @torch.no_grad()
     def quantized(self) -> QuantizedWeight:
         """The rounded codes on the fixed grid, in the storage format."""
         codes = self._codes(torch.round(self._grouped(self.latent))).reshape(self.out_features, self.in_features)
-        return make_quantized(codes, self.scales, self.zeros, self.bits, self.group_size)
+        return make_quantized(codes, self.scale(), self.zeros, self.bits, self.group_size)
 
 
-def student(quantized: Llama, reference: Llama | None) -> Llama:
+def student(quantized: Llama, reference: Llama | None, *, codes: bool = True, scales: bool = True) -> Llama:
     """A trainable copy of a quantized native model: each quantized layer a `FakeQuantLinear`
-    (starting from `reference`'s float weight of the same name where given), the float vectors
-    trainable, embeddings and a float head frozen."""
+    (its codes starting from `reference`'s float weight of the same name where given, and training
+    only with `codes`; its scales training with `scales`), the float vectors trainable, embeddings
+    and a float head frozen."""
     net = backends.plain_copy(quantized)
     for p in net.parameters():
         p.requires_grad_(p.dim() == 1)
-    floats = dict(reference.named_parameters()) if reference is not None else {}
+    floats = dict(reference.named_parameters()) if reference is not None and codes else {}
     for name, m in quantized_layers(net).items():
         start = floats.get(f"{name}.weight")
-        net.set_submodule(name, FakeQuantLinear(m.quantized(), m.bias, None if start is None else start.detach()))
+        net.set_submodule(name, FakeQuantLinear(m.quantized(), m.bias, None if start is None else start.detach(),
+                                                codes=codes, scales=scales))
     return net.train()
 
 
-def param_groups(net: Llama) -> list[dict]:
-    """Latent codes at the schedule's rate, the float vectors at VECTOR_LR_SCALE of it."""
-    latents = [m.latent for m in net.modules() if isinstance(m, FakeQuantLinear)]
-    known = {id(p) for p in latents}
+def param_groups(net: Llama, code_lr_scale: float = 1.0, scale_lr_scale: float = 1.0,
+                 vector_lr_scale: float = VECTOR_LR_SCALE) -> list[dict]:
+    """Optimizer groups of what trains, each at its multiple of the schedule's rate, none decayed
+    (decay would pull codes, gains and norms towards zero)."""
+    layers = [m for m in net.modules() if isinstance(m, FakeQuantLinear)]
+    latents = [m.latent for m in layers if m.latent.requires_grad]
+    gains = [m.log_gain for m in layers if m.log_gain.requires_grad]
+    known = {id(p) for m in layers for p in (m.latent, m.log_gain)}
     vectors = [p for p in net.parameters() if p.requires_grad and id(p) not in known]
-    return [{"params": latents, "lr_scale": 1.0}, {"params": vectors, "lr_scale": VECTOR_LR_SCALE}]
+    groups = [(latents, code_lr_scale), (gains, scale_lr_scale), (vectors, vector_lr_scale)]
+    return [{"params": ps, "lr_scale": scale, "weight_decay": 0.0} for ps, scale in groups if ps]
 
 
 def export(net: Llama) -> Llama:
@@ -165,11 +218,13 @@ def checkpoint_name(spec) -> str:
 
 
 def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: DistillSettings, *,
-        resume: bool = False, force: bool = False, since: float | None = None) -> dict:
+        code_lr: float = 0.0, resume: bool = False, force: bool = False, since: float | None = None) -> dict:
     """Train `quantized` (a native model at the plain form of `spec`) towards `target` (its float
     model) and write the result to `out` as a quantized model directory at `spec` (`-qad`), with
     its provenance in quant_config.json; returns that provenance. The time budget
-    (`settings.minutes`) counts from `since` (default now): teacher data takes at most DATA_SHARE."""
+    (`settings.minutes`) counts from `since` (default now): teacher data takes at most DATA_SHARE.
+    `settings.lr`: the peak rate of the log group scales (0: they stay); `code_lr`: of the codes, in
+    grid steps (0: they stay); the norms and biases train at VECTOR_LR_SCALE of the larger."""
     since = time.monotonic() if since is None else since
     deadline = None if settings.minutes is None else since + settings.minutes * 60
     if not isinstance(target.net, Llama) or not isinstance(quantized.net, Llama):
@@ -184,20 +239,28 @@ def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: 
         print(f"specq: the time budget stopped teacher data after {data_s / 60:.1f} of {settings.minutes:g} minutes: "
               f"{budget.skipped} shards left out, training on the {len(train)} sequences there are",
               file=sys.stderr, flush=True)
-    net = student(quantized.net, target.net if spec.method in FLOAT_START else None)
+    if settings.lr <= 0 and code_lr <= 0:
+        raise SpecqError("nothing to train: give the scales or the codes a learning rate")
+    net = student(quantized.net, target.net if spec.method in FLOAT_START else None, codes=code_lr > 0,
+                  scales=settings.lr > 0)
+    lr = max(settings.lr, code_lr)  # the schedule's peak; each group at its fraction of it
     evaluated = time.monotonic()
     before = evaluate(net, held, forward=qad_forward)
     eval_s = time.monotonic() - evaluated  # the final evaluation costs as much: kept out of training's budget
     train_budget_s = None if deadline is None else max(0.0, deadline - time.monotonic() - eval_s)
     result = distill(net, train, held, steps=settings.steps, time_budget_s=train_budget_s, loss=settings.loss,
-                     lr=settings.lr, batch=settings.batch, checkpoint_dir=ckpt,
+                     lr=lr, batch=settings.batch, checkpoint_dir=ckpt,
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
-                     forward=qad_forward, groups=param_groups(net))
+                     forward=qad_forward,
+                     groups=param_groups(net, code_lr / lr, settings.lr / lr, VECTOR_LR_SCALE))
     provenance = {
         "method": "qad", "from": f"{split_ref(quantized.ref)[0]}@{quantized.precision}",
         "teacher": f"{split_ref(target.ref)[0]}@{target.precision}",
-        "trained": "latent codes on the initial grid (straight-through rounding) and the float norms and biases",
-        "settings": {k: v for k, v in asdict(settings).items() if k in SETTINGS} | settings.extra,
+        "trained": " and ".join(name for name, on in (("group scales (bf16, straight-through)", settings.lr > 0),
+                                                      ("codes (straight-through rounding)", code_lr > 0)) if on)
+        + ", the float norms and biases",
+        "settings": {k: v for k, v in asdict(settings).items() if k in SETTINGS} | {"code_lr": code_lr}
+        | settings.extra,
         "train_sequences": len(train), "train_positions": train.positions(), "held_out_positions": held.positions(),
         "teacher_data_s": round(data_s, 1), "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
         "budget": None if deadline is None else {"minutes": settings.minutes,
