@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None,
                    help="draft model ref (default: the registry's for the target's precision, see "
                         "`specq drafts which`); self@SPEC: the "
-                        "target's own weights at SPEC (e.g. self@int8-head8); refs joined by commas, cheapest "
+                        "target's own weights at SPEC (e.g. self@int8-head8); REF:window=W: a model draft that "
+                        "reads only the prompt's last W tokens; refs joined by commas, cheapest "
                         "first: a hierarchy, each level verifying the ones below; "
                         f"{ngram.NAME}[:n=N|n=MIN-MAX][:k=K]: n-gram lookup in the prompt and the text so far, no "
                         f"model (match the last N tokens, then fewer down to MIN, propose up to K; default "

@@ -1,8 +1,9 @@
 """Draft refs as users write them (`--draft`, bench configs, `specq serve`) -> what `generate` takes.
 
 A ref is one level or several joined by commas, cheapest first (a hierarchy). A level is a model
-ref (`self@SPEC`: the target's own weights at SPEC) or, as the first level only, an n-gram draft
-(`ngram[:n=N|n=MIN-MAX][:k=K]`, `+MODEL` for a model draft on the steps with no match).
+ref (`self@SPEC`: the target's own weights at SPEC; `MODEL:window=W`: drafting from the prompt's
+last W tokens) or, as the first level only, an n-gram draft (`ngram[:n=N|n=MIN-MAX][:k=K]`,
+`+MODEL` for a model draft on the steps with no match).
 `split` checks the text alone, so a bad ref fails before any model loads.
 """
 

@@ -20,12 +20,14 @@ DEFAULT_DRAFT_CONFIDENCE = 0.4
 class SequenceDrafter:
     """`min_confidence` > 0 ends a proposal early once the draft's probability for the token it
     just drafted falls below it (as transformers' assistant_confidence_threshold): a weak draft
-    then wastes fewer draft steps and verify rows. Output is unaffected: only the count changes."""
+    then wastes fewer draft steps and verify rows. Output is unaffected: only the count changes.
+    `window`: the draft reads only the prompt's last `window` tokens (its prefill costs that many,
+    not the whole prompt; its positions start there), then everything it drafts from."""
 
     needs_target_features = False
 
     def __init__(self, draft: Model, target_vocab_size: int, min_confidence: float = 0.0,
-                 tree: TreeShape | None = None):
+                 tree: TreeShape | None = None, window: int | None = None):
         self.net = draft.net
         self.vocab = target_vocab_size
         self.min_confidence = min_confidence
@@ -33,11 +35,14 @@ class SequenceDrafter:
         self.cache = None
         self.tree_start: int | None = None  # where the last tree's rows begin in the cache
         self.base = 0  # len(seq) at the last proposal
+        self.window = window
+        self.skipped = 0  # prompt tokens before the window: seq[i] sits at cache row i - skipped
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
-        self.cache = self.net.new_cache(capacity + (self.tree.topk * self.tree.depth if self.tree else 0))
-        if prompt.shape[0] > 1:  # the last prompt token is fed with the first proposal
-            self.net(prompt[:-1], self.cache)
+        self.skipped = max(0, prompt.shape[0] - 1 - self.window) if self.window else 0
+        self.cache = self.net.new_cache(capacity - self.skipped + (self.tree.topk * self.tree.depth if self.tree else 0))
+        if prompt.shape[0] - self.skipped > 1:  # the last prompt token is fed with the first proposal
+            self.net(prompt[self.skipped:-1], self.cache)
 
     def nodes(self, gamma: int) -> int:
         return self.tree.size if self.tree else gamma
@@ -53,7 +58,7 @@ class SequenceDrafter:
 
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
-        pending = torch.tensor(seq[self.cache.length:], dtype=torch.long)
+        pending = torch.tensor(seq[self.skipped + self.cache.length:], dtype=torch.long)
         self.base = len(seq)  # the proposal's first token goes to position base
         if self.tree:
             return self._tree(pending, gamma)
@@ -82,6 +87,6 @@ class SequenceDrafter:
     def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
         """A chain's rows are in sequence order and the rows of its accepted tokens (`path`) stay;
         a tree's rows are dropped (the accepted path is fed again with the next proposal)."""
-        keep = self.base + len(path) if self.tree_start is None else self.tree_start
-        self.cache.crop(min(self.cache.length, keep, length))
+        keep = self.base + len(path) - self.skipped if self.tree_start is None else self.tree_start
+        self.cache.crop(min(self.cache.length, keep, length - self.skipped))
         self.tree_start = None

@@ -9,6 +9,8 @@ against its target and how it is saved (training: `training/students.py`).
 | `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               | `FeatureDrafter`  |
 | `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    | `SequenceDrafter` |
 
+A model draft (sequence or self) named `REF:window=W` drafts from the prompt's last W tokens.
+
 `load` here is `specq.load`: any ref, a target's or a draft's. Only a `Model` can be a target.
 """
 
@@ -37,7 +39,7 @@ from . import folders, hf, loader, precision, validate
 from .builtins import local_path
 from .drafts import resolve_draft_ref
 from .model import Draft, Kind, Model
-from .refs import SELF, parts, split_ref
+from .refs import SELF, parts, split_ref, split_window
 from .save import write_native
 
 
@@ -53,7 +55,7 @@ def _sequence_drafter(draft, target: Model, min_confidence: float, tree: TreeSha
     _trees_need_a_native(target, tree)
     if tree is not None and not isinstance(draft.net, Llama):
         raise SpecqError(f"token trees need a Llama-architecture draft on specq's own module, not '{draft.ref}'")
-    return SequenceDrafter(draft, target.vocab_size, min_confidence, tree)
+    return SequenceDrafter(draft, target.vocab_size, min_confidence, tree, draft.info.get("draft_window"))
 
 
 def _sequence_rows(net, ids: Tensor, cache):
@@ -191,8 +193,18 @@ def as_kind(kind: Kind, model: Model) -> Model | Draft:
 def load(ref: str, backend: str | None = backends.DEFAULT, target: Model | str | None = None):
     """Load any ref: a model (a target, or a sequence draft: a `Model`), or a draft of another kind
     (`self@SPEC` needs `target`: a loaded target or its ref; an n-gram draft loads its fallback
-    model only). `backend`: as `loader.load` (None: no backend yet, for code that trains or saves)."""
-    return recognize(ref).load(ref, backend, target)
+    model only). `backend`: as `loader.load` (None: no backend yet, for code that trains or saves).
+    `MODEL:window=W` is MODEL drafting from the prompt's last W tokens (`refs.split_window`)."""
+    base, window = split_window(ref)
+    kind = recognize(base)
+    if window is not None and kind not in (SEQUENCE, SELF_KIND):
+        raise SpecqError(f"'{ref}': a window applies to model drafts (a model, self@SPEC), not to {kind.about}")
+    loaded = kind.load(base, backend, target)
+    if window is None:
+        return loaded
+    model = replace(loaded if kind.is_model else loaded.model, ref=ref,
+                    info={**(loaded if kind.is_model else loaded.model).info, "draft_window": window})
+    return as_kind(kind, model)
 
 
 def save(draft: Model | Draft, out: Path | str, info: dict | None = None) -> None:

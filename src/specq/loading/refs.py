@@ -39,10 +39,28 @@ def parts(ref: str) -> tuple[str, str]:
     return name, spec
 
 
+WINDOW = ":window="  # MODEL:window=W, a model draft that reads only the prompt's last W tokens
+
+
+def split_window(ref: str) -> tuple[str, int | None]:
+    """`MODEL:window=W` -> (MODEL, W); any other ref -> (ref, None). Why a window: a draft model
+    pays for its own prefill of the whole prompt, a cost plain decoding does not have; a draft that
+    reads only the prompt's end drafts from less context for a fraction of that cost, and since the
+    target verifies every token the output is the same."""
+    if not isinstance(ref, str):
+        return ref, None  # `parts` says what a ref must be
+    base, sep, value = ref.rpartition(WINDOW)
+    if not sep:
+        return ref, None
+    if not (value.isascii() and value.isdigit() and int(value) > 0) or not base.strip():
+        raise SpecqError(f"draft '{ref}': write MODEL{WINDOW}W with W a whole number of tokens above 0")
+    return base, int(value)
+
+
 def check_ref(ref: str) -> None:
     """What `load` checks before reading any weights: the ref's form, its precision and a local
     folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
-    name, spec = parts(ref)
+    name, spec = parts(split_window(ref)[0])
     file_spec.parse(spec) if file_spec.names_file(spec) else precision.parse(spec)
     path = Path(name).expanduser()
     if name not in BUILTINS and name != SELF and path.is_dir():

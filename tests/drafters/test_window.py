@@ -1,0 +1,79 @@
+"""Model drafts that read only the prompt's last W tokens (`MODEL:window=W`): the target's output
+unchanged (greedy token for token, sampling in distribution, drafts accepted and rejected), the
+draft's prefill cut to the window, and a bad window refused before any model loads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specq import generate
+from specq.cli import main
+from specq.core.sampling import SamplingConfig
+from specq.drafters import SequenceDrafter
+from specq.errors import SpecqError
+from specq.loading import kinds
+from specq.loading.refs import split_window
+from specq.loading.save import save_native
+
+from conftest import _exact_sequence_distribution, chi_square_p, perturbed, tiny_model
+
+
+def windowed(model, window: int):
+    return replace(model, ref=f"{model.ref}:window={window}", info={**model.info, "draft_window": window})
+
+
+def test_a_windowed_draft_keeps_greedy_output_and_drafts_from_the_window():
+    target = tiny_model(scale=3.0)
+    draft = windowed(perturbed(target, 0.05), 2)
+    drafter = kinds.for_pair(draft, target)
+    assert isinstance(drafter, SequenceDrafter) and drafter.window == 2
+    prompt = [7, 7, 8, 9, 10, 11]
+    accepted = rejected = 0
+    for ids in ([1, 2, 3], [5], prompt, prompt * 4):
+        base = generate(target, ids, max_new_tokens=24)
+        spec = generate(target, ids, draft, gamma=4, max_new_tokens=24)
+        assert spec.token_ids == base.token_ids and len(base.token_ids) == 24
+        accepted += spec.stats.accepted
+        rejected += spec.stats.drafted - spec.stats.accepted
+    assert accepted > 0 and rejected > 0
+    drafter.start(torch.tensor(prompt * 4), 64)  # 24 prompt tokens: the draft reads the 2 before the last
+    assert drafter.skipped == 21 and drafter.cache.length == 2
+
+
+def test_a_windowed_draft_samples_the_targets_distribution():
+    """A window of 1 drafts from much less than the target sees; with its drafts accepted and
+    rejected, the first three sampled tokens follow the target's joint distribution (chi-square)."""
+    prompt = [1, 2, 3, 4]
+    target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
+    draft = windowed(tiny_model(vocab=5, hidden=16, scale=1.5, seed=12), 1)
+    exact = _exact_sequence_distribution(target, prompt, 3, SamplingConfig(temperature=1.0))
+    runs, counts, rejected = 1000, dict.fromkeys(exact, 0), 0
+    for seed in range(runs):
+        out = generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=1.0, seed=seed,
+                       draft_confidence=0.0)
+        counts[tuple(out.token_ids)] += 1
+        rejected += out.stats.drafted - out.stats.accepted
+    assert rejected > runs // 5
+    assert chi_square_p(counts, exact, runs) > 0.001
+
+
+def test_the_window_is_read_from_the_ref(tmp_path):
+    save_native(tiny_model(), tmp_path / "draft")
+    draft = kinds.load(f"{tmp_path / 'draft'}:window=16")
+    assert draft.info["draft_window"] == 16 and draft.ref.endswith(":window=16")
+    assert split_window("smollm2-135m@int8") == ("smollm2-135m@int8", None)
+    for bad in ("x:window=0", "x:window=-3", "x:window=abc", ":window=4"):
+        with pytest.raises(SpecqError, match="window"):
+            split_window(bad)
+    with pytest.raises(SpecqError, match="applies to model drafts"):
+        kinds.load("ngram:window=8")
+
+
+@pytest.mark.parametrize("draft", ["smollm2-135m:window=0", "smollm2-135m:window=x", "ngram+smollm2-135m:window="])
+def test_a_bad_window_is_one_line_and_exit_2_before_any_model_loads(draft, capsys):
+    code = main(["generate", "t1", "--target", "smollm2-135m", "--draft", draft, "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and "window" in err, err
