@@ -146,7 +146,7 @@ def bench_load_table(results: str, forms: bool) -> str:
     return forms_table(rows) if forms else table(rows)
 
 
-def _ci(m: dict, digits: int) -> str:
+def _mean_ci(m: dict, digits: int) -> str:
     return f"{m['mean']:.{digits}f} [{m['low']:.{digits}f}, {m['high']:.{digits}f}]"
 
 
@@ -181,14 +181,14 @@ def qad_table(results: str, part: str) -> str:
         out = ["| B | ppl A (fp32) | ppl B | top-1 vs fp32 | KL(A, B) |", "|---|---|---|---|---|"]
         for r in rows:
             if r["kind"] == "compare":
-                out.append(f"| {r['b']} | {_ci(r['ppl_a'], 1)} | {_ci(r['ppl_b'], 1)} | {_ci(r['top1'], 3)} | "
-                           f"{_ci(r['kl_ab'], 3)} |")
+                out.append(f"| {r['b']} | {_mean_ci(r['ppl_a'], 1)} | {_mean_ci(r['ppl_b'], 1)} | {_mean_ci(r['top1'], 3)} | "
+                           f"{_mean_ci(r['kl_ab'], 3)} |")
     elif part == "acceptance":
         out = ["| target | draft | acceptance rate | tau |", "|---|---|---|---|"]
         for r in rows:
             if r["kind"] == "qad_acceptance":
                 rate, tau = ({"mean": m, "low": lo, "high": hi} for m, lo, hi in (r["acceptance_rate"], r["tau"]))
-                out.append(f"| {r['target']} | {r['draft']} | {_ci(rate, 3)} | {_ci(tau, 2)} |")
+                out.append(f"| {r['target']} | {r['draft']} | {_mean_ci(rate, 3)} | {_mean_ci(tau, 2)} |")
     else:
         raise SystemExit(f"qad table: unknown part {part!r} (settings, runs, compare or acceptance)")
     return "\n".join(out)
