@@ -134,10 +134,25 @@ def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: 
     return probs
 
 
+def sampled_outputs(target: Model, draft, prompt: list[int], runs: int, **options) -> tuple[dict, int]:
+    """(how often each 3-token output came, drafts rejected) over `runs` seeded samplings at
+    temperature 1 with gamma 2 and no early stop (`options` may add or override)."""
+    from specq import generate
+
+    counts, rejected = {}, 0
+    for seed in range(runs):
+        out = generate(target, prompt, draft, **{"gamma": 2, "max_new_tokens": 3, "temperature": 1.0, "seed": seed,
+                                                 "draft_confidence": 0.0, **options})
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+        rejected += out.stats.drafted - out.stats.accepted
+    return counts, rejected
+
+
 def chi_square_p(counts: dict, exact: dict, runs: int) -> float:
     """p-value of sampled sequence counts against the exact distribution (cells expected below 5
     pooled); asserts first that no sequence the target cannot produce was sampled."""
-    cells = [(counts[k], exact[k] * runs) for k in exact]
+    assert set(counts) <= set(exact)
+    cells = [(counts.get(k, 0), exact[k] * runs) for k in exact]
     assert sum(c for c, e in cells if e == 0) == 0  # never a token the target cannot produce
     big = [(c, e) for c, e in cells if e >= 5]
     small = [(c, e) for c, e in cells if 0 < e < 5]
@@ -185,13 +200,13 @@ def _config():
     return SamplingConfig(temperature=1.0)
 
 
-def assert_speculative_is_plain(target: Model, draft: Model) -> None:
-    """Greedy speculative output equals plain output on three prompts, with drafts both accepted and
+def assert_speculative_is_plain(target: Model, draft: Model, prompts: tuple = ([1, 2, 3], [5], [7, 7, 8, 9, 10, 11])) -> None:
+    """Greedy speculative output equals plain output on each prompt, with drafts both accepted and
     rejected (so both paths ran)."""
     from specq import generate
 
     accepted = rejected = 0
-    for prompt in ([1, 2, 3], [5], [7, 7, 8, 9, 10, 11]):
+    for prompt in prompts:
         base = generate(target, prompt, max_new_tokens=24)
         spec = generate(target, prompt, draft, gamma=4, max_new_tokens=24)
         assert spec.token_ids == base.token_ids and len(base.token_ids) == 24

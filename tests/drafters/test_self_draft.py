@@ -7,7 +7,7 @@ from specq import generate
 from specq.drafters import TreeShape
 from specq.loading.drafts import resolve_draft_ref
 
-from conftest import _config, _exact_sequence_distribution, _self_draft, chi_square_p, tiny_model
+from conftest import _config, _exact_sequence_distribution, _self_draft, chi_square_p, sampled_outputs, tiny_model
 
 
 def test_self_refs_name_the_target_at_the_spec():
@@ -37,12 +37,8 @@ def test_self_speculative_sampling_follows_the_target():
     target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
     draft = _self_draft(target)
     exact = _exact_sequence_distribution(target, prompt, 3, _config())
-    runs, counts, rejected = 2000, dict.fromkeys(exact, 0), 0
-    for seed in range(runs):
-        out = generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=1.0, seed=seed,
-                       draft_confidence=0.0)
-        counts[tuple(out.token_ids)] += 1
-        rejected += out.stats.drafted - out.stats.accepted
+    runs = 2000
+    counts, rejected = sampled_outputs(target, draft, prompt, runs)
     assert rejected > 0  # int8 weights move the distribution a little: rejections do happen
     assert chi_square_p(counts, exact, runs) > 0.001
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specq import generate
 from specq.cli import main
 from specq.core.sampling import SamplingConfig
 from specq.drafters import SequenceDrafter
@@ -18,7 +17,8 @@ from specq.loading import kinds
 from specq.loading.refs import split_window
 from specq.loading.save import save_native
 
-from conftest import _exact_sequence_distribution, chi_square_p, perturbed, tiny_model
+from conftest import (_exact_sequence_distribution, assert_speculative_is_plain, chi_square_p, perturbed,
+                      sampled_outputs, tiny_model)
 
 
 def windowed(model, window: int):
@@ -31,14 +31,7 @@ def test_a_windowed_draft_keeps_greedy_output_and_drafts_from_the_window():
     drafter = kinds.for_pair(draft, target)
     assert isinstance(drafter, SequenceDrafter) and drafter.window == 2
     prompt = [7, 7, 8, 9, 10, 11]
-    accepted = rejected = 0
-    for ids in ([1, 2, 3], [5], prompt, prompt * 4):
-        base = generate(target, ids, max_new_tokens=24)
-        spec = generate(target, ids, draft, gamma=4, max_new_tokens=24)
-        assert spec.token_ids == base.token_ids and len(base.token_ids) == 24
-        accepted += spec.stats.accepted
-        rejected += spec.stats.drafted - spec.stats.accepted
-    assert accepted > 0 and rejected > 0
+    assert_speculative_is_plain(target, draft, ([1, 2, 3], [5], prompt, prompt * 4))
     drafter.start(torch.tensor(prompt * 4), 64)  # 24 prompt tokens: the draft reads the 2 before the last
     assert drafter.skipped == 21 and drafter.cache.length == 2
 
@@ -50,12 +43,8 @@ def test_a_windowed_draft_samples_the_targets_distribution():
     target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
     draft = windowed(tiny_model(vocab=5, hidden=16, scale=1.5, seed=12), 1)
     exact = _exact_sequence_distribution(target, prompt, 3, SamplingConfig(temperature=1.0))
-    runs, counts, rejected = 1000, dict.fromkeys(exact, 0), 0
-    for seed in range(runs):
-        out = generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=1.0, seed=seed,
-                       draft_confidence=0.0)
-        counts[tuple(out.token_ids)] += 1
-        rejected += out.stats.drafted - out.stats.accepted
+    runs = 1000
+    counts, rejected = sampled_outputs(target, draft, prompt, runs)
     assert rejected > runs // 5
     assert chi_square_p(counts, exact, runs) > 0.001
 
