@@ -4,6 +4,9 @@ each draft precision (`loading/file_spec.py`), greedy, on the bench's code and e
     python benchmarks/bench_coder_drafts.py [--drafts gguf,gguf-head32k,...] [--prompts 4] [--threads 2]
     python benchmarks/bench_coder_drafts.py --summary   # a Markdown table of --out
 
+A `--drafts` item is a precision of the 0.5B, or a whole ref (with `@`): another model, such as the
+1.5B itself at fewer bits (a draft of the target's size).
+
 Acceptance (tau = emitted tokens per verify pass, acceptance rate = accepted / drafted) is
 deterministic given the files, so it can be measured on a busy machine; the step times (`step`
 rows: the draft's 1-token step at a 128-token context, median of --calls) and tok/s are only
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -70,10 +74,11 @@ def main() -> None:
     write({"kind": "step", "model": TARGET, "ms": step_ms(target, args.calls)})
     plain = {}
     for spec in args.drafts.split(","):
+        ref = spec if "@" in spec else f"{DRAFT}@{spec}"
         started = time.perf_counter()
-        draft = specq.load(f"{DRAFT}@{spec}")
-        write({"kind": "load", "model": f"{DRAFT}@{spec}", "s": time.perf_counter() - started})
-        write({"kind": "step", "model": f"{DRAFT}@{spec}", "ms": step_ms(draft, args.calls)})
+        draft = specq.load(ref)
+        write({"kind": "load", "model": ref, "s": time.perf_counter() - started})
+        write({"kind": "step", "model": ref, "ms": step_ms(draft, args.calls), "bytes": _bytes_read(draft)})
         for name, tasks in SETS.items():
             for i, prompt in enumerate(tasks[:args.prompts]):
                 for gamma in map(int, args.gammas.split(",")):
@@ -92,22 +97,49 @@ def main() -> None:
         del draft
 
 
-def summary(path: Path) -> None:
-    """Per draft and gamma: tau and acceptance pooled over the runs of each prompt set, the draft's
-    step, and whether every output was the target's."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    steps = {r["model"].rpartition("@")[2]: r["ms"] for r in rows if r["kind"] == "step" and "@" in r["model"]}
+def _bytes_read(model) -> int:
+    """The bytes of weights a step of `model` reads, as `weight_bytes` counts them, less a float
+    embedding table (a step reads one row of it; a GGUF file's stays in the file, uncounted)."""
+    from specq.weights.quant.apply import weight_bytes
+
+    embedding = getattr(model.net, "tok_embeddings", None)
+    tied = embedding is not None and getattr(model.net, "output", None) is not None and \
+        getattr(model.net.output, "weight", None) is embedding.weight
+    table = sum(p.nbytes for p in embedding.parameters()) if embedding is not None and not tied else 0
+    return weight_bytes(model.net).executed - table
+
+
+def _pooled_ci(group: list[dict], rounds: int = 2000) -> tuple[float, float, float]:
+    """The acceptance rate pooled over the runs (accepted / drafted) and a 95% bootstrap interval
+    over the runs (prompts), seeded."""
+    rng = random.Random(0)
+    rate = lambda g: sum(r["accepted"] for r in g) / max(1, sum(r["drafted"] for r in g))  # noqa: E731
+    boot = sorted(rate([rng.choice(group) for _ in group]) for _ in range(rounds))
+    return rate(group), boot[int(0.025 * rounds)], boot[int(0.975 * rounds) - 1]
+
+
+def table(rows: list[dict]) -> str:
+    """Per draft and gamma: tau and acceptance pooled over the runs of each prompt set (with a 95%
+    bootstrap interval over prompts), the draft's step and the bytes it reads, and whether every
+    output was the target's."""
+    steps = {r["model"]: r for r in rows if r["kind"] == "step"}
     runs = [r for r in rows if r["kind"] == "run"]
-    print("| draft | gamma | set | runs | tau | acceptance | same as plain | draft step ms | draft ms per drafted token |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    lines = ["| draft | gamma | set | runs | tau | acceptance [95% CI] | same as plain | draft step ms | MB a step reads |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for key in sorted({(r["draft"], r["gamma"], r["set"]) for r in runs}, key=lambda k: (k[1], k[2], k[0])):
         group = [r for r in runs if (r["draft"], r["gamma"], r["set"]) == key]
         tau = sum(r["emitted"] for r in group) / sum(r["steps"] for r in group)
-        rate = sum(r["accepted"] for r in group) / sum(r["drafted"] for r in group)
+        rate, low, high = _pooled_ci(group)
         same = all(r["same_as_plain"] for r in group)
-        per_token = statistics.median(1000 * r["draft_s"] / r["drafted"] for r in group)
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | {rate:.3f} | {same} | "
-              f"{steps.get(key[0], float('nan')):.1f} | {per_token:.1f} |")
+        step = steps.get(key[0] if "@" in key[0] else f"{DRAFT}@{key[0]}", {})
+        mb = f"{step['bytes'] / 1e6:.0f}" if step.get("bytes") else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | {rate:.3f} [{low:.3f}, {high:.3f}] | "
+                     f"{same} | {step.get('ms', float('nan')):.1f} | {mb} |")
+    return "\n".join(lines)
+
+
+def summary(path: Path) -> None:
+    print(table([json.loads(line) for line in path.read_text().splitlines()]))
 
 
 def _loadavg() -> float:

@@ -23,7 +23,8 @@ Measurements, per weights and round:
   its `llama-speculative-simple` example run once per prompt on the same files, threads and prompt
   ids (as text with its special tokens), greedy (`--temp 0`); tokens/s is its own encode + decode
   time (load excluded), and it stops at EOS where the other rows ignore it.
-Every generation row also has `decode_tokens_per_s` (prefill excluded).
+Every generation row also has `decode_tokens_per_s` (prefill excluded); the table's `prefill` line is
+the prompt tokens per second of prefill in plain generation.
 
 llama.cpp runs through its Python binding's C functions (`llama_decode` on a batch; a plain greedy
 loop with an argmax over the last logits), which is llama.cpp's own speed minus a few microseconds
@@ -405,7 +406,20 @@ def summary(rows: list[dict]) -> str:
         unit = " ms" if forward else " tok/s"
         lines.append(f"| {weights} | {measurement} | {_median(theirs, unit) if measurement == ref_measurement else '-'} | "
                      f"{_median(mine, unit)} | {ratio} |")
+        if measurement == "generate plain":
+            lines.append(prefill_line(rows, weights))
     return "\n".join(lines)
+
+
+def prefill_line(rows: list[dict], weights: str) -> str:
+    """The prompts' prefill in plain generation, prompt tokens per second of prefill time: medians
+    over rounds, and of the rounds' specq / llama.cpp ratios (above 1: specq is faster)."""
+    rate = {tool: {r["round"]: sum(p["prompt_tokens"] for p in r["per_prompt"]) / sum(p["prefill_s"] for p in r["per_prompt"])
+                   for r in rows if (r["tool"], r["weights"], r["measurement"]) == (tool, weights, "generate plain")}
+            for tool in ("llama.cpp", "specq")}
+    ratios = [rate["specq"][k] / rate["llama.cpp"][k] for k in rate["specq"] if k in rate["llama.cpp"]]
+    return (f"| {weights} | prefill (of generate plain) | {_median(rate['llama.cpp'], ' tok/s')} | "
+            f"{_median(rate['specq'], ' tok/s')} | {statistics.median(ratios):.2f} |")
 
 
 def _median(values: dict, unit: str) -> str:
