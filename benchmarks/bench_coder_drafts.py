@@ -120,21 +120,19 @@ def _pooled_ci(group: list[dict], rounds: int = 2000) -> tuple[float, float, flo
 
 def table(rows: list[dict]) -> str:
     """Per draft and gamma: tau and acceptance pooled over the runs of each prompt set (with a 95%
-    bootstrap interval over prompts), the draft's step and the bytes it reads, and whether every
-    output was the target's."""
+    bootstrap interval over prompts), the draft's step, and whether every output was the target's."""
     steps = {r["model"]: r for r in rows if r["kind"] == "step"}
     runs = [r for r in rows if r["kind"] == "run"]
-    lines = ["| draft | gamma | set | runs | tau | acceptance [95% CI] | same as plain | draft step ms | MB a step reads |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| draft | gamma | set | runs | tau | acceptance [95% CI] | same as plain | draft step ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for key in sorted({(r["draft"], r["gamma"], r["set"]) for r in runs}, key=lambda k: (k[1], k[2], k[0])):
         group = [r for r in runs if (r["draft"], r["gamma"], r["set"]) == key]
         tau = sum(r["emitted"] for r in group) / sum(r["steps"] for r in group)
         rate, low, high = _pooled_ci(group)
         same = all(r["same_as_plain"] for r in group)
         step = steps.get(key[0] if "@" in key[0] else f"{DRAFT}@{key[0]}", {})
-        mb = f"{step['bytes'] / 1e6:.0f}" if step.get("bytes") else "-"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | {rate:.3f} [{low:.3f}, {high:.3f}] | "
-                     f"{same} | {step.get('ms', float('nan')):.1f} | {mb} |")
+                     f"{same} | {step.get('ms', float('nan')):.1f} |")
     return "\n".join(lines)
 
 

@@ -20,7 +20,8 @@ node count);
 (benchmarks/bench_versions.py's rows: two commits side by side).
 `serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
 clients, mode and --max-batch); `load` and `load-forms` (benchmarks/bench_load.py's rows: load time and
-memory per file; its packed weights by format).
+memory per file; its packed weights by format); `coder-drafts` (benchmarks/bench_coder_drafts.py's
+rows: acceptance of drafts for the 1.5B coder target, with CIs).
 `qad` (docs/results/qad.jsonl: `part=settings`, benchmarks/qad_settings.py's short trainings;
 `part=runs`, the `specq qad` runs' held-out KL and top-1 before and after; `part=compare`,
 `specq compare` of the float target with plain and QAD targets; `part=acceptance`, the shipped
@@ -194,6 +195,12 @@ def qad_table(results: str, part: str) -> str:
     return "\n".join(out)
 
 
+def coder_drafts_table(results: str) -> str:
+    from bench_coder_drafts import table
+
+    return table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+
+
 def render(spec: str) -> str:
     results, kind, *args = spec.split()
     options = dict(a.split("=", 1) for a in args)
@@ -209,6 +216,8 @@ def render(spec: str) -> str:
         return versions_table(results)
     if kind == "serve-batch":
         return serve_batch_table(results)
+    if kind == "coder-drafts":
+        return coder_drafts_table(results)
     if kind in ("load", "load-forms"):
         return bench_load_table(results, kind == "load-forms")
     if kind == "qad":
