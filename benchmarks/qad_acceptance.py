@@ -13,7 +13,6 @@ made first (`specq qad smollm2-135m SPEC`).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -23,6 +22,8 @@ import torch
 import specq
 from specq import data
 from specq.training.calibrate import acceptance
+
+from qad_settings import emit
 
 
 def main() -> int:
@@ -46,10 +47,7 @@ def main() -> int:
                    "target": f"smollm2-135m@{spec}", "draft": ref, "backend": args.backend, "gamma": args.gamma,
                    "prompts": len(prompts), "max_new_tokens": args.tokens, "threads": torch.get_num_threads(),
                    **{k: result[k] for k in ("acceptance_rate", "tau")}}
-            print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(row, args.out)
     return 0
 
 

@@ -70,11 +70,16 @@ def main() -> int:
                "steps": result["steps"], "s_per_step": round(result["elapsed_s"] / result["steps"], 2),
                "grad_median": grads, "held_out_positions": held.positions(), "held_out_before": before,
                "held_out_after": result["held_out"], "threads": torch.get_num_threads()}
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit(row, args.out)
     return 0
+
+
+def emit(row: dict, out: str | None) -> None:
+    """Print a result row as a JSON line, and append it to `out` when given."""
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
