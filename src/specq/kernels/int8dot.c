@@ -381,11 +381,9 @@ static inline __attribute__((always_inline)) void wide_panel(
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0, group = 0, left = per_group; b < blocks; b++) {
         const __m512i *wb = (const __m512i *)(wq + (size_t)b * block_bytes);
-        if (rows > 1) {  /* more arithmetic per byte than a lone row: the hardware prefetcher lags */
-            FULLY
-            for (size_t at = 0; at < block_bytes; at += 64)
-                _mm_prefetch((const char *)wb + PREFETCH_AHEAD + at, _MM_HINT_T0);
-        }
+        FULLY  /* the hardware prefetcher alone lags behind the unpacking and the products, one row's too */
+        for (size_t at = 0; at < block_bytes; at += 64)
+            _mm_prefetch((const char *)wb + PREFETCH_AHEAD + at, _MM_HINT_T0);
         __m512i w[8];  /* dword i of the block's activations meets w[i] */
         if (bits == 4) {
             FULLY
