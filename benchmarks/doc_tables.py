@@ -103,6 +103,11 @@ def summary_table(rows: list[dict], baselines: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def jsonl(results: str) -> list[dict]:
+    """The rows of a JSON-lines results file (a path from the repository root)."""
+    return [json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()]
+
+
 def calibration_table(results: str, order: list[str]) -> str:
     from calibration_experiment import table
 
@@ -113,37 +118,37 @@ def calibration_table(results: str, order: list[str]) -> str:
 def verify_table(results: str) -> str:
     from bench_verify import table
 
-    return table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+    return table(jsonl(results))
 
 
 def tree_verify_table(results: str) -> str:
     from bench_tree_verify import table
 
-    return table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+    return table(jsonl(results))
 
 
 def llamacpp_table(results: str) -> str:
     from bench_llamacpp import summary
 
-    return summary([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+    return summary(jsonl(results))
 
 
 def versions_table(results: str) -> str:
     from bench_versions import summary
 
-    return summary([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+    return summary(jsonl(results))
 
 
 def serve_batch_table(results: str) -> str:
     from bench_serve import load_table
 
-    return load_table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+    return load_table(jsonl(results))
 
 
 def bench_load_table(results: str, forms: bool) -> str:
     from bench_load import forms_table, table
 
-    rows = [json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()]
+    rows = jsonl(results)
     return forms_table(rows) if forms else table(rows)
 
 
@@ -156,7 +161,7 @@ def qad_table(results: str, part: str) -> str:
     (one row per `specq qad` run: held-out KL and top-1 against the float teacher before and after)
     `compare` (one row per `specq compare` of the float target with a quantized one: perplexities,
     top-1 and KL with 95% CIs) or `acceptance` (benchmarks/qad_acceptance.py's rows)."""
-    rows = [json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()]
+    rows = jsonl(results)
 
     def moved(r: dict, key: str, digits: int = 3) -> str:
         return f"{r['held_out_before'][key]:.{digits}f} -> {r['held_out_after'][key]:.{digits}f}"
@@ -198,7 +203,7 @@ def qad_table(results: str, part: str) -> str:
 def coder_drafts_table(results: str) -> str:
     from bench_coder_drafts import table
 
-    return table([json.loads(line) for line in (ROOT / results).read_text().splitlines() if line.strip()])
+    return table(jsonl(results))
 
 
 def render(spec: str) -> str:

@@ -200,7 +200,8 @@ def _config():
     return SamplingConfig(temperature=1.0)
 
 
-def assert_speculative_is_plain(target: Model, draft: Model, prompts: tuple = ([1, 2, 3], [5], [7, 7, 8, 9, 10, 11])) -> None:
+def assert_speculative_is_plain(target: Model, draft: Model,
+                                prompts: tuple = ([1, 2, 3], [5], [7, 7, 8, 9, 10, 11])) -> None:
     """Greedy speculative output equals plain output on each prompt, with drafts both accepted and
     rejected (so both paths ran)."""
     from specq import generate

@@ -84,9 +84,9 @@ HELP = {
     "targets": "target model refs, optionally name@spec",
     "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, ...)",
     "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the target's "
-              "own weights at SPEC), REF:window=W (a model draft reading the prompt's last W tokens), ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the draft "
-              "length), ngram+REF (the model REF where nothing matches), or refs joined by commas, cheapest first "
-              "(a hierarchy)",
+              "own weights at SPEC), REF:window=W (a model draft reading the prompt's last W tokens), "
+              "ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the draft length), ngram+REF (the "
+              "model REF where nothing matches), or refs joined by commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (each step's length chosen from measured "
               "costs, up to 4)"),

@@ -40,7 +40,8 @@ class SequenceDrafter:
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
         self.skipped = max(0, prompt.shape[0] - 1 - self.window) if self.window else 0
-        self.cache = self.net.new_cache(capacity - self.skipped + (self.tree.topk * self.tree.depth if self.tree else 0))
+        tree_rows = self.tree.topk * self.tree.depth if self.tree else 0
+        self.cache = self.net.new_cache(capacity - self.skipped + tree_rows)
         if prompt.shape[0] - self.skipped > 1:  # the last prompt token is fed with the first proposal
             self.net(prompt[self.skipped:-1], self.cache)
 

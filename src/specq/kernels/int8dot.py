@@ -116,16 +116,27 @@ def panel_major(t: Tensor, width: int) -> Tensor:
     return _panels(t.float(), width).transpose(1, 2).contiguous()
 
 
+def _nibble_chunks(unsigned: Tensor, width: int) -> Tensor:
+    """Codes in [0, 15] [out, in] as 4-bit chunks [panels, blocks, 4, width, 4]: input 32b + 8j +
+    4h + t of output o -> panel, block b, chunk j, byte 4o + t, nibble h."""
+    n_in = unsigned.shape[1]
+    u = _panels(unsigned.to(torch.uint8), width).view(-1, width, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    return u[..., 0] | (u[..., 1] << 4)
+
+
+def _from_nibble_chunks(chunks: Tensor, out: int, n_in: int) -> Tensor:
+    """The inverse of `_nibble_chunks`: codes [out, in] uint8."""
+    nibbles = torch.stack([chunks & 0x0F, chunks >> 4], -1).permute(0, 3, 1, 2, 5, 4)
+    return nibbles.reshape(-1, n_in)[:out]
+
+
 def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None) -> Int8DotWeight:
     """From codes u in [0, 15] [out, in] and float d, m [out, groups] with w = d * u + m, laid out
     for `variant` (by default the process's)."""
     variant = variant or build.variant()
     width, (out, n_in) = panel_width(4, variant), unsigned.shape
-    # input 32b + 8j + 4h + t of output o -> panel, block b, chunk j, byte 4o + t, nibble h
-    u = _panels(unsigned.to(torch.uint8), width).view(-1, width, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
-    codes = (u[..., 0] | (u[..., 1] << 4)).contiguous()
-    return Int8DotWeight(4, codes, panel_major(d, width), panel_major(m, width), n_in // d.shape[1], out, n_in,
-                         variant)
+    return Int8DotWeight(4, _nibble_chunks(unsigned, width).contiguous(), panel_major(d, width), panel_major(m, width),
+                         n_in // d.shape[1], out, n_in, variant)
 
 
 def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
@@ -134,13 +145,12 @@ def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | 
     decoding reads every weight once per step, so its time is mostly the bytes read."""
     variant = variant or build.variant()
     width, (out, n_in) = panel_width(6, variant), codes.shape
-    biased = _panels((codes + 32).to(torch.uint8), width).view(-1, width, n_in // BLOCK, 32)
-    # the low 4 bits: pack_int4's layout; input 32b + 16k + 4i + t of output o -> chunk 4 + k, byte
-    # 4o + t, bits 2i and 2i + 1
-    low = biased.view(-1, width, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4) & 0x0F
-    top = (biased >> 4).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+    biased = (codes + 32).to(torch.uint8)
+    # the low 4 bits as 4-bit codes; the top 2 of input 32b + 16k + 4i + t of output o -> chunk 4 + k,
+    # byte 4o + t, bits 2i and 2i + 1
+    top = _panels(biased >> 4, width).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
     top = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
-    c = torch.cat([low[..., 0] | (low[..., 1] << 4), top], dim=2).contiguous()
+    c = torch.cat([_nibble_chunks(biased & 0x0F, width), top], dim=2).contiguous()
     return Int8DotWeight(6, c, panel_major(d, width), None if m is None else panel_major(m, width),
                          n_in // d.shape[1], out, n_in, variant)
 
@@ -162,13 +172,12 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
     eager path builds its torch form from the kernel's tensors, so a layer need not keep a second
     copy of its codes."""
     out, n_in = w.out_features, w.in_features
-    if w.bits == 4:  # panel, block, chunk j, output o, byte t, nibble h -> input 32b + 8j + 4h + t of o
-        nibbles = torch.stack([w.codes & 0x0F, w.codes >> 4], -1).permute(0, 3, 1, 2, 5, 4)
-        codes = nibbles.reshape(-1, n_in)[:out]
-    elif w.bits == 6:  # pack_int6's two parts, each back to [panel, output, block, 32 inputs]
-        low = torch.stack([w.codes[:, :, :4] & 0x0F, w.codes[:, :, :4] >> 4], -1).permute(0, 3, 1, 2, 5, 4)
+    if w.bits == 4:
+        codes = _from_nibble_chunks(w.codes, out, n_in)
+    elif w.bits == 6:  # pack_int6's two parts
         top = torch.stack([(w.codes[:, :, 4:] >> s) & 3 for s in (0, 2, 4, 6)], -1).permute(0, 3, 1, 2, 5, 4)
-        codes = ((low.reshape(-1, n_in)[:out] | (top.reshape(-1, n_in)[:out] << 4)).to(torch.int16) - 32).to(torch.int8)
+        biased = _from_nibble_chunks(w.codes[:, :, :4], out, n_in) | (top.reshape(-1, n_in)[:out] << 4)
+        codes = (biased.to(torch.int16) - 32).to(torch.int8)
     else:  # panel, block, chunk j, output o, byte t -> input 32b + 4j + t of o
         codes = w.codes.permute(0, 3, 1, 2, 4).reshape(-1, n_in)[:out]
     return (codes, *(None if t is None else t.transpose(1, 2).reshape(-1, t.shape[1])[:out] for t in w.group_terms()))

@@ -202,9 +202,8 @@ def load(ref: str, backend: str | None = backends.DEFAULT, target: Model | str |
     loaded = kind.load(base, backend, target)
     if window is None:
         return loaded
-    model = replace(loaded if kind.is_model else loaded.model, ref=ref,
-                    info={**(loaded if kind.is_model else loaded.model).info, "draft_window": window})
-    return as_kind(kind, model)
+    model = loaded if kind.is_model else loaded.model
+    return as_kind(kind, replace(model, ref=ref, info={**model.info, "draft_window": window}))
 
 
 def save(draft: Model | Draft, out: Path | str, info: dict | None = None) -> None:
