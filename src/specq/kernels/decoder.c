@@ -11,9 +11,14 @@
  * for bit. Compile with -ffp-contract=off: the rotary embedding then rounds as torch's
  * `x * cos + rotate_half(x) * sin` does.
  *
- * Across variants: the dot products (attention scores, the norm's sum of squares) are summed in
- * vectors of 8 lanes with AVX2 and 16 with AVX-512, so the two variants' results differ in
- * rounding; the elementwise loops and the attention's weighted sum of values round alike in both.
+ * Across variants: the dot products (attention scores, the norm's sum of squares) and the softmax's
+ * sum are summed in vectors of 8 lanes with AVX2 and 16 with AVX-512, so the two variants' results
+ * differ in rounding; the elementwise loops (the softmax's exponential included) and the
+ * attention's weighted sum of values round alike in both.
+ *
+ * Attention is hand-scheduled for grouped-query models at long contexts: the query heads that share
+ * a key/value head are scored and summed together, so each cached key and value is read once per
+ * row rather than once per query head, and the softmax's exponentials run in vectors.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -30,19 +35,34 @@ static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
 
-/* sum(a[i] * b[i]) over i < K: sixteen lanes in a fixed order (the last K % 16 masked in), then
- * the lanes summed. */
-static inline float dot(const float *a, const float *b, int K) {
-    __m512 acc = _mm512_setzero_ps();
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
+static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
+static inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+static inline vec vpow2i(vec n) {  /* 2^n for whole n in [-127, 127] */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+
+/* out[h] = sum(q_h[i] * k[i]) over i < K for the `heads` (a constant at each call) query vectors
+ * q_h = q + h K, sixteen lanes in a fixed order (the last K % 16 masked in), then the lanes summed:
+ * each head's sum rounds as it would alone, the heads' chains run side by side. */
+static inline __attribute__((always_inline)) void dots(int heads, const float *q, const float *k, int K, float *out) {
+    __m512 acc[8];
+    for (int h = 0; h < heads; h++) acc[h] = _mm512_setzero_ps();
     int i = 0;
-    for (; i + 16 <= K; i += 16)
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    for (; i + 16 <= K; i += 16) {
+        __m512 kv = _mm512_loadu_ps(k + i);
+        for (int h = 0; h < heads; h++)
+            acc[h] = _mm512_add_ps(acc[h], _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)h * K + i), kv));
+    }
     if (i < K) {
         __mmask16 tail = (__mmask16)((1u << (K - i)) - 1);
-        acc = _mm512_mask_add_ps(acc, tail, acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, a + i),
-                                                               _mm512_maskz_loadu_ps(tail, b + i)));
+        __m512 kv = _mm512_maskz_loadu_ps(tail, k + i);
+        for (int h = 0; h < heads; h++)
+            acc[h] = _mm512_mask_add_ps(acc[h], tail, acc[h], _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, q + (size_t)h * K + i), kv));
     }
-    return _mm512_reduce_add_ps(acc);
+    for (int h = 0; h < heads; h++) out[h] = _mm512_reduce_add_ps(acc[h]);
 }
 #else
 #define LANES 8
@@ -62,48 +82,170 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* sum(a[i] * b[i]) over i < K: eight lanes in a fixed order, then the scalar tail. */
-static inline float dot(const float *a, const float *b, int K) {
-    __m256 acc = _mm256_setzero_ps();
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline float vsum(vec a) { return hsum8(a); }
+static inline float vtop(vec a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+static inline vec vfloor(vec a) { return _mm256_floor_ps(a); }
+static inline vec vpow2i(vec n) {  /* 2^n for whole n in [-127, 127] */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+
+/* out[h] = sum(q_h[i] * k[i]) over i < K for the `heads` (a constant at each call) query vectors
+ * q_h = q + h K: eight lanes in a fixed order, then the scalar tail; each head's sum rounds as it
+ * would alone, the heads' chains run side by side. */
+static inline __attribute__((always_inline)) void dots(int heads, const float *q, const float *k, int K, float *out) {
+    __m256 acc[8];
+    for (int h = 0; h < heads; h++) acc[h] = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= K; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-    float sum = hsum8(acc);
-    for (; i < K; i++) sum += a[i] * b[i];
-    return sum;
+    for (; i + 8 <= K; i += 8) {
+        __m256 kv = _mm256_loadu_ps(k + i);
+        for (int h = 0; h < heads; h++)
+            acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)h * K + i), kv));
+    }
+    for (int h = 0; h < heads; h++) {
+        float sum = hsum8(acc[h]);
+        for (int j = i; j < K; j++) sum += q[(size_t)h * K + j] * k[j];
+        out[h] = sum;
+    }
 }
 #endif
 
 #define UNROLL4 _Pragma("GCC unroll 4")  /* fully: the partial sums stay in registers */
 
-/* o[d] for `vectors` (a constant at each call) vectors of outputs from d on: sum over the keys in
- * order of p[j] * v_j[d], multiplied then added (so each element rounds as a plain loop over the
- * keys would), the partial sums kept in registers across all keys. */
-static inline __attribute__((always_inline)) void weighted_vectors(
-        int vectors, const float *p, int keys, const float *vh, const int *slots, int D, int d, float *o) {
-    vec acc[4];
-    UNROLL4
-    for (int c = 0; c < vectors; c++) acc[c] = vzero();
-    for (int j = 0; j < keys; j++) {
-        const float *v = vh + (size_t)(slots ? slots[j] : j) * D + d;
-        vec weight = vset1(p[j]);
-        UNROLL4
-        for (int c = 0; c < vectors; c++) acc[c] = vadd(acc[c], vmul(weight, vload(v + c * LANES)));
-    }
-    UNROLL4
-    for (int c = 0; c < vectors; c++) vstore(o + d + c * LANES, acc[c]);
+/* sum(a[i] * b[i]) over i < K. */
+static inline float dot(const float *a, const float *b, int K) {
+    float out;
+    dots(1, a, b, K, &out);
+    return out;
 }
 
-/* o [D] = sum_j p[j] * v_j over the `keys` value rows v_j = vh[slots ? slots[j] : j]: four vectors
- * of outputs at a time, then one, then a scalar tail, each element summed in the same order. */
-static void weighted_sum(const float *p, int keys, const float *vh, const int *slots, int D, float *o) {
-    int d = 0;
-    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_vectors(4, p, keys, vh, slots, D, d, o);
-    for (; d + LANES <= D; d += LANES) weighted_vectors(1, p, keys, vh, slots, D, d, o);
-    for (; d < D; d++) {
-        float sum = 0.0f;
-        for (int j = 0; j < keys; j++) sum += p[j] * vh[(size_t)(slots ? slots[j] : j) * D + d];
-        o[d] = sum;
+/* out[h] for h < heads (any count): `dots` eight heads at a time, each call with a constant count. */
+static void head_dots(int heads, const float *q, const float *k, int K, float *out) {
+    for (int h = 0; h < heads; h += 8, q += (size_t)8 * K, out += 8) {
+        switch (heads - h) {
+            case 1: dots(1, q, k, K, out); break;
+            case 2: dots(2, q, k, K, out); break;
+            case 3: dots(3, q, k, K, out); break;
+            case 4: dots(4, q, k, K, out); break;
+            case 5: dots(5, q, k, K, out); break;
+            case 6: dots(6, q, k, K, out); break;
+            case 7: dots(7, q, k, K, out); break;
+            default: dots(8, q, k, K, out); break;
+        }
     }
+}
+
+/* e^x per lane for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n),
+ * within two ulp of expf; below -87 it flushes to 0. Each lane's result depends on that lane
+ * only, so a value rounds alike wherever it sits in a row. */
+static inline vec vexp(vec x) {
+    x = vmax(x, vset1(-87.0f));
+    vec n = vfloor(vadd(vmul(x, vset1(1.44269504088896341f)), vset1(0.5f)));
+    vec r = vadd(vadd(x, vmul(n, vset1(-0.693359375f))), vmul(n, vset1(2.12194440e-4f)));
+    vec y = vset1(1.9875691500e-4f);
+    y = vadd(vmul(y, r), vset1(1.3981999507e-3f));
+    y = vadd(vmul(y, r), vset1(8.3334519073e-3f));
+    y = vadd(vmul(y, r), vset1(4.1665795894e-2f));
+    y = vadd(vmul(y, r), vset1(1.6666665459e-1f));
+    y = vadd(vmul(y, r), vset1(5.0000001201e-1f));
+    y = vadd(vadd(vmul(vmul(y, r), r), r), vset1(1.0f));
+    return vmul(y, vpow2i(n));
+}
+
+/* p [keys] <- exp(p - max(p)); returns their sum, in a fixed order for a given count. */
+static float softmax_numerators(float *p, int keys) {
+    int full = keys - keys % LANES;
+    vec top_lanes = vset1(-INFINITY);
+    for (int j = 0; j < full; j += LANES) top_lanes = vmax(top_lanes, vload(p + j));
+    float top = vtop(top_lanes);
+    for (int j = full; j < keys; j++) top = fmaxf(top, p[j]);
+    vec top_v = vset1(top), sums = vzero();
+    for (int j = 0; j < full; j += LANES) {
+        vec e = vexp(vsub(vload(p + j), top_v));
+        vstore(p + j, e);
+        sums = vadd(sums, e);
+    }
+    float total = vsum(sums);
+    if (full < keys) {  /* the tail through the same lanes' code, padded */
+        float rest[LANES];
+        for (int j = 0; j < LANES; j++) rest[j] = full + j < keys ? p[full + j] : top;
+        vstore(rest, vexp(vsub(vload(rest), top_v)));
+        for (int j = 0; j < keys - full; j++) {
+            p[full + j] = rest[j];
+            total += rest[j];
+        }
+    }
+    return total;
+}
+
+#if defined(__AVX512F__)
+#define SUM_HEADS 4  /* heads whose weighted sums share each load of a value vector */
+#else
+#define SUM_HEADS 2
+#endif
+
+/* o_h[d..] for `vectors` vectors of outputs from d on, for `heads` heads (both constants at each
+ * call): sum over the keys in order of p_h[j] * v_j[d], multiplied then added (so each element
+ * rounds as a plain loop over the keys would), the partial sums kept in registers across all keys.
+ * Head h's weights are p + h * stride, its outputs o + h * D. */
+static inline __attribute__((always_inline)) void weighted_vectors(
+        int heads, int vectors, const float *p, int stride, int keys, const float *vh, const int *slots, int D,
+        int d, float *o) {
+    vec acc[SUM_HEADS][4];
+    for (int h = 0; h < heads; h++)
+        UNROLL4
+        for (int c = 0; c < vectors; c++) acc[h][c] = vzero();
+    for (int j = 0; j < keys; j++) {
+        const float *v = vh + (size_t)(slots ? slots[j] : j) * D + d;
+        vec values[4];
+        UNROLL4
+        for (int c = 0; c < vectors; c++) values[c] = vload(v + c * LANES);
+        for (int h = 0; h < heads; h++) {
+            vec weight = vset1(p[(size_t)h * stride + j]);
+            UNROLL4
+            for (int c = 0; c < vectors; c++) acc[h][c] = vadd(acc[h][c], vmul(weight, values[c]));
+        }
+    }
+    for (int h = 0; h < heads; h++)
+        UNROLL4
+        for (int c = 0; c < vectors; c++) vstore(o + (size_t)h * D + d + c * LANES, acc[h][c]);
+}
+
+/* weighted_vectors over d in [d, d + vectors LANES) for any head count, SUM_HEADS at a time. */
+static inline __attribute__((always_inline)) void weighted_span(
+        int heads, int vectors, const float *p, int stride, int keys, const float *vh, const int *slots, int D,
+        int d, float *o) {
+    for (int h = 0; h < heads; h += SUM_HEADS) {
+        const float *ph = p + (size_t)h * stride;
+        float *oh = o + (size_t)h * D;
+        if (heads - h >= SUM_HEADS) weighted_vectors(SUM_HEADS, vectors, ph, stride, keys, vh, slots, D, d, oh);
+#if SUM_HEADS == 4
+        else if (heads - h == 3) weighted_vectors(3, vectors, ph, stride, keys, vh, slots, D, d, oh);
+        else if (heads - h == 2) weighted_vectors(2, vectors, ph, stride, keys, vh, slots, D, d, oh);
+#endif
+        else weighted_vectors(1, vectors, ph, stride, keys, vh, slots, D, d, oh);
+    }
+}
+
+/* o_h [D] = sum_j p_h[j] * v_j for `heads` heads (weights p + h stride, outputs o + h D) over the
+ * `keys` value rows v_j = vh[slots ? slots[j] : j]: four vectors of outputs at a time, then one,
+ * then a scalar tail, each element summed over the keys in order. */
+static void weighted_sum(int heads, const float *p, int stride, int keys, const float *vh, const int *slots, int D,
+                         float *o) {
+    int d = 0;
+    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_span(heads, 4, p, stride, keys, vh, slots, D, d, o);
+    for (; d + LANES <= D; d += LANES) weighted_span(heads, 1, p, stride, keys, vh, slots, D, d, o);
+    for (; d < D; d++)
+        for (int h = 0; h < heads; h++) {
+            float sum = 0.0f;
+            for (int j = 0; j < keys; j++) sum += p[(size_t)h * stride + j] * vh[(size_t)(slots ? slots[j] : j) * D + d];
+            o[(size_t)h * D + d] = sum;
+        }
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * w per row of x [M, K] (y may be x). */
@@ -174,31 +316,33 @@ static int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const flo
             for (int j = 0; j < D; j++) v_cache[slot + j] = r[(size_t)(H + Hkv + h) * D + j];
         }
     }
+    /* A task is one row and some of the query heads of one key/value head: each key and value is
+     * read once for all of them. The heads are split only as far as the threads need, and a
+     * thread's tasks go over the rows of one key/value head, whose keys then stay in its cache. */
     const int group = H / Hkv;
+    int split = 1;
+    while (split < group && (group % split || n * Hkv * split < threads || group / split > 64)) split++;
+    const int heads = group / split, tasks = n * Hkv * split;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int t = 0; t < n * H; t++) {
-        int i = t / H, h = t % H, kv = h / group;
+    for (int t = 0; t < tasks; t++) {
+        int i = t % n, kv = t / n / split, h0 = kv * group + (t / n % split) * heads;
         int keys = seen ? offsets[i + 1] - offsets[i] : start + i + 1;
         int skip = window && keys > window ? keys - window : 0;  /* the path's keys before the window */
         keys -= skip;
         const int *slots = seen ? seen + offsets[i] + skip : NULL;
         size_t first = seen ? 0 : (size_t)skip * D;  /* a chain's keys are the consecutive slots from `skip` */
-        const float *qh = q + (size_t)t * D;
+        const float *qh = q + ((size_t)i * H + h0) * D;
         const float *kh = k_cache + (size_t)kv * capacity * D + first, *vh = v_cache + (size_t)kv * capacity * D + first;
-        float *p = scores + (size_t)t * most;
-        float top = -INFINITY;
+        float *p = scores + ((size_t)i * H + h0) * most, score[64], total[64];  /* heads <= 64 */
         for (int j = 0; j < keys; j++) {
-            p[j] = dot(qh, kh + (size_t)(slots ? slots[j] : j) * D, D) * scale;
-            top = fmaxf(top, p[j]);
+            head_dots(heads, qh, kh + (size_t)(slots ? slots[j] : j) * D, D, score);
+            for (int h = 0; h < heads; h++) p[(size_t)h * most + j] = score[h] * scale;
         }
-        float total = 0.0f;
-        for (int j = 0; j < keys; j++) {
-            p[j] = expf(p[j] - top);
-            total += p[j];
-        }
-        float *o = out + (size_t)i * H * D + (size_t)h * D;
-        weighted_sum(p, keys, vh, slots, D, o);
-        for (int d = 0; d < D; d++) o[d] /= total;
+        for (int h = 0; h < heads; h++) total[h] = softmax_numerators(p + (size_t)h * most, keys);
+        float *o = out + (size_t)i * H * D + (size_t)h0 * D;
+        weighted_sum(heads, p, most, keys, vh, slots, D, o);
+        for (int h = 0; h < heads; h++)
+            for (int d = 0; d < D; d++) o[(size_t)h * D + d] /= total[h];
     }
     free(q);
     free(scores);
