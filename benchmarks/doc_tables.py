@@ -21,7 +21,9 @@ node count);
 `serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
 clients, mode and --max-batch); `load` and `load-forms` (benchmarks/bench_load.py's rows: load time and
 memory per file; its packed weights by format); `coder-drafts` (benchmarks/bench_coder_drafts.py's
-rows: acceptance of drafts for the 1.5B coder target, with CIs).
+rows: acceptance of drafts for the 1.5B coder target, with CIs); `step-profile`
+(benchmarks/profile_step.py's rows: a step and an 8-row pass, whole and linear layers alone, and
+the machine's read rate).
 `qad` (docs/results/qad.jsonl: `part=settings`, benchmarks/qad_settings.py's short trainings;
 `part=runs`, the `specq qad` runs' held-out KL and top-1 before and after; `part=compare`,
 `specq compare` of the float target with plain and QAD targets; `part=acceptance`, the shipped
@@ -200,6 +202,12 @@ def qad_table(results: str, part: str) -> str:
     return "\n".join(out)
 
 
+def step_profile_table(results: str) -> str:
+    from profile_step import table
+
+    return table(jsonl(results))
+
+
 def coder_drafts_table(results: str) -> str:
     from bench_coder_drafts import table
 
@@ -223,6 +231,8 @@ def render(spec: str) -> str:
         return serve_batch_table(results)
     if kind == "coder-drafts":
         return coder_drafts_table(results)
+    if kind == "step-profile":
+        return step_profile_table(results)
     if kind in ("load", "load-forms"):
         return bench_load_table(results, kind == "load-forms")
     if kind == "qad":
