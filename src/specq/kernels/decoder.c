@@ -36,7 +36,9 @@ static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
 
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vtop(vec a) { return _mm512_reduce_max_ps(a); }
 static inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
@@ -83,7 +85,9 @@ static inline float hsum8(__m256 v) {
 }
 
 static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
 static inline float vsum(vec a) { return hsum8(a); }
 static inline float vtop(vec a) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -140,11 +144,11 @@ static void head_dots(int heads, const float *q, const float *k, int K, float *o
     }
 }
 
-/* e^x per lane for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n),
- * within two ulp of expf; below -87 it flushes to 0. Each lane's result depends on that lane
- * only, so a value rounds alike wherever it sits in a row. */
+/* e^x per lane (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n), within two
+ * ulp of expf for x in [-87, 88], x clamped to that range. Each lane's result depends on that
+ * lane only, so a value rounds alike wherever it sits in a row. */
 static inline vec vexp(vec x) {
-    x = vmax(x, vset1(-87.0f));
+    x = vmin(vmax(x, vset1(-87.0f)), vset1(88.0f));
     vec n = vfloor(vadd(vmul(x, vset1(1.44269504088896341f)), vset1(0.5f)));
     vec r = vadd(vadd(x, vmul(n, vset1(-0.693359375f))), vmul(n, vset1(2.12194440e-4f)));
     vec y = vset1(1.9875691500e-4f);
@@ -258,22 +262,38 @@ static void rms_norm(const float *x, int M, int K, const float *w, float eps, fl
     }
 }
 
-/* gelu(x) with tanh's approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). */
-static inline float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 enum { SILU, GELU_TANH };  /* the gate's activation, as decoder.py's ACTIVATIONS numbers them */
 
-/* y [M, I] = act(gate) * up, from gu [M, 2I] (gate, then up, per row). */
-static void gated(const float *gu, int M, int I, int act, float *y) {
-    for (int r = 0; r < M; r++) {
+/* act(g) * u per lane: SiLU, g / (1 + e^-g), or GELU with tanh's approximation,
+ * 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) with tanh(z) = 1 - 2 / (e^2z + 1). */
+static inline vec gate_times_up(vec g, vec u, int act) {
+    if (act == GELU_TANH) {
+        vec z = vmul(vset1(0.7978845608028654f), vadd(g, vmul(vmul(vmul(vset1(0.044715f), g), g), g)));
+        vec tanh_z = vsub(vset1(1.0f), vdiv(vset1(2.0f), vadd(vexp(vadd(z, z)), vset1(1.0f))));
+        return vmul(vmul(vmul(vset1(0.5f), g), vadd(vset1(1.0f), tanh_z)), u);
+    }
+    return vmul(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))), u);
+}
+
+#define GATED_SPAN 512  /* elements of a row per task */
+
+/* y [M, I] = act(gate) * up, from gu [M, 2I] (gate, then up, per row), in vectors (a row's tail
+ * through the same code, padded), spans of rows split over the threads. */
+static void gated(const float *gu, int M, int I, int act, float *y, int threads) {
+    const int spans = (I + GATED_SPAN - 1) / GATED_SPAN;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < M * spans; t++) {
+        const int r = t / spans, from = t % spans * GATED_SPAN, to = from + GATED_SPAN < I ? from + GATED_SPAN : I;
         const float *g = gu + (size_t)r * 2 * I, *u = g + I;
         float *yr = y + (size_t)r * I;
-        if (act == GELU_TANH)
-            for (int i = 0; i < I; i++) yr[i] = gelu_tanh(g[i]) * u[i];
-        else
-            for (int i = 0; i < I; i++) yr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        int i = from;
+        for (; i + LANES <= to; i += LANES) vstore(yr + i, gate_times_up(vload(g + i), vload(u + i), act));
+        if (i < to) {
+            float gs[LANES] = {0}, us[LANES] = {0}, out[LANES];
+            for (int j = 0; i + j < to; j++) gs[j] = g[i + j], us[j] = u[i + j];
+            vstore(out, gate_times_up(vload(gs), vload(us), act));
+            for (int j = 0; i + j < to; j++) yr[i + j] = out[j];
+        }
     }
 }
 
@@ -440,7 +460,7 @@ int decoder_layers(int L, const Layer *layers, float *x, int n, int hidden, int 
         add_into(x, o, (size_t)n * hidden);
         rms_norm(x, n, hidden, w->ffn_norm, eps, h);
         failed |= linear(&w->w13, h, n, hidden, 2 * inter, gate_up, threads);
-        gated(gate_up, n, inter, act, gated_out);
+        gated(gate_up, n, inter, act, gated_out, threads);
         failed |= linear(&w->w2, gated_out, n, inter, hidden, o, threads);
         if (w->post_ffn_norm) rms_norm(o, n, hidden, w->post_ffn_norm, eps, o);
         add_into(x, o, (size_t)n * hidden);
