@@ -17,3 +17,18 @@ def test_an_edit_prompt_holds_the_whole_file_to_return():
         instruction, _, block = text.partition("```\n")
         assert "Return the whole file" in instruction
         assert block.endswith("```") and block.count("\n") >= 8
+
+
+def test_a_long_edit_prompt_holds_a_whole_standard_library_module():
+    import inspect
+    import shlex
+
+    prompts = load_set("long-edit", 3)
+    assert "long-edit" in SETS and len(prompts) == 3 and all(p.chat for p in prompts)
+    assert [p.text for p in prompts] == [p.text for p in load_set("long-edit", 3)]
+    assert prompts[2].text.endswith(f"```\n{inspect.getsource(shlex)}```")
+    for p in prompts:
+        instruction, _, block = p.text.partition("```\n")
+        assert instruction.startswith("Rename the function") and "Return the whole file" in instruction
+        name = instruction.split("`")[1]
+        assert f"def {name}(" in block and len(block) > 3000

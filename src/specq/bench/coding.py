@@ -1,6 +1,8 @@
 """specq's own coding prompts, for the coder pair and any code model: writing a function from a
 description (`code`), and editing a given file and returning it whole (`edit`), where most of the
-answer repeats the prompt: the case prompt-lookup (n-gram) drafts are made for.
+answer repeats the prompt: the case prompt-lookup (n-gram) drafts are made for; `long-edit`, the
+same with modules of Python's standard library (one to a few thousand tokens), where a draft that
+reads only the prompt's last tokens (`MODEL:window=W`) should pay.
 
 Written for specq (not taken from a benchmark), so no model was trained on these exact texts.
 """
@@ -132,5 +134,25 @@ def list_python_files(folder):
 ''', "Use pathlib instead of os, and sort the result."),
 ]
 
-EDIT_TASKS = [f"{instruction} Return the whole file, changed, in one code block.\n\n```\n{source}```"
-              for source, instruction in _EDIT_FILES]
+
+def edit_task(source: str, instruction: str) -> str:
+    return f"{instruction} Return the whole file, changed, in one code block.\n\n```\n{source}```"
+
+
+EDIT_TASKS = [edit_task(source, instruction) for source, instruction in _EDIT_FILES]
+
+# Long files: modules of the running Python's standard library (the same text wherever that Python
+# version runs), each with an edit of one name, so most of the answer repeats a long prompt.
+_LONG_EDITS = [
+    ("colorsys", "Rename the function `rgb_to_hsv` to `rgb_to_hue_saturation_value` everywhere."),
+    ("fnmatch", "Rename the function `translate` to `pattern_to_regex` everywhere."),
+    ("shlex", "Rename the function `split` to `split_command_line` everywhere."),
+]
+
+
+def long_edit_tasks() -> list[str]:
+    import importlib
+    import inspect
+
+    return [edit_task(inspect.getsource(importlib.import_module(module)), instruction)
+            for module, instruction in _LONG_EDITS]

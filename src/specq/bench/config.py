@@ -97,7 +97,7 @@ HELP = {
     "tree_topk": f"children per expanded tree node and nodes expanded per level (default {DEFAULT_TREE.topk})",
     "max_new_tokens": "output lengths",
     "temperature": "0 = greedy (outputs checked against the baseline token for token)",
-    "prompt_sets": "chat, gsm8k, corpus (Shakespeare continuations), file (--prompt-file)",
+    "prompt_sets": "chat, gsm8k, code, edit, long-edit (standard library modules to edit), corpus (Shakespeare continuations), file (--prompt-file)",
     "prompts": "prompts per set",
     "prompt_file": "the user prompt file of the 'file' set (.jsonl, or plain text split on blank lines)",
     "prompt_field": "the JSONL field holding the prompt (default text)",

@@ -4,6 +4,8 @@
 - gsm8k: the shipped GSM8K problems, asked in chat form; the reference answer is kept for EM
 - code: writing a function from a description (`bench.coding.CODE_TASKS`)
 - edit: editing a given file and returning it whole (`bench.coding.EDIT_TASKS`)
+- long-edit: the same with modules of Python's standard library, 1-4 thousand tokens each
+  (`bench.coding.long_edit_tasks`)
 - corpus: continuations of held-out Shakespeare passages (raw text, no chat template)
 - file: a user file (`specq.data.user_texts`: .jsonl with one object per line, or plain text)
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SETS = ("chat", "gsm8k", "code", "edit", "corpus", "file")
+SETS = ("chat", "gsm8k", "code", "edit", "long-edit", "corpus", "file")
 GSM8K_INSTRUCTION = "Solve this step by step. End with the final answer as '#### <number>'."
 CORPUS_CHARS = 600  # about 150 tokens of context per continuation
 
@@ -29,7 +31,7 @@ class Prompt:
 def load_set(name: str, n: int, file: str | None = None, field: str = "text", file_chat: bool = True) -> list[Prompt]:
     """The first `n` prompts of a set (fewer when the set is smaller)."""
     from .. import data
-    from .coding import CODE_TASKS, EDIT_TASKS
+    from .coding import CODE_TASKS, EDIT_TASKS, long_edit_tasks
     from .quality import reference_answer
 
     if name == "chat":
@@ -40,6 +42,8 @@ def load_set(name: str, n: int, file: str | None = None, field: str = "text", fi
     if name in ("code", "edit"):
         tasks = CODE_TASKS if name == "code" else EDIT_TASKS
         return [Prompt(name, i, t, True) for i, t in enumerate(tasks[:n])]
+    if name == "long-edit":
+        return [Prompt(name, i, t, True) for i, t in enumerate(long_edit_tasks()[:n])]
     if name == "corpus":
         return [Prompt(name, i, t, False) for i, t in enumerate(corpus_passages(n))]
     if name == "file":
