@@ -28,6 +28,18 @@ def test_bench_plans_ngram_cells():
         validate({"drafts": ["ngram:k=0"]})
 
 
+def test_bench_plans_windowed_drafts_alone_and_as_fallbacks():
+    """`MODEL:window=W` in a sweep keeps its window through the precision, alone and after ngram+."""
+    config = validate({"targets": ["tiny"], "drafts": ["draft@fp32:window=8", "ngram+draft:window=16", "draft"],
+                       "gamma": [2], "threads": [1], "prompt_sets": ["chat"]})
+    drafts = {c.draft for c in plan(config, prompt_sets())[0] if c.kind == "speculative"}
+    assert drafts == {"draft@fp32:window=8", "ngram:n=2-3:k=4+draft@fp32:window=16", "draft@fp32"}
+    with pytest.raises(SpecqError, match="bench config 'drafts'"):
+        validate({"drafts": ["draft@int4-nope:window=8"]})
+    with pytest.raises(SpecqError, match="window"):
+        validate({"drafts": ["draft:window=0"]})
+
+
 def test_bench_runs_ngram_cells_losslessly(pair, tmp_path):
     config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram+draft"], "gamma": [2], "max_new_tokens": [12],
                        "prompt_sets": ["chat"], "threads": [1], "results": str(tmp_path / "r.jsonl"),

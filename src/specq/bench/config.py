@@ -27,7 +27,7 @@ from ..errors import SpecqError
 from ..loading import precision
 from ..loading.builtins import BUILTINS
 from ..loading.drafts import default_draft_ref
-from ..loading.refs import SELF, check_ref, split_ref
+from ..loading.refs import SELF, WINDOW, check_ref, split_ref, split_window
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
@@ -142,13 +142,14 @@ def _cross(refs: list[str], specs: list[str]) -> list[str]:
 
 
 def _canonical(level: str, spec: str | None = None) -> str:
-    """`name@spec`, at `spec` when given, else at its own; an n-gram level as `NgramDraft.ref`
-    (it has no precision), its fallback model's likewise."""
+    """`name@spec`, at `spec` when given, else at its own, with its window if it has one; an n-gram
+    level as `NgramDraft.ref` (it has no precision), its fallback model's likewise."""
     if ngram.is_ngram(level):
         own, model = ngram.parse(level)
         return own.ref + ("" if model is None else "+" + _canonical(model, spec))
-    name, own_spec = split_ref(level)
-    return f"{name}@{precision.canonical(spec or own_spec)}"
+    model, window = split_window(level)
+    name, own_spec = split_ref(model)
+    return f"{name}@{precision.canonical(spec or own_spec)}" + ("" if window is None else f"{WINDOW}{window}")
 
 
 def load_config(path: str | None, overrides: dict | None = None) -> BenchConfig:
@@ -253,7 +254,7 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
     for ref in refs:
         try:
             for level in draft_refs.split(ref) if key == "drafts" else ref.split(","):
-                precision.canonical(split_ref(level)[1])
+                precision.canonical(split_ref(split_window(level)[0])[1])
         except SpecqError as e:
             raise SpecqError(f"bench config '{key}': {e}") from None
         if specs and "," in ref:
