@@ -18,9 +18,11 @@ def draft_label(row: dict) -> str:
     stop = f", stop {row['draft_confidence']}" if row.get("draft_confidence") else ""  # early-stop threshold
     tree = f", tree {row['tree']} k{row['tree_topk']}" if row.get("tree") else ""  # a token tree: gamma is its depth
     levels = row["draft"].split(",")  # more than one: a hierarchy, cheapest level first
-    precisions = [level.rpartition("@")[2] for level in levels] if len(levels) > 1 else [row["draft_precision"]]
+    precisions = ([level.rpartition("@")[2] if "@" in level else None for level in levels] if len(levels) > 1
+                  else [row["draft_precision"]])  # None: an n-gram lookup, no model and no precision
     target = row["target"].split("@")[0]
-    return " > ".join(f"{_kind(level, target)} @{p}" for level, p in zip(levels, precisions)) + stop + tree
+    return " > ".join(_kind(level, target) + (f" @{p}" if p else "")
+                      for level, p in zip(levels, precisions)) + stop + tree
 
 
 def _kind(draft: str, target: str) -> str:
