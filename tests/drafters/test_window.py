@@ -9,6 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+import specq
+
 from specq.cli import main
 from specq.core.sampling import SamplingConfig
 from specq.drafters import SequenceDrafter
@@ -34,6 +36,26 @@ def test_a_windowed_draft_keeps_greedy_output_and_drafts_from_the_window():
     assert_speculative_is_plain(target, draft, ([1, 2, 3], [5], prompt, prompt * 4))
     drafter.start(torch.tensor(prompt * 4), 64)  # 24 prompt tokens: the draft reads the 2 before the last
     assert drafter.skipped == 21 and drafter.cache.length == 2
+
+
+def test_a_drafter_rolled_back_before_it_proposes_keeps_its_prefill():
+    """ngram+MODEL: the lookup may propose first; the model, told of that step, keeps what it read
+    of the prompt (its cache was once emptied, and a window's cropped below zero)."""
+    target = tiny_model(scale=3.0)
+    prompt = torch.tensor([7, 7, 8, 9, 10, 11] * 4)
+    for window in (None, 2):
+        draft = perturbed(target, 0.05) if window is None else windowed(perturbed(target, 0.05), window)
+        drafter = kinds.for_pair(draft, target)
+        drafter.start(prompt, 64)
+        read = drafter.cache.length
+        assert read == (23 if window is None else 2)
+        drafter.rollback(len(prompt) + 3, None, [])  # another drafter's three tokens were accepted
+        assert drafter.cache.length == read
+    model = perturbed(target, 0.05)
+    for draft in (specq.NgramDraft(fallback=model), specq.NgramDraft(fallback=windowed(model, 2))):
+        for p in ([3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [7, 7, 8, 9, 10, 11] * 4):
+            assert specq.generate(target, p, draft, max_new_tokens=30).token_ids == \
+                specq.generate(target, p, max_new_tokens=30).token_ids
 
 
 def test_a_windowed_draft_samples_the_targets_distribution():

@@ -40,6 +40,7 @@ class SequenceDrafter:
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
         self.skipped = max(0, prompt.shape[0] - 1 - self.window) if self.window else 0
+        self.base = prompt.shape[0]  # a rollback before any proposal (another drafter's step) keeps the prefill
         tree_rows = self.tree.topk * self.tree.depth if self.tree else 0
         self.cache = self.net.new_cache(capacity - self.skipped + tree_rows)
         if prompt.shape[0] - self.skipped > 1:  # the last prompt token is fed with the first proposal
