@@ -12,17 +12,24 @@ from pathlib import Path
 from specq.bench import store
 from specq.bench.aggregate import summarize
 from specq.core.gamma import sort_key as gamma_order
+from specq.loading.refs import split_window
 
 
 def draft_label(row: dict) -> str:
     stop = f", stop {row['draft_confidence']}" if row.get("draft_confidence") else ""  # early-stop threshold
     tree = f", tree {row['tree']} k{row['tree_topk']}" if row.get("tree") else ""  # a token tree: gamma is its depth
     levels = row["draft"].split(",")  # more than one: a hierarchy, cheapest level first
-    precisions = ([level.rpartition("@")[2] if "@" in level else None for level in levels] if len(levels) > 1
+    precisions = ([split_window(level)[0].rpartition("@")[2] if "@" in level else None for level in levels]
+                  if len(levels) > 1
                   else [row["draft_precision"]])  # None: an n-gram lookup, no model and no precision
     target = row["target"].split("@")[0]
-    return " > ".join(_kind(level, target) + (f" @{p}" if p else "")
-                      for level, p in zip(levels, precisions)) + stop + tree
+    return " > ".join(_level_label(level, p, target) for level, p in zip(levels, precisions)) + stop + tree
+
+
+def _level_label(level: str, precision: str | None, target: str) -> str:
+    """A draft level's kind, precision and window (`MODEL:window=W`)."""
+    model, window = split_window(level)
+    return _kind(model, target) + (f" @{precision}" if precision else "") + (f", window {window}" if window else "")
 
 
 def _kind(draft: str, target: str) -> str:

@@ -4,7 +4,7 @@
 - gsm8k: the shipped GSM8K problems, asked in chat form; the reference answer is kept for EM
 - code: writing a function from a description (`bench.coding.CODE_TASKS`)
 - edit: editing a given file and returning it whole (`bench.coding.EDIT_TASKS`)
-- long-edit: the same with modules of Python's standard library, 1-4 thousand tokens each
+- long-edit: the same with modules of Python's standard library, about 1.5-6 thousand tokens each
   (`bench.coding.long_edit_tasks`)
 - corpus: continuations of held-out Shakespeare passages (raw text, no chat template)
 - file: a user file (`specq.data.user_texts`: .jsonl with one object per line, or plain text)
