@@ -17,7 +17,7 @@ Measurements, per weights and round:
   same token ids fed to both tools; tokens/s end to end (prefill included, wall clock);
 - `generate gamma 2`, `generate gamma auto` (specq only): speculative decoding with the registry's
   default draft; `generate gamma auto, draft REF` the same with each of `--extra-drafts` instead
-  (weights that have a registered draft only; a model ref, or `ngram[...]+MODEL`), to weigh
+  (weights that have a registered draft only; any draft ref, `ngram[...]+MODEL` included), to weigh
   another draft against the default;
 - `llama.cpp draft n-max N`, `llama.cpp ngram-simple`, `llama.cpp ngram-mod` (with `--llama-cpp-bin`,
   weights whose file has a draft file: the 1.5B with the 0.5B): llama.cpp's own speculative decoding,
@@ -51,7 +51,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,7 +62,7 @@ import specq
 from specq import paths
 from specq.api import encode_prompt
 from specq.bench.prompts import load_set
-from specq.drafters import ngram
+from specq.drafters import refs as draft_refs
 from specq.loading import gguf_io, packaged
 from specq.loading.drafts import default_draft_ref
 
@@ -477,27 +476,19 @@ def settings(args: argparse.Namespace) -> Settings:
                     contexts, args.llama_cpp_bin, extra)
 
 
-def draft_of(ref: str, loaded: dict[str, specq.Model]) -> specq.Model | ngram.NgramDraft:
-    """A draft ref as `specq.generate` takes it: its loaded model, or an n-gram draft with its
-    fallback model (`ngram+MODEL`) taken from those loaded."""
-    if not ngram.is_ngram(ref):
-        return loaded[ref]
-    draft, fallback = ngram.parse(ref)
-    return dataclasses.replace(draft, fallback=loaded[fallback]) if fallback else draft
-
-
 def load_tools(s: Settings, n_ctx: int) -> dict:
     """{weights: {"llama.cpp": LlamaCpp, "specq": Specq}}; each registry draft is loaded once."""
     smol = q4_1_file() if {"q4_1", "f32"} & set(s.weights) else None
     files = {"q4_1": smol, "f32": f32_file(smol) if "f32" in s.weights else None,
              **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
     refs = {w: default_draft_ref(SPECQ_REFS[w]) for w in s.weights}
-    models = {*refs.values(), *(ngram.parse(ref)[1] if ngram.is_ngram(ref) else ref for ref in s.extra_drafts)}
+    extra = {w: {ref: draft_refs.resolve(ref, SPECQ_REFS[w]) for ref in s.extra_drafts} for w in s.weights}
+    models = {*refs.values(), *(m for per in extra.values() for r in per.values() for m in draft_refs.model_refs(r))}
     loaded = {ref: specq.load(ref) for ref in models if ref is not None}
-    drafts = {**loaded, **{ref: draft_of(ref, loaded) for ref in s.extra_drafts}}
     tools = {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
-                 "specq": Specq(SPECQ_REFS[w], drafts.get(refs[w]),
-                                {ref: drafts[ref] for ref in s.extra_drafts} if refs[w] else None)}
+                 "specq": Specq(SPECQ_REFS[w], loaded.get(refs[w]),
+                                {ref: draft_refs.build(r, SPECQ_REFS[w], loaded.__getitem__) for ref, r in extra[w].items()}
+                                if refs[w] else None)}
              for w in s.weights}
     for w, pair in tools.items():
         if s.llama_cpp_bin is not None and w in DRAFT_FILE:

@@ -168,6 +168,11 @@ def qad_table(results: str, part: str) -> str:
     def moved(r: dict, key: str, digits: int = 3) -> str:
         return f"{r['held_out_before'][key]:.{digits}f} -> {r['held_out_after'][key]:.{digits}f}"
 
+    def training(r: dict, name: str, lrs: dict, fourth, s_per_step: float) -> str:
+        """A training's line: its rates, one more column, steps, seconds a step, held-out moves."""
+        return (f"| {name} | {lrs['lr']:g} | {lrs['code_lr']:g} | {fourth:g} | {r['steps']} | {s_per_step:.1f} | "
+                f"{moved(r, 'kl')} | {moved(r, 'top1')} |")
+
     if part == "settings":
         out = ["| from | scales' lr | codes' lr | norms' lr | steps | s / step | held-out KL | held-out top-1 |",
                "|---|---|---|---|---|---|---|---|"]
@@ -175,16 +180,13 @@ def qad_table(results: str, part: str) -> str:
             if r["kind"] == "qad_setting":
                 c = r["config"]
                 norms = c.get("vec", 0.05 * max(c["lr"], c["code_lr"]))
-                out.append(f"| {r['spec']} | {c['lr']:g} | {c['code_lr']:g} | {norms:g} | {r['steps']} | "
-                           f"{r['s_per_step']:.1f} | {moved(r, 'kl')} | {moved(r, 'top1')} |")
+                out.append(training(r, r["spec"], c, norms, r["s_per_step"]))
     elif part == "runs":
         out = ["| result | scales' lr | codes' lr | threads | steps | s / step | held-out KL | held-out top-1 |",
                "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if r["kind"] == "qad_run":
-                s = r["settings"]
-                out.append(f"| {r['result']} | {s['lr']:g} | {s['code_lr']:g} | {r['threads']} | {r['steps']} | "
-                           f"{r['train_s'] / max(1, r['steps']):.1f} | {moved(r, 'kl')} | {moved(r, 'top1')} |")
+                out.append(training(r, r["result"], r["settings"], r["threads"], r["train_s"] / max(1, r["steps"])))
     elif part == "compare":
         out = ["| B | ppl A (fp32) | ppl B | top-1 vs fp32 | KL(A, B) |", "|---|---|---|---|---|"]
         for r in rows:

@@ -32,7 +32,7 @@ CONTEXTS = (128, 1024)
 SUM_BYTES = 1 << 30
 
 
-def best_ms(f: Callable[[], None], calls: int) -> float:
+def median_ms(f: Callable[[], None], calls: int) -> float:
     """The median of `calls` timed calls, after one untimed."""
     f()
     times = []
@@ -106,7 +106,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit, "ref": args.ref,
             "threads": args.threads, "kernels": build.variant(), "weight_bytes": weight_bytes}
-    rows = [{**base, "measurement": what, "rows": n, "context": context, "round": r, "ms": best_ms(f, args.calls)}
+    rows = [{**base, "measurement": what, "rows": n, "context": context, "round": r, "ms": median_ms(f, args.calls)}
             for r in range(args.rounds) for (what, n, context), f in todo.items()]
     print(table(rows))
     if args.out:
