@@ -107,6 +107,28 @@ def test_6_bit_codes_give_the_8_bit_forms_bits_in_fewer_bytes(group, offsets, ke
         assert torch.equal(int8dot.linear(x[:rows], six), int8dot.linear(x[:rows], eight)), rows
 
 
+@pytest.mark.parametrize("out,n_in", [(40, 224), (21, 896), (16, 256)])
+def test_one_super_block_per_row_gives_the_one_level_outputs(out, n_in, kernel_variant):
+    """4-bit codes whose group scales and offsets are int8 multiples of one float per row (what
+    `gguf-int4` requantizes to, for any number of inputs, 896 included) give, for every row count,
+    the output of the one-level weight holding the same float32 products, bit for bit."""
+    g = torch.Generator().manual_seed(n_in)
+    groups = n_in // 32
+    codes = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8)
+    d, m = torch.rand(out, 1, generator=g) * 1e-3, torch.randn(out, 1, generator=g) * 1e-3
+    sub_d = torch.randint(0, 128, (out, groups), generator=g, dtype=torch.int8)
+    sub_m = torch.randint(-127, 128, (out, groups), generator=g, dtype=torch.int8)
+    two = int8dot.pack_int4_two_level(codes, d, m, sub_d, sub_m, int8dot.ROW_SHIFT, variant=kernel_variant)
+    one = int8dot.pack_int4(codes, d * sub_d.float(), m * sub_m.float(), variant="avx2")
+    assert two.nbytes() < int8dot.pack_int4(codes, d * sub_d.float(), m * sub_m.float(), variant=kernel_variant).nbytes()
+    back = int8dot.unpack(two)
+    assert torch.equal(back[0], codes) and torch.equal(back[1], d * sub_d.float())
+    x = torch.randn(17, n_in, generator=g) * 3
+    x[1], x[5] = 0, x[5] * 1e20
+    for rows in range(1, len(x) + 1):
+        assert torch.equal(int8dot.linear(x[:rows], two), int8dot.linear(x[:rows], one)), rows
+
+
 def test_a_stack_refuses_int8dot_weights_of_another_variant(force_kernels):
     """int8dot weights have the layout of the variant they were packed on (panels of 8 or 16
     outputs): a stack made on another variant would read them wrongly, so it refuses them."""

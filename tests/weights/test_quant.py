@@ -29,7 +29,7 @@ from specq.weights.quant import (
 )
 from specq.weights.quant.awq import search_clip, search_scale
 from specq.weights.quant.gptq import gptq_quantize
-from specq.weights.quant.rtn import fit_grid
+from specq.weights.quant.rtn import fit_grid, quantize_two_level
 from specq.weights.quant.stats import InputStats, output_error
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -137,6 +137,21 @@ def test_rtn_error_within_half_step(bits, symmetric):
     lo, hi = (-(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1) if symmetric else (0, 2 ** bits - 1)
     assert qw.codes.min() >= lo and qw.codes.max() <= hi
     assert (qw.zeros is None) == symmetric
+
+
+def test_two_level_rtn_error_is_half_a_step_plus_its_roundings():
+    """Each group's error is within half its step, plus what rounding d and m to int8 multiples of
+    the row's floats moves them by; all-zero groups and rows stay exactly zero (no division by 0)."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 224) * torch.rand(16, 1) + torch.randn(16, 1) * 0.1
+    w[0, :32], w[1] = 0, 0
+    q = quantize_two_level(w, 4, 32)
+    assert q.codes.dtype == torch.uint8 and q.codes.max() <= 15 and q.sub_d.min() >= 0
+    d, m = q.d * q.sub_d.float(), q.m * q.sub_m.float()
+    back = (q.codes.float().view(16, 7, 32) * d[..., None] + m[..., None]).view(16, 224)
+    bound = d / 2 + q.m / 2 + 15 * q.d / 2 + 1e-6
+    assert ((back - w).abs().view(16, 7, 32) <= bound[..., None]).all()
+    assert (back[0, :32] == 0).all() and (back[1] == 0).all() and not back.isnan().any()
 
 
 def test_rtn_scales_are_bf16_exact():

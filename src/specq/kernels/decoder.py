@@ -59,6 +59,7 @@ class KernelWeight(Protocol):
     bits: int
     group_size: int  # int8dot's scale groups (0 for float panels)
     pointers: tuple[int | None, int | None, int | None, int | None]  # codes or float panels, scales, offsets, sub-scales
+    super_shift: int  # two-level scales: a group's super-block is (group * group_size) >> super_shift
     variant: str  # the kernel variant whose layout the weight has
 
 
@@ -67,7 +68,7 @@ LINEARS = ("wqkv", "wo", "w13", "w2")  # a layer's linear layers, in the order `
 
 class _QuantWeight(ctypes.Structure):
     _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p)]
+                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("super_shift", ctypes.c_int)]
 
 
 class _Part(ctypes.Structure):
@@ -145,7 +146,7 @@ class Stack:
                 if w.variant != self.variant:
                     kind = "float panels" if w.bits == 32 else "int8dot weights"
                     raise ValueError(f"{kind} laid out for the {w.variant} kernels, not {self.variant}")
-                setattr(row, name, _QuantWeight(w.bits, w.group_size, *w.pointers))
+                setattr(row, name, _QuantWeight(w.bits, w.group_size, *w.pointers, w.super_shift))
             for pair in (("q_norm", "k_norm"), ("post_attention_norm", "post_ffn_norm")):
                 if len({getattr(layer, name) is None for name in pair}) > 1:
                     raise ValueError(f"a layer has both of {' and '.join(pair)}, or neither")

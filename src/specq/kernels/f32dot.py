@@ -54,6 +54,7 @@ class FloatPanels:
         self.width = _library(self.variant).f32_panel_width()
         self.panels = _panel_major(weight.detach(), self.width)
         self.pointers = (self.panels.data_ptr(), None, None, None)
+        self.super_shift = 0
 
     def nbytes(self) -> int:
         return self.panels.nbytes

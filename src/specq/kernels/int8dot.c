@@ -19,11 +19,13 @@
  *     bits in chunks 4 and 5, byte 4o + t of chunk 4 + k holding those of inputs 16k + 4i + t in
  *     bits 2i, 2i + 1 (i < 4). A block's bytes are always 4P times its bits.
  *     Scales and offsets are [panel][group][P]. N is padded to a multiple of P with zeros.
- *     Or two-level, as GGUF's K-quants store them (K a multiple of SUPER, G 16 or 32): float32
- *     [panel][K / SUPER][P] per super-block and int8 sub-scales [panel][group][P] (with offsets,
- *     then sub-offsets [panel][group][P] after each panel's sub-scales), the group's d_w or m_w
- *     being the super-block's value times its sub-scale, a float32 product equal to the one-level
- *     value a loader would compute, so the two forms give the same bits with fewer bytes.
+ *     Or two-level: float32 [panel][supers][P] per super-block and int8 sub-scales [panel][group][P]
+ *     (with offsets, then sub-offsets [panel][group][P] after each panel's sub-scales), the group's
+ *     d_w or m_w being its super-block's value times its sub-scale. Group g's super-block is
+ *     (g * G) >> super_shift: 8 for GGUF's K-quants (super-blocks of 256 inputs, G 16 or 32; the
+ *     float32 product equals the one-level value a loader would compute, so the two forms give the
+ *     same bits with fewer bytes), 31 for one super-block per row (specq's own requantized 4-bit
+ *     weights, whatever K is).
  *     P is 8 (AVX2's vectors) or, where a variant has the 512-bit code for the weight's bits
  *     (`a8_panel_width`), 16: the weights are laid out for the variant that runs them.
  * Four activation bytes broadcast to every lane meet four inputs of each of the P outputs in one
@@ -50,7 +52,6 @@
 #define QBLOCK 32
 #define HALF_BLOCK 16  /* groups of 16: each half of a block has its own weight scale */
 #define ROW_TILE 4  /* rows sharing a panel's unpacked weights */
-#define SUPER_SHIFT 8  /* two-level scales: super-blocks of 1 << 8 = 256 inputs */
 /* wide_panel's loops over a block's chunks and halves: constant bounds at every call, fully
  * unrolled so that the unpacked weights stay in registers (not an array in memory indexed at run
  * time). */
@@ -162,11 +163,11 @@ static inline __m256i broadcast4(const int8_t *a) {
 }
 
 /* Group g's weight scales (or offsets) for a panel's 8 lanes: w's float32 values, or with int8
- * sub-scales `sub`, w's super-block values times them (G: the group size). */
-static inline __m256 group_terms(const float *w, const int8_t *sub, int g, int G) {
+ * sub-scales `sub`, w's super-block values times them (G: the group size; `shift`: super_shift). */
+static inline __m256 group_terms(const float *w, const int8_t *sub, int g, int G, int shift) {
     if (!sub) return _mm256_loadu_ps(w + (size_t)g * PANEL);
     __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sub + (size_t)g * PANEL))));
-    return _mm256_mul_ps(_mm256_loadu_ps(w + (((size_t)g * G) >> SUPER_SHIFT) * PANEL), s);
+    return _mm256_mul_ps(_mm256_loadu_ps(w + (((size_t)g * G) >> shift) * PANEL), s);
 }
 
 /* Bits 2s and 2s + 1 of each byte of h (s < 4, a constant at every call) moved to bits 4 and 5: a
@@ -277,8 +278,8 @@ static inline __attribute__((always_inline)) void chunk_dots(
  * 6-bit codes' correction (quantize_rows). */
 static inline __attribute__((always_inline)) void panel(
         int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *ws, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y, int N,
-        int valid) {
+        const int8_t *ws, int shift, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y,
+        int N, int valid) {
     const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 8 ? 8 : 4, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;  /* blocks per group of whole blocks */
     const size_t block_bytes = (size_t)bits * 4 * PANEL;
@@ -293,7 +294,7 @@ static inline __attribute__((always_inline)) void panel(
                 dots[r] = bits == 6 ? _mm256_set1_epi32(z[(size_t)(parts * b + h) * M + r]) : _mm256_setzero_si256();
             chunk_dots(bits, rows, h * chunks / parts, (h + 1) * chunks / parts, wq + (size_t)b * block_bytes,
                        q + (size_t)b * M * QBLOCK, dots);
-            __m256 wscale = group_terms(wd, ws, half ? 2 * b + h : group, G);
+            __m256 wscale = group_terms(wd, ws, half ? 2 * b + h : group, G, shift);
             UNROLL
             for (int r = 0; r < rows; r++) {
                 __m256 scale = _mm256_mul_ps(wscale, _mm256_set1_ps(d[(size_t)b * M + r]));
@@ -308,7 +309,7 @@ static inline __attribute__((always_inline)) void panel(
         if (wm) {  /* the offsets: m_w times the group sums of the quantized x */
             __m256 m = _mm256_setzero_ps();
             for (int g = 0; g < groups; g++)
-                m = _mm256_add_ps(m, _mm256_mul_ps(group_terms(wm, ws ? ws + (size_t)groups * PANEL : NULL, g, G),
+                m = _mm256_add_ps(m, _mm256_mul_ps(group_terms(wm, ws ? ws + (size_t)groups * PANEL : NULL, g, G, shift),
                                                    _mm256_set1_ps(s[(size_t)g * M + r])));
             out = _mm256_add_ps(out, m);
         }
@@ -322,10 +323,10 @@ typedef int32_t __attribute__((may_alias, aligned(1))) dword;
 static inline __m512i broadcast_dword(const int8_t *a) { return _mm512_set1_epi32(*(const dword *)a); }
 
 /* group_terms for a panel of 16 lanes. */
-static inline __m512 wide_group_terms(const float *w, const int8_t *sub, int g, int G) {
+static inline __m512 wide_group_terms(const float *w, const int8_t *sub, int g, int G, int shift) {
     if (!sub) return _mm512_loadu_ps(w + (size_t)g * WIDE_PANEL);
     __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sub + (size_t)g * WIDE_PANEL))));
-    return _mm512_mul_ps(_mm512_loadu_ps(w + (((size_t)g * G) >> SUPER_SHIFT) * WIDE_PANEL), s);
+    return _mm512_mul_ps(_mm512_loadu_ps(w + (((size_t)g * G) >> shift) * WIDE_PANEL), s);
 }
 
 /* dots[r] += the exact integer dot products, per 32-bit lane, of unpacked chunks w[i0..i1) with
@@ -370,8 +371,8 @@ static inline __m512i wide_top_bits(__m512i h, int s) {
  * from z, -128 (or -32) * sum(q) over the block or half, so what it adds up is exactly sum(c * q). */
 static inline __attribute__((always_inline)) void wide_panel(
         int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *ws, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y, int N,
-        int valid) {
+        const int8_t *ws, int shift, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y,
+        int N, int valid) {
     const int blocks = K / QBLOCK, groups = K / G, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;
     const size_t block_bytes = (size_t)bits * 4 * WIDE_PANEL;
@@ -411,7 +412,7 @@ static inline __attribute__((always_inline)) void wide_panel(
             for (int r = 0; r < rows; r++)
                 dots[r] = bits == 4 ? _mm512_setzero_si512() : _mm512_set1_epi32(z[(size_t)(parts * b + h) * M + r]);
             tile_dots(w, h * 8 / parts, (h + 1) * 8 / parts, rows, q + (size_t)b * M * QBLOCK, dots);
-            __m512 wscale = wide_group_terms(wd, ws, half ? 2 * b + h : group, G);
+            __m512 wscale = wide_group_terms(wd, ws, half ? 2 * b + h : group, G, shift);
             WIDE_UNROLL
             for (int r = 0; r < rows; r++) {
                 __m512 scale = _mm512_mul_ps(wscale, _mm512_set1_ps(d[(size_t)b * M + r]));
@@ -425,7 +426,7 @@ static inline __attribute__((always_inline)) void wide_panel(
         WIDE_UNROLL
         for (int r = 0; r < rows; r++) m[r] = _mm512_setzero_ps();
         for (int g = 0; g < groups; g++) {
-            __m512 offsets = wide_group_terms(wm, ws ? ws + (size_t)groups * WIDE_PANEL : NULL, g, G);
+            __m512 offsets = wide_group_terms(wm, ws ? ws + (size_t)groups * WIDE_PANEL : NULL, g, G, shift);
             WIDE_UNROLL
             for (int r = 0; r < rows; r++)
                 m[r] = _mm512_add_ps(m[r], _mm512_mul_ps(offsets, _mm512_set1_ps(s[(size_t)g * M + r])));
@@ -508,27 +509,28 @@ static inline int tile_rows(int left, int tile) {
 
 /* y = x w^T for `bits`-bit weights (4, 6 or 8) in groups of G (16 or a multiple of 32) in the panel
  * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (always for 4 bits; NULL for
- * 6- or 8-bit weights without them); `ws`: the int8 sub-scales of two-level scales (NULL: one-level).
+ * 6- or 8-bit weights without them); `ws`: the int8 sub-scales of two-level scales (NULL: one-level),
+ * whose super-blocks `super_shift` gives.
  * Returns 0 on success, -1 when out of memory. Panels are split across `threads` OpenMP threads. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
-              const float *wm, const int8_t *ws, float *y, int threads) {
+              const float *wm, const int8_t *ws, int super_shift, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
     const int biased = bits == 6 || (bits == 8 && wide(bits));  /* unsigned codes c + bias: z corrects */
     quantize_rows(x, M, K, G, a.q, a.d, a.t, wm ? a.s : NULL, biased ? a.z : NULL, bits == 6 ? 32 : 128);
     const int width = a8_panel_width(bits), panels = (N + width - 1) / width, half = G < QBLOCK;
     const size_t panel_bytes = (size_t)K / QBLOCK * bits * 4 * width;
-    const size_t panel_scales = (size_t)(ws ? K >> SUPER_SHIFT : K / G) * width;
+    const size_t panel_scales = (size_t)(ws ? ((K - 1) >> super_shift) + 1 : K / G) * width;
     const size_t panel_subs = ws ? (size_t)(wm ? 2 : 1) * (K / G) * width : 0;
 #define PANEL_AT(BITS, HALF, ROWS, r, p, valid)                                                              \
     panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,         \
           wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,                 \
-          a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r), y + (size_t)(r) * N + (size_t)(p) * PANEL, N, \
+          super_shift, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r), y + (size_t)(r) * N + (size_t)(p) * PANEL, N, \
           valid)
 #define WIDE_AT(BITS, HALF, ROWS, r, p, valid)                                                               \
     wide_panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,    \
                wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,            \
-               a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r),                                        \
+               super_shift, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r),                                        \
                y + (size_t)(r) * N + (size_t)(p) * WIDE_PANEL, N, valid)
     if (bits == 4 && !half) {
         SWEEP4(4, 0)

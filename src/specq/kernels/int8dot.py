@@ -30,6 +30,8 @@ from . import build
 BLOCK = 32  # activations are quantized per 32 values; groups must be multiples of this, or HALF
 HALF = 16  # groups of 16 (GGUF's Q6_K): each half of an activation block has its own weight scale
 SUPER = 256  # two-level scales: a float32 per super-block of this many inputs times an int8 per group
+SUPER_SHIFT = 8  # log2(SUPER): GGUF's K-quants
+ROW_SHIFT = 31  # super_shift for one super-block per row, whatever the inputs (in < 2^31)
 
 
 available = build.available  # AVX2 and a C compiler: specq's kernels build here
@@ -39,7 +41,7 @@ available = build.available  # AVX2 and a C compiler: specq's kernels build here
 def _library(variant: str) -> ctypes.CDLL:
     lib = build.load(variant)
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, p, i]
+    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i, p, i]
     lib.linear_a8.restype = ctypes.c_int
     lib.a8_panel_width.argtypes = [i]
     lib.a8_panel_width.restype = i
@@ -70,24 +72,27 @@ class Int8DotWeight:
     scales `d` and offsets `m` (always for 4 bits; None for 8-bit codes without them):
     w = d * code + m. Outputs are padded to whole panels with zeros. The weight always runs on its
     variant. With `sub` (int8 [panels, groups, width], then with offsets [.., 2 groups, ..]: the
-    sub-offsets after the sub-scales) the scales are two-level, as GGUF's K-quants store them: `d`
-    and `m` are [panels, in / SUPER, width], one per super-block, and a group's scale or offset is
-    that times its int8 sub-scale (`int8dot.c`), the same float32 with fewer bytes.
+    sub-offsets after the sub-scales) the scales are two-level: `d` and `m` are [panels, supers,
+    width], one per super-block, and a group's scale or offset is that times its int8 sub-scale
+    (`int8dot.c`). Group g's super-block is (g * group_size) >> super_shift: SUPER_SHIFT for GGUF's
+    K-quants (the same float32 as the file's scales, with fewer bytes), ROW_SHIFT for one per row.
 
     The call's constant arguments are prepared once (a decode step makes over a hundred calls, so
     the Python side of each call matters); copies rebuild them for their own tensors."""
 
     def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, group_size: int,
-                 out_features: int, in_features: int, variant: str, sub: Tensor | None = None):
+                 out_features: int, in_features: int, variant: str, sub: Tensor | None = None,
+                 super_shift: int = SUPER_SHIFT):
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
         self.out_features, self.in_features, self.variant, self.sub = out_features, in_features, variant, sub
+        self.super_shift = super_shift
         self._shape = (in_features, out_features, group_size)
         self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m, sub))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
         codes, d, m, sub = (copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m, self.sub))
         return Int8DotWeight(self.bits, codes, d, m, self.group_size, self.out_features, self.in_features,
-                             self.variant, sub)
+                             self.variant, sub, self.super_shift)
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.codes, self.d, self.m, self.sub) if t is not None)
@@ -98,7 +103,8 @@ class Int8DotWeight:
         if self.sub is None:
             return self.d, self.m
         groups = self.in_features // self.group_size
-        spread = [t.repeat_interleave(SUPER // self.group_size, dim=1) for t in (self.d, self.m) if t is not None]
+        supers = (torch.arange(groups) * self.group_size) >> self.super_shift  # each group's super-block
+        spread = [t[:, supers] for t in (self.d, self.m) if t is not None]
         return spread[0] * self.sub[:, :groups].float(), (spread[1] * self.sub[:, groups:].float()
                                                            if self.m is not None else None)
 
@@ -137,6 +143,17 @@ def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None
     width, (out, n_in) = panel_width(4, variant), unsigned.shape
     return Int8DotWeight(4, _nibble_chunks(unsigned, width).contiguous(), panel_major(d, width), panel_major(m, width),
                          n_in // d.shape[1], out, n_in, variant)
+
+
+def pack_int4_two_level(unsigned: Tensor, d: Tensor, m: Tensor, sub_d: Tensor, sub_m: Tensor, super_shift: int,
+                        variant: str | None = None) -> Int8DotWeight:
+    """From codes u in [0, 15] [out, in], float d, m [out, supers] and int8 sub_d, sub_m [out,
+    groups]: group g's w = d[(g * G) >> super_shift] * sub_d[g] * u + m[..] * sub_m[g]."""
+    variant = variant or build.variant()
+    width, (out, n_in) = panel_width(4, variant), unsigned.shape
+    sub = torch.cat([_panels(t, width).transpose(1, 2) for t in (sub_d, sub_m)], dim=1).contiguous()
+    return Int8DotWeight(4, _nibble_chunks(unsigned, width).contiguous(), panel_major(d, width), panel_major(m, width),
+                         n_in // sub_d.shape[1], out, n_in, variant, sub, super_shift)
 
 
 def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
@@ -190,6 +207,6 @@ def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
         x = x.float().contiguous()
     y = torch.empty(x.shape[:-1] + (w.out_features,))
     if _library(w.variant).linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape, *w.pointers,
-                                     y.data_ptr(), torch.get_num_threads()):
+                                     w.super_shift, y.data_ptr(), torch.get_num_threads()):
         raise MemoryError("int8dot: out of memory for the quantized activations")
     return y if dtype == torch.float32 else y.to(dtype)

@@ -3,9 +3,11 @@
     gguf[-int4][-head{N}k]
 
 * `int4`: the file's 5- to 8-bit weight tensors (Q5_0, Q8_0, Q6_K, ...) requantized by specq's RTN
-  to 4-bit codes in groups of 32 with a scale and an offset each (Q4_1's form), from their exact
-  dequantized values; 4-bit tensors, the token embedding and the head stay the file's. Why: the
-  kernels run 5- and 6-bit codes at 6.25 bits and 8-bit ones as bytes, so a 4-bit body reads fewer.
+  to 4-bit codes in groups of 32, each group's scale and offset an int8 multiple of a float per row
+  (`rtn.quantize_two_level`: 4.6 bits a weight, where Q4_1's float pair per group costs 6), from
+  their exact dequantized values; 4-bit tensors, the token embedding and the head stay the file's.
+  Why: the kernels run 5- and 6-bit codes at 6.25 bits and 8-bit ones as bytes, so a 4-bit body
+  reads fewer.
   Requantizing takes tens of seconds, so the result is saved once under `$SPECQ_CACHE/gguf-int4/`
   (keyed by the file and the kernel variant whose layout it holds); a later load puts it in place
   of those tensors, which it then neither reads nor repacks.
@@ -35,14 +37,14 @@ from ..paths import cache_dir, file_key
 from ..weights.gguf_formats import FORMATS, kernel_weight
 from ..weights.narrow_head import NarrowHead
 from ..weights.quant.modules import FileBlocks
-from ..weights.quant.rtn import quantize_rtn
+from ..weights.quant.rtn import quantize_two_level
 from .gguf_io import GGUFFile
 
 FILE_PRECISION = "gguf"
 FORM = "gguf[-int4][-head{N}k] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k)"
 HEADS = Path(__file__).parents[1] / "assets" / "heads"  # src/specq/assets/heads: <name>.npy + <name>.json
 INT4_GROUP = 32
-INT4_FORM = 1  # in the cache's key: raise it when `to_int4` changes what it makes
+INT4_FORM = 2  # in the cache's key: raise it when `to_int4` changes what it makes
 # GGUF token types a narrowed head always keeps: unknown, control, user-defined, byte (not normal, unused)
 SPECIAL_TOKEN_TYPES = (2, 3, 4, 6)
 
@@ -122,15 +124,14 @@ def narrowed_head(g: GGUFFile, keep: torch.Tensor) -> NarrowHead:
 
 
 def to_int4(blocks: FileBlocks) -> FileBlocks:
-    """A file's 5- to 8-bit blocks as 4-bit RTN codes (groups of 32, scale and offset) of their
-    exact dequantized weights."""
+    """A file's 5- to 8-bit blocks as 4-bit RTN codes (groups of 32, two-level scale and offset) of
+    their exact dequantized weights."""
     codes, d, m = int8dot.unpack(blocks._blocks)
     w = codes.float().view(blocks.out_features, -1, blocks.group_size) * d[..., None]
     w = (w if m is None else w + m[..., None]).view(blocks.out_features, blocks.in_features)
-    qw = quantize_rtn(w, 4, INT4_GROUP, symmetric=False)
-    scale = qw.scales.float()
-    return FileBlocks(int8dot.pack_int4(qw.codes.to(torch.uint8), scale, -qw.zeros.float() * scale,
-                                        blocks._blocks.variant), f"{blocks.kind} as int4")
+    q = quantize_two_level(w, 4, INT4_GROUP)
+    return FileBlocks(int8dot.pack_int4_two_level(*q, int8dot.ROW_SHIFT, blocks._blocks.variant),
+                      f"{blocks.kind} as int4")
 
 
 def int4_cache(g: GGUFFile, variant: str) -> Path:
@@ -153,7 +154,8 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec) -> dict[str, FileBlocks]:
             shapes = json.loads(f.metadata()["modules"])
             tensors = {key: f.get_tensor(key) for key in f.keys()}
         return {name: FileBlocks(int8dot.Int8DotWeight(4, tensors[f"{name}.codes"], tensors[f"{name}.d"],
-                                                       tensors[f"{name}.m"], INT4_GROUP, out, n_in, variant), kind)
+                                                       tensors[f"{name}.m"], INT4_GROUP, out, n_in, variant,
+                                                       tensors[f"{name}.sub"], int8dot.ROW_SHIFT), kind)
                 for name, (out, n_in, kind) in shapes.items()}
     except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
         return {}
@@ -175,7 +177,7 @@ def int4_body(net: nn.Module, g: GGUFFile) -> None:
     for name, module in made.items():
         net.set_submodule(name, module)
     tensors = {f"{name}.{part}": getattr(m._blocks, part).contiguous() for name, m in made.items()
-               for part in ("codes", "d", "m")}
+               for part in ("codes", "d", "m", "sub")}
     shapes = {name: (m.out_features, m.in_features, m.kind) for name, m in made.items()}
     atomic.write_file(path, lambda f: f.write(save(tensors, metadata={"modules": json.dumps(shapes)})))
 

@@ -16,6 +16,7 @@ grid still covers the group (no extra clipping; RTN error stays within half a st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -110,3 +111,32 @@ def make_quantized(codes: Tensor, scales: Tensor, zeros: Tensor | None, bits: in
         bits=bits,
         group_size=group_size,
     )
+
+
+class TwoLevel(NamedTuple):
+    """Codes u [out, in] uint8 with w ~ d * u + m per group, each group's d and m a float32 per row
+    ([out, 1]) times an int8 per group ([out, groups]): sub_d in [0, 127], sub_m in [-127, 127]."""
+
+    codes: Tensor
+    d: Tensor
+    m: Tensor
+    sub_d: Tensor
+    sub_m: Tensor
+
+
+def quantize_two_level(weight: Tensor, bits: int, group_size: int) -> TwoLevel:
+    """Asymmetric RTN over each group's min/max, its scale and offset then stored as int8 multiples
+    of one float per row (`int8dot`'s two-level form with one super-block per row). Why: a float
+    scale and offset per group of 32 cost 2 bits a weight, these half a bit; the codes are fitted to
+    the rounded d and m, so the error grows only by those roundings."""
+    out, n_in = weight.shape
+    qmax = max_code(bits, False)
+    w = weight.detach().float().view(out, n_in // group_size, group_size)
+    lo, hi = w.amin(-1), w.amax(-1)
+    d_row = (hi - lo).amax(-1, keepdim=True) / qmax / 127
+    m_row = lo.abs().amax(-1, keepdim=True) / 127
+    sub_d = torch.where(d_row > 0, (hi - lo) / qmax / d_row, 0).round().clamp(0, 127)
+    sub_m = torch.where(m_row > 0, lo / m_row, 0).round().clamp(-127, 127)
+    d, m = (d_row * sub_d)[..., None], (m_row * sub_m)[..., None]  # float32 products, as the kernel's
+    codes = torch.where(d > 0, (w - m) / d, 0).round().clamp(0, qmax)
+    return TwoLevel(codes.view(out, n_in).to(torch.uint8), d_row, m_row, sub_d.to(torch.int8), sub_m.to(torch.int8))
