@@ -53,9 +53,10 @@ def tiny_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
-def test_narrowed_head_rows_are_the_files_rows(tiny_file, fast):
-    """The kept tokens' logits are bit for bit the whole head's (the same Q8_0 blocks on the same
-    kernel), the others -inf."""
+@pytest.mark.parametrize("int4", [False, True], ids=["file", "int4"])
+def test_narrowed_head_rows_are_the_whole_heads_rows(tiny_file, fast, int4):
+    """The kept tokens' logits are bit for bit the whole head's (the same Q8_0 blocks, or with int4
+    the same 4-bit rows, on the same kernel), the others -inf."""
     from specq.backends import fastpath
 
     if fast and not int8dot.available():
@@ -63,10 +64,13 @@ def test_narrowed_head_rows_are_the_files_rows(tiny_file, fast):
     _, parsed, tok = tiny_file
     full, _ = gguf_io.load_at_file_precision(parsed)
     narrow, _ = gguf_io.load_at_file_precision(parsed)
-    file_spec.apply(narrow, parsed, FileSpec(head_tokens=1024), tok)
+    file_spec.apply(full, parsed, FileSpec(int4=int4), tok)
+    file_spec.apply(narrow, parsed, FileSpec(int4=int4, head_tokens=1024), tok)
     keep = narrow.output.keep
     assert isinstance(narrow.output, NarrowHead) and isinstance(narrow.output.rows, FileBlocks)
-    assert narrow.output.rows.kind == "Q8_0" and torch.equal(keep, torch.arange(VOCAB // 2, VOCAB))
+    assert narrow.output.rows.bits == full.output.bits == (4 if int4 else 8)
+    assert narrow.output.rows.kind == ("Q8_0 as int4" if int4 else "Q8_0")
+    assert torch.equal(keep, torch.arange(VOCAB // 2, VOCAB))
     for net in (full, narrow):
         if fast:
             fastpath.apply(net)
@@ -76,12 +80,13 @@ def test_narrowed_head_rows_are_the_files_rows(tiny_file, fast):
     assert torch.equal(b[:, keep], a[:, keep]) and torch.isneginf(b[:, :VOCAB // 2]).all()
 
 
-def test_int4_body_is_close_to_the_files_weights_and_keeps_the_head(tiny_file):
+def test_int4_body_and_head_are_close_to_the_files_weights(tiny_file):
     _, parsed, tok = tiny_file
     net, _ = gguf_io.load_at_file_precision(parsed)
+    assert net.output.bits == 8  # the file's Q8_0 head
     file_spec.apply(net, parsed, FileSpec(int4=True), tok)
     reference = parsed.float_state_dict()
-    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w2"):
+    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w2", "output"):
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and module.bits == 4 and module.group_size == 32
         codes, d, m = int8dot.unpack(module._blocks)
@@ -89,7 +94,6 @@ def test_int4_body_is_close_to_the_files_weights_and_keeps_the_head(tiny_file):
         expected = reference[f"{name}.weight"]
         step = d.repeat_interleave(32, 1)
         assert ((weight - expected).abs() <= 0.51 * step + 1e-6).all()  # RTN: within half a step
-    assert net.output.bits == 8  # the head stays the file's Q8_0
 
 
 def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch):

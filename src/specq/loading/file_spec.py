@@ -5,9 +5,10 @@
 * `int4`: the file's 5- to 8-bit weight tensors (Q5_0, Q8_0, Q6_K, ...) requantized by specq's RTN
   to 4-bit codes in groups of 32, each group's scale and offset an int8 multiple of a float per row
   (`rtn.quantize_two_level`: 4.6 bits a weight, where Q4_1's float pair per group costs 6), from
-  their exact dequantized values; 4-bit tensors, the token embedding and the head stay the file's.
-  Why: the kernels run 5- and 6-bit codes at 6.25 bits and 8-bit ones as bytes, so a 4-bit body
-  reads fewer.
+  their exact dequantized values, the head (output layer) included; 4-bit tensors and the token
+  embedding stay the file's. Why: the kernels run 5- and 6-bit codes at 6.25 bits and 8-bit ones as
+  bytes, so a 4-bit body reads fewer. Each row is requantized on its own, so a narrowed head's rows
+  are those of the whole 4-bit head.
   Requantizing takes tens of seconds, so the result is saved once under `$SPECQ_CACHE/gguf-int4/`
   (keyed by the file and the kernel variant whose layout it holds); a later load puts it in place
   of those tensors, which it then neither reads nor repacks.
@@ -44,7 +45,7 @@ FILE_PRECISION = "gguf"
 FORM = "gguf[-int4][-head{N}k] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k)"
 HEADS = Path(__file__).parents[1] / "assets" / "heads"  # src/specq/assets/heads: <name>.npy + <name>.json
 INT4_GROUP = 32
-INT4_FORM = 2  # in the cache's key: raise it when `to_int4` changes what it makes
+INT4_FORM = 3  # in the cache's key: raise it when `to_int4` changes what it makes
 # GGUF token types a narrowed head always keeps: unknown, control, user-defined, byte (not normal, unused)
 SPECIAL_TOKEN_TYPES = (2, 3, 4, 6)
 
@@ -109,14 +110,16 @@ def kept_tokens(g: GGUFFile, tokenizer, count: int) -> torch.Tensor:
     return torch.from_numpy(ids[ids < g.config.vocab_size].astype(np.int64))
 
 
-def narrowed_head(g: GGUFFile, keep: torch.Tensor) -> NarrowHead:
+def narrowed_head(g: GGUFFile, keep: torch.Tensor, int4: bool = False) -> NarrowHead:
     """The file's head (its output tensor, or the tied token embedding) over the rows of `keep`,
-    each row the file's bytes as they are: the same blocks on the int8-activation kernel."""
+    each row the file's bytes as they are (the same blocks on the int8-activation kernel), or with
+    `int4` as `to_int4` makes them where they have more than 4 bits."""
     name = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
     fmt, rows = FORMATS.get(g.qtype(name)), keep.numpy()
     if fmt is not None and fmt.kernel is not None:
         head = FileBlocks(kernel_weight([(g.qtype(name), np.ascontiguousarray(np.asarray(g.raw(name))[rows]))]),
                           fmt.name)
+        head = to_int4(head) if int4 and head.bits > 4 else head
     else:
         head = nn.Linear(g.config.hidden_size, rows.size, bias=False)
         head.weight = nn.Parameter(g.float_tensor(name)[keep], requires_grad=False)
@@ -167,7 +170,7 @@ def int4_body(net: nn.Module, g: GGUFFile) -> None:
     from safetensors.torch import save
 
     byte_coded = {name: m for name, m in net.named_modules() if isinstance(m, FileBlocks) and m.bits > 4
-                  and name.startswith("layers.")}
+                  and (name.startswith("layers.") or name == "output")}
     if not byte_coded:
         return
     path = int4_cache(g, next(iter(byte_coded.values()))._blocks.variant)
@@ -188,4 +191,4 @@ def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer) -> None:
     if spec.int4:
         int4_body(net, g)
     if spec.head_tokens:
-        net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens))
+        net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens), spec.int4)
