@@ -23,18 +23,19 @@ VOCAB = 2048  # a head of 1k tokens keeps half of it
 
 
 @pytest.mark.parametrize("text, canonical", [("gguf", "gguf"), ("gguf-head32k", "gguf-head32k"),
-                                             ("GGUF-head16k-int4", "gguf-int4-head16k"), ("gguf-int4", "gguf-int4")])
+                                             ("GGUF-head16k-int4", "gguf-int4-head16k"), ("gguf-int4", "gguf-int4"),
+                                             ("gguf-keep18-int4", "gguf-int4-keep18")])
 def test_file_precisions_parse_to_one_spelling(text, canonical):
     assert file_spec.names_file(text.lower()) and precision.canonical(text.lower()) == canonical
     assert not precision.is_float(text.lower())
 
 
 @pytest.mark.parametrize("text", ["gguf-head", "gguf-head32", "gguf-head0k", "gguf-int4-int4", "gguf-q4",
-                                  "gguf-head8k-head16k", "gguf-"])
+                                  "gguf-head8k-head16k", "gguf-", "gguf-keep1", "gguf-keep", "gguf-keep4-keep3"])
 def test_bad_file_precisions_are_one_line(text):
     with pytest.raises(SpecqError) as e:
         file_spec.parse(text)
-    assert "\n" not in str(e.value) and "gguf[-int4][-head{N}k]" in str(e.value)
+    assert "\n" not in str(e.value) and "gguf[-int4][-head{N}k][-keep{N}]" in str(e.value)
 
 
 @pytest.fixture
@@ -161,3 +162,31 @@ def test_a_vocabulary_without_a_ranked_list_is_one_line(tiny_file, monkeypatch, 
     with pytest.raises(SpecqError, match="holds only"):
         monkeypatch.setattr(file_spec, "HEADS", tiny_file[1].path.parent / "heads")
         file_spec.apply(net, parsed, FileSpec(head_tokens=4096), tok)
+
+
+def test_kept_layers_keep_the_first_and_last_and_spread_the_dropped_ones():
+    assert file_spec.kept_layers(24, 18) == [0, 1, 3, 4, 5, 7, 8, 9, 11, 12, 14, 15, 16, 18, 19, 20, 22, 23]
+    assert file_spec.kept_layers(5, 2) == [0, 4] and file_spec.kept_layers(5, 4) == [0, 1, 3, 4]
+
+
+def test_a_draft_of_fewer_layers_runs_its_kept_layers_and_speculates_losslessly(tmp_path):
+    """`keep{N}`: the kept layers' weights, in order, as many cache layers, and the target's own
+    output with a draft that now agrees less (accepts and rejects asserted by the helper)."""
+    from specq.backends import fastpath
+    from specq.loading.model import Model
+
+    model = tiny_model(vocab=VOCAB, layers=5, hidden=32, scale=3.0)
+    write_tiny_gguf(tmp_path / "five.gguf", model, "Q8_0")
+    parsed = gguf_io.read(tmp_path / "five.gguf")
+    full, _ = gguf_io.load_at_file_precision(parsed)
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(net, parsed, file_spec.parse("gguf-keep3"), model.tokenizer)
+    assert len(net.layers) == net.config.num_layers == 3 and net.new_cache(8).k.shape[0] == 3
+    for new, old in enumerate(file_spec.kept_layers(5, 3)):
+        assert torch.equal(net.layers[new].ffn_norm.weight, full.layers[old].ffn_norm.weight)
+    if int8dot.available():
+        fastpath.apply(net)
+    draft = Model(ref="five.gguf@gguf-keep3", net=net, tokenizer=model.tokenizer, eos_ids=frozenset(), source="five")
+    assert_speculative_is_plain(model, draft)
+    with pytest.raises(SpecqError, match="keep5 needs 2 to 4 of its 5 layers"):
+        file_spec.apply(full, parsed, file_spec.parse("gguf-keep5"), model.tokenizer)

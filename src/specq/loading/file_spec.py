@@ -1,6 +1,6 @@
 """`@gguf` and its options: a GGUF file at its own precision, made cheaper to run as a draft.
 
-    gguf[-int4][-head{N}k]
+    gguf[-int4][-head{N}k][-keep{N}]
 
 * `int4`: the file's 5- to 8-bit weight tensors (Q5_0, Q8_0, Q6_K, ...) requantized by specq's RTN
   to 4-bit codes in groups of 32, each group's scale and offset an int8 multiple of a float per row
@@ -16,6 +16,11 @@
   file's special tokens, its rows exactly the file's (`weights.narrow_head`): drafts only, since a
   dropped token is never proposed (acceptance may drop, correctness cannot). The list is the one
   in `assets/heads/` made for the file's vocabulary (the sha256 of its token strings).
+* `keep{N}`: only N of the file's L decoder layers run, the first and the last always among them,
+  the L - N dropped spread evenly over the ones between (`kept_layers`): drafts only, a smaller
+  draft made from the same file with no training (layer-skipping self-speculation, as Draft &
+  Verify and SWIFT do with the target's own layers). Its cost falls with the layers; how much
+  agreement it keeps is for the bench to say.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import hashlib
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +47,7 @@ from ..weights.quant.rtn import quantize_two_level
 from .gguf_io import GGUFFile
 
 FILE_PRECISION = "gguf"
-FORM = "gguf[-int4][-head{N}k] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k)"
+FORM = "gguf[-int4][-head{N}k][-keep{N}] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k, gguf-int4-keep18)"
 HEADS = Path(__file__).parents[1] / "assets" / "heads"  # src/specq/assets/heads: <name>.npy + <name>.json
 INT4_GROUP = 32
 INT4_FORM = 3  # in the cache's key: raise it when `to_int4` changes what it makes
@@ -54,10 +59,12 @@ SPECIAL_TOKEN_TYPES = (2, 3, 4, 6)
 class FileSpec:
     int4: bool = False  # 5- to 8-bit tensors requantized to 4 bits
     head_tokens: int | None = None  # ranked tokens the head keeps; None: the whole vocabulary
+    keep_layers: int | None = None  # decoder layers that run; None: all of them
 
     def __str__(self) -> str:
         parts = [FILE_PRECISION] + (["int4"] if self.int4 else [])
-        return "-".join(parts + ([f"head{self.head_tokens // 1024}k"] if self.head_tokens else []))
+        parts += [f"head{self.head_tokens // 1024}k"] if self.head_tokens else []
+        return "-".join(parts + ([f"keep{self.keep_layers}"] if self.keep_layers else []))
 
 
 def names_file(spec_text: str) -> bool:
@@ -66,20 +73,23 @@ def names_file(spec_text: str) -> bool:
 
 
 def parse(spec_text: str) -> FileSpec:
-    """`gguf[-int4][-head{N}k]` (options in any order) -> FileSpec; anything else one line."""
+    """`gguf[-int4][-head{N}k][-keep{N}]` (options in any order) -> FileSpec; anything else one line.
+    Whether the file has N layers is for `apply` to check."""
     head, *options = spec_text.strip().lower().split("-")
     if head != FILE_PRECISION:
         raise SpecqError(f"'{spec_text}' is not a GGUF file precision: {FORM}")
-    int4, tokens = False, None
+    int4, tokens, layers = False, None, None
     for option in options:
-        m = re.fullmatch(r"head(\d+)k", option)
+        m, k = re.fullmatch(r"head(\d+)k", option), re.fullmatch(r"keep(\d+)", option)
         if option == "int4" and not int4:
             int4 = True
         elif m and tokens is None and 1 <= int(m.group(1)) <= 1024:
             tokens = int(m.group(1)) * 1024
+        elif k and layers is None and int(k.group(1)) >= 2:
+            layers = int(k.group(1))
         else:
             raise SpecqError(f"bad GGUF file precision '{spec_text}' (at '{option}'): {FORM}")
-    return FileSpec(int4, tokens)
+    return FileSpec(int4, tokens, layers)
 
 
 def vocabulary_digest(tokenizer) -> str:
@@ -185,10 +195,32 @@ def int4_body(net: nn.Module, g: GGUFFile) -> None:
     atomic.write_file(path, lambda f: f.write(save(tensors, metadata={"modules": json.dumps(shapes)})))
 
 
+def kept_layers(total: int, keep: int) -> list[int]:
+    """The `keep` of `total` layers that run: the first and the last, and of those between all but
+    total - keep spread evenly over them."""
+    inner = list(range(1, total - 1))
+    step = len(inner) / (total - keep) if keep < total else 0
+    dropped = {inner[int((i + 0.5) * step)] for i in range(total - keep)}
+    return [i for i in range(total) if i not in dropped]
+
+
+def keep_layers(net: nn.Module, keep: int, name: str) -> None:
+    """Only the `kept_layers` of `net` stay, in order, each with its own window and rope."""
+    total = len(net.layers)
+    if not 2 <= keep < total:
+        raise SpecqError(f"{name}: keep{keep} needs 2 to {total - 1} of its {total} layers")
+    kept = kept_layers(total, keep)
+    net.layers = nn.ModuleList(net.layers[i] for i in kept)
+    sliding = tuple(new for new, old in enumerate(kept) if old in net.config.sliding_layers)
+    net.config = replace(net.config, num_layers=keep, sliding_layers=sliding)
+
+
 def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer) -> None:
     """Put the options of `spec` on a network `gguf_io.load_at_file_precision` built, in place
-    (before a backend is chosen)."""
+    (before a backend is chosen). The 4-bit body is made (and cached) whole, then layers dropped."""
     if spec.int4:
         int4_body(net, g)
     if spec.head_tokens:
         net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens), spec.int4)
+    if spec.keep_layers:
+        keep_layers(net, spec.keep_layers, g.path.name)
