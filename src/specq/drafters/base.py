@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -52,6 +52,16 @@ class Drafter(Protocol):
     def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
         """seq[:length + 1] is settled; `path` are the indices of the last proposal's accepted
         nodes (root to leaf), `features` the target's hidden states of the root and those nodes."""
+
+
+@runtime_checkable
+class Routed(Protocol):
+    """A drafter made of drafters that differ in cost and agreement (`ngram+MODEL`): which of them
+    would propose next, so gamma "auto" keeps costs and acceptance per route (`core/decode.py`)
+    rather than one mix of a free lookup's and a model's."""
+
+    def route(self, seq: list[int]) -> str:
+        """The name of the drafter that proposes next after `seq` (every token so far)."""
 
 
 def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator,
