@@ -215,6 +215,28 @@ def test_greedy_ngram_with_a_model_fallback_equals_the_target(kind):
     assert counts["first"] > 0 and counts["then"] > 0  # both drafters proposed
 
 
+def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
+    """With `ngram+MODEL` and gamma auto, steps the lookup drafts and steps the model drafts are
+    priced apart (a free lookup and a model forward), and the output stays the target's."""
+    from specq.core.decode import run
+
+    target = tiny_model(scale=3.0, seed=4)
+    draft = NgramDraft(fallback=perturbed(target, 0.3, seed=2))
+    routes = set()
+    for prompt in PROMPTS:
+        base = specq.generate(target, prompt, max_new_tokens=40)
+        sequence = api.start(target, prompt, draft, gamma="auto", max_new_tokens=40)
+        run(sequence)
+        assert sequence.generated == base.token_ids
+        routes |= set(sequence.choosers)
+        for name, chooser in sequence.choosers.items():
+            assert chooser.draft_s is not None, name  # each route's own draft cost was measured
+    assert routes == {"lookup", "model"}
+    plain = api.start(target, PROMPTS[0], perturbed(target, 0.3, seed=2), gamma="auto", max_new_tokens=40)
+    run(plain)
+    assert set(plain.choosers) == {""}  # one drafter: one route
+
+
 def test_greedy_ngram_under_a_hierarchy_equals_the_target():
     """ngram,MODEL: the model verifies the lookup's tokens and hands up a chain."""
     target = tiny_model(scale=3.0, seed=4)

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..drafters.base import DEFAULT_GAMMA, EMPTY, Drafter, Proposal
+from ..drafters.base import DEFAULT_GAMMA, EMPTY, Drafter, Proposal, Routed
 from ..loading.model import Model
 from ..model.llama import Rows
 from .acceptance import accept_greedy, accept_sampling, depths, is_chain, verify_layout
@@ -79,7 +79,9 @@ class Sequence:
         self.target, self.prompt_ids, self.drafter, self.sampling = target, list(prompt_ids), drafter, sampling
         self.generator = generator or torch.Generator().manual_seed(0)
         self.gamma = gamma if drafter is not None else 0
-        self.chooser = CostAwareGamma(self.gamma) if adaptive and self.gamma else None
+        self.adaptive = adaptive and self.gamma > 0
+        self.choosers: dict[str, CostAwareGamma] = {}  # gamma auto's, per route (`drafters.base.Routed`)
+        self.chooser: CostAwareGamma | None = None  # this step's
         self.max_new_tokens, self.on_tokens = max_new_tokens, on_tokens
         self.stats = DecodeStats(gamma=self.gamma, prompt_tokens=len(prompt_ids))
         self.stopper = StopChecker(target.tokenizer, frozenset() if ignore_eos else target.eos_ids, stop_strings,
@@ -121,7 +123,10 @@ class Sequence:
         """Draft (never past the token budget; nothing when not `speculate`) and return the rows the
         target verifies: the last token (the root) and every draft node, a tree's with its
         positions and mask."""
-        self.chosen = speculate and self.chooser is not None  # gamma auto learns from its own choices only
+        self.chosen = speculate and self.adaptive  # gamma auto learns from its own choices only
+        if self.chosen:
+            route = self.drafter.route(self.seq) if isinstance(self.drafter, Routed) else ""
+            self.chooser = self.choosers.setdefault(route, CostAwareGamma(self.gamma))
         cap = self.chooser.next() if self.chosen else (self.gamma if speculate else 0)
         self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)
         started = time.perf_counter()

@@ -27,6 +27,11 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   missed), so each probe that leaves the choice where it was doubles the interval, from
   PROBE_EVERY up to MAX_PROBE_EVERY steps, and a changed choice resets it.
 
+A drafter of several drafters (`ngram+MODEL`: a free lookup where the text repeats, a model
+elsewhere; `drafters.base.Routed`) gets one chooser per route: a lookup's cost and acceptance say
+nothing about the model's, and one mean of both would price the lookup too high and the model too
+low.
+
 Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
 """
 

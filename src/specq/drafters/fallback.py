@@ -15,13 +15,16 @@ from torch import Tensor
 
 from ..core.sampling import SamplingConfig
 from .base import Drafter, Proposal
+from .ngram import NgramDrafter
+
+LOOKUP, MODEL = "lookup", "model"  # the routes (`base.Routed`)
 
 
 class FallbackDrafter:
     """`first` proposes; where it proposes nothing, `then` does, at most `then_gamma` deep (the
     model draft's own gamma; the run's cap may be longer for the first)."""
 
-    def __init__(self, first: Drafter, then: Drafter, then_gamma: int):
+    def __init__(self, first: NgramDrafter, then: Drafter, then_gamma: int):
         self.first, self.then, self.then_gamma = first, then, then_gamma
         self.needs_target_features = first.needs_target_features or then.needs_target_features
         self.proposer: Drafter | None = None  # whose proposal this step's verify pass checks
@@ -32,6 +35,10 @@ class FallbackDrafter:
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None) -> None:
         self.first.start(prompt, capacity, features)
         self.then.start(prompt, capacity, features)
+
+    def route(self, seq: list[int]) -> str:
+        """LOOKUP where the n-gram lookup has a proposal, else MODEL."""
+        return LOOKUP if self.first.has_proposal(seq) else MODEL
 
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:

@@ -187,6 +187,11 @@ class NgramDrafter:
         self.index = NgramIndex(self.draft.n_min, self.draft.n_max)
         self.index.extend(prompt.tolist())
 
+    def has_proposal(self, seq: list[int]) -> bool:
+        """Whether an n-gram matches the end of `seq` (what `propose` would then continue)."""
+        self.index.extend(seq[len(self.index):])  # every token of seq is settled
+        return self.index.match() is not None
+
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
         """Nothing when no n-gram matches: the loop then takes a plain step."""
