@@ -126,7 +126,9 @@ class Sequence:
         self.chosen = speculate and self.adaptive  # gamma auto learns from its own choices only
         if self.chosen:
             route = self.drafter.route(self.seq) if isinstance(self.drafter, Routed) else ""
-            self.chooser = self.choosers.setdefault(route, CostAwareGamma(self.gamma))
+            if route not in self.choosers:
+                self.choosers[route] = CostAwareGamma(self.gamma)
+            self.chooser = self.choosers[route]
         cap = self.chooser.next() if self.chosen else (self.gamma if speculate else 0)
         self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)
         started = time.perf_counter()
