@@ -129,6 +129,32 @@ def test_one_super_block_per_row_gives_the_one_level_outputs(out, n_in, kernel_v
         assert torch.equal(int8dot.linear(x[:rows], two), int8dot.linear(x[:rows], one)), rows
 
 
+@pytest.mark.parametrize("two_level", [False, True], ids=["one level", "two levels"])
+def test_taking_rows_of_a_4_bit_weight_packs_those_rows(two_level, kernel_variant):
+    """`take_rows` (a narrowed head from a 4-bit one) gives the weight packing the kept outputs
+    alone would, on every variant's panels: the same bytes, so the same outputs."""
+    g = torch.Generator().manual_seed(7)
+    out, n_in, groups = 37, 224, 7
+    codes = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8)
+    keep = torch.tensor([0, 3, 4, 17, 18, 19, 36])
+    if two_level:
+        d, m = torch.rand(out, 1, generator=g), torch.randn(out, 1, generator=g)
+        sub_d = torch.randint(0, 128, (out, groups), generator=g, dtype=torch.int8)
+        sub_m = torch.randint(-127, 128, (out, groups), generator=g, dtype=torch.int8)
+        parts = (codes, d, m, sub_d, sub_m)
+        pack = lambda *t: int8dot.pack_int4_two_level(*t, int8dot.ROW_SHIFT, variant=kernel_variant)  # noqa: E731
+    else:
+        parts = (codes, torch.rand(out, groups, generator=g), torch.randn(out, groups, generator=g))
+        pack = lambda *t: int8dot.pack_int4(*t, variant=kernel_variant)  # noqa: E731
+    taken, direct = int8dot.take_rows(pack(*parts), keep), pack(*(t[keep] for t in parts))
+    for name in ("codes", "d", "m", "sub"):
+        a, b = getattr(taken, name), getattr(direct, name)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+    assert (taken.out_features, taken.super_shift, taken.variant) == (7, direct.super_shift, kernel_variant)
+    with pytest.raises(ValueError, match="4-bit"):
+        int8dot.take_rows(int8dot.pack_int8(*weight_and_rows(8, 32, False, 8, 64, 1)[0]), keep[:2])
+
+
 def test_a_stack_refuses_int8dot_weights_of_another_variant(force_kernels):
     """int8dot weights have the layout of the variant they were packed on (panels of 8 or 16
     outputs): a stack made on another variant would read them wrongly, so it refuses them."""

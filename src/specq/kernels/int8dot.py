@@ -197,7 +197,25 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
         codes = (biased.to(torch.int16) - 32).to(torch.int8)
     else:  # panel, block, chunk j, output o, byte t -> input 32b + 4j + t of o
         codes = w.codes.permute(0, 3, 1, 2, 4).reshape(-1, n_in)[:out]
-    return (codes, *(None if t is None else t.transpose(1, 2).reshape(-1, t.shape[1])[:out] for t in w.group_terms()))
+    return (codes, *(None if t is None else _per_output(t, out) for t in w.group_terms()))
+
+
+def _per_output(t: Tensor, out: int) -> Tensor:
+    """A panel-major tensor [panels, k, width] as [out, k]: the inverse of `panel_major`."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1])[:out]
+
+
+def take_rows(w: Int8DotWeight, rows: Tensor) -> Int8DotWeight:
+    """The 4-bit weight `w` restricted to the outputs `rows`, each with its own codes, scales and
+    offsets as they are (two-level ones too), laid out for w's variant."""
+    if w.bits != 4:
+        raise ValueError(f"take_rows takes 4-bit weights, not {w.bits}-bit ones")
+    codes = _from_nibble_chunks(w.codes, w.out_features, w.in_features)[rows]
+    d, m = (_per_output(t, w.out_features)[rows] for t in (w.d, w.m))
+    if w.sub is None:
+        return pack_int4(codes, d, m, w.variant)
+    sub, groups = _per_output(w.sub, w.out_features)[rows], w.in_features // w.group_size
+    return pack_int4_two_level(codes, d, m, sub[:, :groups], sub[:, groups:], w.super_shift, w.variant)
 
 
 def linear(x: Tensor, w: Int8DotWeight) -> Tensor:

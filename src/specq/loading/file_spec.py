@@ -120,16 +120,18 @@ def kept_tokens(g: GGUFFile, tokenizer, count: int) -> torch.Tensor:
     return torch.from_numpy(ids[ids < g.config.vocab_size].astype(np.int64))
 
 
-def narrowed_head(g: GGUFFile, keep: torch.Tensor, int4: bool = False) -> NarrowHead:
+def narrowed_head(g: GGUFFile, keep: torch.Tensor, whole: FileBlocks | None = None) -> NarrowHead:
     """The file's head (its output tensor, or the tied token embedding) over the rows of `keep`,
     each row the file's bytes as they are (the same blocks on the int8-activation kernel), or with
-    `int4` as `to_int4` makes them where they have more than 4 bits."""
+    `whole` (the network's 4-bit head after `int4`) that head's rows as they are: requantizing is
+    row by row, so they are what requantizing the kept rows would make, without doing it again."""
     name = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
     fmt, rows = FORMATS.get(g.qtype(name)), keep.numpy()
-    if fmt is not None and fmt.kernel is not None:
+    if whole is not None:
+        head = FileBlocks(int8dot.take_rows(whole._blocks, keep), whole.kind)
+    elif fmt is not None and fmt.kernel is not None:
         head = FileBlocks(kernel_weight([(g.qtype(name), np.ascontiguousarray(np.asarray(g.raw(name))[rows]))]),
                           fmt.name)
-        head = to_int4(head) if int4 and head.bits > 4 else head
     else:
         head = nn.Linear(g.config.hidden_size, rows.size, bias=False)
         head.weight = nn.Parameter(g.float_tensor(name)[keep], requires_grad=False)
@@ -221,6 +223,7 @@ def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer) -> None:
     if spec.int4:
         int4_body(net, g)
     if spec.head_tokens:
-        net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens), spec.int4)
+        whole = net.output if spec.int4 and isinstance(net.output, FileBlocks) and net.output.bits == 4 else None
+        net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens), whole)
     if spec.keep_layers:
         keep_layers(net, spec.keep_layers, g.path.name)
