@@ -62,9 +62,9 @@ class FileSpec:
     keep_layers: int | None = None  # decoder layers that run; None: all of them
 
     def __str__(self) -> str:
-        parts = [FILE_PRECISION] + (["int4"] if self.int4 else [])
-        parts += [f"head{self.head_tokens // 1024}k"] if self.head_tokens else []
-        return "-".join(parts + ([f"keep{self.keep_layers}"] if self.keep_layers else []))
+        options = ["int4" if self.int4 else "", f"head{self.head_tokens // 1024}k" if self.head_tokens else "",
+                   f"keep{self.keep_layers}" if self.keep_layers else ""]
+        return "-".join([FILE_PRECISION] + [option for option in options if option])
 
 
 def names_file(spec_text: str) -> bool:

@@ -132,10 +132,11 @@ def quantize_two_level(weight: Tensor, bits: int, group_size: int) -> TwoLevel:
     out, n_in = weight.shape
     qmax = max_code(bits, False)
     w = weight.detach().float().view(out, n_in // group_size, group_size)
-    lo, hi = w.amin(-1), w.amax(-1)
-    d_row = (hi - lo).amax(-1, keepdim=True) / qmax / 127
+    lo = w.amin(-1)
+    step = (w.amax(-1) - lo) / qmax  # each group's own scale, before rounding
+    d_row = step.amax(-1, keepdim=True) / 127
     m_row = lo.abs().amax(-1, keepdim=True) / 127
-    sub_d = torch.where(d_row > 0, (hi - lo) / qmax / d_row, 0).round().clamp(0, 127)
+    sub_d = torch.where(d_row > 0, step / d_row, 0).round().clamp(0, 127)
     sub_m = torch.where(m_row > 0, lo / m_row, 0).round().clamp(-127, 127)
     d, m = (d_row * sub_d)[..., None], (m_row * sub_m)[..., None]  # float32 products, as the kernel's
     codes = torch.where(d > 0, (w - m) / d, 0).round().clamp(0, qmax)
