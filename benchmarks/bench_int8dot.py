@@ -27,25 +27,32 @@ from specq.kernels import build, int8dot
 HIDDEN = 1536
 SHAPES = {"wqkv": (2048, HIDDEN), "wo": (HIDDEN, HIDDEN), "w13": (17920, HIDDEN), "w2": (HIDDEN, 8960),
           "head": (151936, HIDDEN)}  # name: (out, in)
-FORMS = {"q4-g32": (4, 32, True), "q6-g16": (6, 16, False), "q6-g32": (6, 32, False), "q8-g16": (8, 16, False),
-         "q8-g32": (8, 32, False)}  # name: (bits, group, offsets)
-LAYERS = [(name, form) for name in SHAPES for form in FORMS if name != "head" or form.endswith("g16")]  # the head is Q6_K
+FORMS = {"q4-g32": (4, 32, True, False), "q6-g16": (6, 16, False, False), "q6-g32": (6, 32, False, False),
+         "q8-g16": (8, 16, False, False), "q8-g32": (8, 32, False, False),
+         "q4_k": (4, 32, True, True), "q5_k": (6, 32, True, True), "q6_k": (6, 16, False, True)}
+# name: (bits, group, offsets, two-level scales as GGUF's K-quants keep them)
+LAYERS = [(name, form) for name in SHAPES for form in FORMS if name != "head" or form in ("q6-g16", "q6_k")]  # the head is Q6_K
 ROWS = (1, 2, 4, 8, 16)
 STREAM_BYTES = 160 * 2**20  # at least this many weight bytes per timed sweep: 5x a 32 MiB L3
 
 
-def weight(out: int, n_in: int, bits: int, group: int, offsets: bool, variants: list[str],
+def weight(out: int, n_in: int, bits: int, group: int, offsets: bool, two_level: bool, variants: list[str],
            g: torch.Generator) -> dict[str, int8dot.Int8DotWeight]:
     """Random codes and scales of one layer, in each variant's layout."""
-    scale = torch.rand(out, n_in // group, generator=g) * 0.02
     if bits == 4:
-        codes, offset, pack = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8), -8 * scale, int8dot.pack_int4
+        codes = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8)
     else:
         low = -(1 << (bits - 1))
         codes = torch.randint(low, -low, (out, n_in), generator=g, dtype=torch.int8)
-        pack = int8dot.pack_int6 if bits == 6 else int8dot.pack_int8
-        offset = torch.randn(out, n_in // group, generator=g) * 1e-3 if offsets else None
-    return {v: pack(codes, scale, offset, variant=v) for v in variants}
+    if two_level:  # a float32 per 256 inputs times an int8 per group
+        supers = (torch.rand(out, n_in // int8dot.SUPER, generator=g) * 1e-3 for _ in range(2))
+        subs = (torch.randint(0, 64, (out, n_in // group), generator=g, dtype=torch.int8) for _ in range(2))
+        (d, m), (sub_d, sub_m) = supers, subs
+        return {v: int8dot.pack_two_level(bits, codes, d, m if offsets else None, sub_d, sub_m if offsets else None,
+                                          int8dot.SUPER_SHIFT, v) for v in variants}
+    scale = torch.rand(out, n_in // group, generator=g) * 0.02
+    offset = -8 * scale if bits == 4 else torch.randn(out, n_in // group, generator=g) * 1e-3 if offsets else None
+    return {v: int8dot.PACKS[bits](codes, scale, offset, variant=v) for v in variants}
 
 
 def sweep_us(x: torch.Tensor, weights: list[int8dot.Int8DotWeight], clock=time.perf_counter) -> float:
@@ -84,9 +91,9 @@ def main() -> None:
     print(f"{'layer':<6} {'form':<7} {'variant':<11}" + "".join(f"{r:>15}" for r in ROWS) + f"{'GB/s':>7}")
     rows_out = []
     for name, form in layers:
-        (out, n_in), (bits, group, offsets) = SHAPES[name], FORMS[form]
-        copies = [weight(out, n_in, bits, group, offsets, variants, g)]
-        copies += [weight(out, n_in, bits, group, offsets, variants, g)
+        (out, n_in), (bits, group, offsets, two_level) = SHAPES[name], FORMS[form]
+        copies = [weight(out, n_in, bits, group, offsets, two_level, variants, g)]
+        copies += [weight(out, n_in, bits, group, offsets, two_level, variants, g)
                    for _ in range(math.ceil(STREAM_BYTES / copies[0][variants[0]].nbytes()) - 1)]
         weights = {v: [c[v] for c in copies] for v in variants}
         xs = {rows: torch.randn(rows, n_in, generator=g) for rows in ROWS}

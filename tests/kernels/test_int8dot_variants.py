@@ -16,7 +16,7 @@ from conftest import tiny_model
 
 pytestmark = pytest.mark.skipif("avx2" not in build.runnable(), reason="needs AVX2")
 
-PACK = {4: int8dot.pack_int4, 6: int8dot.pack_int6, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
+PACK = int8dot.PACKS  # code bits -> packing of (codes, d, m)
 CODES = {4: (0, 16), 6: (-32, 32), 8: (-128, 128)}  # code bits -> [low, high) of their codes
 # bits, group, offsets: 4-bit codes always have offsets (Q4_K, Q4_1); 6- and 8-bit ones with (Q5_1,
 # Q5_K, a fused Q4_K q/k with a Q6_K v) or without (Q8_0, Q6_K at groups of 16, Q5_0)
@@ -107,20 +107,25 @@ def test_6_bit_codes_give_the_8_bit_forms_bits_in_fewer_bytes(group, offsets, ke
         assert torch.equal(int8dot.linear(x[:rows], six), int8dot.linear(x[:rows], eight)), rows
 
 
+@pytest.mark.parametrize("bits,group,offsets", [(4, 32, True), (6, 16, False), (6, 32, True), (8, 32, False)])
 @pytest.mark.parametrize("out,n_in", [(40, 224), (21, 896), (16, 256)])
-def test_one_super_block_per_row_gives_the_one_level_outputs(out, n_in, kernel_variant):
-    """4-bit codes whose group scales and offsets are int8 multiples of one float per row (what
+def test_one_super_block_per_row_gives_the_one_level_outputs(bits, group, offsets, out, n_in, kernel_variant):
+    """Codes whose group scales (and offsets) are int8 multiples of one float per row (what
     `gguf-int4` requantizes to, for any number of inputs, 896 included) give, for every row count,
     the output of the one-level weight holding the same float32 products, bit for bit."""
-    g = torch.Generator().manual_seed(n_in)
-    groups = n_in // 32
-    codes = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8)
-    d, m = torch.rand(out, 1, generator=g) * 1e-3, torch.randn(out, 1, generator=g) * 1e-3
+    if n_in % group:
+        pytest.skip("the group does not divide the inputs")
+    g = torch.Generator().manual_seed(n_in + bits)
+    groups = n_in // group
+    low, high = CODES[bits]
+    codes = torch.randint(low, high, (out, n_in), generator=g).to(torch.uint8 if bits == 4 else torch.int8)
+    d, m = torch.rand(out, 1, generator=g) * 1e-3, torch.randn(out, 1, generator=g) * 1e-3 if offsets else None
     sub_d = torch.randint(0, 128, (out, groups), generator=g, dtype=torch.int8)
-    sub_m = torch.randint(-127, 128, (out, groups), generator=g, dtype=torch.int8)
-    two = int8dot.pack_int4_two_level(codes, d, m, sub_d, sub_m, int8dot.ROW_SHIFT, variant=kernel_variant)
-    one = int8dot.pack_int4(codes, d * sub_d.float(), m * sub_m.float(), variant="avx2")
-    assert two.nbytes() < int8dot.pack_int4(codes, d * sub_d.float(), m * sub_m.float(), variant=kernel_variant).nbytes()
+    sub_m = torch.randint(-127, 128, (out, groups), generator=g, dtype=torch.int8) if offsets else None
+    two = int8dot.pack_two_level(bits, codes, d, m, sub_d, sub_m, int8dot.ROW_SHIFT, variant=kernel_variant)
+    one_parts = (codes, d * sub_d.float(), None if m is None else m * sub_m.float())
+    one = PACK[bits](*one_parts, variant="avx2")
+    assert two.nbytes() < PACK[bits](*one_parts, variant=kernel_variant).nbytes()
     back = int8dot.unpack(two)
     assert torch.equal(back[0], codes) and torch.equal(back[1], d * sub_d.float())
     x = torch.randn(17, n_in, generator=g) * 3

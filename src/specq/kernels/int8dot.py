@@ -149,11 +149,20 @@ def pack_int4_two_level(unsigned: Tensor, d: Tensor, m: Tensor, sub_d: Tensor, s
                         variant: str | None = None) -> Int8DotWeight:
     """From codes u in [0, 15] [out, in], float d, m [out, supers] and int8 sub_d, sub_m [out,
     groups]: group g's w = d[(g * G) >> super_shift] * sub_d[g] * u + m[..] * sub_m[g]."""
-    variant = variant or build.variant()
-    width, (out, n_in) = panel_width(4, variant), unsigned.shape
-    sub = torch.cat([_panels(t, width).transpose(1, 2) for t in (sub_d, sub_m)], dim=1).contiguous()
-    return Int8DotWeight(4, _nibble_chunks(unsigned, width).contiguous(), panel_major(d, width), panel_major(m, width),
-                         n_in // sub_d.shape[1], out, n_in, variant, sub, super_shift)
+    return pack_two_level(4, unsigned, d, m, sub_d, sub_m, super_shift, variant)
+
+
+def pack_two_level(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, sub_d: Tensor, sub_m: Tensor | None,
+                   super_shift: int, variant: str | None = None) -> Int8DotWeight:
+    """`bits`-bit codes [out, in] (as `pack_int4` / `pack_int6` / `pack_int8` take them) with
+    two-level scales: float d (and m) [out, supers], int8 sub_d (and sub_m) [out, groups]; group g's
+    w = d[(g * G) >> super_shift] * sub_d[g] * code (+ m[..] * sub_m[g])."""
+    one = PACKS[bits](codes, sub_d.float(), None if m is None else sub_m.float(), variant)
+    width = panel_width(bits, one.variant)
+    subs = [_panels(t, width).transpose(1, 2) for t in (sub_d, sub_m) if t is not None]
+    return Int8DotWeight(bits, one.codes, panel_major(d, width), None if m is None else panel_major(m, width),
+                         one.group_size, one.out_features, one.in_features, one.variant,
+                         torch.cat(subs, dim=1).contiguous(), super_shift)
 
 
 def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
@@ -181,6 +190,9 @@ def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | 
     c = _panels(codes.to(torch.int8), width).view(-1, width, n_in // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
     return Int8DotWeight(8, c, panel_major(d, width), None if m is None else panel_major(m, width),
                          n_in // d.shape[1], out, n_in, variant)
+
+
+PACKS = {4: pack_int4, 6: pack_int6, 8: pack_int8}  # code bits -> packing of one-level weights
 
 
 def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
