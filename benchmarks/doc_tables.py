@@ -11,7 +11,9 @@ Kinds: `pivot` (one row per target and draft, one column per value of `by`: gamm
 max_new_tokens; `value` speedup or tau; `ci=1` adds the 95% CIs; the best speedup of a row is in
 bold), `cells` (one row per configuration: speedup with CI, predicted, tau, U_i, draft share) and
 `summary` (the README's: per configuration the target's plain tokens/s, the speculative tokens/s,
-the paired speedup with CI and tau), with the filters `tokens=N` and `gamma=N` (or `auto`);
+the paired speedup with CI and tau), `sets` (one row per target, draft and prompt set: plain
+tokens/s, then per gamma the paired speedup with CI and tau), with the filters `tokens=N` and
+`gamma=N` (or `auto`);
 `calibration` (the calibration experiment's JSON, rows in the order `order=spec,spec,...`);
 `verify` (benchmarks/bench_verify.py's rows: ms per forward by precision, path and token count);
 `tree-verify` (benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and
@@ -55,8 +57,8 @@ BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /tab
 
 
 @cache
-def summarized(results: str) -> tuple[dict, ...]:
-    return tuple(summarize(store.read(ROOT / results)))
+def summarized(results: str, by_set: bool = False) -> tuple[dict, ...]:
+    return tuple(summarize(store.read(ROOT / results), by_set=by_set))
 
 
 def speculative_rows(results: str) -> tuple[dict, ...]:
@@ -102,6 +104,28 @@ def summary_table(rows: list[dict], baselines: list[dict]) -> str:
         base = plain.get(tuple(r[k] for k in same))
         lines.append(f"| {r['target_precision']} | {'-' if base is None else f'{base:.1f}'} | {draft_label(r)} | "
                      f"{r['gamma']} | {r['tokens_per_s'][0]:.1f} | {_ci(r['speedup'])} | {r['tau'][0]:.2f} |")
+    return "\n".join(lines)
+
+
+def sets_table(rows: list[dict], baselines: list[dict]) -> str:
+    """One row per target, draft and prompt set: the target's plain tokens/s, then per gamma the
+    paired speedup with its CI (the row's best in bold) and tau."""
+    same = ("target", "max_new_tokens", "set", "threads", "temperature")
+    plain = {tuple(b[k] for k in same): b["tokens_per_s"][0] for b in baselines}
+    gammas = sorted({r["gamma"] for r in rows}, key=gamma_order)
+    keyed: dict[tuple, dict] = {}
+    for r in rows:
+        keyed.setdefault((r["target"], draft_label(r), r["set"], tuple(r[k] for k in same)), {})[r["gamma"]] = r
+    lines = ["| target | draft | prompts | plain tok/s | " + " | ".join(f"gamma {g}" for g in gammas)
+             + " | " + " | ".join(f"tau, gamma {g}" for g in gammas) + " |", "|" + "---|" * (4 + 2 * len(gammas))]
+    for (target, draft, prompt_set, key), by in sorted(keyed.items(), key=lambda kv: kv[0][:3]):
+        best = max(by, key=lambda g: by[g]["speedup"][0])
+        speedups = [("**" + _ci(by[g]["speedup"]) + "**" if g == best else _ci(by[g]["speedup"])) if g in by else "-"
+                    for g in gammas]
+        taus = [f"{by[g]['tau'][0]:.2f}" if g in by else "-" for g in gammas]
+        base = plain.get(key)
+        lines.append(f"| {next(iter(by.values()))['target_precision']} | {draft} | {prompt_set} | "
+                     f"{'-' if base is None else f'{base:.1f}'} | " + " | ".join(speedups + taus) + " |")
     return "\n".join(lines)
 
 
@@ -246,6 +270,9 @@ def render(spec: str) -> str:
         return cells_table(rows)
     if kind == "summary":
         return summary_table(rows, [r for r in summarized(results) if r["kind"] == "baseline"])
+    if kind == "sets":
+        by_set = _filtered((r for r in summarized(results, by_set=True) if r["kind"] == "speculative"), options)
+        return sets_table(by_set, [r for r in summarized(results, by_set=True) if r["kind"] == "baseline"])
     if kind != "pivot":
         raise SystemExit(f"table '{spec}': unknown kind {kind!r}")
     by = options.get("by", "gamma")

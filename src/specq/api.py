@@ -24,7 +24,7 @@ from .core.sampling import SamplingConfig
 from .core.stats import DecodeStats
 from .core.stopping import trim_at_stop
 from .drafters import TreeShape, ngram
-from .drafters.base import DEFAULT_GAMMA
+from .drafters.base import DEFAULT_GAMMA, default_gamma
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .loading.kinds import for_levels
@@ -65,13 +65,13 @@ def answer_ids(tokenizer, prompt: str) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
-def check_options(gamma: int | str = DEFAULT_GAMMA, max_new_tokens: int = 128, temperature: float = 0.0,
+def check_options(gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
                   top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: list[str] | str | None = None,
                   draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
                   ) -> tuple[tuple[int, bool], SamplingConfig, list[str] | None]:
     """The options of `generate` that need no model, checked (the CLI calls this before loading):
-    ((gamma, adaptive), sampling config, stop strings)."""
-    gamma = parse_gamma(gamma)
+    ((gamma, adaptive), sampling config, stop strings). gamma None: the default, "auto"."""
+    gamma = parse_gamma(DEFAULT_GAMMA if gamma is None else gamma)
     if not gamma[1] and not 1 <= gamma[0] <= MAX_GAMMA:
         raise SpecqError(f"gamma must be between 1 and {MAX_GAMMA}, got {gamma[0]}")
     checks.integer("max_new_tokens", max_new_tokens, 1)
@@ -131,20 +131,22 @@ def check_context(target: Model, proposal_nodes: int, max_new_tokens: int, promp
                          f"the target's context of {limit} tokens")
 
 
-def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, gamma: int | str = DEFAULT_GAMMA,
+def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, gamma: int | str | None = None,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
              ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
              tree: TreeShape | None = None, on_tokens=None) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling.
-    gamma "auto" chooses each step's draft length from this run's measured costs (up to 4).
+    gamma "auto" (the default when greedy) chooses each step's draft length, 0 (plain) to 4, from
+    measured acceptance and costs: this run's, starting from the target's earlier runs with the same
+    draft. Sampling defaults to gamma 2, so that a seed repeats its output.
     A list of drafts, cheapest first, is a hierarchy: each level verifies what the ones below
     proposed before the target sees it (`drafters/hierarchy.py`). An n-gram draft ("ngram",
     "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
     prompt and the text so far; its k is then the draft length, and a fixed gamma only its fallback's.
-    `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma is then the tree's
-    depth, and "auto" chooses each step's depth up to it. `on_tokens`: called with each step's new
+    `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the default
+    with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it. `on_tokens`: called with each step's new
     token ids (streaming); returning False stops the run (finish reason 'cancelled')."""
     sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
@@ -171,13 +173,14 @@ def _draft(draft: DraftArg) -> DraftArg:
 
 
 def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
-          gamma: int | str = DEFAULT_GAMMA, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+          gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
           top_p: float = 1.0, seed: int = 0, chat: bool = False, stop: list[str] | None = None,
           ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
           tree: TreeShape | None = None, on_tokens=None) -> Sequence:
     """`generate` up to the decoding (options checked, prompt encoded, drafter built): a `Sequence`
     to prefill and step with `decode.step`, alone or beside others (the server's batching)."""
     check_target(target)
+    gamma = default_gamma(tree, greedy=temperature == 0) if gamma is None else gamma
     (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k, top_p, seed, stop,
                                                       draft_confidence)
     prompt_ids = token_ids(target, prompt) if isinstance(prompt, list) else encode_prompt(target, prompt, chat)
@@ -192,9 +195,14 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
         if isinstance(draft, ngram.NgramDraft):  # its k is the draft length (a fixed gamma its fallback's)
             gamma = draft.longest(gamma, adaptive)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
+    # gamma auto starts from the target's earlier runs with the same draft, as configured, on as many threads
+    levels = [] if draft is None else draft if isinstance(draft, list) else [draft]
+    memory_key = (f"{','.join(level.ref for level in levels)} tree={tree} confidence={draft_confidence} "
+                  f"threads={torch.get_num_threads()}")
     return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                     max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
-                    generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens)
+                    generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens,
+                    memory=target.gamma_memory if levels else None, memory_key=memory_key)
 
 
 def finish(sequence: Sequence, draft: DraftArg) -> Generation:

@@ -16,7 +16,7 @@ from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, arg_path, read_text
 from .core.gamma import AUTO, MAX_GAMMA
 from .drafters import ngram, refs
-from .drafters.base import DEFAULT_GAMMA
+from .drafters.base import DEFAULT_GAMMA, SAMPLING_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafts_cli import add_drafts_parser
@@ -67,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"n={ngram.DEFAULT_N_MIN}-{ngram.DEFAULT_N_MAX}, k={ngram.DEFAULT_K}); {ngram.NAME}+REF: "
                         "the model REF drafts where nothing matches")
     g.add_argument("--gamma", type=_gamma, default=None,
-                   help=f"draft tokens per step (default {DEFAULT_GAMMA}, the best measured with the shipped drafts), "
-                        "or 'auto': each step's length (0 = plain, up to 4) chosen from this run's measured "
-                        "acceptance and timings")
+                   help=f"draft tokens per step, or '{DEFAULT_GAMMA}' (the default when greedy; sampling: "
+                        f"{SAMPLING_GAMMA}, so that a seed repeats its output; --tree: the tree's depth): each "
+                        "step's length (0 = plain, up to 4) chosen from measured acceptance and timings")
     g.add_argument("--tree", type=arg_int(1, MAX_GAMMA), default=None, metavar="N",
                    help="propose dynamic token trees of up to N nodes (EAGLE-2) instead of chains")
     g.add_argument("--tree-depth", type=arg_int(1, MAX_GAMMA), default=DEFAULT_TREE.depth,
@@ -320,7 +320,7 @@ def _decode_gamma(args) -> int | str:
     if len(levels) == 1 and refs.ngram_alone(levels[0]) and args.gamma not in (None, AUTO):
         raise SpecqError(f"an n-gram draft's length is its k ({ngram.NAME}:k=N), not --gamma (only --gamma {AUTO} "
                          "goes with it)")
-    return DEFAULT_GAMMA if args.gamma is None else args.gamma
+    return args.gamma  # None: the default (drafters.base.default_gamma)
 
 
 def _draft_levels(args) -> list[str]:

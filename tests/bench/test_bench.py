@@ -258,7 +258,7 @@ def test_missing_config_file_and_flag_overrides(tmp_path):
 
 def test_plan_resolves_the_registry_and_dedupes_drafts():
     sets = {"chat": prompt_sets()["chat"]}
-    config = validate({"drafts": ["smollm2-135m-draft", "registry"], "peer": True, "temperature": [0, 0.7]})
+    config = validate({"drafts": ["smollm2-135m-draft", "registry"], "peer": True, "temperature": [0, 0.7], "gamma": [2]})
     cells, notes = plan(config, sets, registry=lambda target, quantizable=False: "smollm2-135m-draft")
     kinds = [c.kind for c in cells]
     assert kinds.count("baseline") == 2 and kinds.count("speculative") == 2 and kinds.count("peer") == 1
@@ -277,7 +277,7 @@ def test_registry_cells_with_a_quantized_draft_ask_for_a_quantizable_draft():
 
 def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
     sets = {"chat": prompt_sets()["chat"]}
-    config = validate({"drafts": ["smollm2-135m-draft"], "peer": True, "draft_confidence": [0, 0.4]})
+    config = validate({"drafts": ["smollm2-135m-draft"], "peer": True, "draft_confidence": [0, 0.4], "gamma": [2]})
     cells, _ = plan(config, sets)
     by_kind = {k: [c.draft_confidence for c in cells if c.kind == k] for k in ("baseline", "speculative", "peer")}
     assert by_kind == {"baseline": [None], "speculative": [0.0, 0.4], "peer": [0.0, 0.4]}
@@ -421,9 +421,11 @@ def test_quality_stage_scores_each_precision_against_fp32(pair, tmp_path):
 def test_bench_and_generate_share_the_default_gamma():
     from specq.bench.config import BenchConfig
     from specq.cli import _decode_gamma, build_parser
+    from specq.drafters.base import DEFAULT_GAMMA, default_gamma
 
     args = build_parser().parse_args(["generate", "hi"])
-    assert BenchConfig().gamma == [_decode_gamma(args)]  # an unset --gamma is resolved after parsing (--tree)
+    assert _decode_gamma(args) is None  # resolved by the API, which knows the tree and the temperature
+    assert BenchConfig().gamma == [default_gamma(None, greedy=True)] == [DEFAULT_GAMMA]
     assert BenchConfig().tree_topk == [args.tree_topk]
 
 

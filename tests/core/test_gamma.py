@@ -3,14 +3,13 @@
 import pytest
 import torch
 
-from specq import generate
-from specq.core import decode as decode_module
-from specq.core.gamma import AUTO_MAX_GAMMA, PROBE_EVERY, CostAwareGamma, parse
+from specq import api, generate
+from specq.core.gamma import AUTO_MAX_GAMMA, MIN_EVIDENCE, PROBE_EVERY, CostAwareGamma, GammaMemory, parse
 from specq.core.sampling import SamplingConfig
 from specq.core.stats import DecodeStats
 from specq.errors import SpecqError
 
-from conftest import PROMPTS, _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
+from conftest import PROMPTS, _exact_sequence_distribution, _feature_model, at, chi_square_p, perturbed, tiny_model
 
 
 def _run(chooser: CostAwareGamma, steps: int, accept: float, draft_s: float, verify_s, stop: float = 0.0,
@@ -40,26 +39,33 @@ def _linear(base: float, per_row: float):
     return lambda rows: base + per_row * (rows - 1)
 
 
-def test_first_a_full_proposal_then_a_plain_step():
+def test_first_a_full_proposal_then_drafting_until_plain_decoding_may_be_weighed():
+    """One rejected first proposal does not price the draft out: plain decoding is weighed (and
+    first timed) only after MIN_EVIDENCE steps that drafted, however badly they went."""
     chooser = CostAwareGamma(3)
     assert chooser.next() == 3
-    chooser.observe(3, 3, 1, 0.3, 1.6)
+    chooser.observe(3, 3, 0, 0.3, 1.6)
+    for _ in range(MIN_EVIDENCE - 1):
+        cap = chooser.next()
+        assert cap >= 1
+        chooser.observe(cap, cap, 0, 0.1 * cap, 1.0 + 0.2 * cap)
     assert chooser.next() == 0
     chooser.observe(0, 0, 0, 0.0, 1.0)
     assert chooser.verify_cost(1) == 1.0 and chooser.verify_cost(4) == 1.6
-    assert chooser.verify_cost(2.5) == pytest.approx(1.3)  # interpolated between the counts timed
+    assert chooser.verify_cost(1.5) == pytest.approx(1.1)  # interpolated between the counts timed
+    assert chooser.next() == 0  # drafting, all rejected, does not pay
 
 
 def test_plain_decoding_when_the_draft_does_not_pay_with_probes_ever_rarer():
     chooser = CostAwareGamma(4)
     picks = _run(chooser, 250, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
-    assert picks[:2] == [4, 0]
-    tries = [i for i, cap in enumerate(picks) if cap]
+    assert all(picks[:MIN_EVIDENCE]) and picks[MIN_EVIDENCE] == 0
+    tries = [i for i, cap in enumerate(picks) if cap][MIN_EVIDENCE - 1:]
     gaps = [b - a - 1 for a, b in zip(tries, tries[1:])]  # plain steps between tries
     assert gaps[:3] == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY]  # each unchanged probe doubles the wait
     # beyond that, fading evidence (COUNT_DECAY) has the draft tried about every 30 steps; probing
     # every PROBE_EVERY steps would have been 27 tries
-    assert len(tries) <= 12 and picks.count(0) >= 235
+    assert len(tries) <= 12 and picks.count(0) >= 232
 
 
 def test_a_probe_that_changes_the_choice_resets_the_interval():
@@ -126,7 +132,52 @@ def test_catching_up_after_plain_steps_does_not_price_drafting_out():
         chooser.observe(cap, drafted, accepted, 0.1 * drafted + catch_up, 1.0 + 0.05 * drafted)
         caps.append(cap)
     assert caps[-20:].count(0) <= 4 and chooser.draft_s == pytest.approx(0.1)
-    assert caps[:2] == [4, 0] and caps[2:12].count(0) < 10  # drafting resumes soon after the first plain step
+    first_plain = caps.index(0)
+    assert first_plain == MIN_EVIDENCE and caps[first_plain + 1:first_plain + 11].count(0) < 10  # drafting resumes soon
+
+
+def test_a_run_starts_from_what_the_last_run_of_the_pair_learned():
+    """GammaMemory: the next run takes a copy of the kept chooser, so it starts from its costs and
+    acceptance (here: plain decoding wins, no warm-up proposal) with its probing started afresh;
+    what the new run learns stays its own until it is kept."""
+    memory, first = GammaMemory(), CostAwareGamma(4)
+    _run(first, 40, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    memory.keep("draft A", "", first)
+    second = memory.chooser("draft A", "", 4)
+    assert second is not first and second.next() == 0 and not second.recent_caps and second.probed_from is None
+    assert second.interval == first.interval > PROBE_EVERY  # probes stay as rare as they had become
+    second.observe(2, 2, 2, 0.02, 1.02)
+    kept = memory.chooser("draft A", "", 4)  # the kept one is unchanged
+    assert (kept.drafting_steps, kept.draft_s) == (first.drafting_steps, first.draft_s) != (second.drafting_steps,
+                                                                                            second.draft_s)
+    for other in (memory.chooser("draft B", "", 4), memory.chooser("draft A", "lookup", 4),
+                  memory.chooser("draft A", "", 3)):  # another draft, route or longest proposal: from scratch
+        assert other.draft_s is None and other.next() == other.max_gamma
+
+
+def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():
+    """`generate` with gamma auto keeps its choosers in the target's memory under the draft and the
+    thread count: the next run with the same draft starts from them, another thread count afresh."""
+    base = tiny_model(scale=3.0, hidden=64)
+    target, draft = at(base, "fp32", fast=True), at(perturbed(base, 0.5), "fp32", fast=True)
+    generate(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
+    [(_, kept)] = [(k, c) for k, c in target.gamma_memory._kept.items() if f"threads={torch.get_num_threads()}" in k[0]]
+    assert kept.drafting_steps >= MIN_EVIDENCE
+    again = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
+    again.prefill()
+    with torch.inference_mode():
+        again.propose()
+    assert again.chooser.drafting_steps == kept.drafting_steps and again.chooser is not kept
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        other = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
+        other.prefill()
+        with torch.inference_mode():
+            other.propose()
+        assert other.chooser.drafting_steps == 0
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_verify_table_follows_the_recent_load():
@@ -172,7 +223,7 @@ def scripted(monkeypatch):
             steps[-1][1:] = [drafted, accepted]
         record_step(self, drafted, accepted, depth)
 
-    monkeypatch.setattr(decode_module, "CostAwareGamma", Chooser)
+    monkeypatch.setattr(GammaMemory, "chooser", lambda self, key, route, max_gamma: Chooser(max_gamma))
     monkeypatch.setattr(DecodeStats, "record_step", record)
     return steps
 
@@ -217,3 +268,22 @@ def test_sampling_distribution_under_outcome_driven_schedules(scripted):
         plain += scripted[1][0] == 0 if len(scripted) > 1 else 0
     assert runs // 5 < plain < runs * 4 // 5  # the second step's length really followed the first's outcome
     assert chi_square_p(counts, exact, runs) > 0.001
+
+
+def test_the_default_is_auto_when_greedy_and_fixed_when_sampling_or_with_a_tree():
+    """No gamma given: greedy runs choose each step's length (their output is the target's whatever
+    the schedule); sampled runs keep gamma 2, so a seed repeats its output (auto's schedule follows
+    timings, and the tokens a seed draws follow the schedule); a tree keeps its depth."""
+    from specq.drafters import TreeShape
+    from specq.drafters.base import SAMPLING_GAMMA
+
+    base = tiny_model(scale=3.0, hidden=64)
+    target, draft = at(base, "fp32", fast=True), at(perturbed(base, 0.5), "fp32", fast=True)
+    greedy = api.start(target, [4, 9, 2], draft, max_new_tokens=8)
+    sampled = api.start(target, [4, 9, 2], draft, max_new_tokens=8, temperature=0.8, seed=3)
+    tree = api.start(target, [4, 9, 2], draft, max_new_tokens=8, tree=TreeShape(8, 3, 2))
+    assert (greedy.adaptive, greedy.gamma) == (True, AUTO_MAX_GAMMA)
+    assert (sampled.adaptive, sampled.gamma) == (False, SAMPLING_GAMMA)
+    assert (tree.adaptive, tree.gamma) == (False, 3)
+    runs = [generate(target, [4, 9, 2], draft, max_new_tokens=24, temperature=0.8, seed=3).token_ids for _ in range(2)]
+    assert runs[0] == runs[1]

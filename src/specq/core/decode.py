@@ -21,11 +21,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..drafters.base import DEFAULT_GAMMA, EMPTY, Drafter, Proposal, Routed
+from ..drafters.base import EMPTY, LONGEST_DEFAULT, Drafter, Proposal, Routed
 from ..loading.model import Model
 from ..model.llama import Rows
 from .acceptance import accept_greedy, accept_sampling, depths, is_chain, verify_layout
-from .gamma import CostAwareGamma
+from .gamma import CostAwareGamma, GammaMemory
 from .sampling import SamplingConfig, probabilities, sample
 from .stats import DecodeStats
 from .stopping import StopChecker
@@ -68,19 +68,22 @@ class Sequence:
     then the rows to verify) and `accept` (the target's logits -> accepted path, roll back, emit).
 
     `adaptive`: gamma is the longest proposal and each step's length is chosen from measured costs
-    (`gamma.py`). `ignore_eos` runs to max_new_tokens (as in vLLM), for benchmarks at a fixed
+    (`gamma.py`), starting from what `memory` kept under `memory_key` (the target's earlier runs
+    with the same draft) and keeping what this run learned there when it ends. `ignore_eos` runs to max_new_tokens (as in vLLM), for benchmarks at a fixed
     output length. `on_tokens` (streaming) gets each step's new tokens, up to a stop; returning
     False ends the run with reason 'cancelled' (a client that went away)."""
 
     def __init__(self, target: Model, prompt_ids: list[int], *, drafter: Drafter | None = None,
-                 gamma: int = DEFAULT_GAMMA, adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(),
+                 gamma: int = LONGEST_DEFAULT, adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(),
                  max_new_tokens: int = 128, stop_strings: list[str] | None = None, ignore_eos: bool = False,
-                 generator: torch.Generator | None = None, on_tokens: Callable[[list[int]], bool] | None = None):
+                 generator: torch.Generator | None = None, on_tokens: Callable[[list[int]], bool] | None = None,
+                 memory: GammaMemory | None = None, memory_key: str = ""):
         self.target, self.prompt_ids, self.drafter, self.sampling = target, list(prompt_ids), drafter, sampling
         self.generator = generator or torch.Generator().manual_seed(0)
         self.gamma = gamma if drafter is not None else 0
         self.adaptive = adaptive and self.gamma > 0
         self.choosers: dict[str, CostAwareGamma] = {}  # gamma auto's, per route (`drafters.base.Routed`)
+        self.memory, self.memory_key = memory or GammaMemory(), memory_key
         self.chooser: CostAwareGamma | None = None  # this step's
         self.max_new_tokens, self.on_tokens = max_new_tokens, on_tokens
         self.stats = DecodeStats(gamma=self.gamma, prompt_tokens=len(prompt_ids))
@@ -127,7 +130,7 @@ class Sequence:
         if self.chosen:
             route = self.drafter.route(self.seq) if isinstance(self.drafter, Routed) else ""
             if route not in self.choosers:
-                self.choosers[route] = CostAwareGamma(self.gamma)
+                self.choosers[route] = self.memory.chooser(self.memory_key, route, self.gamma)
             self.chooser = self.choosers[route]
         cap = self.chooser.next() if self.chosen else (self.gamma if speculate else 0)
         self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)
@@ -178,6 +181,8 @@ class Sequence:
         if self.stop is not None:
             self.stats.decode_s = time.perf_counter() - self.decode_started
             self.stats.new_tokens = self.stop[0]
+            for route, chooser in self.choosers.items():
+                self.memory.keep(self.memory_key, route, chooser)
 
     def result(self) -> tuple[list[int], str, DecodeStats]:
         """(new token ids, finish reason, stats) of a finished sequence."""

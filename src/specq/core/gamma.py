@@ -20,7 +20,9 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   extra row costs most of what four do), so each count is timed on its own. Timings are
   recency-weighted: the machine's load drifts.
 - g = 0 is plain decoding. The run starts with a full proposal (the drafter is in step with the
-  sequence right after prefill) and a plain step, so both ends of the verify table are timed; when
+  sequence right after prefill); plain decoding is weighed only once MIN_EVIDENCE steps have
+  drafted (one unlucky first proposal would otherwise price the draft out for many steps, each
+  later probe being a single draw), and first timed with a plain step; when
   the last `interval` steps all had the same cap, the next one tries one token more (one token
   while plain decoding wins: a stretch the draft predicts well, code or a repeated phrase, is
   noticed). A probe is not free (after plain steps the drafter first catches up on the tokens it
@@ -32,12 +34,17 @@ elsewhere; `drafters.base.Routed`) gets one chooser per route: a lookup's cost a
 nothing about the model's, and one mean of both would price the lookup too high and the model too
 low.
 
+`GammaMemory` carries a chooser from one run to the next of the same target and draft in a
+process (a server's requests, a bench's prompts): costs and acceptance, so a run starts from them
+instead of from a warm-up.
+
 Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 from collections import deque
 
 from ..errors import SpecqError
@@ -49,6 +56,7 @@ PROBE_EVERY = 8  # steps with one cap before trying one token more ...
 MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to this
 RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about the last 10 count)
 COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
+MIN_EVIDENCE = 4  # steps that drafted before plain decoding is weighed against drafting
 
 
 def parse(gamma: int | str) -> tuple[int, bool]:
@@ -83,14 +91,16 @@ class CostAwareGamma:
         self.accepted_past = [0.0] * max_gamma  # ... that had more than j accepted
         self.draft_s: float | None = None  # one draft forward
         self.verify_s: dict[int, float] = {}  # rows -> one verify pass
+        self.drafting_steps = 0  # steps that drafted, ever (not decayed)
 
     def next(self) -> int:
         """The cap on the next step's proposal length."""
         if self.draft_s is None:
             return self.max_gamma
-        if 1 not in self.verify_s:
+        weigh_plain = self.drafting_steps >= MIN_EVIDENCE
+        if weigh_plain and 1 not in self.verify_s:
             return 0
-        best = max(range(self.max_gamma + 1), key=self.tokens_per_second)
+        best = max(range(0 if weigh_plain else 1, self.max_gamma + 1), key=self.tokens_per_second)
         if self.probed_from is not None:  # the step after a probe: did it change anything?
             self.interval = min(2 * self.interval, MAX_PROBE_EVERY) if best == self.probed_from else PROBE_EVERY
             self.probed_from = None
@@ -104,6 +114,7 @@ class CostAwareGamma:
         """Record one step: its cap, how many tokens it drafted and had accepted, and the seconds
         drafting and verifying took."""
         self.recent_caps.append(cap)
+        self.drafting_steps += drafted > 0
         for j in range(self.max_gamma):
             self.allowed[j] *= COUNT_DECAY
             self.drafted_past[j] *= COUNT_DECAY
@@ -141,3 +152,25 @@ class CostAwareGamma:
         lo, hi = counts[i - 1], counts[i]
         share = (rows - lo) / (hi - lo)
         return (1 - share) * self.verify_s[lo] + share * self.verify_s[hi]
+
+
+class GammaMemory:
+    """gamma auto's choosers kept from finished runs, per (draft key, route): a run of the same
+    target and draft starts from what the last one learned. Each run takes a copy (runs side by
+    side in a server learn apart) and gives it back when it ends (the last one kept wins)."""
+
+    def __init__(self):
+        self._kept: dict[tuple[str, str], CostAwareGamma] = {}
+
+    def chooser(self, key: str, route: str, max_gamma: int) -> CostAwareGamma:
+        """A chooser for a new run: the kept one's estimates, its probing started afresh."""
+        kept = self._kept.get((key, route))
+        if kept is None or kept.max_gamma != max_gamma:
+            return CostAwareGamma(max_gamma)
+        chooser = copy.deepcopy(kept)
+        chooser.recent_caps.clear()
+        chooser.probed_from = None
+        return chooser
+
+    def keep(self, key: str, route: str, chooser: CostAwareGamma) -> None:
+        self._kept[(key, route)] = chooser

@@ -7,13 +7,24 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from ..core.gamma import AUTO, AUTO_MAX_GAMMA
 from ..core.sampling import SamplingConfig, probabilities, sample
 
-# Draft tokens per step when the caller does not say. On the 2-core CPU this project measures on,
-# the shipped drafts pay best at gamma 1-2 (docs/benchmarks.md, "The shipped feature draft"):
-# their acceptance falls with each position while every drafted token costs a draft step and a
-# verify row. Drafts that agree more with their target pay at longer gammas: pass gamma.
-DEFAULT_GAMMA = 2
+# Draft tokens per step when the caller does not say: "auto", each step's length (0, plain
+# decoding, up to AUTO_MAX_GAMMA) chosen from the run's measured acceptance and costs, so that
+# speculation is on where it pays and off where it does not: no fixed gamma is best for every
+# target, draft and text (docs/benchmarks.md, "The default"). Sampling keeps a fixed gamma: the
+# tokens a seed draws depend on the steps' lengths, and auto's follow timings, so a seeded request
+# would no longer repeat its output. A tree's default is its own depth.
+DEFAULT_GAMMA = AUTO
+SAMPLING_GAMMA = 2  # the best fixed gamma measured with the shipped drafts (docs/benchmarks.md)
+LONGEST_DEFAULT = AUTO_MAX_GAMMA  # the longest proposal the default plans for
+
+
+def default_gamma(tree, greedy: bool) -> int | str:
+    """gamma when the caller gives none: a tree's (`tree.TreeShape`) own depth; for chains "auto"
+    when greedy, SAMPLING_GAMMA when sampling."""
+    return tree.depth if tree is not None else DEFAULT_GAMMA if greedy else SAMPLING_GAMMA
 
 
 class Proposal(NamedTuple):

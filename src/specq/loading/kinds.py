@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .. import atomic, backends
 from ..drafters import ngram
-from ..drafters.base import DEFAULT_GAMMA
+from ..drafters.base import LONGEST_DEFAULT
 from ..drafters.fallback import FallbackDrafter
 from ..drafters.feature import FeatureDrafter
 from ..drafters.hierarchy import HierarchicalDrafter
@@ -215,14 +215,14 @@ def save(draft: Model | Draft, out: Path | str, info: dict | None = None) -> Non
 
 
 def for_pair(draft, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tree: TreeShape | None = None,
-             gamma: int = DEFAULT_GAMMA):
+             gamma: int = LONGEST_DEFAULT):
     """The drafter a loaded draft makes for `target`, by its kind. `tree`: propose dynamic token
     trees of that shape instead of chains (native Llama models only)."""
     return kind_of(draft).drafter(draft, target, min_confidence, tree, gamma)
 
 
 def for_levels(drafts: list, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
-               tree: TreeShape | None = None, gamma: int = DEFAULT_GAMMA):
+               tree: TreeShape | None = None, gamma: int = LONGEST_DEFAULT):
     """A drafter for a hierarchy of loaded drafts, cheapest first: the first proposes (a tree if
     `tree`), each next one verifies what the levels below proposed (`hierarchy.py`). One draft is
     just `for_pair`; only a kind that scores tokens on its own can be a level above the first."""

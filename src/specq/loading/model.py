@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..core.gamma import GammaMemory
+
 
 @dataclass
 class Model:
@@ -21,6 +23,7 @@ class Model:
     source: str  # where the weights came from, for reports
     precision: str = "fp32"
     info: dict = field(default_factory=dict)
+    gamma_memory: GammaMemory = field(default_factory=GammaMemory, repr=False, compare=False)  # gamma auto's, across runs
 
     @property
     def vocab_size(self) -> int:

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from ..core.gamma import AUTO
-from ..drafters.base import DEFAULT_GAMMA
+from ..drafters.base import default_gamma
 from ..drafters.tree import DEFAULT_TREE, TreeShape
 from .errors import APIError
 from .schemas import ChatRequest, CompletionRequest
@@ -42,7 +42,7 @@ def plan(body: ChatRequest | CompletionRequest) -> Plan:
             else body.prompt
         max_tokens = body.max_tokens or COMPLETION_MAX_TOKENS
     temperature = 1.0 if body.temperature is None else body.temperature
-    options = dict(gamma=_gamma(body), tree=_tree(body), temperature=temperature,
+    options = dict(gamma=_gamma(body, temperature), tree=_tree(body), temperature=temperature,
                    top_p=1.0 if body.top_p is None else body.top_p, top_k=max(0, body.top_k or 0),
                    seed=body.seed if body.seed is not None else secrets.randbits(63), stop=body.stop,
                    ignore_eos=body.ignore_eos)
@@ -60,12 +60,12 @@ def _draft(body) -> str | None:
     return REGISTRY
 
 
-def _gamma(body) -> int | str:
+def _gamma(body, temperature: float) -> int | str:
     """With a tree the depth is tree_depth; only gamma "auto" goes with it (as `specq generate`)."""
     if body.tree is not None and body.gamma not in (None, AUTO):
         raise APIError(400, "with tree the depth is tree_depth, not gamma (only gamma 'auto' goes with tree)",
                        param="gamma")
-    return DEFAULT_GAMMA if body.gamma is None else body.gamma
+    return default_gamma(_tree(body), greedy=temperature == 0) if body.gamma is None else body.gamma
 
 
 def _tree(body) -> TreeShape | None:
