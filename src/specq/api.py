@@ -193,7 +193,7 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
             check_compatible(level, target)
         drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma)
         if isinstance(draft, ngram.NgramDraft):  # its k is the draft length (a fixed gamma its fallback's)
-            gamma = draft.longest(gamma, adaptive)
+            gamma = draft.longest(gamma)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     # gamma auto starts from the target's earlier runs with the same draft, as configured, on as many threads
     levels = [] if draft is None else draft if isinstance(draft, list) else [draft]

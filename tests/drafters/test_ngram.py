@@ -170,7 +170,7 @@ def test_greedy_ngram_equals_the_target(draft, gamma):
 
 def test_the_draft_length_is_k():
     target = tiny_model(scale=3.0, seed=4)
-    for draft, gamma, longest in (("ngram", 2, DEFAULT_K), ("ngram:k=7", 1, 7), ("ngram:k=7", "auto", 4),
+    for draft, gamma, longest in (("ngram", 2, DEFAULT_K), ("ngram:k=7", 1, 7), ("ngram:k=7", "auto", 7),
                                   ("ngram:k=2", "auto", 2)):
         stats = specq.generate(target, PROMPTS[0], draft, gamma=gamma, max_new_tokens=30).stats
         assert stats.gamma == longest and len(stats.drafted_at) == longest
@@ -217,11 +217,13 @@ def test_greedy_ngram_with_a_model_fallback_equals_the_target(kind):
 
 def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
     """With `ngram+MODEL` and gamma auto, steps the lookup drafts and steps the model drafts are
-    priced apart (a free lookup and a model forward), and the output stays the target's."""
+    priced apart (a free lookup and a model forward), each up to its own length (the lookup's k,
+    the model's AUTO_MAX_GAMMA), and the output stays the target's."""
     from specq.core.decode import run
+    from specq.core.gamma import AUTO_MAX_GAMMA
 
     target = tiny_model(scale=3.0, seed=4)
-    draft = NgramDraft(fallback=perturbed(target, 0.3, seed=2))
+    draft = NgramDraft(k=7, fallback=perturbed(target, 0.3, seed=2))
     routes = set()
     for prompt in PROMPTS:
         base = specq.generate(target, prompt, max_new_tokens=40)
@@ -231,6 +233,7 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
         routes |= set(sequence.choosers)
         for name, chooser in sequence.choosers.items():
             assert chooser.draft_s is not None, name  # each route's own draft cost was measured
+            assert chooser.max_gamma == {"lookup": 7, "model": AUTO_MAX_GAMMA}[name]
     assert routes == {"lookup", "model"}
     plain = api.start(target, PROMPTS[0], perturbed(target, 0.3, seed=2), gamma="auto", max_new_tokens=40)
     run(plain)

@@ -128,9 +128,11 @@ class Sequence:
         positions and mask."""
         self.chosen = speculate and self.adaptive  # gamma auto learns from its own choices only
         if self.chosen:
-            route = self.drafter.route(self.seq) if isinstance(self.drafter, Routed) else ""
+            routed = isinstance(self.drafter, Routed)
+            route = self.drafter.route(self.seq) if routed else ""
             if route not in self.choosers:
-                self.choosers[route] = self.memory.chooser(self.memory_key, route, self.gamma)
+                longest = self.drafter.longest(route, self.gamma) if routed else self.gamma
+                self.choosers[route] = self.memory.chooser(self.memory_key, route, longest)
             self.chooser = self.choosers[route]
         cap = self.chooser.next() if self.chosen else (self.gamma if speculate else 0)
         self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)

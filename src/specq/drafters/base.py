@@ -74,6 +74,10 @@ class Routed(Protocol):
     def route(self, seq: list[int]) -> str:
         """The name of the drafter that proposes next after `seq` (every token so far)."""
 
+    def longest(self, route: str, gamma: int) -> int:
+        """The longest proposal `route` makes in a run whose longest is `gamma`: gamma "auto"
+        chooses each route's length up to its own."""
+
 
 def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator,
            min_confidence: float) -> tuple[Tensor, Tensor | None, bool]:

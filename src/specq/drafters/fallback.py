@@ -40,6 +40,10 @@ class FallbackDrafter:
         """LOOKUP where the n-gram lookup has a proposal, else MODEL."""
         return LOOKUP if self.first.has_proposal(seq) else MODEL
 
+    def longest(self, route: str, gamma: int) -> int:
+        """The lookup's k, or the model draft's own gamma (each at most the run's `gamma`)."""
+        return self.first.nodes(gamma) if route == LOOKUP else min(gamma, self.then_gamma)
+
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
         proposal = self.first.propose(seq, gamma, sampling, generator)

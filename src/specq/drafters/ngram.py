@@ -36,8 +36,8 @@ DEFAULT_N_MIN = 2
 DEFAULT_N_MAX = 3
 # Tokens proposed per match: drafting is free but each token is a verify row, and a repeat tends
 # to break within a few tokens. 4 is inside the 3-5 that peers' prompt-lookup setups propose
-# (vLLM's ngram examples, OpenVINO GenAI's 5), and the longest proposal gamma "auto" considers
-# (gamma.AUTO_MAX_GAMMA), so auto keeps its whole range.
+# (vLLM's ngram examples, OpenVINO GenAI's 5). With gamma "auto" a lookup is capped at its own k,
+# not at the model drafts' AUTO_MAX_GAMMA: a longer k lets auto go further where text is copied.
 DEFAULT_K = 4
 MAX_N = 64  # the longest n-gram an index keys (a match this long is a copy: any longer adds nothing)
 NO_TREES = "an n-gram draft proposes chains; token trees need a model draft (ngram+MODEL grows the model's)"
@@ -68,11 +68,11 @@ class NgramDraft:
         own = f"{NAME}:n={self.n_min}-{self.n_max}:k={self.k}"
         return own if self.fallback is None else f"{own}+{self.fallback.ref}"
 
-    def longest(self, gamma: int, adaptive: bool) -> int:
-        """The run's longest proposal with this draft as its only level: k (gamma "auto": up to
-        `gamma` as well), or the fallback's `gamma` where that is longer."""
-        own = min(self.k, gamma) if adaptive else self.k
-        return own if self.fallback is None else max(own, gamma)
+    def longest(self, gamma: int) -> int:
+        """The run's longest proposal with this draft as its only level: k (gamma "auto" chooses up
+        to it per step, whatever the model drafts' cap), or the fallback's `gamma` where that is
+        longer."""
+        return self.k if self.fallback is None else max(self.k, gamma)
 
 
 def draft_models(draft) -> list:
