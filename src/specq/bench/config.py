@@ -88,8 +88,8 @@ HELP = {
               "ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the draft length), ngram+REF (the "
               "model REF where nothing matches), or refs joined by commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
-    "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (each step's length chosen from measured "
-              "costs, up to 4)"),
+    "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (the default: each step's length chosen "
+              "from measured costs, up to 4)"),
     "draft_confidence": (f"end a proposal early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}; "
                          "0 = off; the peer gets the same)"),
     "tree": ("token trees (EAGLE-2) of up to N draft nodes, gamma levels deep ('auto': each step's depth, up to "
