@@ -195,10 +195,11 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
         if isinstance(draft, ngram.NgramDraft):  # its k is the draft length (a fixed gamma its fallback's)
             gamma = draft.longest(gamma)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
-    # gamma auto starts from the target's earlier runs with the same draft, as configured, on as many threads
+    # gamma auto starts from the target's earlier runs with the same draft, as configured and sampled
+    # (acceptance follows both), on as many threads (so do the costs)
     levels = [] if draft is None else draft if isinstance(draft, list) else [draft]
     memory_key = (f"{','.join(level.ref for level in levels)} tree={tree} confidence={draft_confidence} "
-                  f"threads={torch.get_num_threads()}")
+                  f"{sampling} threads={torch.get_num_threads()}")
     return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                     max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                     generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens,

@@ -69,9 +69,10 @@ class Sequence:
 
     `adaptive`: gamma is the longest proposal and each step's length is chosen from measured costs
     (`gamma.py`), starting from what `memory` kept under `memory_key` (the target's earlier runs
-    with the same draft) and keeping what this run learned there when it ends. `ignore_eos` runs to max_new_tokens (as in vLLM), for benchmarks at a fixed
-    output length. `on_tokens` (streaming) gets each step's new tokens, up to a stop; returning
-    False ends the run with reason 'cancelled' (a client that went away)."""
+    with the same draft) and keeping what this run learned there when it ends. `ignore_eos` runs
+    to max_new_tokens (as in vLLM), for benchmarks at a fixed output length. `on_tokens`
+    (streaming) gets each step's new tokens, up to a stop; returning False ends the run with
+    reason 'cancelled' (a client that went away)."""
 
     def __init__(self, target: Model, prompt_ids: list[int], *, drafter: Drafter | None = None,
                  gamma: int = LONGEST_DEFAULT, adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(),

@@ -22,8 +22,8 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
 - g = 0 is plain decoding. The run starts with a full proposal (the drafter is in step with the
   sequence right after prefill); plain decoding is weighed only once MIN_EVIDENCE steps have
   drafted (one unlucky first proposal would otherwise price the draft out for many steps, each
-  later probe being a single draw), and first timed with a plain step; when
-  the last `interval` steps all had the same cap, the next one tries one token more (one token
+  later probe being a single draw), and first timed with a plain step. When the last
+  `interval` steps all had the same cap, the next one tries one token more (one token
   while plain decoding wins: a stretch the draft predicts well, code or a repeated phrase, is
   noticed). A probe is not free (after plain steps the drafter first catches up on the tokens it
   missed), so each probe that leaves the choice where it was doubles the interval, from
