@@ -146,8 +146,9 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, 
     "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
     prompt and the text so far; its k is then the draft length, and a fixed gamma only its fallback's.
     `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the default
-    with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it. `on_tokens`: called with each step's new
-    token ids (streaming); returning False stops the run (finish reason 'cancelled')."""
+    with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it.
+    `on_tokens`: called with each step's new token ids (streaming); returning False stops the run
+    (finish reason 'cancelled')."""
     sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
                      draft_confidence=draft_confidence, drafter=drafter, tree=tree, on_tokens=on_tokens)

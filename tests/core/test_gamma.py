@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from specq import api, generate
-from specq.core.gamma import AUTO_MAX_GAMMA, MIN_EVIDENCE, PROBE_EVERY, CostAwareGamma, GammaMemory, parse
+from specq.core.gamma import (AUTO_MAX_GAMMA, MAX_KEPT, MIN_EVIDENCE, PROBE_EVERY, CostAwareGamma, GammaMemory,
+                              parse)
 from specq.core.sampling import SamplingConfig
 from specq.core.stats import DecodeStats
 from specq.errors import SpecqError
@@ -153,6 +154,9 @@ def test_a_run_starts_from_what_the_last_run_of_the_pair_learned():
     for other in (memory.chooser("draft B", "", 4), memory.chooser("draft A", "lookup", 4),
                   memory.chooser("draft A", "", 3)):  # another draft, route or longest proposal: from scratch
         assert other.draft_s is None and other.next() == other.max_gamma
+    for i in range(MAX_KEPT):  # bounded: the least recently kept go first
+        memory.keep(f"draft {i}", "", CostAwareGamma(4))
+    assert memory.chooser("draft A", "", 4).draft_s is None and len(memory._kept) == MAX_KEPT
 
 
 def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():

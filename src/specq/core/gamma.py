@@ -57,6 +57,7 @@ MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to
 RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about the last 10 count)
 COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
 MIN_EVIDENCE = 4  # steps that drafted before plain decoding is weighed against drafting
+MAX_KEPT = 64  # choosers a GammaMemory keeps, the most recently kept (a server's requests may vary their sampling)
 
 
 def parse(gamma: int | str) -> tuple[int, bool]:
@@ -173,4 +174,7 @@ class GammaMemory:
         return chooser
 
     def keep(self, key: str, route: str, chooser: CostAwareGamma) -> None:
+        self._kept.pop((key, route), None)
         self._kept[(key, route)] = chooser
+        while len(self._kept) > MAX_KEPT:
+            self._kept.pop(next(iter(self._kept)))
