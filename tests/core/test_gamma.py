@@ -139,18 +139,21 @@ def test_catching_up_after_plain_steps_does_not_price_drafting_out():
 
 def test_a_run_starts_from_what_the_last_run_of_the_pair_learned():
     """GammaMemory: the next run takes a copy of the kept chooser, so it starts from its costs and
-    acceptance (here: plain decoding wins, no warm-up proposal) with its probing started afresh;
-    what the new run learns stays its own until it is kept."""
+    acceptance (no warm-up proposal at the longest length), and earns again, on its own text, any
+    verdict for plain decoding (MIN_EVIDENCE drafting steps, probes from PROBE_EVERY); what the
+    new run learns stays its own until it is kept."""
     memory, first = GammaMemory(), CostAwareGamma(4)
     _run(first, 40, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    assert first.next() == 0 and first.interval > PROBE_EVERY  # plain wins, probes grew rare
     memory.keep("draft A", "", first)
     second = memory.chooser("draft A", "", 4)
-    assert second is not first and second.next() == 0 and not second.recent_caps and second.probed_from is None
-    assert second.interval == first.interval > PROBE_EVERY  # probes stay as rare as they had become
+    assert second is not first and not second.recent_caps and second.probed_from is None
+    assert second.interval == PROBE_EVERY and second.drafting_steps == 0
+    picks = _run(second, MIN_EVIDENCE + 1, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
+    assert picks[:MIN_EVIDENCE] == [1] * MIN_EVIDENCE and picks[MIN_EVIDENCE] == 0  # the cheapest drafts, then plain
     second.observe(2, 2, 2, 0.02, 1.02)
     kept = memory.chooser("draft A", "", 4)  # the kept one is unchanged
-    assert (kept.drafting_steps, kept.draft_s) == (first.drafting_steps, first.draft_s) != (second.drafting_steps,
-                                                                                            second.draft_s)
+    assert (kept.draft_s, kept.verify_s) == (first.draft_s, first.verify_s) != (second.draft_s, second.verify_s)
     for other in (memory.chooser("draft B", "", 4), memory.chooser("draft A", "lookup", 4),
                   memory.chooser("draft A", "", 3)):  # another draft, route or longest proposal: from scratch
         assert other.draft_s is None and other.next() == other.max_gamma
@@ -171,7 +174,8 @@ def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():
     again.prefill()
     with torch.inference_mode():
         again.propose()
-    assert again.chooser.drafting_steps == kept.drafting_steps and again.chooser is not kept
+    assert again.chooser.draft_s == kept.draft_s and again.chooser.allowed == kept.allowed
+    assert again.chooser is not kept
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
@@ -179,7 +183,7 @@ def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():
         other.prefill()
         with torch.inference_mode():
             other.propose()
-        assert other.chooser.drafting_steps == 0
+        assert other.chooser.draft_s is None
     finally:
         torch.set_num_threads(threads)
 

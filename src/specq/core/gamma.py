@@ -36,7 +36,8 @@ low.
 
 `GammaMemory` carries a chooser from one run to the next of the same target and draft in a
 process (a server's requests, a bench's prompts): costs and acceptance, so a run starts from them
-instead of from a warm-up.
+instead of from a warm-up; whether plain decoding beats drafting is decided again on each run's
+own text.
 
 Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
 """
@@ -164,13 +165,18 @@ class GammaMemory:
         self._kept: dict[tuple[str, str], CostAwareGamma] = {}
 
     def chooser(self, key: str, route: str, max_gamma: int) -> CostAwareGamma:
-        """A chooser for a new run: the kept one's estimates, its probing started afresh."""
+        """A chooser for a new run: the kept one's costs and acceptance, its verdict on plain
+        decoding to be earned again (MIN_EVIDENCE drafting steps, probes from PROBE_EVERY): a new
+        text may suit the draft better, and a run that starts plain would learn that only by probes
+        up to MAX_PROBE_EVERY steps apart."""
         kept = self._kept.get((key, route))
         if kept is None or kept.max_gamma != max_gamma:
             return CostAwareGamma(max_gamma)
         chooser = copy.deepcopy(kept)
         chooser.recent_caps.clear()
         chooser.probed_from = None
+        chooser.drafting_steps = 0
+        chooser.interval = PROBE_EVERY
         return chooser
 
     def keep(self, key: str, route: str, chooser: CostAwareGamma) -> None:
