@@ -31,7 +31,8 @@ FORMS = {"q4-g32": (4, 32, True, False), "q6-g16": (6, 16, False, False), "q6-g3
          "q8-g16": (8, 16, False, False), "q8-g32": (8, 32, False, False),
          "q4_k": (4, 32, True, True), "q5_k": (6, 32, True, True), "q6_k": (6, 16, False, True)}
 # name: (bits, group, offsets, two-level scales as GGUF's K-quants keep them)
-LAYERS = [(name, form) for name in SHAPES for form in FORMS if name != "head" or form in ("q6-g16", "q6_k")]  # the head is Q6_K
+LAYERS = [(name, form) for name in SHAPES for form in FORMS
+          if name != "head" or form in ("q6-g16", "q6_k")]  # the head is Q6_K
 ROWS = (1, 2, 4, 8, 16)
 STREAM_BYTES = 160 * 2**20  # at least this many weight bytes per timed sweep: 5x a 32 MiB L3
 
@@ -53,6 +54,17 @@ def weight(out: int, n_in: int, bits: int, group: int, offsets: bool, two_level:
     scale = torch.rand(out, n_in // group, generator=g) * 0.02
     offset = -8 * scale if bits == 4 else torch.randn(out, n_in // group, generator=g) * 1e-3 if offsets else None
     return {v: int8dot.PACKS[bits](codes, scale, offset, variant=v) for v in variants}
+
+
+def layer_copies(name: str, form: str, variants: list[str], g: torch.Generator
+                 ) -> dict[str, list[int8dot.Int8DotWeight]]:
+    """Per variant, enough random copies of one layer that a sweep over them streams at least
+    STREAM_BYTES from memory (a decode step reads every weight from memory once)."""
+    (out, n_in), (bits, group, offsets, two_level) = SHAPES[name], FORMS[form]
+    copies = [weight(out, n_in, bits, group, offsets, two_level, variants, g)]
+    copies += [weight(out, n_in, bits, group, offsets, two_level, variants, g)
+               for _ in range(math.ceil(STREAM_BYTES / copies[0][variants[0]].nbytes()) - 1)]
+    return {v: [c[v] for c in copies] for v in variants}
 
 
 def sweep_us(x: torch.Tensor, weights: list[int8dot.Int8DotWeight], clock=time.perf_counter) -> float:
@@ -91,11 +103,8 @@ def main() -> None:
     print(f"{'layer':<6} {'form':<7} {'variant':<11}" + "".join(f"{r:>15}" for r in ROWS) + f"{'GB/s':>7}")
     rows_out = []
     for name, form in layers:
-        (out, n_in), (bits, group, offsets, two_level) = SHAPES[name], FORMS[form]
-        copies = [weight(out, n_in, bits, group, offsets, two_level, variants, g)]
-        copies += [weight(out, n_in, bits, group, offsets, two_level, variants, g)
-                   for _ in range(math.ceil(STREAM_BYTES / copies[0][variants[0]].nbytes()) - 1)]
-        weights = {v: [c[v] for c in copies] for v in variants}
+        out, n_in = SHAPES[name]
+        weights = layer_copies(name, form, variants, g)
         xs = {rows: torch.randn(rows, n_in, generator=g) for rows in ROWS}
         times = {(v, rows): [] for v in variants for rows in ROWS}
         for v in variants:  # warm up: page in
@@ -112,8 +121,9 @@ def main() -> None:
                   + f"{gbs:>7.1f}")
             rows_out += [{"layer": name, "out": out, "in": n_in, "form": form, "variant": v, "threads": args.threads,
                           "clock": "cpu" if args.cpu_time else "wall", "rows": r, "us": us[r],
-                          "ratio_to_1_row": us[r] / us[1], "weight_bytes": nbytes, "copies": len(copies)} for r in ROWS]
-        del copies, weights
+                          "ratio_to_1_row": us[r] / us[1], "weight_bytes": nbytes, "copies": len(weights[v])}
+                         for r in ROWS]
+        del weights
     if args.out:
         with open(args.out, "a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows_out)

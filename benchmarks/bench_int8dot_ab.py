@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import math
 import statistics
 import time
 
@@ -28,15 +27,7 @@ import torch
 
 from specq.kernels import int8dot
 
-from bench_int8dot import FORMS, SHAPES, STREAM_BYTES, weight
-
-
-def library(path: str) -> ctypes.CDLL:
-    lib = ctypes.CDLL(path)
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i, p, i]
-    lib.linear_a8.restype = i
-    return lib
+from bench_int8dot import SHAPES, layer_copies
 
 
 def sweep_us(lib: ctypes.CDLL, x: torch.Tensor, y: torch.Tensor, weights: list[int8dot.Int8DotWeight],
@@ -64,14 +55,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
-    libs = [library(args.a), library(args.b)]
+    libs = [int8dot.bind(ctypes.CDLL(path)) for path in (args.a, args.b)]
     g = torch.Generator().manual_seed(0)
     for name in args.layers.split(","):
         for form in args.forms.split(","):
-            (out, n_in), (bits, group, offsets, two_level) = SHAPES[name], FORMS[form]
-            first = weight(out, n_in, bits, group, offsets, two_level, [args.variant], g)[args.variant]
-            copies = [first] + [weight(out, n_in, bits, group, offsets, two_level, [args.variant], g)[args.variant]
-                                for _ in range(math.ceil(STREAM_BYTES / first.nbytes()) - 1)]
+            out, n_in = SHAPES[name]
+            copies = layer_copies(name, form, [args.variant], g)[args.variant]
             for rows in map(int, args.rows.split(",")):
                 x, y = torch.randn(rows, n_in, generator=g), torch.empty(rows, out)
                 for lib in libs:  # page in, warm up

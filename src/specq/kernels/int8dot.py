@@ -37,15 +37,19 @@ ROW_SHIFT = 31  # super_shift for one super-block per row, whatever the inputs (
 available = build.available  # AVX2 and a C compiler: specq's kernels build here
 
 
-@functools.cache
-def _library(variant: str) -> ctypes.CDLL:
-    lib = build.load(variant)
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib`'s int8dot functions given their C signatures (a build of int8dot.c)."""
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i, p, i]
-    lib.linear_a8.restype = ctypes.c_int
+    lib.linear_a8.restype = i
     lib.a8_panel_width.argtypes = [i]
     lib.a8_panel_width.restype = i
     return lib
+
+
+@functools.cache
+def _library(variant: str) -> ctypes.CDLL:
+    return bind(build.load(variant))
 
 
 PANEL = 8  # outputs per panel where specq's kernels are off (the layout then only stores the weights)
@@ -136,13 +140,43 @@ def _from_nibble_chunks(chunks: Tensor, out: int, n_in: int) -> Tensor:
     return nibbles.reshape(-1, n_in)[:out]
 
 
+def _six_bit_chunks(codes: Tensor, width: int) -> Tensor:
+    """Codes in [-32, 31] [out, in] as unsigned c + 32 in 6-bit chunks [panels, blocks, 6, width,
+    4]: the low 4 bits as 4-bit chunks; the top 2 of input 32b + 16k + 4i + t of output o -> chunk
+    4 + k, byte 4o + t, bits 2i and 2i + 1."""
+    n_in = codes.shape[1]
+    biased = (codes + 32).to(torch.uint8)
+    top = _panels(biased >> 4, width).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+    top = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
+    return torch.cat([_nibble_chunks(biased & 0x0F, width), top], dim=2)
+
+
+def _byte_chunks(codes: Tensor, width: int) -> Tensor:
+    """Codes in [-128, 127] [out, in] as 8-bit chunks [panels, blocks, 8, width, 4]: input 32b + 4j
+    + t of output o -> panel, block b, chunk j, byte 4o + t."""
+    return _panels(codes.to(torch.int8), width).view(-1, width, codes.shape[1] // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+
+
+CHUNKS = {4: _nibble_chunks, 6: _six_bit_chunks, 8: _byte_chunks}  # code bits -> the kernel's code layout
+
+
+def _pack(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, groups: int, variant: str | None,
+          sub: tuple[Tensor, ...] = (), super_shift: int = SUPER_SHIFT) -> Int8DotWeight:
+    """`bits`-bit codes [out, in] in `groups` groups a row, with scales d (and offsets m) and, for
+    two-level scales, int8 `sub` (sub-scales, then sub-offsets) [out, groups], laid out for
+    `variant` (by default the process's)."""
+    variant = variant or build.variant()
+    width, (out, n_in) = panel_width(bits, variant), codes.shape
+    subs = torch.cat([_panels(t, width).transpose(1, 2) for t in sub], dim=1).contiguous() if sub else None
+    return Int8DotWeight(bits, CHUNKS[bits](codes, width).contiguous(), panel_major(d, width),
+                         None if m is None else panel_major(m, width), n_in // groups, out, n_in, variant, subs,
+                         super_shift)
+
+
 def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None) -> Int8DotWeight:
     """From codes u in [0, 15] [out, in] and float d, m [out, groups] with w = d * u + m, laid out
     for `variant` (by default the process's)."""
-    variant = variant or build.variant()
-    width, (out, n_in) = panel_width(4, variant), unsigned.shape
-    return Int8DotWeight(4, _nibble_chunks(unsigned, width).contiguous(), panel_major(d, width), panel_major(m, width),
-                         n_in // d.shape[1], out, n_in, variant)
+    return _pack(4, unsigned, d, m, d.shape[1], variant)
 
 
 def pack_int4_two_level(unsigned: Tensor, d: Tensor, m: Tensor, sub_d: Tensor, sub_m: Tensor, super_shift: int,
@@ -157,39 +191,21 @@ def pack_two_level(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, sub_d:
     """`bits`-bit codes [out, in] (as `pack_int4` / `pack_int6` / `pack_int8` take them) with
     two-level scales: float d (and m) [out, supers], int8 sub_d (and sub_m) [out, groups]; group g's
     w = d[(g * G) >> super_shift] * sub_d[g] * code (+ m[..] * sub_m[g])."""
-    one = PACKS[bits](codes, sub_d.float(), None if m is None else sub_m.float(), variant)
-    width = panel_width(bits, one.variant)
-    subs = [_panels(t, width).transpose(1, 2) for t in (sub_d, sub_m) if t is not None]
-    return Int8DotWeight(bits, one.codes, panel_major(d, width), None if m is None else panel_major(m, width),
-                         one.group_size, one.out_features, one.in_features, one.variant,
-                         torch.cat(subs, dim=1).contiguous(), super_shift)
+    sub = tuple(t for t in (sub_d, sub_m) if t is not None)
+    return _pack(bits, codes, d, m, sub_d.shape[1], variant, sub, super_shift)
 
 
 def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
     """From codes c in [-32, 31] [out, in] and float d (and m) [out, groups] with w = d * c (+ m),
     laid out for `variant`: GGUF's Q6_K and 5-bit formats at 6 bits a code instead of 8. Why:
     decoding reads every weight once per step, so its time is mostly the bytes read."""
-    variant = variant or build.variant()
-    width, (out, n_in) = panel_width(6, variant), codes.shape
-    biased = (codes + 32).to(torch.uint8)
-    # the low 4 bits as 4-bit codes; the top 2 of input 32b + 16k + 4i + t of output o -> chunk 4 + k,
-    # byte 4o + t, bits 2i and 2i + 1
-    top = _panels(biased >> 4, width).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
-    top = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
-    c = torch.cat([_nibble_chunks(biased & 0x0F, width), top], dim=2).contiguous()
-    return Int8DotWeight(6, c, panel_major(d, width), None if m is None else panel_major(m, width),
-                         n_in // d.shape[1], out, n_in, variant)
+    return _pack(6, codes, d, m, d.shape[1], variant)
 
 
 def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
     """From codes c in [-128, 127] [out, in] and float d (and m) [out, groups] with w = d * c (+ m),
     laid out for `variant` (by default the process's)."""
-    variant = variant or build.variant()
-    width, (out, n_in) = panel_width(8, variant), codes.shape
-    # input 32b + 4j + t of output o -> panel, block b, chunk j, byte 4o + t
-    c = _panels(codes.to(torch.int8), width).view(-1, width, n_in // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
-    return Int8DotWeight(8, c, panel_major(d, width), None if m is None else panel_major(m, width),
-                         n_in // d.shape[1], out, n_in, variant)
+    return _pack(8, codes, d, m, d.shape[1], variant)
 
 
 PACKS = {4: pack_int4, 6: pack_int6, 8: pack_int8}  # code bits -> packing of one-level weights
