@@ -188,8 +188,8 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
     if tree is not None:
         gamma = min(gamma, tree.depth) if adaptive else tree.depth
     draft = _draft(draft)
-    if draft is not None:
-        levels = draft if isinstance(draft, list) else [draft]
+    levels = _levels(draft)
+    if levels:
         for level in ngram.draft_models(levels):
             check_compatible(level, target)
         drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma)
@@ -198,9 +198,8 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     # gamma auto starts from the target's earlier runs with the same draft, as configured and sampled
     # (acceptance follows both), on as many threads (so do the costs)
-    levels = [] if draft is None else draft if isinstance(draft, list) else [draft]
-    memory_key = (f"{','.join(level.ref for level in levels)} tree={tree} confidence={draft_confidence} "
-                  f"{sampling} threads={torch.get_num_threads()}")
+    memory_key = (f"{_refs(levels)} tree={tree} confidence={draft_confidence} {sampling} "
+                  f"threads={torch.get_num_threads()}")
     return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                     max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                     generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens,
@@ -213,6 +212,14 @@ def finish(sequence: Sequence, draft: DraftArg) -> Generation:
     text = sequence.target.tokenizer.decode(ids, skip_special_tokens=True)
     if reason == "stop":
         text = trim_at_stop(text, sequence.stopper.stop_strings)
-    levels = [] if draft is None else draft if isinstance(draft, list) else [draft]
     return Generation(text=text, token_ids=ids, prompt_ids=sequence.prompt_ids, finish_reason=reason, stats=stats,
-                      target=sequence.target.ref, draft=",".join(level.ref for level in levels) or None)
+                      target=sequence.target.ref, draft=_refs(_levels(draft)) or None)
+
+
+def _levels(draft: DraftArg) -> list:
+    """A draft's levels, cheapest first (none without a draft)."""
+    return [] if draft is None else draft if isinstance(draft, list) else [draft]
+
+
+def _refs(levels: list) -> str:
+    return ",".join(level.ref for level in levels)
