@@ -61,10 +61,6 @@ def summarized(results: str, by_set: bool = False) -> tuple[dict, ...]:
     return tuple(summarize(store.read(ROOT / results), by_set=by_set))
 
 
-def speculative_rows(results: str) -> tuple[dict, ...]:
-    return tuple(r for r in summarized(results) if r["kind"] == "speculative")
-
-
 def _filtered(rows, options: dict) -> list[dict]:
     out = list(rows)
     if "tokens" in options:
@@ -94,14 +90,21 @@ def cells_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+BASELINE_KEY = ("target", "max_new_tokens", "set", "threads", "temperature")  # a configuration's own baseline
+
+
+def _plain_rates(baselines: list[dict]) -> dict[tuple, float]:
+    """Each baseline's tokens/s by its BASELINE_KEY values."""
+    return {tuple(b[k] for k in BASELINE_KEY): b["tokens_per_s"][0] for b in baselines}
+
+
 def summary_table(rows: list[dict], baselines: list[dict]) -> str:
     """What a user compares: the target alone against speculative decoding, per configuration."""
-    same = ("target", "max_new_tokens", "set", "threads", "temperature")  # a configuration's own baseline
-    plain = {tuple(b[k] for k in same): b["tokens_per_s"][0] for b in baselines}
+    plain = _plain_rates(baselines)
     lines = ["| target | plain tok/s | draft | gamma | speculative tok/s | speedup [95% CI] | tau |",
              "|" + "---|" * 7]
     for r in sorted(rows, key=lambda r: (r["target"], draft_label(r), gamma_order(r["gamma"]))):
-        base = plain.get(tuple(r[k] for k in same))
+        base = plain.get(tuple(r[k] for k in BASELINE_KEY))
         lines.append(f"| {r['target_precision']} | {'-' if base is None else f'{base:.1f}'} | {draft_label(r)} | "
                      f"{r['gamma']} | {r['tokens_per_s'][0]:.1f} | {_ci(r['speedup'])} | {r['tau'][0]:.2f} |")
     return "\n".join(lines)
@@ -110,12 +113,11 @@ def summary_table(rows: list[dict], baselines: list[dict]) -> str:
 def sets_table(rows: list[dict], baselines: list[dict]) -> str:
     """One row per target, draft and prompt set: the target's plain tokens/s, then per gamma the
     paired speedup with its CI (the row's best in bold) and tau."""
-    same = ("target", "max_new_tokens", "set", "threads", "temperature")
-    plain = {tuple(b[k] for k in same): b["tokens_per_s"][0] for b in baselines}
+    plain = _plain_rates(baselines)
     gammas = sorted({r["gamma"] for r in rows}, key=gamma_order)
     keyed: dict[tuple, dict] = {}
     for r in rows:
-        keyed.setdefault((r["target"], draft_label(r), r["set"], tuple(r[k] for k in same)), {})[r["gamma"]] = r
+        keyed.setdefault((r["target"], draft_label(r), r["set"], tuple(r[k] for k in BASELINE_KEY)), {})[r["gamma"]] = r
     lines = ["| target | draft | prompts | plain tok/s | " + " | ".join(f"gamma {g}" for g in gammas)
              + " | " + " | ".join(f"tau, gamma {g}" for g in gammas) + " |", "|" + "---|" * (4 + 2 * len(gammas))]
     for (target, draft, prompt_set, key), by in sorted(keyed.items(), key=lambda kv: kv[0][:3]):
@@ -263,16 +265,17 @@ def render(spec: str) -> str:
         return bench_load_table(results, kind == "load-forms")
     if kind == "qad":
         return qad_table(results, options.get("part", "runs"))
-    rows = _filtered(speculative_rows(results), options)
+    summary = summarized(results, by_set=kind == "sets")  # per prompt set, or pooled over the sets
+    rows = _filtered((r for r in summary if r["kind"] == "speculative"), options)
     if not rows:
         raise SystemExit(f"table '{spec}': no matching rows in {results}")
+    baselines = [r for r in summary if r["kind"] == "baseline"]
     if kind == "cells":
         return cells_table(rows)
     if kind == "summary":
-        return summary_table(rows, [r for r in summarized(results) if r["kind"] == "baseline"])
+        return summary_table(rows, baselines)
     if kind == "sets":
-        by_set = _filtered((r for r in summarized(results, by_set=True) if r["kind"] == "speculative"), options)
-        return sets_table(by_set, [r for r in summarized(results, by_set=True) if r["kind"] == "baseline"])
+        return sets_table(rows, baselines)
     if kind != "pivot":
         raise SystemExit(f"table '{spec}': unknown kind {kind!r}")
     by = options.get("by", "gamma")
