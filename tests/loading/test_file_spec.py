@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_gguf import write_tiny_gguf
 
 from specq.errors import SpecqError
 from specq.kernels import int8dot
@@ -17,7 +16,7 @@ from specq.loading.file_spec import FileSpec
 from specq.weights.narrow_head import NarrowHead
 from specq.weights.quant.modules import FileBlocks
 
-from conftest import assert_speculative_is_plain, perturbed, tiny_model
+from conftest import assert_speculative_is_plain, perturbed, tiny_model, write_tiny_gguf
 
 VOCAB = 2048  # a head of 1k tokens keeps half of it
 

@@ -9,63 +9,8 @@ import torch
 
 from specq.errors import SpecqError
 from specq.loading import gguf_io
-from specq.model.llama import native_to_hf_state_dict
 
-from conftest import assert_speculative_is_plain, tiny_model
-
-
-def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """The q/k row order llama.cpp's converter writes (convert_hf_to_gguf's LlamaModel.permute)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_tiny_gguf(path, model, qtype: str = "F32", extra=None) -> None:
-    """A tiny native Llama written the way llama.cpp's converter writes a Hugging Face Llama;
-    `extra(writer)` adds more metadata."""
-    import gguf
-    from gguf import GGMLQuantizationType, quants
-
-    c = model.net.config
-    hf = {k: v.float().numpy() for k, v in native_to_hf_state_dict(model.net).items()}
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c.num_layers)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_heads)
-    w.add_head_count_kv(c.num_kv_heads)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_vocab_size(c.vocab_size)
-    if extra is not None:
-        extra(w)
-
-    def add(name: str, array: np.ndarray) -> None:
-        if array.ndim == 2 and qtype != "F32":
-            t = getattr(GGMLQuantizationType, qtype)
-            w.add_tensor(name, quants.quantize(array, t), raw_dtype=t)
-        else:
-            w.add_tensor(name, np.ascontiguousarray(array))
-
-    add("token_embd.weight", hf["model.embed_tokens.weight"])
-    add("output_norm.weight", hf["model.norm.weight"])
-    if "lm_head.weight" in hf:
-        add("output.weight", hf["lm_head.weight"])
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    for i in range(c.num_layers):
-        for hf_name, gguf_name in names.items():
-            array = hf[f"model.layers.{i}.{hf_name}.weight"]
-            if gguf_name == "attn_q":
-                array = llama_cpp_permute(array, c.num_heads)
-            elif gguf_name == "attn_k":
-                array = llama_cpp_permute(array, c.num_kv_heads)
-            add(f"blk.{i}.{gguf_name}.weight", array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+from conftest import assert_speculative_is_plain, tiny_model, write_tiny_gguf
 
 
 def test_float_gguf_reads_back_exactly(tmp_path):

@@ -27,7 +27,7 @@ from specq.loading import gguf_io
 from specq.model.architectures import ARCHITECTURES, unsupported
 from specq.model.llama import Llama, LlamaConfig
 
-from conftest import PROMPTS, perturbed, verify_vs_steps
+from conftest import PROMPTS, llama_cpp_permute, perturbed, verify_vs_steps
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -283,11 +283,6 @@ def test_config_round_trip(name):
 
 
 # ------------------------------------------------------------------ GGUF files, as llama.cpp writes them
-
-def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """convert_hf_to_gguf's LlamaModel.permute: the q/k row order of llama.cpp's rope (rows of weights and biases)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
 
 # VOCAB byte-level BPE tokens (one merge), with the special tokens Qwen2's and Gemma's tokenizer classes add
 # where a vocabulary lacks them.

@@ -10,8 +10,10 @@ model, and never changed afterwards.
 
 Why one place: before, several switches on a shared model picked the kernel (packed linears, per
 module flags, the layer stack), and training flipped them back on the caller's model. Now
-`prepare` is the only writer, the loader its only caller, and whoever needs plain torch modules
-(training, calibration, a teacher) takes `plain_copy`, leaving the caller's model as it was.
+`prepare` is the only writer, the loader its caller (and `specq distill`, which puts a GGUF
+target loaded without a backend on the kernels: its teacher runs the file's blocks), and whoever
+needs plain torch modules (training, calibration, a teacher) takes `plain_copy`, leaving the
+caller's model as it was.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import atomic
+from ..kernels import int8dot
 from ..errors import SpecqError
+from ..weights.quant.modules import FileBlocks
 from .llama import KVCache, Llama, LlamaConfig, Prior, Segment, visibility
 
 KIND = "specq-feature-draft"
@@ -47,16 +49,23 @@ class FeatureDraft(nn.Module):
         index = torch.full((target_vocab_size,), -1, dtype=torch.long)
         index[vocab_ids.long()] = torch.arange(vocab_ids.numel())
         self.register_buffer("_subset_index", index, persistent=False)
-        self.token_embedding: Tensor | None = None  # the target's [V, hidden], see attach
+        self._embedding: tuple[nn.Module, ...] = ()  # the target's token embedding, see attach
 
     def attach(self, target: Llama) -> "FeatureDraft":
-        """Share the target's token embedding (and check the shapes fit that target)."""
-        weight = target.tok_embeddings.weight
-        if weight.shape != (self.target_vocab_size, self.config.hidden_size):
+        """Share the target's token embedding (and check the shapes fit that target). The target's
+        module is called, not copied: a GGUF file's embedding stays in the file's format."""
+        embedding = target.tok_embeddings
+        shape = (embedding.num_embeddings, embedding.embedding_dim)
+        if shape != (self.target_vocab_size, self.config.hidden_size):
             raise SpecqError(f"this feature draft was made for a target with vocabulary {self.target_vocab_size} "
-                             f"and hidden size {self.config.hidden_size}, not {tuple(weight.shape)}")
-        self.token_embedding = weight.detach()  # shared, never trained
+                             f"and hidden size {self.config.hidden_size}, not {shape}")
+        self._embedding = (embedding,)  # a tuple: not a submodule (never saved, never trained)
         return self
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """The target's embedding of `ids` [...] -> [..., hidden] in the draft's dtype (no gradient)."""
+        with torch.no_grad():
+            return self._embedding[0](ids).to(self.dtype)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -72,8 +81,7 @@ class FeatureDraft(nn.Module):
         predicted next features [.., n, hidden]). 1-D ids with a cache (decoding), or [B, n]
         without one (training, from position 0). `positions` and `mask`: a token tree's rows, as
         in `Llama.forward`."""
-        emb = F.embedding(ids, self.token_embedding).to(self.dtype)
-        x = self.fc(torch.cat([emb, features.to(self.dtype)], dim=-1))
+        x = self.fc(torch.cat([self.embed(ids), features.to(self.dtype)], dim=-1))
         batched = x.dim() == 3
         x = x if batched else x.unsqueeze(0)
         n = x.shape[1]
@@ -109,8 +117,7 @@ class FeatureDraft(nn.Module):
         out = []
         for k in range(steps):
             tokens = F.pad(ids[:, k + 1:], (0, k))[:, :rows]
-            x = self.fc(torch.cat([F.embedding(tokens, self.token_embedding).to(self.dtype),
-                                   features.to(self.dtype)], dim=-1))
+            x = self.fc(torch.cat([self.embed(tokens), features.to(self.dtype)], dim=-1))
             rope = slice(k, k + rows)
             prior = Prior(keys, values, torch.cat([causal] + [diagonal] * k, dim=1))
             x = body.decoder_pass(x, body.rope_cos[rope], body.rope_sin[rope], prior, body._local(rope))
@@ -147,9 +154,23 @@ def new_feature_draft(target: Llama, vocab_ids: Tensor, layers: int = 1, seed: i
             if p.dim() == 2:
                 p.normal_(0, 0.02)
         draft.body.norm.weight.copy_(target.norm.weight.float())
-        head = target.output.weight if type(target.output) is nn.Linear else target.tok_embeddings.weight
-        draft.body.tok_embeddings.weight.copy_(head.float()[vocab_ids])  # a quantized head: the embedding
+        draft.body.tok_embeddings.weight.copy_(head_rows(target, vocab_ids))
     return draft.attach(target)
+
+
+def head_rows(target: Llama, ids: Tensor) -> Tensor:
+    """The target's output-head rows of tokens `ids`, float32 [len(ids), hidden]: a float head's
+    own, a file's quantized head dequantized as its kernel computes it, else (tied, or quantized
+    by specq) the token embedding's."""
+    head = target.output
+    if type(head) is nn.Linear:
+        return head.weight.detach()[ids].float()
+    blocks = head.int8dot_weight() if isinstance(head, FileBlocks) else None
+    if blocks is None:
+        return target.tok_embeddings(ids).float()
+    codes, d, m = int8dot.unpack(blocks)
+    groups = codes[ids].float().view(len(ids), -1, blocks.group_size) * d[ids][..., None]
+    return (groups if m is None else groups + m[ids][..., None]).view(len(ids), -1)
 
 
 def save(draft: FeatureDraft, directory: Path | str, tokenizer, eos_ids, info: dict | None = None) -> None:
@@ -202,7 +223,7 @@ def restrict_head(draft: FeatureDraft, keep: Tensor) -> FeatureDraft:
     state = {k: v for k, v in draft.state_dict().items() if k not in ("vocab_ids", "body.output.weight")}
     state["body.tok_embeddings.weight"] = draft.body.tok_embeddings.weight.detach()[rows]
     out.load_state_dict(state | {"vocab_ids": keep, "body.output.weight": state["body.tok_embeddings.weight"]})
-    out.token_embedding = draft.token_embedding
+    out._embedding = draft._embedding
     return out
 
 

@@ -259,7 +259,7 @@ def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str,
             flat.append(b * (width - 1) + data.start[r] + torch.arange(skip, m) - k - 1)
             tops.append(data.top_ids[r][skip:])
             logps.append(data.top_logp[r][skip:])
-        flat, top_ids, top_logp = torch.cat(flat), torch.cat(tops).long(), torch.cat(logps).float()
+        flat, top_ids, top_logp = torch.cat(flat), torch.cat(tops).long(), torch.cat([p.float() for p in logps])
         predicted = hidden.reshape(-1, hidden.shape[-1])[flat]
         logq = torch.log_softmax(draft.body.output(predicted).float(), dim=-1)
         where = draft.subset_index(top_ids)  # -1 for tokens outside the head's vocabulary
@@ -300,6 +300,24 @@ def tv_weight(loss: str) -> float:
     raise ValueError(f"loss must be 'kl', 'tv' or 'mix:W' with 0 <= W <= 1, got {loss!r}")
 
 
+COMPUTE = ("fp32", "bf16")  # what a training step's matrix products run in (`distill`)
+
+
+def autocast(forward, compute: str):
+    """`forward` run under CPU autocast to bfloat16 ("bf16"), or as it is ("fp32")."""
+    if compute not in COMPUTE:
+        raise ValueError(f"compute must be one of {COMPUTE}, got {compute!r}")
+    if compute == "fp32":
+        return forward
+
+    def bf16_forward(student, data, rows):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            d, extra = forward(student, data, rows)
+        return {k: v.float() for k, v in d.items()}, extra.float()
+
+    return bf16_forward
+
+
 @torch.no_grad()
 def evaluate(student, data: TeacherSet, batch: int = 8, forward=sequence_forward) -> dict[str, float]:
     """Position-weighted mean KL, TV, beta and top-1 agreement on `data`."""
@@ -334,7 +352,8 @@ def _order(n: int, seed: int, epoch: int) -> list[int]:
 def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, time_budget_s: float | None = None,
             loss: str = "kl", lr: float = 2e-3, batch: int = 8, checkpoint_dir: Path | str | None = None,
             checkpoint_every: int = 100, resume: bool = True, eval_every: int = 200, seed: int = 0,
-            progress: bool = True, forward=sequence_forward, groups: list[dict] | None = None) -> dict:
+            progress: bool = True, forward=sequence_forward, groups: list[dict] | None = None,
+            compute: str = "fp32") -> dict:
     """Train `draft_hf` towards the target distributions in `train`; return the final held-out
     metrics and the history. `forward(student, data, rows) -> (divergences, extra loss)` says
     how a kind of draft is run on a batch (`sequence_forward`, `feature_forward`); the
@@ -346,7 +365,10 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
     RNG state, history) go to `checkpoint_dir/last.pt` every `checkpoint_every` steps.
     `groups`: optimizer parameter groups (default: every parameter), each with an optional
     `lr_scale` on the schedule's rate (parameters of different units, e.g. `qad.py`'s codes).
+    `compute` "bf16": forwards and backwards under CPU autocast to bfloat16 (weights and optimizer
+    stay float32): on CPUs with AVX-512 BF16 the matrix products take about half the time.
     """
+    forward = autocast(forward, compute)
     w = tv_weight(loss)
     optimizer = torch.optim.AdamW(groups or draft_hf.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "history": []}

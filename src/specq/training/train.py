@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic, checks, data
+from .. import atomic, backends, checks, data
 from ..errors import SpecqError
 from ..loading import kinds, registry
 from ..loading.model import Draft, Model
 from ..loading.refs import split_ref
 from ..loading.vocab import check_compatible, check_target
 from ..model.llama import Llama
-from . import students
+from . import native_teacher, students
 from .calibrate import acceptance
 from .distill import (
     TeacherSet,
@@ -67,6 +67,7 @@ class DistillSettings:
     gen_batch: int = 48  # prompts the target answers at once (one cached shard)
     accept_prompts: int = 10  # held-out chat prompts for the final speculative runs
     gamma: int = 4
+    compute: str = "fp32"  # training's matrix products: fp32, or bf16 under autocast (`distill.distill`)
     head_vocab: int | None = None  # feature drafts: tokens the head covers (the most frequent in the
     # data); a new draft's default is NEW_HEAD_VOCAB, a base's head is kept unless this is given
     seed: int = 0
@@ -143,7 +144,10 @@ def _sharded(directory: Path, items: list, shard: int, make, label: str, feature
             if budget is not None and not budget.allows():
                 continue
             print(f"{label}: shard {s + 1}/{n_shards}", file=sys.stderr, flush=True)
-            make(items[s * shard:(s + 1) * shard]).save(path)
+            made = make(items[s * shard:(s + 1) * shard])
+            if made.features:  # a native teacher computes them in the same pass
+                atomic_save(made.features, path.with_name(f"{path.stem}.features.pt"))
+            TeacherSet(made.ids, made.start, made.top_ids, made.top_logp).save(path)
         part = TeacherSet.load(path)
         if features_of is not None:
             cached = path.with_name(f"{path.stem}.features.pt")
@@ -167,21 +171,30 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
             teacher = float_teacher(target.net)
         return teacher
 
+    native = native_teacher.wanted(target.net)  # a file's own blocks: answered on specq's kernels
     tok, who = target.tokenizer, [split_ref(target.ref)[0], target.precision]
     feats = target.net if features else None
+
+    def answers(prompts: list[str], t: float = 0.0, seed: int = 0) -> TeacherSet:
+        if native:
+            return native_teacher.continuations(target, prompts, max_new_tokens=settings.new_tokens, temperature=t,
+                                                seed=seed)
+        return teacher_continuations(model(), tok, prompts, max_new_tokens=settings.new_tokens, temperature=t,
+                                     batch=settings.gen_batch, seed=seed)
+
+    def on_text(windows: list) -> TeacherSet:
+        return native_teacher.on_text(target.net, windows) if native else teacher_on_text(model(), windows)
+
     train, held = TeacherSet([], [], [], []), TeacherSet([], [], [], [])
     for source in settings.prompts:
         prompts = prompt_list(source)
         for t in settings.temperatures:
             where = work / "teacher" / f"answers-{_key(who, source, t, settings.new_tokens)}"
-            train += _sharded(where, prompts, settings.gen_batch, lambda p, t=t: teacher_continuations(
-                model(), tok, p, max_new_tokens=settings.new_tokens, temperature=t, batch=settings.gen_batch,
-                seed=settings.seed), f"answers to {source} (T={t})", feats, budget)
+            train += _sharded(where, prompts, settings.gen_batch, lambda p, t=t: answers(p, t, settings.seed),
+                              f"answers to {source} (T={t})", feats, budget)
     held_prompts = data.chat_prompts("held_out")
     held += _sharded(work / "teacher" / f"held-answers-{_key(who, settings.new_tokens)}", held_prompts,
-                     settings.gen_batch, lambda p: teacher_continuations(
-                         model(), tok, p, max_new_tokens=settings.new_tokens, batch=settings.gen_batch),
-                     "held-out answers", feats)
+                     settings.gen_batch, answers, "held-out answers", feats)
     per_source = max(1, settings.text_windows // max(1, len(settings.texts)))
     for source in settings.texts:
         train_docs, held_docs = text_list(source)
@@ -191,9 +204,9 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
         held_windows = held_windows[::max(1, len(held_windows) // 16)][:16]
         key = _key(who, source, settings.seq_len, per_source)
         train += _sharded(work / "teacher" / f"text-{key}", windows, 16,
-                          lambda w: teacher_on_text(model(), w), f"text {source}", feats, budget)
+                          on_text, f"text {source}", feats, budget)
         held += _sharded(work / "teacher" / f"held-text-{key}", held_windows, 16,
-                         lambda w: teacher_on_text(model(), w), f"held-out text {source}", feats)
+                         on_text, f"held-out text {source}", feats)
     if not len(train):
         raise SpecqError("no training data: give --texts and/or --prompts" if not (budget and budget.skipped) else
                          "the time budget ran out before the first shard of training data: give more --minutes")
@@ -277,6 +290,8 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         raise SpecqError(f"a {kind.name} draft reads the target's hidden states: '{target.ref}' must be a Llama model")
     if base is None:
         students.check_arch(arch)
+    if native_teacher.wanted(target.net) and getattr(target.net, "backend", None) is None:
+        backends.prepare(target.net)  # a file's own blocks: the teacher answers on specq's kernels
     started = time.perf_counter()
     budget = Budget(None if deadline is None else since + DATA_SHARE * settings.minutes * 60)
     train, held = teacher_data(target, settings, work, features=student_kind.reads_features, budget=budget)
@@ -296,7 +311,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     result = distill(student, train, held, steps=settings.steps, time_budget_s=train_budget_s,
                      loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
-                     forward=student_kind.forward)
+                     forward=student_kind.forward, compute=settings.compute)
     draft = kinds.as_kind(kind, Model(ref=str(out), net=student_kind.finish(student, dtype), tokenizer=target.tokenizer,
                                       eos_ids=target.eos_ids, source=str(out),
                                       precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")))
