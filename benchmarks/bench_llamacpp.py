@@ -24,6 +24,12 @@ Measurements, per weights and round:
   its `llama-speculative-simple` example run once per prompt on the same files, threads and prompt
   ids (as text with its special tokens), greedy (`--temp 0`); tokens/s is its own encode + decode
   time (load excluded), and it stops at EOS where the other rows ignore it.
+- `openvino plain`, `openvino draft 3` / `5`, `openvino prompt lookup` (with `--openvino DIR`, the
+  1.5B): OpenVINO GenAI on the same pair as its users would run it, exported by
+  benchmarks/export_openvino.py (the 1.5B re-quantized to int4 in groups of 64, the 0.5B draft to
+  int8: OpenVINO reads no GGUF K-quants), run in the same process on the same prompt ids, greedy, EOS
+  ignored, `INFERENCE_NUM_THREADS` = `--threads`; draft rows with 3 or 5 draft tokens, prompt lookup
+  with n-grams up to 3 and 5 tokens; tokens/s end to end, prefill its time to first token.
 Every generation row also has `decode_tokens_per_s` (prefill excluded); the table's `prefill` line is
 the prompt tokens per second of prefill in plain generation.
 
@@ -84,6 +90,14 @@ LLAMA_CPP_SPECULATIVE = {
     "llama.cpp ngram-mod": ["--spec-type", "ngram-mod"],
 }
 DRAFT_FILE = {"qwen1.5b": "qwen0.5b"}  # weights -> the weights of its draft file
+# OpenVINO GenAI's modes: measurement -> (pipeline, GenerationConfig fields beyond greedy decoding)
+OPENVINO_MODES = {
+    "openvino plain": ("plain", {}),
+    "openvino draft 3": ("draft", {"num_assistant_tokens": 3}),
+    "openvino draft 5": ("draft", {"num_assistant_tokens": 5}),
+    "openvino prompt lookup": ("lookup", {"max_ngram_size": 3, "num_assistant_tokens": 5}),
+}
+OPENVINO_EXPORTS = {"qwen1.5b": ("qwen1.5b-int4-g64", "qwen0.5b-int8")}  # weights -> (target, draft) in --openvino
 INSTALL = "pip install llama-cpp-python==0.3.36 (build command: docs/fastpath.md, 'Against llama.cpp')"
 
 
@@ -246,6 +260,46 @@ class LlamaCppSpeculative:
         return [0] * int(dec.group(1)), prefill, prefill + float(dec.group(2)), counts
 
 
+# ------------------------------------------------------------------------------- OpenVINO
+
+class OpenVino:
+    """OpenVINO GenAI on the pair as benchmarks/export_openvino.py wrote it into `folder`: one
+    pipeline per kind of mode (plain, the 0.5B draft, prompt lookup), each with `threads` inference
+    threads. Prompts go in as token ids, so every tool reads exactly the same tokens."""
+
+    def __init__(self, folder: Path, weights: str, threads: int):
+        import openvino_genai as genai
+
+        target, draft = (folder / name for name in OPENVINO_EXPORTS[weights])
+        for path in (target, draft):
+            if not (path / "openvino_model.xml").is_file():
+                sys.exit(f"--openvino: no OpenVINO model in {path} (run benchmarks/export_openvino.py --out {folder})")
+        props = {"INFERENCE_NUM_THREADS": threads}
+        self.pipelines = {
+            "plain": genai.LLMPipeline(str(target), "CPU", **props),
+            "draft": genai.LLMPipeline(str(target), "CPU", draft_model=genai.draft_model(str(draft), "CPU", **props),
+                                       **props),
+            "lookup": genai.LLMPipeline(str(target), "CPU", prompt_lookup=True, **props),
+        }
+
+    def generate(self, prompt: list[int], n: int, measurement: str) -> tuple[list[int], float, float]:
+        """(n new token ids, prefill s (its time to first token), total s) of one greedy run."""
+        import openvino as ov
+        import openvino_genai as genai
+
+        kind, fields = OPENVINO_MODES[measurement]
+        config = genai.GenerationConfig()
+        config.max_new_tokens, config.ignore_eos, config.do_sample = n, True, False
+        for name, value in fields.items():
+            setattr(config, name, value)
+        ids = np.array([prompt], dtype=np.int64)
+        inputs = genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        began = time.perf_counter()
+        result = self.pipelines[kind].generate(inputs, config)
+        total = time.perf_counter() - began
+        return list(result.tokens[0]), result.perf_metrics.get_ttft().mean / 1e3, total
+
+
 # ------------------------------------------------------------------------------- specq
 
 class Specq:
@@ -298,6 +352,7 @@ class Settings:
     contexts: tuple[int, ...] = (CONTEXT,)  # tokens of context the forwards start from
     llama_cpp_bin: Path | None = None  # llama.cpp's built examples: its speculative modes
     extra_drafts: tuple[str, ...] = ()  # specq drafts timed beside the registry's (gamma auto)
+    openvino: Path | None = None  # OpenVINO exports of the pair (benchmarks/export_openvino.py): its rows
 
 
 def forward_ms(tool, ids: list[int], context: int, calls: int) -> float:
@@ -333,6 +388,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
     """measurement -> a function of the prompt ids: llama.cpp decodes plainly, specq also speculatively."""
+    if tool == "openvino":
+        return {m: (lambda ids, m=m: runner.generate(ids, tokens, m)) for m in OPENVINO_MODES}
     if tool == "llama.cpp":
         runs = {"generate plain": lambda ids: runner.greedy(ids, tokens)}
         spec = getattr(runner, "speculative", None)
@@ -348,16 +405,17 @@ def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], co
                   base: dict) -> list[dict]:
     """One round: every measurement of every weights, llama.cpp and specq back to back, the one
     that goes first alternating between rounds."""
-    order = ["llama.cpp", "specq"] if r % 2 == 0 else ["specq", "llama.cpp"]
     rows = []
     for weights in s.weights:
         pair = tools[weights]
+        order = list(pair)[r % len(pair):] + list(pair)[:r % len(pair)]  # who goes first turns round by round
+        forwarding = [tool for tool in order if tool != "openvino"]  # OpenVINO's rows are generations only
         for context in s.contexts:
-            for tool in order:  # generation (and the sanity check) used the caches since
+            for tool in forwarding:  # generation (and the sanity check) used the caches since
                 pair[tool].prefill_context(context_ids[:context], context + max(s.sizes) + 1)
             for n in s.sizes:
                 ids = context_ids[context:context + n]
-                for tool in order:
+                for tool in forwarding:
                     rows.append({**base, "tool": tool, "weights": weights, "measurement": forward_name(n, context),
                                  "round": r, "ms": forward_ms(pair[tool], ids, context, s.calls), "calls": s.calls,
                                  "context": context, "loadavg_1min": os.getloadavg()[0]})
@@ -370,7 +428,7 @@ def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], co
                              "tokens": s.tokens, **result, "loadavg_1min": os.getloadavg()[0]})
         reference = outputs[("llama.cpp", "generate plain")]
         for row in rows:
-            if (row["tool"], row["weights"]) == ("specq", weights) and (row["tool"], row["measurement"]) in outputs:
+            if row["tool"] != "llama.cpp" and row["weights"] == weights and (row["tool"], row["measurement"]) in outputs:
                 row["parts_from_llama_cpp_at"] = [first_difference(a, b) for a, b in
                                                   zip(outputs[(row["tool"], row["measurement"])], reference)]
         print(f"  round {r + 1}/{s.rounds}: {weights} done", flush=True)
@@ -383,10 +441,18 @@ def summary(rows: list[dict]) -> str:
     """Medians over rounds of each (weights, measurement), and the median of the per-round ratios
     specq / llama.cpp (ms for forwards: below 1 means specq is faster; tokens/s for generation:
     above 1 means specq is faster, every specq mode against llama.cpp's plain greedy decoding)."""
-    lines = ["| weights | measurement | llama.cpp | specq | specq / llama.cpp (paired, median) |",
+    peer = "llama.cpp (OpenVINO in its rows)" if any(r["tool"] == "openvino" for r in rows) else "llama.cpp"
+    lines = [f"| weights | measurement | {peer} | specq | specq / llama.cpp (paired, median) |",
              "|---|---|---|---|---|"]
     keys = dict.fromkeys((r["weights"], r["measurement"]) for r in rows)
     for weights, measurement in keys:
+        if measurement in OPENVINO_MODES:  # OpenVINO's modes, against llama.cpp's plain decoding and its own
+            theirs = _rates(rows, "openvino", weights, measurement)
+            plain = _rates(rows, "llama.cpp", weights, "generate plain")
+            own = _rates(rows, "openvino", weights, "openvino plain")
+            lines.append(f"| {weights} | {measurement} | {_median(theirs, ' tok/s')} | - | "
+                         f"{_paired(theirs, plain)} (OpenVINO vs llama.cpp plain; {_paired(theirs, own)} vs its plain) |")
+            continue
         if measurement in LLAMA_CPP_SPECULATIVE:  # llama.cpp's own speculative modes, against its plain decoding
             theirs = {r["round"]: r["tokens_per_s"] for r in rows if (r["tool"], r["weights"], r["measurement"]) ==
                       ("llama.cpp", weights, measurement)}
@@ -422,6 +488,18 @@ def prefill_line(rows: list[dict], weights: str) -> str:
     ratios = [rate["specq"][k] / rate["llama.cpp"][k] for k in rate["specq"] if k in rate["llama.cpp"]]
     return (f"| {weights} | prefill (of generate plain) | {_median(rate['llama.cpp'], ' tok/s')} | "
             f"{_median(rate['specq'], ' tok/s')} | {statistics.median(ratios):.2f} |")
+
+
+def _rates(rows: list[dict], tool: str, weights: str, measurement: str) -> dict[int, float]:
+    """round -> tokens/s of one generation measurement."""
+    return {r["round"]: r["tokens_per_s"] for r in rows if (r["tool"], r["weights"], r["measurement"]) ==
+            (tool, weights, measurement)}
+
+
+def _paired(mine: dict, theirs: dict) -> str:
+    """The median of the rounds' ratios mine / theirs."""
+    ratios = [mine[k] / theirs[k] for k in mine if k in theirs]
+    return f"{statistics.median(ratios):.2f}" if ratios else "-"
 
 
 def _median(values: dict, unit: str) -> str:
@@ -470,10 +548,10 @@ def settings(args: argparse.Namespace) -> Settings:
     contexts = tuple(int(n) for n in args.contexts.split(","))
     if args.quick:
         return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], args.weights.split(","), args.flash_attn, True,
-                        contexts, args.llama_cpp_bin, extra)
+                        contexts, args.llama_cpp_bin, extra, args.openvino)
     return Settings(args.threads, args.rounds, args.tokens, args.prompts, args.calls,
                     [int(n) for n in args.sizes.split(",")], args.weights.split(","), args.flash_attn, False,
-                    contexts, args.llama_cpp_bin, extra)
+                    contexts, args.llama_cpp_bin, extra, args.openvino)
 
 
 def load_tools(s: Settings, n_ctx: int) -> dict:
@@ -491,6 +569,8 @@ def load_tools(s: Settings, n_ctx: int) -> dict:
                                 if refs[w] else None)}
              for w in s.weights}
     for w, pair in tools.items():
+        if s.openvino is not None and w in OPENVINO_EXPORTS:
+            pair["openvino"] = OpenVino(s.openvino, w, s.threads)
         if s.llama_cpp_bin is not None and w in DRAFT_FILE:
             pair["llama.cpp"].speculative = LlamaCppSpeculative(
                 s.llama_cpp_bin, files[w], packaged.path(PACKAGED[DRAFT_FILE[w]]), s.threads,
@@ -502,8 +582,15 @@ def warm_up(tools: dict, prompt: list[int]) -> None:
     """Untimed first calls of everything (allocation, lazy init, page-in of the mapped files)."""
     for pair in tools.values():
         pair["llama.cpp"].greedy(prompt, 4)
-        for run in generation_runs("specq", pair["specq"], 4).values():
-            run(prompt)
+        for tool in ("specq", "openvino"):
+            for run in generation_runs(tool, pair[tool], 4).values() if tool in pair else ():
+                run(prompt)
+
+
+def _openvino_version() -> str:
+    import openvino_genai
+
+    return openvino_genai.get_version()
 
 
 def main() -> None:
@@ -526,6 +613,8 @@ def main() -> None:
                     help="a folder with llama.cpp's llama-speculative-simple: also time its speculative modes")
     ap.add_argument("--extra-drafts", default="",
                     help="specq drafts to time beside the registry's (gamma auto), comma-separated refs")
+    ap.add_argument("--openvino", type=Path, default=None,
+                    help="a folder of OpenVINO exports of the pair (benchmarks/export_openvino.py): also time OpenVINO GenAI")
     ap.add_argument("--quick", action="store_true", help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
     args = ap.parse_args()
     if importlib.util.find_spec("llama_cpp") is None:
@@ -545,7 +634,8 @@ def main() -> None:
             "context": CONTEXT, "llama_cpp": llama_cpp.__version__, "flash_attn": s.flash_attn,
             "flash_attn_resolved": {w: pair["llama.cpp"].flash_attn for w, pair in tools.items()},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "quick": s.quick}
+            "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "quick": s.quick,
+            "openvino": _openvino_version() if s.openvino else None}
     flash = ", ".join(f"{w}: {v}" for w, v in base["flash_attn_resolved"].items())
     print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
     warm_up(tools, prompts[0])

@@ -43,3 +43,20 @@ def test_the_readme_holds_one_generated_results_table():
     cells[3] = "999.9 ms"  # specq's figure
     edited = f"<!-- table: {spec} -->\n{table.replace(row, ' | '.join(cells))}\n<!-- /table -->"
     assert doc_tables.regenerate(edited) == f"<!-- table: {spec} -->\n{table}\n<!-- /table -->"
+
+
+def test_openvino_rows_are_paired_with_llama_cpps_plain_decoding_and_their_own():
+    """bench_llamacpp's OpenVINO rows: tokens/s in the peer column, the median over rounds of each
+    round's ratio to llama.cpp's plain decoding and to OpenVINO's own plain decoding."""
+    from bench_llamacpp import summary
+
+    prompt = [{"prompt_tokens": 10, "prefill_s": 0.1}]
+    rates = {("llama.cpp", "generate plain"): [30.0, 20.0], ("specq", "generate plain"): [45.0, 40.0],
+             ("openvino", "openvino plain"): [15.0, 10.0], ("openvino", "openvino draft 3"): [30.0, 30.0]}
+    rows = [{"tool": tool, "weights": "qwen1.5b", "measurement": m, "round": r, "tokens_per_s": v, "per_prompt": prompt}
+            for (tool, m), values in rates.items() for r, v in enumerate(values)]
+    lines = summary(rows).splitlines()
+    assert "OpenVINO in its rows" in lines[0]
+    draft = next(line for line in lines if "openvino draft 3" in line)
+    assert "| 30.0 tok/s | - | 1.25 (OpenVINO vs llama.cpp plain; 2.50 vs its plain) |" in draft  # (1.0, 1.5); (2, 3)
+    assert "| 1.75 |" in next(line for line in lines if "| generate plain |" in line)  # specq: (1.5, 2.0)
