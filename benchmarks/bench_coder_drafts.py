@@ -5,7 +5,7 @@ each draft precision (`loading/file_spec.py`), greedy, on the bench's code and e
     python benchmarks/bench_coder_drafts.py --summary   # a Markdown table of --out
 
 A `--drafts` item is a precision of the 0.5B, or a whole ref (with `@`): another model, such as the
-1.5B itself at fewer bits (a draft of the target's size).
+1.5B itself at fewer bits (a draft of the target's size), or a feature draft's folder at a precision.
 
 Acceptance (tau = emitted tokens per verify pass, acceptance rate = accepted / drafted) is
 deterministic given the files, so it can be measured on a busy machine; the step times (`step`
@@ -27,6 +27,7 @@ import torch
 
 import specq
 from specq.bench.coding import CODE_TASKS, EDIT_TASKS
+from specq.loading import kinds
 
 TARGET = "qwen2.5-coder-1.5b"
 DRAFT = "qwen2.5-coder-0.5b"
@@ -34,14 +35,16 @@ SETS = {"code": CODE_TASKS, "edit": EDIT_TASKS}
 
 
 def step_ms(model, calls: int, context: int = 128) -> float:
-    """Median ms of a 1-token cached step after `context` tokens."""
+    """Median ms of a 1-token cached step after `context` tokens (a feature draft's rows read
+    target states as well: `kinds`' rows of its kind)."""
+    rows = kinds.kind_of(model).rows
     cache = model.net.new_cache(context + calls + 1)
     with torch.inference_mode():
-        model.net(torch.arange(context) % 1000, cache)
+        rows(model.net, torch.arange(context) % 1000, cache)
         times = []
         for i in range(calls):
             start = time.perf_counter()
-            model.net(torch.tensor([i + 7]), cache, last_only=True)
+            rows(model.net, torch.tensor([i + 7]), cache)
             times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
 
@@ -78,6 +81,8 @@ def main() -> None:
         started = time.perf_counter()
         draft = specq.load(ref)
         write({"kind": "load", "model": ref, "s": time.perf_counter() - started})
+        if kinds.kind_of(draft) is kinds.FEATURE:
+            draft.net.attach(target.net)  # it looks its tokens up in the target's embedding
         write({"kind": "step", "model": ref, "ms": step_ms(draft, args.calls), "bytes": _bytes_read(draft)})
         for name, tasks in SETS.items():
             for i, prompt in enumerate(tasks[:args.prompts]):
