@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--gamma", type=arg_int(1, MAX_GAMMA), default=4)
     d.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="dtype of the saved draft")
     d.add_argument("--compute", choices=["fp32", "bf16"], default="fp32",
-                   help="training's matrix products: fp32, or bf16 under autocast (about twice as fast on CPUs "
-                        "with AVX-512 BF16, slower on others)")
+                   help="training's matrix products: fp32, or bf16 under autocast (faster on CPUs with AVX-512 "
+                        "BF16, slower on others)")
     d.add_argument("--seed", type=_seed, default=0)
     d.add_argument("--threads", type=_threads, default=None)
     d.add_argument("--json", action="store_true")

@@ -228,6 +228,16 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
     return (codes, *(None if t is None else _per_output(t, out) for t in w.group_terms()))
 
 
+def dequantize(w: Int8DotWeight, rows: Tensor | None = None) -> Tensor:
+    """The weight the kernel multiplies, float32 [out, in] (only `rows` of the outputs when given):
+    d * code + m in each group, with the group terms as the kernel computes them."""
+    codes, d, m = unpack(w)
+    if rows is not None:
+        codes, d, m = codes[rows], d[rows], None if m is None else m[rows]
+    groups = codes.float().view(codes.shape[0], -1, w.group_size) * d[..., None]
+    return (groups if m is None else groups + m[..., None]).view(codes.shape[0], -1)
+
+
 def _per_output(t: Tensor, out: int) -> Tensor:
     """A panel-major tensor [panels, k, width] as [out, k]: the inverse of `panel_major`."""
     return t.transpose(1, 2).reshape(-1, t.shape[1])[:out]

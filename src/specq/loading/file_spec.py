@@ -141,10 +141,7 @@ def narrowed_head(g: GGUFFile, keep: torch.Tensor, whole: FileBlocks | None = No
 def to_int4(blocks: FileBlocks) -> FileBlocks:
     """A file's 5- to 8-bit blocks as 4-bit RTN codes (groups of 32, two-level scale and offset) of
     their exact dequantized weights."""
-    codes, d, m = int8dot.unpack(blocks._blocks)
-    w = codes.float().view(blocks.out_features, -1, blocks.group_size) * d[..., None]
-    w = (w if m is None else w + m[..., None]).view(blocks.out_features, blocks.in_features)
-    q = quantize_two_level(w, 4, INT4_GROUP)
+    q = quantize_two_level(int8dot.dequantize(blocks._blocks), 4, INT4_GROUP)
     return FileBlocks(int8dot.pack_int4_two_level(*q, int8dot.ROW_SHIFT, blocks._blocks.variant),
                       f"{blocks.kind} as int4")
 

@@ -165,12 +165,9 @@ def head_rows(target: Llama, ids: Tensor) -> Tensor:
     head = target.output
     if type(head) is nn.Linear:
         return head.weight.detach()[ids].float()
-    blocks = head.int8dot_weight() if isinstance(head, FileBlocks) else None
-    if blocks is None:
-        return target.tok_embeddings(ids).float()
-    codes, d, m = int8dot.unpack(blocks)
-    groups = codes[ids].float().view(len(ids), -1, blocks.group_size) * d[ids][..., None]
-    return (groups if m is None else groups + m[ids][..., None]).view(len(ids), -1)
+    if isinstance(head, FileBlocks):
+        return int8dot.dequantize(head.int8dot_weight(), ids)
+    return target.tok_embeddings(ids).float()
 
 
 def save(draft: FeatureDraft, directory: Path | str, tokenizer, eos_ids, info: dict | None = None) -> None:

@@ -369,7 +369,7 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
     `groups`: optimizer parameter groups (default: every parameter), each with an optional
     `lr_scale` on the schedule's rate (parameters of different units, e.g. `qad.py`'s codes).
     `compute` "bf16": forwards and backwards under CPU autocast to bfloat16 (weights and optimizer
-    stay float32): on CPUs with AVX-512 BF16 the matrix products take about half the time.
+    stay float32): faster where the CPU has AVX-512 BF16 instructions, slower where it has not.
     """
     forward = autocast(forward, compute)
     w = tv_weight(loss)

@@ -1,8 +1,8 @@
 """Teacher data computed on the target's own kernels, for targets a float copy does not suit.
 
 Why: `distill.float_teacher` rebuilds the target as a float transformers model for batched
-`generate`; for a GGUF file run at its own precision that is a float32 copy of every weight (about
-six times the file for a 1.5B Q4_K_M model) on transformers' slow CPU path. Here the target answers
+`generate`; for a GGUF file run at its own precision that is a float32 copy of every weight (several
+times the file's bytes) on transformers' slow CPU path. Here the target answers
 with specq's own batched decoding (`core.decode.step`: the sequences' rows stacked through the
 file's blocks) and one uncached pass over each whole sequence gives its top-k distributions and
 its final hidden states together (a feature draft's teacher data), so nothing is computed twice.

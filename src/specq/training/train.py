@@ -140,17 +140,17 @@ def _sharded(directory: Path, items: list, shard: int, make, label: str, feature
     n_shards = (len(items) + shard - 1) // shard
     for s in range(n_shards):
         path = directory / f"shard_{s:03d}.pt"
+        cached = path.with_name(f"{path.stem}.features.pt")  # the target's hidden states, beside the shard
         if not path.exists():
             if budget is not None and not budget.allows():
                 continue
             print(f"{label}: shard {s + 1}/{n_shards}", file=sys.stderr, flush=True)
             made = make(items[s * shard:(s + 1) * shard])
             if made.features:  # a native teacher computes them in the same pass
-                atomic_save(made.features, path.with_name(f"{path.stem}.features.pt"))
+                atomic_save(made.features, cached)
             TeacherSet(made.ids, made.start, made.top_ids, made.top_logp).save(path)
         part = TeacherSet.load(path)
         if features_of is not None:
-            cached = path.with_name(f"{path.stem}.features.pt")
             if not cached.exists():
                 atomic_save(part.with_features(features_of).features, cached)
             part.features = torch.load(cached, weights_only=True)

@@ -248,13 +248,11 @@ class FileBlocks(Int8DotSwitch, nn.Module):
     def _eager_form(self) -> tuple[Tensor, ...]:
         """The eager path's tensors: torch's packed int4 weight and scales-and-zeros, or a bf16 weight."""
         if self._eager is None:
-            codes, d, m = int8dot.unpack(self._blocks)
             if self._torch_int4():
+                codes, d, m = int8dot.unpack(self._blocks)
                 self._eager = int4_kernel_tensors(codes, d, m + 8 * d)
             else:
-                w = codes.float().view(self.out_features, -1, self.group_size) * d[..., None]
-                w = w if m is None else w + m[..., None]
-                self._eager = (w.view_as(codes).to(torch.bfloat16),)
+                self._eager = (int8dot.dequantize(self._blocks).to(torch.bfloat16),)
         return self._eager
 
     def forward(self, x: Tensor) -> Tensor:
