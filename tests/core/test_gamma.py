@@ -198,6 +198,25 @@ def test_the_verify_table_follows_the_recent_load():
     assert chooser.verify_cost(3) == pytest.approx(1.2, abs=0.05)
 
 
+def test_a_stall_does_not_price_its_row_count_out():
+    """A shared VM stalls now and then: one pass timed at ten times its cost. Counted in full, it
+    priced the longest proposal out, and a cap not chosen is not timed again but by rare probes."""
+    chooser = CostAwareGamma(2)
+    flat = _linear(1.0, 0.05)
+    _run(chooser, 30, accept=0.8, draft_s=0.02, verify_s=flat)
+    assert _best(chooser) == 2
+    chooser.observe(2, 2, 2, 0.04, 10 * flat(3))
+    picks = _run(chooser, 30, accept=0.8, draft_s=0.02, verify_s=flat, seed=1)
+    assert picks.count(2) >= 27
+
+
+def test_a_row_count_costs_at_most_what_more_rows_were_timed_at():
+    chooser = CostAwareGamma(4)
+    chooser.verify_s = {1: 1.0, 2: 1.05, 3: 5.0, 5: 1.2}  # 3 rows timed in a stall, never again
+    assert [chooser.verify_cost(n) for n in (1, 2, 3, 4, 5)] == [1.0, 1.05, 1.2, 1.2, 1.2]
+    assert chooser.verify_cost(2.5) == pytest.approx(1.125)
+
+
 def test_parse():
     assert parse("auto") == (AUTO_MAX_GAMMA, True)
     assert parse(3) == (3, False) and parse("3") == (3, False)

@@ -18,7 +18,10 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   counting it would price drafting out for good; verify_s(n): seconds of an n-row verify pass, per row count,
   interpolated between the counts seen. Verify cost is not a line in n on the fast path (one
   extra row costs most of what four do), so each count is timed on its own. Timings are
-  recency-weighted: the machine's load drifts.
+  recency-weighted (the machine's load drifts) and robust to a stall (a shared VM's hiccup times
+  one pass at several times its cost): a new timing counts at most OUTLIER times the estimate, and
+  a row count is never priced above a larger one timed cheaper. Else one stall prices its row
+  count out, and a count not chosen is not timed again.
 - g = 0 is plain decoding. The run starts with a full proposal (the drafter is in step with the
   sequence right after prefill); plain decoding is weighed only once MIN_EVIDENCE steps have
   drafted (one unlucky first proposal would otherwise price the draft out for many steps, each
@@ -56,6 +59,7 @@ MAX_GAMMA = 64  # the longest fixed proposal
 PROBE_EVERY = 8  # steps with one cap before trying one token more ...
 MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to this
 RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about the last 10 count)
+OUTLIER = 1.5  # a new timing counts at most this times the estimate (a lasting slowdown still shows in a few steps)
 COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
 MIN_EVIDENCE = 4  # steps that drafted before plain decoding is weighed against drafting
 MAX_KEPT = 64  # choosers a GammaMemory keeps, the most recently kept (a server's requests may vary their sampling)
@@ -78,7 +82,7 @@ def sort_key(gamma: int | str | None) -> tuple[bool, int]:
 
 
 def _recent_mean(old: float | None, new: float) -> float:
-    return new if old is None else (1 - RECENT) * old + RECENT * new
+    return new if old is None else (1 - RECENT) * old + RECENT * min(new, OUTLIER * old)
 
 
 class CostAwareGamma:
@@ -144,16 +148,19 @@ class CostAwareGamma:
 
     def verify_cost(self, rows: float) -> float:
         """Seconds of a verify pass of `rows` rows: linear between the row counts timed, the
-        nearest one's beyond them."""
+        nearest one's beyond them; each count at most what a larger count was timed at."""
         counts = sorted(self.verify_s)
+        cost, cheapest = {}, float("inf")
+        for n in reversed(counts):
+            cheapest = cost[n] = min(cheapest, self.verify_s[n])
         i = bisect.bisect_left(counts, rows)
         if i == 0:
-            return self.verify_s[counts[0]]
+            return cost[counts[0]]
         if i == len(counts):
-            return self.verify_s[counts[-1]]
+            return cost[counts[-1]]
         lo, hi = counts[i - 1], counts[i]
         share = (rows - lo) / (hi - lo)
-        return (1 - share) * self.verify_s[lo] + share * self.verify_s[hi]
+        return (1 - share) * cost[lo] + share * cost[hi]
 
 
 class GammaMemory:
