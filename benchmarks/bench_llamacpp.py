@@ -479,6 +479,26 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SETUP_COLUMNS = [("llama.cpp", "generate plain"), ("specq", "generate plain"), ("specq", "generate gamma 2"),
+                 ("specq", "generate gamma auto")]
+
+
+def setups_summary(rows: list[dict]) -> str:
+    """One row per labelled run (`--label`, in file order) of the same measurements: tokens/s of
+    llama.cpp's plain decoding and specq's plain, gamma 2 and gamma auto decoding (medians over
+    rounds), each with the median of its rounds' ratios to llama.cpp's plain decoding."""
+    lines = ["| set-up | " + " | ".join(f"{tool} {m.removeprefix('generate ')}" for tool, m in SETUP_COLUMNS) + " |",
+             "|---|" + "---|" * len(SETUP_COLUMNS)]
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = [r for r in rows if r["label"] == label]
+        [weights] = {r["weights"] for r in mine}
+        plain = _rates(mine, "llama.cpp", weights, "generate plain")
+        cells = [f"{_median(rates, ' tok/s')} ({_paired(rates, plain)}x)"
+                 for rates in (_rates(mine, tool, weights, m) for tool, m in SETUP_COLUMNS)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def prefill_line(rows: list[dict], weights: str) -> str:
     """The prompts' prefill in plain generation, prompt tokens per second of prefill time: medians
     over rounds, and of the rounds' specq / llama.cpp ratios (above 1: specq is faster)."""
@@ -616,6 +636,9 @@ def main() -> None:
     ap.add_argument("--openvino", type=Path, default=None,
                     help="a folder of OpenVINO exports of the pair (benchmarks/export_openvino.py): also time OpenVINO GenAI")
     ap.add_argument("--quick", action="store_true", help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
+    ap.add_argument("--label", default=None,
+                    help="a name for this run's set-up, kept in every row (several set-ups in one file: "
+                         "doc_tables' llamacpp-setups)")
     args = ap.parse_args()
     if importlib.util.find_spec("llama_cpp") is None:
         sys.exit(f"llama.cpp's Python binding is not installed: {INSTALL}")
@@ -635,7 +658,7 @@ def main() -> None:
             "flash_attn_resolved": {w: pair["llama.cpp"].flash_attn for w, pair in tools.items()},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "quick": s.quick,
-            "openvino": _openvino_version() if s.openvino else None}
+            "openvino": _openvino_version() if s.openvino else None, "label": args.label}
     flash = ", ".join(f"{w}: {v}" for w, v in base["flash_attn_resolved"].items())
     print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
     warm_up(tools, prompts[0])

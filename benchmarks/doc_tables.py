@@ -18,7 +18,10 @@ tokens/s, then per gamma the paired speedup with CI and tau), with the filters `
 `verify` (benchmarks/bench_verify.py's rows: ms per forward by precision, path and token count);
 `tree-verify` (benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and
 node count);
-`llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side), `versions`
+`llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side), `llamacpp-setups`
+(its rows of runs labelled by set-up: one line per set-up), `gamma-interleaved`
+(benchmarks/bench_gamma.py's rows: gamma `auto` and fixed gammas, each run paired with a plain run of
+its prompt and round), `versions`
 (benchmarks/bench_versions.py's rows: two commits side by side).
 `serve-batch` (benchmarks/bench_serve.py's rounds: tokens/s, latency and TTFT per precision,
 clients, mode and --max-batch); `load` and `load-forms` (benchmarks/bench_load.py's rows: load time and
@@ -161,6 +164,18 @@ def llamacpp_table(results: str) -> str:
     return summary(jsonl(results))
 
 
+def llamacpp_setups_table(results: str) -> str:
+    from bench_llamacpp import setups_summary
+
+    return setups_summary(jsonl(results))
+
+
+def gamma_interleaved_table(results: str) -> str:
+    from bench_gamma import summary
+
+    return summary(jsonl(results))
+
+
 def versions_table(results: str) -> str:
     from bench_versions import summary
 
@@ -253,6 +268,10 @@ def render(spec: str) -> str:
         return tree_verify_table(results)
     if kind == "llamacpp":
         return llamacpp_table(results)
+    if kind == "llamacpp-setups":
+        return llamacpp_setups_table(results)
+    if kind == "gamma-interleaved":
+        return gamma_interleaved_table(results)
     if kind == "versions":
         return versions_table(results)
     if kind == "serve-batch":

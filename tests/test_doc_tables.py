@@ -60,3 +60,38 @@ def test_openvino_rows_are_paired_with_llama_cpps_plain_decoding_and_their_own()
     draft = next(line for line in lines if "openvino draft 3" in line)
     assert "| 30.0 tok/s | - | 1.25 (OpenVINO vs llama.cpp plain; 2.50 vs its plain) |" in draft  # (1.0, 1.5); (2, 3)
     assert "| 1.75 |" in next(line for line in lines if "| generate plain |" in line)  # specq: (1.5, 2.0)
+
+
+def test_labelled_runs_are_one_line_each_paired_with_their_own_llama_cpp_plain_decoding():
+    """bench_llamacpp's runs of several set-ups in one file (`--label`): a line per label in file
+    order, each tool's median tokens/s and its rounds' median ratio to that set-up's llama.cpp."""
+    from bench_llamacpp import setups_summary
+
+    rates = {"one env": {("llama.cpp", "generate plain"): [30.0, 20.0], ("specq", "generate plain"): [45.0, 40.0],
+                         ("specq", "generate gamma 2"): [60.0, 60.0], ("specq", "generate gamma auto"): [90.0, 30.0]},
+             "other": {("llama.cpp", "generate plain"): [10.0, 10.0], ("specq", "generate plain"): [20.0, 20.0],
+                       ("specq", "generate gamma 2"): [20.0, 40.0], ("specq", "generate gamma auto"): [50.0, 50.0]}}
+    rows = [{"label": label, "tool": tool, "weights": "qwen1.5b", "measurement": m, "round": r, "tokens_per_s": v}
+            for label, by in rates.items() for (tool, m), values in by.items() for r, v in enumerate(values)]
+    lines = setups_summary(rows).splitlines()
+    assert lines[0] == ("| set-up | llama.cpp plain | specq plain | specq gamma 2 | specq gamma auto |")
+    assert lines[2] == "| one env | 25.0 tok/s (1.00x) | 42.5 tok/s (1.75x) | 60.0 tok/s (2.50x) | 60.0 tok/s (2.25x) |"
+    assert lines[3] == "| other | 10.0 tok/s (1.00x) | 20.0 tok/s (2.00x) | 30.0 tok/s (3.00x) | 50.0 tok/s (5.00x) |"
+
+
+def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_round():
+    """bench_gamma's table: per target and set, each gamma's mean speedup over the plain run of the
+    same prompt and round (best in bold), tau; an output that differs from plain decoding fails."""
+    import bench_gamma
+
+    def row(prompt, rnd, config, rate, tau=1.0, ids=(1, 2)):
+        return {"target": "t", "set": "code", "prompt": prompt, "round": rnd, "config": config,
+                "tokens_per_s": rate, "tau": tau, "token_ids": list(ids)}
+
+    rows = [row(0, 0, "plain", 10.0), row(0, 0, 2, 20.0, 2.0), row(0, 0, "auto", 15.0, 3.0),
+            row(1, 0, "plain", 40.0), row(1, 0, 2, 40.0, 2.0), row(1, 0, "auto", 80.0, 1.0)]
+    lines = bench_gamma.summary(rows).splitlines()
+    assert lines[0].startswith("| target | prompts | plain tok/s | gamma 2 | gamma auto |")
+    assert lines[2].startswith("| t | code (2 runs) | 25.0 | 1.50 [1.00, 2.00] | **1.75 [1.50, 2.00]** | 2.00 | 2.00 |")
+    with pytest.raises(SystemExit, match="differs from plain decoding"):
+        bench_gamma.summary(rows + [row(2, 0, "plain", 10.0), row(2, 0, 2, 20.0, ids=(1, 3))])
