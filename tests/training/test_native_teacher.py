@@ -5,6 +5,8 @@ feature draft distilled for it that decodes losslessly."""
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,9 @@ from specq.training.train import DistillSettings, run
 from specq.weights.embedding import FileEmbedding
 
 from conftest import tiny_model, tiny_tokenizer, write_tiny_gguf
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import feature_replay  # noqa: E402
 
 VOCAB, HIDDEN = 64, 64
 pytestmark = pytest.mark.skipif(not int8dot.available(), reason="the file's blocks run on int8dot (AVX2)")
@@ -109,4 +114,8 @@ def test_distil_a_feature_draft_for_a_gguf_target(gguf_target, tmp_path):
         assert fast.token_ids == plain.token_ids
         accepted += fast.stats.accepted
         rejected += fast.stats.drafted - fast.stats.accepted
+        one = specq.generate(gguf_target, prompt, draft, gamma=1, max_new_tokens=24, draft_confidence=0.0)
+        # decoding reads the target's states as training does: a teacher-forced replay takes the same steps
+        assert feature_replay.replay(gguf_target, draft, prompt, one.token_ids)[:2] == (one.stats.accepted,
+                                                                                       one.stats.steps)
     assert accepted > 0 and rejected > 0
