@@ -1,4 +1,4 @@
-"""gamma `auto` against fixed gammas, interleaved prompt by prompt in one process.
+"""gamma `auto` against fixed gammas (and token trees), interleaved prompt by prompt in one process.
 
 Why: `specq bench` runs one configuration's prompts together, one cell after another, so two
 gammas are timed minutes apart on a VM whose speed drifts; each run is paired with a plain run of
@@ -10,6 +10,9 @@ same prompt and round. `auto` runs as users get it: its choosers carried from ru
 
     python benchmarks/bench_gamma.py --target qwen2.5-coder-1.5b --sets chat,code,edit --out docs/results/gamma-interleaved.jsonl
     python benchmarks/bench_gamma.py --summary docs/results/gamma-interleaved.jsonl
+
+A configuration is a gamma (a number or `auto`) or a token tree, `tree:SIZE:DEPTH:TOPK` (EAGLE-2
+dynamic trees of the draft, `drafters/tree.py`; its gamma is its depth).
 
 Rows append to --out (JSONL): one per prompt, round and configuration.
 """
@@ -29,12 +32,25 @@ from specq.bench.config import registry_draft
 from specq.bench.prompts import load_set
 from specq.core.gamma import sort_key
 from specq.core.stats import bootstrap_ci
+from specq.drafters.tree import TreeShape
 
 PLAIN = "plain"
 
 
 def configs(gammas: str) -> list:
-    return [PLAIN] + [g if g == "auto" else int(g) for g in gammas.split(",")]
+    return [PLAIN] + [g if g == "auto" or g.startswith("tree:") else int(g) for g in gammas.split(",")]
+
+
+def options(config) -> dict:
+    """`specq.generate`'s draft options for a configuration."""
+    if isinstance(config, str) and config.startswith("tree:"):
+        size, depth, topk = map(int, config.split(":")[1:])
+        return {"tree": TreeShape(size, depth, topk)}
+    return {"gamma": config}
+
+
+def _order(config) -> tuple:
+    return (1, config) if isinstance(config, str) and config.startswith("tree:") else (0, sort_key(config))
 
 
 def measure(target_ref: str, draft_ref: str | None, sets: list[str], prompts: int, rounds: int, gammas: list,
@@ -54,8 +70,8 @@ def measure(target_ref: str, draft_ref: str | None, sets: list[str], prompts: in
                 turn += 1
                 for g in order:
                     out = specq.generate(target, prompt.text, None if g == PLAIN else draft,
-                                         gamma=None if g == PLAIN else g, max_new_tokens=tokens, chat=prompt.chat,
-                                         ignore_eos=True)
+                                         **({} if g == PLAIN else options(g)), max_new_tokens=tokens,
+                                         chat=prompt.chat, ignore_eos=True)
                     s = out.stats
                     yield {**base, "set": set_name, "prompt": prompt.index, "round": r, "config": g,
                            "tokens_per_s": s.new_tokens / s.decode_s, "tau": s.emitted / s.steps,
@@ -66,9 +82,10 @@ def summary(rows: list[dict]) -> str:
     """Per target and prompt set: plain tokens/s (median), then per gamma the mean of the runs'
     speedups over the plain run of the same prompt and round, with its 95% bootstrap CI (the
     best in bold), and tau. A speculative output that differs from its plain run fails."""
-    gammas = sorted({r["config"] for r in rows if r["config"] != PLAIN}, key=sort_key)
-    lines = ["| target | prompts | plain tok/s | " + " | ".join(f"gamma {g}" for g in gammas) + " | "
-             + " | ".join(f"tau, gamma {g}" for g in gammas) + " |", "|" + "---|" * (3 + 2 * len(gammas))]
+    gammas = sorted({r["config"] for r in rows if r["config"] != PLAIN}, key=_order)
+    names = [g if isinstance(g, str) and g.startswith("tree:") else f"gamma {g}" for g in gammas]
+    lines = ["| target | prompts | plain tok/s | " + " | ".join(names) + " | "
+             + " | ".join(f"tau, {n}" for n in names) + " |", "|" + "---|" * (3 + 2 * len(gammas))]
     for target, set_name in dict.fromkeys((r["target"], r["set"]) for r in rows):
         mine = [r for r in rows if (r["target"], r["set"]) == (target, set_name)]
         plain = {(r["prompt"], r["round"]): r for r in mine if r["config"] == PLAIN}
@@ -96,7 +113,7 @@ def main() -> None:
     ap.add_argument("--sets", default="chat,code,edit", help="the bench's prompt sets, comma-separated")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per set")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--gammas", default="1,2,3,auto")
+    ap.add_argument("--gammas", default="1,2,3,auto", help="configurations: gammas, auto, tree:SIZE:DEPTH:TOPK")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per generation (EOS ignored)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="append JSON rows here")
