@@ -37,20 +37,25 @@ from specq.drafters.tree import TreeShape
 PLAIN = "plain"
 
 
+def is_tree(config) -> bool:
+    return isinstance(config, str) and config.startswith("tree:")
+
+
 def configs(gammas: str) -> list:
-    return [PLAIN] + [g if g == "auto" or g.startswith("tree:") else int(g) for g in gammas.split(",")]
+    """Plain decoding, then --gammas' configurations (whole numbers as ints)."""
+    return [PLAIN] + [g if g == "auto" or is_tree(g) else int(g) for g in gammas.split(",")]
 
 
 def options(config) -> dict:
     """`specq.generate`'s draft options for a configuration."""
-    if isinstance(config, str) and config.startswith("tree:"):
+    if is_tree(config):
         size, depth, topk = map(int, config.split(":")[1:])
         return {"tree": TreeShape(size, depth, topk)}
     return {"gamma": config}
 
 
 def _order(config) -> tuple:
-    return (1, config) if isinstance(config, str) and config.startswith("tree:") else (0, sort_key(config))
+    return (1, config) if is_tree(config) else (0, sort_key(config))
 
 
 def measure(target_ref: str, draft_ref: str | None, sets: list[str], prompts: int, rounds: int, gammas: list,
@@ -83,7 +88,7 @@ def summary(rows: list[dict]) -> str:
     speedups over the plain run of the same prompt and round, with its 95% bootstrap CI (the
     best in bold), and tau. A speculative output that differs from its plain run fails."""
     gammas = sorted({r["config"] for r in rows if r["config"] != PLAIN}, key=_order)
-    names = [g if isinstance(g, str) and g.startswith("tree:") else f"gamma {g}" for g in gammas]
+    names = [g if is_tree(g) else f"gamma {g}" for g in gammas]
     lines = ["| target | prompts | plain tok/s | " + " | ".join(names) + " | "
              + " | ".join(f"tau, {n}" for n in names) + " |", "|" + "---|" * (3 + 2 * len(gammas))]
     for target, set_name in dict.fromkeys((r["target"], r["set"]) for r in rows):
