@@ -12,7 +12,8 @@ same prompt and round. `auto` runs as users get it: its choosers carried from ru
     python benchmarks/bench_gamma.py --summary docs/results/gamma-interleaved.jsonl
 
 A configuration is a gamma (a number or `auto`) or a token tree, `tree:SIZE:DEPTH:TOPK` (EAGLE-2
-dynamic trees of the draft, `drafters/tree.py`; its gamma is its depth).
+dynamic trees of the draft, `drafters/tree.py`; its gamma is its depth), optionally with its own
+`--draft-confidence`: `auto@0.6` (the default elsewhere).
 
 Rows append to --out (JSONL): one per prompt, round and configuration.
 """
@@ -43,11 +44,14 @@ def is_tree(config) -> bool:
 
 def configs(gammas: str) -> list:
     """Plain decoding, then --gammas' configurations (whole numbers as ints)."""
-    return [PLAIN] + [g if g == "auto" or is_tree(g) else int(g) for g in gammas.split(",")]
+    return [PLAIN] + [int(g) if g.isdigit() else g for g in gammas.split(",")]
 
 
 def options(config) -> dict:
     """`specq.generate`'s draft options for a configuration."""
+    if isinstance(config, str) and "@" in config:
+        config, confidence = config.split("@")
+        return options(int(config) if config.isdigit() else config) | {"draft_confidence": float(confidence)}
     if is_tree(config):
         size, depth, topk = map(int, config.split(":")[1:])
         return {"tree": TreeShape(size, depth, topk)}
@@ -55,6 +59,8 @@ def options(config) -> dict:
 
 
 def _order(config) -> tuple:
+    if isinstance(config, str) and "@" in config:
+        return (2, config)
     return (1, config) if is_tree(config) else (0, sort_key(config))
 
 
@@ -88,7 +94,7 @@ def summary(rows: list[dict]) -> str:
     speedups over the plain run of the same prompt and round, with its 95% bootstrap CI (the
     best in bold), and tau. A speculative output that differs from its plain run fails."""
     gammas = sorted({r["config"] for r in rows if r["config"] != PLAIN}, key=_order)
-    names = [g if is_tree(g) else f"gamma {g}" for g in gammas]
+    names = [g if is_tree(g) or "@" in str(g) else f"gamma {g}" for g in gammas]
     lines = ["| target | prompts | plain tok/s | " + " | ".join(names) + " | "
              + " | ".join(f"tau, {n}" for n in names) + " |", "|" + "---|" * (3 + 2 * len(gammas))]
     for target, set_name in dict.fromkeys((r["target"], r["set"]) for r in rows):
@@ -118,7 +124,8 @@ def main() -> None:
     ap.add_argument("--sets", default="chat,code,edit", help="the bench's prompt sets, comma-separated")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per set")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--gammas", default="1,2,3,auto", help="configurations: gammas, auto, tree:SIZE:DEPTH:TOPK")
+    ap.add_argument("--gammas", default="1,2,3,auto",
+                    help="configurations: gammas, auto, tree:SIZE:DEPTH:TOPK, each optionally @CONFIDENCE")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per generation (EOS ignored)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="append JSON rows here")

@@ -95,7 +95,9 @@ def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_ro
     assert lines[2].startswith("| t | code (2 runs) | 25.0 | 1.50 [1.00, 2.00] | **1.75 [1.50, 2.00]** | 2.00 | 2.00 |")
     with pytest.raises(SystemExit, match="differs from plain decoding"):
         bench_gamma.summary(rows + [row(2, 0, "plain", 10.0), row(2, 0, 2, 20.0, ids=(1, 3))])
-    trees = bench_gamma.configs("auto,1,tree:6:3:2")
-    assert trees == ["plain", "auto", 1, "tree:6:3:2"] and bench_gamma.options(trees[3])["tree"].size == 6
+    trees = bench_gamma.configs("auto,1,tree:6:3:2,auto@0.6")
+    assert trees == ["plain", "auto", 1, "tree:6:3:2", "auto@0.6"] and bench_gamma.options(trees[3])["tree"].size == 6
+    assert bench_gamma.options("auto@0.6") == {"gamma": "auto", "draft_confidence": 0.6}
+    assert bench_gamma.options("3@0.2") == {"gamma": 3, "draft_confidence": 0.2}
     header = bench_gamma.summary(rows + [row(0, 0, "tree:6:3:2", 30.0), row(1, 0, "tree:6:3:2", 40.0)]).splitlines()[0]
     assert header.startswith("| target | prompts | plain tok/s | gamma 2 | gamma auto | tree:6:3:2 | tau, gamma 2 |")
