@@ -38,9 +38,9 @@ nothing about the model's, and one mean of both would price the lookup too high 
 low.
 
 `GammaMemory` carries a chooser from one run to the next of the same target and draft in a
-process (a server's requests, a bench's prompts): costs and acceptance, so a run starts from them
-instead of from a warm-up; whether plain decoding beats drafting is decided again on each run's
-own text.
+process (a server's requests, a bench's prompts): costs in full and acceptance at a quarter of its
+weight, so a run starts from them instead of from a warm-up and its own text soon outweighs the
+last one's; whether plain decoding beats drafting is decided again on each run's own text.
 
 Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
 """
@@ -62,6 +62,7 @@ RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about th
 OUTLIER = 1.5  # a new timing counts at most this times the estimate (a lasting slowdown still shows in a few steps)
 COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
 MIN_EVIDENCE = 4  # steps that drafted before plain decoding is weighed against drafting
+CARRIED_ACCEPTANCE = 0.25  # the weight of an earlier run's acceptance counts in the next run's chooser
 MAX_KEPT = 64  # choosers a GammaMemory keeps, the most recently kept (a server's requests may vary their sampling)
 
 
@@ -172,14 +173,18 @@ class GammaMemory:
         self._kept: dict[tuple[str, str], CostAwareGamma] = {}
 
     def chooser(self, key: str, route: str, max_gamma: int) -> CostAwareGamma:
-        """A chooser for a new run: the kept one's costs and acceptance, its verdict on plain
-        decoding to be earned again (MIN_EVIDENCE drafting steps, probes from PROBE_EVERY): a new
-        text may suit the draft better, and a run that starts plain would learn that only by probes
-        up to MAX_PROBE_EVERY steps apart."""
+        """A chooser for a new run: the kept one's costs, its acceptance at CARRIED_ACCEPTANCE of
+        its weight (the machine's costs carry over; how well the draft agrees is the text's, and a
+        position a run seldom drafts past would keep another text's rate for long), and its verdict
+        on plain decoding to be earned again (MIN_EVIDENCE drafting steps, probes from
+        PROBE_EVERY): a new text may suit the draft better, and a run that starts plain would learn
+        that only by probes up to MAX_PROBE_EVERY steps apart."""
         kept = self._kept.get((key, route))
         if kept is None or kept.max_gamma != max_gamma:
             return CostAwareGamma(max_gamma)
         chooser = copy.deepcopy(kept)
+        for counts in (chooser.allowed, chooser.drafted_past, chooser.accepted_past):
+            counts[:] = [CARRIED_ACCEPTANCE * c for c in counts]
         chooser.recent_caps.clear()
         chooser.probed_from = None
         chooser.drafting_steps = 0
