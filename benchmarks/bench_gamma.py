@@ -58,10 +58,13 @@ def options(config) -> dict:
     return {"gamma": config}
 
 
+def _is_gamma(config) -> bool:
+    """A plain gamma (a number or `auto`), not a tree or another confidence."""
+    return isinstance(config, int) or config == "auto"
+
+
 def _order(config) -> tuple:
-    if isinstance(config, str) and "@" in config:
-        return (2, config)
-    return (1, config) if is_tree(config) else (0, sort_key(config))
+    return (0, sort_key(config)) if _is_gamma(config) else (1, config)
 
 
 def measure(target_ref: str, draft_ref: str | None, sets: list[str], prompts: int, rounds: int, gammas: list,
@@ -94,7 +97,7 @@ def summary(rows: list[dict]) -> str:
     speedups over the plain run of the same prompt and round, with its 95% bootstrap CI (the
     best in bold), and tau. A speculative output that differs from its plain run fails."""
     gammas = sorted({r["config"] for r in rows if r["config"] != PLAIN}, key=_order)
-    names = [g if is_tree(g) or "@" in str(g) else f"gamma {g}" for g in gammas]
+    names = [f"gamma {g}" if _is_gamma(g) else g for g in gammas]
     lines = ["| target | prompts | plain tok/s | " + " | ".join(names) + " | "
              + " | ".join(f"tau, {n}" for n in names) + " |", "|" + "---|" * (3 + 2 * len(gammas))]
     for target, set_name in dict.fromkeys((r["target"], r["set"]) for r in rows):
