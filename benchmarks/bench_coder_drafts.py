@@ -1,7 +1,7 @@
 """Cheaper Qwen2.5-Coder-0.5B drafts for the 1.5B Q4_K_M target: acceptance and draft step cost of
-each draft precision (`loading/file_spec.py`), greedy, on the bench's code and edit prompts.
+each draft precision (`loading/file_spec.py`), greedy, on the bench's code, edit and chat prompts.
 
-    python benchmarks/bench_coder_drafts.py [--drafts gguf,gguf-head32k,...] [--prompts 4] [--threads 2]
+    python benchmarks/bench_coder_drafts.py [--drafts gguf,gguf-head32k,...] [--sets code,edit] [--prompts 4] [--threads 2]
     python benchmarks/bench_coder_drafts.py --summary   # a Markdown table of --out
 
 A `--drafts` item is a precision of the 0.5B, or a whole ref (with `@`): another model, such as the
@@ -11,7 +11,9 @@ Acceptance (tau = emitted tokens per verify pass, acceptance rate = accepted / d
 deterministic given the files, so it can be measured on a busy machine; the step times (`step`
 rows: the draft's 1-token step at a 128-token context, median of --calls) and tok/s are only
 meaningful on a quiet one. Every speculative output is checked against the target's plain output.
-Rows append to --out (JSONL; a (draft, set, prompt, gamma) already there is skipped).
+Rows append to --out (JSONL; a (draft, set, prompt, gamma, label) already there is skipped);
+`--label` names what else differs between runs of one draft (e.g. the ranked list behind a narrowed
+head) and is shown beside the draft.
 """
 
 from __future__ import annotations
@@ -26,12 +28,11 @@ from pathlib import Path
 import torch
 
 import specq
-from specq.bench.coding import CODE_TASKS, EDIT_TASKS
+from specq.bench.prompts import load_set
 from specq.loading import kinds
 
 TARGET = "qwen2.5-coder-1.5b"
 DRAFT = "qwen2.5-coder-0.5b"
-SETS = {"code": CODE_TASKS, "edit": EDIT_TASKS}
 
 
 def step_ms(model, calls: int, context: int = 128) -> float:
@@ -52,12 +53,14 @@ def step_ms(model, calls: int, context: int = 128) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--drafts", default="gguf,gguf-head32k,gguf-int4,gguf-int4-head32k")
+    parser.add_argument("--sets", default="code,edit", help="the bench's prompt sets (code, edit, chat)")
     parser.add_argument("--prompts", type=int, default=4, help="the first N prompts of each set")
     parser.add_argument("--gammas", default="2,4")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=30, help="1-token steps timed per model")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/coder-drafts.jsonl"))
+    parser.add_argument("--label", default="", help="recorded in every row, shown beside the draft")
     parser.add_argument("--summary", action="store_true", help="print a table of --out and exit")
     args = parser.parse_args()
     if args.summary:
@@ -65,13 +68,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     done = set()
     if args.out.exists():
-        done = {(r["draft"], r["set"], r["prompt"], r["gamma"]) for r in map(json.loads, args.out.read_text().splitlines())
-                if r["kind"] == "run"}
+        done = {(r["draft"], r["set"], r["prompt"], r["gamma"], r.get("label", ""))
+                for r in map(json.loads, args.out.read_text().splitlines()) if r["kind"] == "run"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def write(row: dict) -> None:
         with args.out.open("a") as f:
-            f.write(json.dumps({"threads": args.threads, "loadavg_1min": round(_loadavg(), 2), **row}) + "\n")
+            f.write(json.dumps({"threads": args.threads, "loadavg_1min": round(_loadavg(), 2), "label": args.label,
+                                **row}) + "\n")
 
     target = specq.load(TARGET)
     write({"kind": "step", "model": TARGET, "ms": step_ms(target, args.calls)})
@@ -84,10 +88,10 @@ def main() -> None:
         if kinds.kind_of(draft) is kinds.FEATURE:
             draft.net.attach(target.net)  # it looks its tokens up in the target's embedding
         write({"kind": "step", "model": ref, "ms": step_ms(draft, args.calls), "bytes": _bytes_read(draft)})
-        for name, tasks in SETS.items():
-            for i, prompt in enumerate(tasks[:args.prompts]):
+        for name in args.sets.split(","):
+            for i, prompt in enumerate(p.text for p in load_set(name, args.prompts)):
                 for gamma in map(int, args.gammas.split(",")):
-                    if (spec, name, i, gamma) in done:
+                    if (spec, name, i, gamma, args.label) in done:
                         continue
                     if (name, i) not in plain:
                         plain[name, i] = specq.generate(target, prompt, max_new_tokens=args.tokens, chat=True).token_ids
@@ -126,17 +130,19 @@ def _pooled_ci(group: list[dict], rounds: int = 2000) -> tuple[float, float, flo
 def table(rows: list[dict]) -> str:
     """Per draft and gamma: tau and acceptance pooled over the runs of each prompt set (with a 95%
     bootstrap interval over prompts), the draft's step, and whether every output was the target's."""
-    steps = {r["model"]: r for r in rows if r["kind"] == "step"}
+    steps = {(r["model"], r.get("label", "")): r for r in rows if r["kind"] == "step"}
     runs = [r for r in rows if r["kind"] == "run"]
+    key_of = lambda r: (r["draft"], r["gamma"], r["set"], r.get("label", ""))  # noqa: E731
     lines = ["| draft | gamma | set | runs | tau | acceptance [95% CI] | same as plain | draft step ms |",
              "|---|---|---|---|---|---|---|---|"]
-    for key in sorted({(r["draft"], r["gamma"], r["set"]) for r in runs}, key=lambda k: (k[1], k[2], k[0])):
-        group = [r for r in runs if (r["draft"], r["gamma"], r["set"]) == key]
+    for key in sorted({key_of(r) for r in runs}, key=lambda k: (k[1], k[2], k[0], k[3])):
+        group = [r for r in runs if key_of(r) == key]
         tau = sum(r["emitted"] for r in group) / sum(r["steps"] for r in group)
         rate, low, high = _pooled_ci(group)
         same = all(r["same_as_plain"] for r in group)
-        step = steps.get(key[0] if "@" in key[0] else f"{DRAFT}@{key[0]}", {})
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | {rate:.3f} [{low:.3f}, {high:.3f}] | "
+        step = steps.get((key[0] if "@" in key[0] else f"{DRAFT}@{key[0]}", key[3]), {})
+        draft = f"{key[0]} ({key[3]})" if key[3] else key[0]
+        lines.append(f"| {draft} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | {rate:.3f} [{low:.3f}, {high:.3f}] | "
                      f"{same} | {step.get('ms', float('nan')):.1f} |")
     return "\n".join(lines)
 

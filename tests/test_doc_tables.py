@@ -101,3 +101,21 @@ def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_ro
     assert bench_gamma.options("3@0.2") == {"gamma": 3, "draft_confidence": 0.2}
     header = bench_gamma.summary(rows + [row(0, 0, "tree:6:3:2", 30.0), row(1, 0, "tree:6:3:2", 40.0)]).splitlines()[0]
     assert header.startswith("| target | prompts | plain tok/s | gamma 2 | gamma auto | tree:6:3:2 | tau, gamma 2 |")
+
+
+def test_coder_draft_runs_of_one_draft_under_two_labels_are_two_lines():
+    """bench_coder_drafts' `--label` (e.g. the ranked list behind a narrowed head): runs of one draft
+    spec under two labels are pooled apart, each line with its own step time."""
+    from bench_coder_drafts import table
+
+    def run(label, accepted):
+        return {"kind": "run", "draft": "gguf-int4-head32k", "set": "chat", "prompt": 0, "gamma": 3, "label": label,
+                "same_as_plain": True, "steps": 10, "emitted": 20, "drafted": 30, "accepted": accepted}
+
+    rows = [run("old list", 12), run("", 21),
+            {"kind": "step", "model": "qwen2.5-coder-0.5b@gguf-int4-head32k", "label": "old list", "ms": 7.0},
+            {"kind": "step", "model": "qwen2.5-coder-0.5b@gguf-int4-head32k", "ms": 6.0}]  # no label: older rows
+    lines = table(rows).splitlines()[2:]
+    assert len(lines) == 2
+    assert lines[0].startswith("| gguf-int4-head32k | 3 | chat | 1 | 2.00 | 0.700") and lines[0].endswith("| 6.0 |")
+    assert lines[1].startswith("| gguf-int4-head32k (old list) |") and "| 0.400 " in lines[1] and lines[1].endswith("| 7.0 |")
