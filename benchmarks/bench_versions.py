@@ -4,7 +4,9 @@ commit goes first flips every round), so both see the same machine. Checks that 
 leave behaviour alone (a refactor) left speed alone too.
 
     python benchmarks/bench_versions.py --old b5eb22f [--new HEAD] [--rounds 3] [--tokens 128]
-        [--prompts 4] [--threads 2] [--out docs/results/versions-speed.jsonl]
+        [--prompts 4] [--threads 2] [--configs "fp32 plain,gguf plain"] [--out docs/results/versions-speed.jsonl]
+
+`--configs` picks configurations by name (default: the built-in target's, all but the coder pair's).
 
 Each commit is checked out once into a git worktree under $SPECQ_CACHE/versions (its kernels build
 into the shared kernel cache like any checkout's); one short untimed child per commit first builds its
@@ -39,7 +41,10 @@ CONFIGS = [
     ("int4 plain", "smollm2-135m@int4-g64-rtn-head8", None),
     ("int4 feature draft", "smollm2-135m@int4-g64-rtn-head8", "smollm2-135m-feature-draft@int8-head8"),
     ("gguf plain", "smollm2-135m@gguf", None),
+    ("coder plain", "qwen2.5-coder-1.5b", None),
+    ("coder draft", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b@gguf-int4-head32k"),
 ]
+DEFAULT_CONFIGS = [name for name, target, _ in CONFIGS if not target.startswith("qwen")]
 GAMMA = 2
 
 CHILD = r"""
@@ -91,8 +96,9 @@ def checkout(rev: str) -> tuple[str, Path]:
 
 def child(tree: Path, args: argparse.Namespace, texts: list[str], rotate: int = 0) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
-    shift = rotate % len(CONFIGS)
-    configs = [list(c) for c in CONFIGS[shift:] + CONFIGS[:shift]]
+    chosen = [c for c in CONFIGS if c[0] in args.configs]
+    shift = rotate % len(chosen)
+    configs = [list(c) for c in chosen[shift:] + chosen[:shift]]
     done = subprocess.run([sys.executable, "-c", CHILD, str(args.threads), str(args.tokens), json.dumps(texts),
                            json.dumps(configs)], env=env, cwd=tree, capture_output=True, text=True)
     if done.returncode:
@@ -108,8 +114,14 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help=f"configurations by name, comma-separated, of: {', '.join(c[0] for c in CONFIGS)}")
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/versions-speed.jsonl")
     args = p.parse_args()
+    args.configs = args.configs.split(",")
+    unknown = set(args.configs) - {c[0] for c in CONFIGS}
+    if unknown:
+        p.error(f"unknown configurations: {', '.join(sorted(unknown))}")
     texts = prompts(args.prompts)
     commits = {label: checkout(rev) for label, rev in (("old", args.old), ("new", args.new))}
     command = "python benchmarks/bench_versions.py " + " ".join(sys.argv[1:])
