@@ -33,3 +33,23 @@ def test_a_copy_shares_the_files_rows():
     embedding = FileEmbedding(raw, "Q8_0", 64)
     twin = copy.deepcopy(embedding)
     assert twin.raw is raw and torch.equal(twin(torch.tensor([2, 1])), embedding(torch.tensor([2, 1])))
+
+
+def test_short_lookups_keep_rows_that_a_caller_cannot_change(monkeypatch):
+    """A few ids at a time go through the kept float rows (`CACHED_ROWS`, the oldest evicted first);
+    a lookup is a new tensor each time, so a pass that writes into it leaves the kept rows alone,
+    and the rows equal a long lookup's (one call for all ids) bit for bit."""
+    from specq.weights import embedding as module
+
+    monkeypatch.setattr(module, "CACHED_ROWS", 3)
+    raw = random_tensor("Q5_0", np.random.default_rng(1), 8, 64)
+    embedding = FileEmbedding(raw, "Q5_0", 64)
+    whole = embedding(torch.arange(8).repeat(3))  # 24 ids: past SHORT_LOOKUP, no kept rows
+    assert not embedding._rows
+    first = embedding(torch.tensor([5]))
+    first.add_(1.0)  # as the layer stack updates its input in place
+    assert torch.equal(embedding(torch.tensor([5])), whole[5:6])
+    for i in (1, 2, 3):
+        embedding(torch.tensor([i]))
+    assert list(embedding._rows) == [1, 2, 3]  # 5 went first
+    assert torch.equal(embedding(torch.tensor([[3, 5], [0, 3]])), whole[[3, 5, 0, 3]].view(2, 2, 64))
