@@ -262,6 +262,12 @@ static void rms_norm(const float *x, int M, int K, const float *w, float eps, fl
     }
 }
 
+/* The model's final norm after the layers, exported: the same rms_norm as every layer's own (a torch
+ * op between two C calls costs a short pass more than its arithmetic). */
+void rms_norm_rows(const float *x, int M, int K, const float *w, float eps, float *y) {
+    rms_norm(x, M, K, w, eps, y);
+}
+
 enum { SILU, GELU_TANH };  /* the gate's activation, as decoder.py's ACTIVATIONS numbers them */
 
 /* act(g) * u per lane: SiLU, g / (1 + e^-g), or GELU with tanh's approximation,

@@ -34,6 +34,8 @@ def _library(variant: str) -> ctypes.CDLL:
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.decoder_layers.argtypes = [i, p, p, i, i, i, i, i, i, f, f, i, p, p, p, p, i, p, i]
     lib.decoder_layers.restype = ctypes.c_int
+    lib.rms_norm_rows.argtypes = [p, i, i, p, f, p]
+    lib.rms_norm_rows.restype = None
     return lib
 
 
@@ -41,6 +43,16 @@ def takes(x: Tensor) -> bool:
     """Whether these kernels may compute from x: float32, and no gradients being recorded (their
     outputs have none: training takes torch's ops)."""
     return x.dtype == torch.float32 and not torch.is_grad_enabled()
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x [..., hidden] / sqrt(mean(x^2) + eps) * weight [hidden] per row (float32), as the layers'
+    own norms compute it in `Stack`: a new tensor (a model's final norm, `Llama._final_norm`)."""
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    _library(build.variant()).rms_norm_rows(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.data_ptr(),
+                                            eps, out.data_ptr())
+    return out
 
 
 def _seen_arrays(seen: list[Tensor] | None) -> tuple[Tensor | None, Tensor | None]:

@@ -420,7 +420,7 @@ class Llama(nn.Module):
             rope = slice(0, n) if positions is None else positions
             x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope))
             logits = self._head(x, last_only)
-            return (logits, self.norm(x)[0]) if return_hidden else logits
+            return (logits, self._final_norm(x)[0]) if return_hidden else logits
         if self.compiled_step is not None and ids.shape[0] <= MAX_COMPILED_TOKENS and not return_hidden and mask is None:
             logits = self._compiled_forward(ids, cache)
             cache.length += ids.shape[0]
@@ -484,7 +484,7 @@ class Llama(nn.Module):
             at += n
         local = None if self.local_cos is None else tuple(_cat(list(t)) for t in zip(*local))
         x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments, local)
-        hidden = self.norm(x)[0]
+        hidden = self._final_norm(x)[0]
         logits = self.output(_cat([hidden[rows] for rows in heads])).float()
         out, at = [], 0
         for s, segment, rows in zip(seqs, segments, heads):
@@ -498,7 +498,7 @@ class Llama(nn.Module):
         """Final hidden states [n, hidden] of a whole sequence (no cache, no output head)."""
         self._ensure_rope(ids.shape[0])
         rope = slice(0, ids.shape[0])
-        return self.norm(self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope)))[0]
+        return self._final_norm(self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope)))[0]
 
     # The kernels backend's C loop over every layer (`kernels/decoder.Stack`) where all linear layers
     # run on int8dot or f32dot: one call per cached float32 inference pass whose every sequence
@@ -525,10 +525,18 @@ class Llama(nn.Module):
             x = layer(x, *(local if layer.local_rope else (cos, sin)), kv, i)
         return x
 
+    def _final_norm(self, x: Tensor) -> Tensor:
+        """The norm after the last layer: on the layer stack's kernel wherever the stack runs (float32
+        inference), so that every pass of a run, with or without a cache, normalizes alike; else the
+        module's torch op."""
+        if self.stack is not None and decoder.takes(x) and self.norm.weight.dtype == torch.float32:
+            return decoder.rms_norm(x, self.norm.weight, self.norm.eps)
+        return self.norm(x)
+
     def _head(self, x: Tensor, last_only: bool) -> Tensor:
         if last_only:
             x = x[:, -1:]
-        return self.output(self.norm(x))[0].float()
+        return self.output(self._final_norm(x))[0].float()
 
     def _static_step(self, ids: Tensor, view: StaticView) -> Tensor:
         cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
