@@ -99,7 +99,7 @@ def test_a_kernel_that_rounds_by_its_neighbours_caps_the_stack():
     assert net.stack_limit() == 8
     calls = []
     stacked = net._stacked
-    net._stacked = lambda seqs, hidden: calls.append(sum(s.ids.shape[0] for s in seqs)) or stacked(seqs, hidden)
+    net._stacked = lambda seqs, *rest: calls.append(sum(s.ids.shape[0] for s in seqs)) or stacked(seqs, *rest)
     seqs = [Rows(torch.tensor([5, 6, 7]), prefilled(net, [1, 2, 3 + i])) for i in range(5)]
     assert_same_as_alone(net, seqs)
     assert calls[-3:] == [6, 6, 3]  # stacks of at most 8 rows

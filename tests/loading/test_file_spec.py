@@ -138,7 +138,9 @@ def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch)
     assert file_spec.cached_int4_body(parsed, spec).keys() == set(converted)
 
 
-def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file):
+def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file, monkeypatch):
+    """Greedy, the draft chooses among its head's kept rows alone (the whole-vocabulary row with -inf
+    elsewhere only for a prompt's prefill), and the output is still the target's."""
     from specq.backends import fastpath
     from specq.loading.model import Model
 
@@ -149,7 +151,12 @@ def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file):
         fastpath.apply(net)
     draft = Model(ref="tiny.gguf@gguf-int4-head1k", net=net, tokenizer=tok, eos_ids=frozenset(), source="tiny")
     target = perturbed(model, 0.02, ref="target")  # agrees with the draft on most tokens
+    calls = {"whole": 0, "kept": 0}
+    whole = NarrowHead.forward
+    monkeypatch.setattr(NarrowHead, "forward", lambda self, x: calls.update(whole=calls["whole"] + 1) or whole(self, x))
+    net.output.rows.register_forward_hook(lambda *_: calls.update(kept=calls["kept"] + 1))
     assert_speculative_is_plain(target, draft)
+    assert calls["whole"] == 2 and calls["kept"] > 20  # the two prompts longer than one token
 
 
 def test_a_vocabulary_without_a_ranked_list_is_one_line(tiny_file, monkeypatch, tmp_path):

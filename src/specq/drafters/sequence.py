@@ -7,6 +7,7 @@ from torch import Tensor
 
 from ..core.sampling import SamplingConfig
 from ..loading.model import Model
+from ..weights.narrow_head import NarrowHead
 from .base import Proposal, choose
 from .tree import TreeShape, grow
 
@@ -37,6 +38,11 @@ class SequenceDrafter:
         self.base = 0  # len(seq) at the last proposal
         self.window = window
         self.skipped = 0  # prompt tokens before the window: seq[i] sits at cache row i - skipped
+        # A narrowed head's kept rows, where a greedy chain may choose among them alone: the -inf
+        # rest of a whole-vocabulary row changes no argmax, yet filling and reading it costs a step
+        # of a small draft a measurable share (docs/drafts.md).
+        head = getattr(self.net, "output", None)
+        self.kept = head if isinstance(head, NarrowHead) and int(head.keep.max()) < target_vocab_size else None
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
         self.skipped = max(0, prompt.shape[0] - 1 - self.window) if self.window else 0
@@ -65,9 +71,15 @@ class SequenceDrafter:
         if self.tree:
             return self._tree(pending, gamma)
         tokens, dists = [], []
+        kept = self.kept if sampling.greedy else None
         for _ in range(gamma):
-            logits = self._align(self.net(pending, self.cache, last_only=True))
-            token, q, confident = choose(logits, sampling, generator, self.min_confidence)
+            if kept is not None:
+                logits = self.net(pending, self.cache, last_only=True, head=kept.rows)  # [1, kept tokens]
+                index, q, confident = choose(logits, sampling, generator, self.min_confidence)
+                token = kept.keep[index]
+            else:
+                logits = self._align(self.net(pending, self.cache, last_only=True))
+                token, q, confident = choose(logits, sampling, generator, self.min_confidence)
             if q is not None:
                 dists.append(q)
             tokens.append(token)

@@ -406,14 +406,16 @@ class Llama(nn.Module):
 
     def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
                 return_hidden: bool = False, positions: Tensor | None = None,
-                mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                mask: Tensor | None = None, head: nn.Module | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Run `ids` (1-D) at the end of `cache`; return float logits [n, vocab] ([1, vocab] if
         `last_only`). Without a cache the sequence is processed from position 0 (training).
         `return_hidden` also returns the final hidden states [n, hidden] of every row (the output
         head's input), which a feature draft reads; the logits are computed exactly as without it.
         A token tree passes each row's `positions` [n] and a `mask` [n, m]: which of the last m keys
         (m >= n: the new rows and some cached ones) each row sees, every earlier key being seen
-        (`visibility`). The default is a chain: consecutive positions, causal."""
+        (`visibility`). The default is a chain: consecutive positions, causal. `head`: another output
+        layer for a cached pass's rows (a narrowed head's kept rows, `weights.narrow_head`); the
+        logits are then its outputs."""
         if cache is None:
             n = ids.shape[-1]
             self._ensure_rope(n)
@@ -421,11 +423,12 @@ class Llama(nn.Module):
             x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope))
             logits = self._head(x, last_only)
             return (logits, self._final_norm(x)[0]) if return_hidden else logits
-        if self.compiled_step is not None and ids.shape[0] <= MAX_COMPILED_TOKENS and not return_hidden and mask is None:
+        if (self.compiled_step is not None and ids.shape[0] <= MAX_COMPILED_TOKENS and not return_hidden
+                and mask is None and head is None):
             logits = self._compiled_forward(ids, cache)
             cache.length += ids.shape[0]
             return logits[-1:] if last_only else logits
-        logits, hidden = self._stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden)[0]
+        logits, hidden = self._stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden, head)[0]
         return (logits, hidden) if return_hidden else logits
 
     def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
@@ -467,8 +470,10 @@ class Llama(nn.Module):
             self._stack_limit = invariant_rows(self, MAX_STACKED_ROWS, self.dtype)
         return self._stack_limit
 
-    def _stacked(self, seqs: list[Rows], return_hidden: bool) -> list[tuple[Tensor, Tensor | None]]:
-        """One pass over the rows of `seqs` stacked in order (see `forward_many`)."""
+    def _stacked(self, seqs: list[Rows], return_hidden: bool,
+                 head: nn.Module | None = None) -> list[tuple[Tensor, Tensor | None]]:
+        """One pass over the rows of `seqs` stacked in order (see `forward_many`), the logits from
+        `head` (default the model's output layer)."""
         segments, cos, sin, local, heads, at = [], [], [], [], [], 0
         self._ensure_rope(max(s.cache.length + s.ids.shape[0] for s in seqs))
         for s in seqs:
@@ -485,7 +490,7 @@ class Llama(nn.Module):
         local = None if self.local_cos is None else tuple(_cat(list(t)) for t in zip(*local))
         x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments, local)
         hidden = self._final_norm(x)[0]
-        logits = self.output(_cat([hidden[rows] for rows in heads])).float()
+        logits = (head or self.output)(_cat([hidden[rows] for rows in heads])).float()
         out, at = [], 0
         for s, segment, rows in zip(seqs, segments, heads):
             s.cache.length += s.ids.shape[0]
