@@ -499,6 +499,39 @@ def setups_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+GOALS = {"best": 2.0, "peer": 1.6, "default": 1.5}  # the speculation goals on the coder pair (docs/fastpath.md)
+DEFAULT_MODE = "generate gamma auto"  # what `specq generate` does with no flags
+
+
+def goals_summary(runs: list[tuple[str, list[dict]]], weights: str = "qwen1.5b") -> str:
+    """The speculation goals, one line per (prompt kind, run): specq's fastest generation mode
+    against llama.cpp's plain decoding, against the fastest speculative mode of llama.cpp or
+    OpenVINO in the same run, and specq's default against llama.cpp's plain decoding. Each ratio is
+    the median of the rounds' ratios, "fastest" the highest such ratio to llama.cpp's plain
+    decoding (tokens/s: medians over rounds); each with its goal and whether the run met it."""
+    lines = [f"| prompts | specq's fastest mode | vs llama.cpp plain (goal {GOALS['best']}) | "
+             f"fastest peer speculative mode | specq's fastest vs it (goal {GOALS['peer']}) | "
+             f"specq's default vs llama.cpp plain (goal {GOALS['default']}) |",
+             "|---|---|---|---|---|---|"]
+
+    def verdict(ratio: str, goal: float) -> str:
+        return f"{ratio} ({'met' if ratio != '-' and float(ratio) >= goal else 'not met'})"
+
+    for kind, rows in runs:
+        plain = _rates(rows, "llama.cpp", weights, "generate plain")
+        mine = {m: _rates(rows, "specq", weights, m) for m in dict.fromkeys(
+            r["measurement"] for r in rows if r["tool"] == "specq" and r["measurement"].startswith("generate"))}
+        peers = {m: _rates(rows, tool, weights, m) for tool, modes in (("llama.cpp", LLAMA_CPP_SPECULATIVE),
+                 ("openvino", OPENVINO_MODES)) for m in modes if m != "openvino plain" and _rates(rows, tool, weights, m)}
+        best = max(mine, key=lambda m: float(_paired(mine[m], plain)))
+        peer = max(peers, key=lambda m: float(_paired(peers[m], plain)))
+        lines.append(f"| {kind} | {best.removeprefix('generate ')}, {_median(mine[best], ' tok/s')} | "
+                     f"{verdict(_paired(mine[best], plain), GOALS['best'])} | {peer}, {_median(peers[peer], ' tok/s')} | "
+                     f"{verdict(_paired(mine[best], peers[peer]), GOALS['peer'])} | "
+                     f"{verdict(_paired(mine[DEFAULT_MODE], plain), GOALS['default'])} |")
+    return "\n".join(lines)
+
+
 def prefill_line(rows: list[dict], weights: str) -> str:
     """The prompts' prefill in plain generation, prompt tokens per second of prefill time: medians
     over rounds, and of the rounds' specq / llama.cpp ratios (above 1: specq is faster)."""

@@ -19,7 +19,9 @@ tokens/s, then per gamma the paired speedup with CI and tau), with the filters `
 `tree-verify` (benchmarks/bench_tree_verify.py's rows: ms per tree verify pass by precision and
 node count);
 `llamacpp` (benchmarks/bench_llamacpp.py's rows: llama.cpp and specq side by side), `llamacpp-setups`
-(its rows of runs labelled by set-up: one line per set-up), `gamma-interleaved`
+(its rows of runs labelled by set-up: one line per set-up), `goals` (the speculation goals met or
+not by its runs: results files comma-separated, one per prompt kind, `kinds=code,edit,chat` naming
+them), `gamma-interleaved`
 (benchmarks/bench_gamma.py's rows: gamma `auto` and fixed gammas, each run paired with a plain run of
 its prompt and round), `versions`
 (benchmarks/bench_versions.py's rows: two commits side by side).
@@ -164,6 +166,15 @@ def llamacpp_table(results: str) -> str:
     return summary(jsonl(results))
 
 
+def goals_table(results: str, kinds: list[str]) -> str:
+    from bench_llamacpp import goals_summary
+
+    files = results.split(",")
+    if len(files) != len(kinds):
+        raise SystemExit(f"table 'goals': {len(files)} results files for {len(kinds)} kinds")
+    return goals_summary([(kind, jsonl(f)) for kind, f in zip(kinds, files)])
+
+
 def llamacpp_setups_table(results: str) -> str:
     from bench_llamacpp import setups_summary
 
@@ -270,6 +281,8 @@ def render(spec: str) -> str:
         return llamacpp_table(results)
     if kind == "llamacpp-setups":
         return llamacpp_setups_table(results)
+    if kind == "goals":
+        return goals_table(results, options["kinds"].split(","))
     if kind == "gamma-interleaved":
         return gamma_interleaved_table(results)
     if kind == "versions":

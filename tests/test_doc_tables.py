@@ -79,6 +79,26 @@ def test_labelled_runs_are_one_line_each_paired_with_their_own_llama_cpp_plain_d
     assert lines[3] == "| other | 10.0 tok/s (1.00x) | 20.0 tok/s (2.00x) | 30.0 tok/s (3.00x) | 50.0 tok/s (5.00x) |"
 
 
+def test_goals_take_specqs_fastest_mode_and_the_fastest_peer_mode_of_the_run():
+    """The goals table: specq's fastest generation mode and the fastest speculative mode of
+    llama.cpp or OpenVINO (medians over rounds), each ratio the median of paired rounds, marked met
+    or not against 2.0, 1.6 and 1.5; OpenVINO's and llama.cpp's plain decoding are not peers'
+    speculative modes."""
+    from bench_llamacpp import goals_summary
+
+    rates = {("llama.cpp", "generate plain"): [10.0, 20.0], ("llama.cpp", "llama.cpp ngram-mod"): [12.0, 16.0],
+             ("openvino", "openvino plain"): [30.0, 30.0], ("openvino", "openvino draft 3"): [11.0, 15.0],
+             ("specq", "generate plain"): [15.0, 25.0], ("specq", "generate gamma 2"): [24.0, 30.0],
+             ("specq", "generate gamma auto"): [20.0, 28.0]}
+    rows = [{"tool": tool, "weights": "qwen1.5b", "measurement": m, "round": r, "tokens_per_s": v}
+            for (tool, m), values in rates.items() for r, v in enumerate(values)]
+    lines = goals_summary([("chat", rows)]).splitlines()
+    # gamma 2: median 27.0, ratios to llama.cpp plain (2.4, 1.5); ngram-mod: median 14.0, ratios (2.0, 1.875);
+    # auto: (2.0, 1.4)
+    assert lines[2] == ("| chat | gamma 2, 27.0 tok/s | 1.95 (not met) | llama.cpp ngram-mod, 14.0 tok/s | "
+                        "1.94 (met) | 1.70 (met) |")
+
+
 def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_round():
     """bench_gamma's table: per target and set, each gamma's mean speedup over the plain run of the
     same prompt and round (best in bold), tau; an output that differs from plain decoding fails."""
