@@ -69,6 +69,7 @@ from specq import paths
 from specq.api import encode_prompt
 from specq.bench.prompts import load_set
 from specq.drafters import refs as draft_refs
+from specq.kernels import build
 from specq.loading import gguf_io, packaged
 from specq.loading.drafts import default_draft_ref
 
@@ -518,6 +519,9 @@ def goals_summary(runs: list[tuple[str, list[dict]]], weights: str = "qwen1.5b")
         return f"{ratio} ({'met' if ratio != '-' and float(ratio) >= goal else 'not met'})"
 
     for kind, rows in runs:
+        recorded = {r["prompt_set"] for r in rows if "prompt_set" in r}
+        if recorded - {kind}:
+            raise ValueError(f"goals: a run of {', '.join(sorted(recorded))} prompts named {kind}")
         plain = _rates(rows, "llama.cpp", weights, "generate plain")
         mine = {m: _rates(rows, "specq", weights, m) for m in dict.fromkeys(
             r["measurement"] for r in rows if r["tool"] == "specq" and r["measurement"].startswith("generate"))}
@@ -640,6 +644,16 @@ def warm_up(tools: dict, prompt: list[int]) -> None:
                 run(prompt)
 
 
+def cpu_model() -> str | None:
+    """This CPU's model name as /proc/cpuinfo gives it (machines differ from run to run; None where
+    it cannot be read)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
 def _openvino_version() -> str:
     import openvino_genai
 
@@ -691,7 +705,8 @@ def main() -> None:
             "flash_attn_resolved": {w: pair["llama.cpp"].flash_attn for w, pair in tools.items()},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "quick": s.quick,
-            "openvino": _openvino_version() if s.openvino else None, "label": args.label}
+            "openvino": _openvino_version() if s.openvino else None, "label": args.label,
+            "cpu": cpu_model(), "kernels": build.variant(), "prompt_set": args.prompt_set}
     flash = ", ".join(f"{w}: {v}" for w, v in base["flash_attn_resolved"].items())
     print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
     warm_up(tools, prompts[0])

@@ -97,6 +97,8 @@ def test_goals_take_specqs_fastest_mode_and_the_fastest_peer_mode_of_the_run():
     # auto: (2.0, 1.4)
     assert lines[2] == ("| chat | gamma 2, 27.0 tok/s | 1.95 (not met) | llama.cpp ngram-mod, 14.0 tok/s | "
                         "1.94 (met) | 1.70 (met) |")
+    with pytest.raises(ValueError, match="a run of code prompts named chat"):
+        goals_summary([("chat", [dict(r, prompt_set="code") for r in rows])])
 
 
 def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_round():
