@@ -644,16 +644,6 @@ def warm_up(tools: dict, prompt: list[int]) -> None:
                 run(prompt)
 
 
-def cpu_model() -> str | None:
-    """This CPU's model name as /proc/cpuinfo gives it (machines differ from run to run; None where
-    it cannot be read)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return None
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
-
-
 def _openvino_version() -> str:
     import openvino_genai
 
@@ -706,7 +696,7 @@ def main() -> None:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "quick": s.quick,
             "openvino": _openvino_version() if s.openvino else None, "label": args.label,
-            "cpu": cpu_model(), "kernels": build.variant(), "prompt_set": args.prompt_set}
+            "cpu": build.cpu_model(), "kernels": build.variant(), "prompt_set": args.prompt_set}
     flash = ", ".join(f"{w}: {v}" for w, v in base["flash_attn_resolved"].items())
     print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
     warm_up(tools, prompts[0])

@@ -19,6 +19,7 @@ from specq.bench.report import write_report
 from specq.cli import _Parser
 from specq.core.stats import bootstrap_ci
 from specq.errors import SpecqError
+from specq.kernels import build
 from specq.loading.save import save_native
 
 from conftest import perturbed, tiny_model
@@ -306,6 +307,7 @@ def test_report_is_markdown_and_self_contained_html(pair, tmp_path):
     md, html = write_report(tmp_path / "r.jsonl")
     text, page = md.read_text(), html.read_text()
     assert "tau (bonus incl.)" in text and "U_i (unconditional)" in text and "sha256" in text
+    assert f"kernels {build.variant()}" in text  # which machine and kernels the speeds are of
     assert page.count("data:image/png;base64,") >= 4  # per position, vs gamma, vs length, per precision
     assert "<script" not in page and "<link" not in page and "src='http" not in page and 'src="http' not in page
     with pytest.raises(SpecqError, match="not found"):
@@ -357,6 +359,7 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     assert peer[0]["cell"]["draft_confidence"] == 0.3  # transformers gets the same stop as specq
     run = aggregate.run_records(records)[0]
     assert run["config"]["gamma"] == [2] and run["environment"]["torch"]
+    assert run["environment"]["kernels"] == build.variant() and run["environment"]["cpu"] == build.cpu_model()
     assert all(len(c["target"]["sha256"]) == 16 for c in store.cells(records).values())
 
     assert _cli(argv) == 0  # a re-run resumes: nothing left to do

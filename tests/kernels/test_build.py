@@ -77,3 +77,16 @@ def test_the_cli_refuses_a_bad_variant_before_loading_a_model(force_kernels, cap
     code = main(["generate", "hello", "--target", str(tmp_path / "no-such-model")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("specq: error: SPECQ_KERNELS=avx2-please: unknown")
+
+
+def test_the_cpu_model_and_flags_come_from_cpuinfo(tmp_path, monkeypatch):
+    """Fields are matched by name, not by prefix ("flags" is not "vmx flags"), and an unreadable
+    /proc/cpuinfo gives no model and no flags (torch's ops then serve)."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvmx flags\t: ept\nmodel name\t: Some CPU @ 2.0GHz\nflags\t\t: fpu avx2 fma\n")
+    real = build.Path
+    monkeypatch.setattr(build, "Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
+    assert build._cpuinfo("model name") == "Some CPU @ 2.0GHz"
+    assert build._cpuinfo("flags") == "fpu avx2 fma"
+    info.unlink()
+    assert build._cpuinfo("model name") is None and build._cpuinfo("flags") is None

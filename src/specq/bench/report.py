@@ -72,7 +72,8 @@ def _run_lines(runs: list[dict]) -> list[str]:
     out = []
     for r in runs:
         env = r["environment"]
-        out.append(f"run {r['run_id']} started {r['started']}: {env['platform']} ({env['machine']}, "
+        cpu = f"{env['cpu']}, kernels {env['kernels']}, " if env.get("cpu") else ""  # runs before they were recorded: none
+        out.append(f"run {r['run_id']} started {r['started']}: {env['platform']} ({cpu}{env['machine']}, "
                    f"{env['cpu_count']} CPUs), python {env['python']}, torch {env['torch']}, "
                    f"transformers {env['transformers']}, specq {env['specq']}, threads {r['config']['threads']}")
     return out

@@ -28,6 +28,7 @@ import torch
 from .. import api, backends
 from ..drafters import refs as draft_refs
 from ..errors import SpecqError
+from ..kernels import build
 from ..loading import kinds, precision
 from ..loading.model import Draft, Model
 from . import heldout, store
@@ -43,6 +44,7 @@ def environment() -> dict:
     import specq
 
     return {"machine": platform.machine(), "processor": platform.processor(), "platform": platform.platform(),
+            "cpu": build.cpu_model(), "kernels": build.variant(),
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "specq": specq.__version__}
 

@@ -55,15 +55,27 @@ class KernelUnavailable(RuntimeError):
     """The kernel cannot be built or loaded here (no C compiler, or it failed); callers fall back."""
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux's /proc/cpuinfo lists them (none where it cannot be read:
-    then no variant runs and torch's ops serve)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in Linux's /proc/cpuinfo (None where it cannot be read)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return frozenset()
-    return next((frozenset(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), frozenset())
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == field), None)
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as /proc/cpuinfo lists them (none where it cannot be read: then no
+    variant runs and torch's ops serve)."""
+    return frozenset((_cpuinfo("flags") or "").split())
+
+
+@functools.cache
+def cpu_model() -> str | None:
+    """This CPU's model name as /proc/cpuinfo gives it (None where it cannot be read): what a speed
+    measured here depends on beside the variant, recorded with results."""
+    return _cpuinfo("model name")
 
 
 def runnable() -> tuple[str, ...]:
