@@ -14,7 +14,8 @@ def print_backends(explained: dict[str, dict], console: Console | None = None) -
     """What each model runs on (`specq generate --explain`), from `backends.describe`."""
     console = console or Console()
     for ref, d in explained.items():
-        console.print(f"{ref}: backend {d['backend']}, kernel build {d['kernel_build']}, "
+        cpu = f" for {d['cpu']}" if d.get("cpu") else ""
+        console.print(f"{ref}: backend {d['backend']}, kernel build {d['kernel_build']}{cpu}, "
                       f"whole cached passes in one C call: {'yes' if d['layer_stack'] else 'no'}",
                       markup=False, highlight=False)
         for kernel, count in d["linear_layers"].items():

@@ -8,7 +8,7 @@ import torch
 from specq import backends
 from specq.backends import fastpath
 from specq.errors import SpecqError
-from specq.kernels import decoder
+from specq.kernels import build, decoder
 
 from conftest import tiny_model
 
@@ -35,6 +35,7 @@ def test_describe_says_what_each_layer_runs_on():
     assert plain["backend"] == "eager" and not plain["layer_stack"]
     assert plain["linear_layers"] == {"torch F.linear (float32)": 2 * 4 + 1}  # 4 per layer, the head
     assert kernels["backend"] == "kernels" and kernels["layer_stack"]
+    assert kernels["kernel_build"] == build.variant() and kernels["cpu"] == build.cpu_model()
     assert sum(kernels["linear_layers"].values()) == 9 and all("f32dot" in k for k in kernels["linear_layers"])
 
 
@@ -60,3 +61,15 @@ def test_the_cli_help_names_every_backend():
     from specq.cli import BACKEND_HELP
 
     assert all(name in BACKEND_HELP for name in backends.BACKENDS)
+
+
+def test_explain_names_the_kernel_build_and_the_cpu():
+    from rich.console import Console
+
+    from specq.report import print_backends
+
+    described = {"backend": "kernels", "kernel_build": "avx2", "linear_layers": {"int8dot": 3}, "layer_stack": True}
+    for cpu, shown in (("Some CPU @ 2.0GHz", "kernel build avx2 for Some CPU @ 2.0GHz, "), (None, "kernel build avx2, ")):
+        console = Console(record=True, width=200)
+        print_backends({"m": dict(described, cpu=cpu)}, console)
+        assert shown in console.export_text()

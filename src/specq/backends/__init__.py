@@ -91,12 +91,13 @@ def plain_copy(net: nn.Module) -> nn.Module:
 
 
 def describe(net: nn.Module) -> dict:
-    """What each part of `net` runs on: the backend, the kernel build for this CPU, how many linear
-    layers run on which kernel, and whether cached passes run as one C call (`--explain`)."""
+    """What each part of `net` runs on: the backend, the kernel build for this CPU (and the CPU's
+    model name), how many linear layers run on which kernel, and whether cached passes run as one C
+    call (`--explain`)."""
     linears = Counter(getattr(m, "kernel", None) or _torch_kernel(m) for m in net.modules() if _is_linear(m))
     stacks = [m.stack is not None for m in net.modules() if hasattr(m, "stack")]
     return {"backend": getattr(net, "backend", None) or "eager",
-            "kernel_build": build.variant(),
+            "kernel_build": build.variant(), "cpu": build.cpu_model(),
             "linear_layers": dict(linears.most_common()),
             "layer_stack": bool(stacks) and all(stacks)}
 
