@@ -525,10 +525,10 @@ def goals_summary(runs: list[tuple[str, list[dict]]], weights: str = "qwen1.5b")
         plain = _rates(rows, "llama.cpp", weights, "generate plain")
         mine = {m: _rates(rows, "specq", weights, m) for m in dict.fromkeys(
             r["measurement"] for r in rows if r["tool"] == "specq" and r["measurement"].startswith("generate"))}
-        peers = {m: _rates(rows, tool, weights, m) for tool, modes in (("llama.cpp", LLAMA_CPP_SPECULATIVE),
-                 ("openvino", OPENVINO_MODES)) for m in modes if m != "openvino plain" and _rates(rows, tool, weights, m)}
-        best = max(mine, key=lambda m: float(_paired(mine[m], plain)))
-        peer = max(peers, key=lambda m: float(_paired(peers[m], plain)))
+        peers = {m: rates for tool, modes in (("llama.cpp", LLAMA_CPP_SPECULATIVE), ("openvino", OPENVINO_MODES))
+                 for m in modes if m != "openvino plain" and (rates := _rates(rows, tool, weights, m))}
+        best = max(mine, key=lambda m: _ratio(mine[m], plain))
+        peer = max(peers, key=lambda m: _ratio(peers[m], plain))
         lines.append(f"| {kind} | {best.removeprefix('generate ')}, {_median(mine[best], ' tok/s')} | "
                      f"{verdict(_paired(mine[best], plain), GOALS['best'])} | {peer}, {_median(peers[peer], ' tok/s')} | "
                      f"{verdict(_paired(mine[best], peers[peer]), GOALS['peer'])} | "
@@ -553,10 +553,16 @@ def _rates(rows: list[dict], tool: str, weights: str, measurement: str) -> dict[
             (tool, weights, measurement)}
 
 
-def _paired(mine: dict, theirs: dict) -> str:
-    """The median of the rounds' ratios mine / theirs."""
+def _ratio(mine: dict, theirs: dict) -> float:
+    """The median of the rounds' ratios mine / theirs (-inf where no round has both)."""
     ratios = [mine[k] / theirs[k] for k in mine if k in theirs]
-    return f"{statistics.median(ratios):.2f}" if ratios else "-"
+    return statistics.median(ratios) if ratios else float("-inf")
+
+
+def _paired(mine: dict, theirs: dict) -> str:
+    """`_ratio` as the tables print it ("-" where no round has both)."""
+    ratio = _ratio(mine, theirs)
+    return f"{ratio:.2f}" if ratio > float("-inf") else "-"
 
 
 def _median(values: dict, unit: str) -> str:
