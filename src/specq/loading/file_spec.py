@@ -44,6 +44,7 @@ from ..weights.gguf_formats import FORMATS, kernel_weight
 from ..weights.narrow_head import NarrowHead
 from ..weights.quant.modules import FileBlocks
 from ..weights.quant.rtn import quantize_two_level
+from .adapter import Adapter, merge_float, native_deltas
 from .gguf_io import GGUFFile
 
 FILE_PRECISION = "gguf"
@@ -138,27 +139,31 @@ def narrowed_head(g: GGUFFile, keep: torch.Tensor, whole: FileBlocks | None = No
     return NarrowHead(head, keep, g.config.vocab_size)
 
 
-def to_int4(blocks: FileBlocks) -> FileBlocks:
-    """A file's 5- to 8-bit blocks as 4-bit RTN codes (groups of 32, two-level scale and offset) of
-    their exact dequantized weights."""
-    q = quantize_two_level(int8dot.dequantize(blocks._blocks), 4, INT4_GROUP)
+def to_int4(blocks: FileBlocks, delta: torch.Tensor | None = None) -> FileBlocks:
+    """A file's blocks as 4-bit RTN codes (groups of 32, two-level scale and offset) of their exact
+    dequantized weights, plus `delta` [out, in] where an adapter changes them (`adapter.py`)."""
+    weight = int8dot.dequantize(blocks._blocks)
+    q = quantize_two_level(weight if delta is None else weight + delta, 4, INT4_GROUP)
     return FileBlocks(int8dot.pack_int4_two_level(*q, int8dot.ROW_SHIFT, blocks._blocks.variant),
-                      f"{blocks.kind} as int4")
+                      f"{blocks.kind}{' + adapter' if delta is not None else ''} as int4")
 
 
-def int4_cache(g: GGUFFile, variant: str) -> Path:
-    """Where the 4-bit body of `g`, laid out for kernel `variant`, is kept."""
-    return cache_dir() / "gguf-int4" / f"{file_key(g.path)}-{variant}-form{INT4_FORM}.safetensors"
+def int4_cache(g: GGUFFile, variant: str, adapter: str | None = None) -> Path:
+    """Where the 4-bit body of `g`, laid out for kernel `variant` (with the adapter of sha256
+    `adapter` merged), is kept."""
+    merged = f"-lora{adapter[:16]}" if adapter else ""
+    return cache_dir() / "gguf-int4" / f"{file_key(g.path)}{merged}-{variant}-form{INT4_FORM}.safetensors"
 
 
-def cached_int4_body(g: GGUFFile, spec: FileSpec) -> dict[str, FileBlocks]:
+def cached_int4_body(g: GGUFFile, spec: FileSpec, adapter: str | None = None) -> dict[str, FileBlocks]:
     """The 4-bit modules `int4_body` saved for `g` (by module name, `layers.0.attention.wqkv`), for
-    the loader to put in place of the file's 5- to 8-bit tensors without repacking those first; {}
-    unless `spec` asks for a 4-bit body and the cache holds a readable one."""
+    the loader to put in place of the file's tensors without repacking those first; {} unless
+    `spec` asks for a 4-bit body and the cache holds a readable one (for the adapter of sha256
+    `adapter`, when one is merged)."""
     from safetensors import safe_open
 
     variant = build.variant()
-    path = int4_cache(g, variant)
+    path = int4_cache(g, variant, adapter)
     if not spec.int4 or not path.is_file():
         return {}
     try:
@@ -173,19 +178,27 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec) -> dict[str, FileBlocks]:
         return {}
 
 
-def int4_body(net: nn.Module, g: GGUFFile) -> None:
+def int4_body(net: nn.Module, g: GGUFFile, merged: Adapter | None = None,
+              deltas: dict[str, torch.Tensor] | None = None) -> None:
     """Replace the 5- to 8-bit `FileBlocks` of `net` by `to_int4`'s, in place, and save them for
-    `cached_int4_body` (one file per GGUF file and kernel variant, written whole)."""
+    `cached_int4_body` (one file per GGUF file, adapter and kernel variant, written whole). With an
+    adapter's `deltas` (`adapter.native_deltas`), every block they change is requantized with its
+    product added, whatever its bits."""
     from safetensors.torch import save
 
-    byte_coded = {name: m for name, m in net.named_modules() if isinstance(m, FileBlocks) and m.bits > 4
-                  and (name.startswith("layers.") or name == "output")}
-    if not byte_coded:
+    deltas = deltas or {}
+    chosen = {name: m for name, m in net.named_modules() if isinstance(m, FileBlocks)
+              and (m.bits > 4 or name in deltas) and (name.startswith("layers.") or name == "output")}
+    if not chosen:
         return
-    path = int4_cache(g, next(iter(byte_coded.values()))._blocks.variant)
-    print(f"specq: requantizing {g.path.name}'s 5- to 8-bit tensors to 4 bits into {path.parent} "
-          "(once, under a minute)", file=sys.stderr, flush=True)
-    made = {name: to_int4(module) for name, module in byte_coded.items()}
+    path = int4_cache(g, next(iter(chosen.values()))._blocks.variant, merged.digest if merged else None)
+    what = f"{g.path.name} with the adapter {merged.path.name} merged" if merged else f"{g.path.name}'s 5- to 8-bit tensors"
+    print(f"specq: requantizing {what} to 4 bits into {path.parent} (once, under a minute)", file=sys.stderr, flush=True)
+    for name, delta in deltas.items():
+        if name in chosen and delta.shape != (chosen[name].out_features, chosen[name].in_features):
+            raise SpecqError(f"adapter '{merged.path}': {name} is {list(delta.shape)}, its base's weight "
+                             f"{[chosen[name].out_features, chosen[name].in_features]}")
+    made = {name: to_int4(module, deltas.get(name)) for name, module in chosen.items()}
     for name, module in made.items():
         net.set_submodule(name, module)
     tensors = {f"{name}.{part}": getattr(m._blocks, part).contiguous() for name, m in made.items()
@@ -214,11 +227,19 @@ def keep_layers(net: nn.Module, keep: int, name: str) -> None:
     net.config = replace(net.config, num_layers=keep, sliding_layers=sliding)
 
 
-def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer) -> None:
+def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer, merged: Adapter | None = None,
+          cached: bool = False) -> None:
     """Put the options of `spec` on a network `gguf_io.load_at_file_precision` built, in place
-    (before a backend is chosen). The 4-bit body is made (and cached) whole, then layers dropped."""
-    if spec.int4:
-        int4_body(net, g)
+    (before a backend is chosen), with an adapter merged into its 4-bit body unless `cached` (the
+    body came from the cache, merged). The 4-bit body is made (and cached) whole, then layers dropped."""
+    if merged is not None and not spec.int4:
+        raise SpecqError(f"adapter '{merged.path}' changes the weights of {g.path.name}, whose own blocks cannot "
+                         f"hold them: load it at gguf-int4 (the default), with any other option after it, or at fp32")
+    deltas = {} if merged is None else native_deltas(merged, net.config)
+    merge_float(net, {name: d for name, d in deltas.items() if not isinstance(net.get_submodule(name), FileBlocks)},
+                str(merged.path) if merged else "")  # a file's float tensors take their products as they are
+    if spec.int4 and not cached:
+        int4_body(net, g, merged, deltas)
     if spec.head_tokens:
         whole = net.output if spec.int4 and isinstance(net.output, FileBlocks) and net.output.bits == 4 else None
         net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens), whole)

@@ -11,6 +11,7 @@ from .. import atomic
 from ..model.llama import Llama
 from ..paths import cache_dir, file_key
 from . import file_spec, gguf_io, precision
+from .adapter import Adapter
 from .hf import eos_set
 from .model import Model
 from .save import write_native
@@ -38,19 +39,20 @@ def float_dir(gguf: Path) -> Path:
     return target
 
 
-def load_at_file_precision(ref: str, path: Path, spec: file_spec.FileSpec) -> Model:
+def load_at_file_precision(ref: str, path: Path, spec: file_spec.FileSpec, merged: Adapter | None = None) -> Model:
     """`x.gguf@gguf` or a built-in shipped as GGUF: the file's own blocks on the packed kernels,
     no float round trip and no second quantization (unless `spec` asks for a 4-bit body or a
-    narrowed head: `file_spec`); the tokenizer and chat template come from the file's metadata
-    (built once, cached): the file alone is enough."""
+    narrowed head: `file_spec`, or an adapter is `merged` into it); the tokenizer and chat template
+    come from the file's metadata (built once, cached): the file alone is enough."""
     started = time.perf_counter()
     parsed = gguf_io.read(path)  # a corrupt file fails here, before the tokenizer is built
     tok = tokenizer(path)
-    net, notes = gguf_io.load_at_file_precision(parsed, file_spec.cached_int4_body(parsed, spec))
-    file_spec.apply(net, parsed, spec, tok)
+    cached = file_spec.cached_int4_body(parsed, spec, merged.digest if merged else None)
+    net, notes = gguf_io.load_at_file_precision(parsed, cached)
+    file_spec.apply(net, parsed, spec, tok, merged, cached=bool(cached))
     for note in notes:
         precision.announce(f"{path.name}: {note}")
-    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=eos_set([], tok), source=str(path),
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=eos_set([], tok), source=str(merged.path if merged else path),
                  precision=str(spec), info={"load_s": time.perf_counter() - started})
 
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from .. import backends
 from ..errors import SpecqError
+from ..model.llama import Llama
 from ..paths import cache_dir
-from . import file_spec, hf, precision
+from . import adapter, file_spec, hf, precision
 from .gguf_load import load_at_file_precision
 from .model import Model
 from .refs import gguf_file, parts, resolve
@@ -48,6 +50,8 @@ def _return_freed_heap() -> None:
 
 def _load(ref: str) -> Model:
     name, spec_text = parts(ref)
+    if adapter.is_adapter(name):
+        return _load_adapter(ref, name, spec_text)
     if file_spec.names_file(spec_text):
         return load_at_file_precision(ref, gguf_file(name), file_spec.parse(spec_text))
     spec = precision.parse(spec_text)
@@ -86,3 +90,20 @@ def _load(ref: str) -> Model:
             precision.save_quantized_dir(net, spec, tok, hf.eos_set(eos, tok), cached)
     return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
                  precision=str(spec), info={"load_s": time.perf_counter() - started})
+
+
+def _load_adapter(ref: str, path: str, spec_text: str) -> Model:
+    """An adapter folder's base at `spec_text` with the adapter merged (`adapter.py`): on a GGUF
+    file into its 4-bit body (made once and cached), at a float precision into the float weights."""
+    merged = adapter.read(path)
+    if file_spec.names_file(spec_text):
+        return load_at_file_precision(ref, gguf_file(merged.base), file_spec.parse(spec_text), merged)
+    spec = precision.parse(spec_text)
+    if not spec.is_float:
+        raise SpecqError(f"adapter '{path}': load it at a float precision (fp32, bf16) or, on a GGUF file, at "
+                         f"gguf-int4; not at {spec}")
+    model = _load(f"{merged.base}@{spec_text}")
+    if not isinstance(model.net, Llama):
+        raise SpecqError(f"adapter '{path}': its base '{merged.base}' does not run on specq's native decoder")
+    adapter.merge_float(model.net, adapter.native_deltas(merged, model.net.config), path)
+    return replace(model, ref=ref, source=str(merged.path))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecqError
-from . import file_spec, precision, validate
+from . import adapter, file_spec, precision, validate
 from .builtins import BUILTIN_GGUF, BUILTINS, PACKAGED_GGUF
 from .gguf_load import float_dir
 
@@ -26,6 +26,11 @@ def split_ref(ref: str) -> tuple[str, str]:
 
 
 def default_precision(name: str) -> str:
+    """A GGUF file's own precision, an adapter's base's (on a file: its 4-bit body, which can hold
+    the merged weights), else fp32."""
+    if adapter.is_adapter(name):
+        base = default_precision(adapter.base_ref(name))
+        return f"{FILE_PRECISION}-int4" if base == FILE_PRECISION else base
     return FILE_PRECISION if name in PACKAGED_GGUF or name.endswith(".gguf") else "fp32"
 
 
@@ -64,7 +69,11 @@ def check_ref(ref: str) -> None:
     file_spec.parse(spec) if file_spec.names_file(spec) else precision.parse(spec)
     path = Path(name).expanduser()
     if name not in BUILTINS and name != SELF and path.is_dir():
-        validate.check_dir(path)
+        if adapter.is_adapter(path):  # its base is checked as a ref of its own
+            adapter.read(path)
+            check_ref(adapter.base_ref(path))
+        else:
+            validate.check_dir(path)
 
 
 def resolve(name: str) -> Path | str:

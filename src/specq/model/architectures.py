@@ -213,7 +213,7 @@ def hf_tensor_names(c) -> dict[str, tuple[str, ...]]:
     return names
 
 
-def _rows(hf_name: str, c) -> int:
+def part_rows(hf_name: str, c) -> int:
     """Rows of one part of a fused native tensor (split when saving)."""
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     sizes = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": c.intermediate_size, "up_proj": c.intermediate_size}
@@ -240,7 +240,7 @@ def hf_state_dict(sd: dict[str, Tensor], c) -> dict[str, Tensor]:
     out = {}
     for native, hf in hf_tensor_names(c).items():
         tensor = sd[native] - offset if offset and native.endswith("norm.weight") else sd[native]
-        parts = tensor.split([_rows(h, c) for h in hf]) if len(hf) > 1 else (tensor,)
+        parts = tensor.split([part_rows(h, c) for h in hf]) if len(hf) > 1 else (tensor,)
         out.update({h: p.contiguous() for h, p in zip(hf, parts)})
     return out
 
