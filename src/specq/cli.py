@@ -24,6 +24,8 @@ from .errors import SpecqError
 from .kernels import build as kernel_build
 from .qad_cli import add_qad_parser
 
+LORA_MAX_RANK = 256  # `distill --lora`: an adapter of a higher rank is no longer small beside its base
+
 # The names of `specq.backends.BACKENDS` (importing it here would load torch for every `specq --help`)
 BACKEND_HELP = ("what the models run on: kernels (specq's CPU kernels, the default), eager (torch's ops, the "
                 "reference) or compiled (torch.compile of fixed-shape steps, a minute per new shape)")
@@ -159,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--head-vocab", type=_positive_int, default=None,
                    help="feature drafts: tokens the output head covers, the most frequent in the training data "
                         "(default 16384 for a new draft; with --from, narrows the base's head to that many)")
+    d.add_argument("--lora", type=arg_int(1, LORA_MAX_RANK), default=None, metavar="RANK",
+                   help="train a LoRA adapter of this rank on --from (any model ref, e.g. a built-in GGUF draft: "
+                        "its float weights) and save the adapter alone, in peft's format; it loads as a draft, "
+                        "merged into its base (on a GGUF file: into its 4-bit body, gguf-int4)")
     d.add_argument("--work", type=arg_path, default=None, help="cache and checkpoints (default: OUT.work beside OUT)")
     d.add_argument("--resume", action="store_true", help="continue the unfinished run in --work")
     d.add_argument("--texts", nargs="*", default=["shakespeare"],
@@ -433,6 +439,17 @@ def _registration(registered: bool, target: str) -> str:
     return f"not registered: add --register, or `specq drafts add DRAFT --target {target}`, to make it {target}'s draft"
 
 
+def _lora_base(ref: str) -> str:
+    """A LoRA adapter trains on its base's float weights: a ref without @ loads at fp32, one at a
+    quantized precision is refused (before anything loads)."""
+    if "@" not in ref:
+        return f"{ref}@fp32"
+    if ref.rpartition("@")[2].strip().lower() not in ("fp32", "bf16", "fp16"):
+        raise SpecqError(f"--lora trains on the float weights of its base: give --from without @, or @fp32 "
+                         f"(not '{ref}')")
+    return ref
+
+
 def cmd_distill(args) -> int:
     import time
     from pathlib import Path
@@ -449,6 +466,12 @@ def cmd_distill(args) -> int:
         raise SpecqError(f"--minutes must be positive, got {args.minutes}")
     if not args.texts and not args.prompts:
         raise SpecqError("no training data: give --texts and/or --prompts")
+    if args.lora is not None and args.base is None:
+        raise SpecqError("--lora trains an adapter on a base model: give --from")
+    if args.lora is not None and args.base is not None:
+        _lora_base(args.base)
+    if args.lora is not None and args.head_vocab is not None:
+        raise SpecqError("--head-vocab is for feature drafts, not --lora (narrow an adapter's base at load: @gguf-int4-head32k)")
     if args.base is None:  # validate before loading anything
         students.check_arch(args.arch)
         if args.head_vocab is not None and not students.of(students.arch_kind(args.arch)).head_vocab:
@@ -465,11 +488,11 @@ def cmd_distill(args) -> int:
         new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len, steps=args.steps,
         minutes=args.minutes, loss=args.loss, lr=args.lr, batch=args.batch, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
-        gamma=args.gamma, compute=args.compute, head_vocab=args.head_vocab, seed=args.seed,
+        gamma=args.gamma, compute=args.compute, head_vocab=args.head_vocab, lora_rank=args.lora, seed=args.seed,
         extra={"command": "specq " + shlex.join(args.argv)})
     started = time.monotonic()  # --minutes bounds the command from here, model loading included
     target = load(args.target, backend=None)  # teacher passes read its weights
-    base = load(args.base, backend=None) if args.base else None
+    base = load(_lora_base(args.base) if args.lora else args.base, backend=None) if args.base else None
     report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume, force=args.force,
                  dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, register=args.register,
                  since=started)

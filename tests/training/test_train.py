@@ -96,6 +96,50 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
     assert "RTN integer weights" in capsys.readouterr().err
 
 
+def test_distill_a_lora_adapter_on_a_base(files, capsys):
+    """`--lora R --from BASE` trains only an adapter on BASE's float weights and saves it alone (peft's
+    format, naming BASE by its absolute path); it loads merged into BASE and decodes losslessly."""
+    from safetensors.torch import load_file
+
+    out = files / "adapter"
+    args = ["distill", "--target", f"{files / 'target'}@int4-g32-rtn", "--out", str(out), "--from", str(files / "target"),
+            "--lora", "2", "--texts", str(files / "text.txt"), "--prompts", str(files / "prompts.txt"), "--json",
+            "--lr", "0.01"]
+    assert main(args + FAST[:-2]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["lora_rank"] == 2 and report["steps"] == 6
+    factors = load_file(out / "adapter_model.safetensors")
+    assert report["parameters"] == sum(t.numel() for t in factors.values())
+    assert all("lora_A" in k or "lora_B" in k for k in factors)
+    assert any(t.abs().max() > 0 for k, t in factors.items() if "lora_B" in k)  # B starts at zero: it trained
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(files / "target")
+    assert not (out / "config.json").exists()  # no copy of the base's weights
+    target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
+    assert draft.precision == "fp32" and draft.source == str(out)
+    base = specq.generate(target, [1, 2, 3], max_new_tokens=16)
+    assert specq.generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=16).token_ids == base.token_ids
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lora", "2"], "give --from"),
+    (["--lora", "2", "--from", "smollm2-135m", "--head-vocab", "64"], "not --lora"),
+    (["--lora", "0", "--from", "smollm2-135m"], "between 1 and 256"),
+])
+def test_bad_lora_input_is_one_line_before_loading(files, capsys, extra, message):
+    args = ["distill", "--target", str(files / "target"), "--out", str(files / "d")] + FAST[:-2] + extra
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_lora_needs_the_bases_float_weights(files, capsys):
+    args = ["distill", "--target", str(files / "target"), "--out", str(files / "d"), "--from",
+            f"{files / 'target'}@int8", "--lora", "2", "--texts", str(files / "text.txt")] + FAST[:-2]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "float weights" in err and len(err.splitlines()) == 1
+
+
 def test_unfinished_run_needs_resume(files, capsys):
     work = files / "work"
     (work / "ckpt").mkdir(parents=True)

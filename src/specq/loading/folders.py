@@ -1,5 +1,6 @@
-"""What a draft folder holds, told by the file that marks it: a feature draft's own config, or a
-Hugging Face config (a model: a sequence draft, or a target). The registry, the folder checks and
+"""What a draft folder holds, told by the file that marks it: a feature draft's own config, a LoRA
+adapter's (peft's format: a model once merged into its base, `adapter.py`), or a Hugging Face config
+(a model: a sequence draft, or a target). The registry, the folder checks and
 `specq drafts` read folders here, below the kinds table (`kinds.py`) that loads them."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model import feature_draft
+from . import adapter
 
 
 @dataclass(frozen=True)
@@ -19,8 +21,9 @@ class Folder:
 
 
 FEATURE = Folder("feature", feature_draft.CONFIG_FILE, (feature_draft.WEIGHTS_FILE,), quantizable=False)
+ADAPTER = Folder("sequence", adapter.CONFIG, quantizable=False)  # at a float precision or a file's gguf-int4 only
 MODEL = Folder("sequence", "config.json")
-FOLDERS = (FEATURE, MODEL)  # tried in this order
+FOLDERS = (FEATURE, ADAPTER, MODEL)  # tried in this order
 
 
 def of(path: Path | str) -> Folder | None:

@@ -69,11 +69,9 @@ def check_ref(ref: str) -> None:
     file_spec.parse(spec) if file_spec.names_file(spec) else precision.parse(spec)
     path = Path(name).expanduser()
     if name not in BUILTINS and name != SELF and path.is_dir():
+        validate.check_dir(path)
         if adapter.is_adapter(path):  # its base is checked as a ref of its own
-            adapter.read(path)
             check_ref(adapter.base_ref(path))
-        else:
-            validate.check_dir(path)
 
 
 def resolve(name: str) -> Path | str:

@@ -20,7 +20,7 @@ import torch
 from ..errors import SpecqError
 from ..model.architectures import unsupported
 from ..model.llama import Llama, LlamaConfig, native_to_hf_state_dict
-from . import folders, precision
+from . import adapter, folders, precision
 
 # a tokenizer transformers can build from the folder: a fast tokenizer's file, or a slow one's vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -37,7 +37,9 @@ def check_dir(path: Path) -> None:
     """Any local model folder specq loads: one in specq's own format (`folders.py`: its config,
     tokenizer and weights), a quantized model, or a Hugging Face folder."""
     folder = folders.of(path)
-    if folder is not None and folder.weights:
+    if folder is folders.ADAPTER:  # its base is a ref of its own (`refs.check_ref`)
+        adapter.read(path)
+    elif folder is not None and folder.weights:
         _json_object(path / folder.marker)
         _tokenizer(path)
         _headers([path / name for name in folder.weights])

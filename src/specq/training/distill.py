@@ -214,7 +214,7 @@ def _batch(data: TeacherSet, rows: list[int]) -> tuple[Tensor, Tensor, Tensor, T
         m = data.top_ids[r].shape[0]
         flat.append(b * width + data.start[r] + torch.arange(m))
     top_ids = torch.cat([data.top_ids[r] for r in rows]).long()
-    top_logp = torch.cat([data.top_logp[r] for r in rows]).float()
+    top_logp = torch.cat([data.top_logp[r].float() for r in rows])  # float16 on disk: cat in float (autocast refuses half)
     return ids, torch.cat(flat), top_ids, top_logp
 
 

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from ..loading.model import Model
-from .distill import float_teacher
+from ..loading.refs import split_ref
+from .distill import float_teacher, sequence_forward
 
 # Hugging Face module names of the linear layers in a block, as the architectures table writes them
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-MAX_RANK = 256
 
 
 def student(base: Model, rank: int, alpha: float | None = None, seed: int = 0) -> nn.Module:
@@ -35,10 +35,22 @@ def student(base: Model, rank: int, alpha: float | None = None, seed: int = 0) -
     return get_peft_model(hf, config)
 
 
-def forward_model(peft_model: nn.Module) -> nn.Module:
-    """The transformers model inside `peft_model`, its linear layers carrying the adapters (what
-    `distill.sequence_forward` runs: it calls `.model` and `.lm_head`)."""
-    return peft_model.get_base_model()
+def forward(peft_model: nn.Module, data, rows: list[int]):
+    """`distill.sequence_forward` on the transformers model inside `peft_model` (its linear layers
+    carry the adapters)."""
+    return sequence_forward(peft_model.get_base_model(), data, rows)
+
+
+def trainable(peft_model: nn.Module) -> int:
+    return sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+
+
+def base_name(ref: str) -> str:
+    """How an adapter names its base: a built-in by its name, a local file or folder by its
+    absolute path (the adapter may be moved; its base stays where it is)."""
+    name = split_ref(ref)[0]
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
 
 
 def save(peft_model: nn.Module, out: Path, base_ref: str, dtype: torch.dtype = torch.float16) -> None:

@@ -16,7 +16,8 @@ from ..errors import SpecqError
 from ..loading.kinds import KINDS
 from ..loading.model import Kind
 from ..model.feature_draft import frequent_tokens, new_feature_draft, restrict_head
-from ..model.llama import LlamaConfig
+from ..model.llama import Llama, LlamaConfig
+from . import lora
 from .distill import feature_forward, init_draft, sequence_forward, to_native
 
 # Named draft shapes on the SmolLM2 vocabulary; "LxH" (e.g. 4x192) gives L layers of width H.
@@ -123,6 +124,19 @@ STUDENTS = {
                      check_base=_check_feature_base, from_base=_feature_from,
                      finish=lambda student, dtype: student.to(dtype).eval()),
 }
+
+
+def _check_lora_base(base, head_vocab: int | None) -> None:
+    if not isinstance(base.net, Llama) or base.precision not in FLOAT_PRECISIONS:
+        raise SpecqError(f"--lora trains on the float weights of a model specq runs natively; '{base.ref}' is not one "
+                         f"(give --from without @, or @fp32)")
+
+
+# A LoRA adapter on a base model (`lora.py`), whatever the base's kind: `train.run` builds it from the
+# rank (no `new` / `from_base`) and saves the adapter alone (no `finish`); it trains like a sequence draft.
+LORA = Student(lora.forward, reads_features=False, head_vocab=False, new=None, check_base=_check_lora_base,
+               from_base=None, finish=None)
+FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def of(kind: Kind) -> Student:

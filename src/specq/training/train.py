@@ -28,12 +28,12 @@ import torch
 
 from .. import atomic, backends, checks, data
 from ..errors import SpecqError
-from ..loading import kinds, registry
+from ..loading import adapter, kinds, registry
 from ..loading.model import Draft, Model
 from ..loading.refs import split_ref
 from ..loading.vocab import check_compatible, check_target
 from ..model.llama import Llama
-from . import native_teacher, students
+from . import lora, native_teacher, students
 from .calibrate import acceptance
 from .distill import (
     TeacherSet,
@@ -70,6 +70,7 @@ class DistillSettings:
     compute: str = "fp32"  # training's matrix products: fp32, or bf16 under autocast (`distill.distill`)
     head_vocab: int | None = None  # feature drafts: tokens the head covers (the most frequent in the
     # data); a new draft's default is NEW_HEAD_VOCAB, a base's head is kept unless this is given
+    lora_rank: int | None = None  # train a LoRA adapter of this rank on the base and save it alone (`lora.py`)
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -277,10 +278,12 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     check_run(out, work, force, resume)
     _check_lengths(target, settings)
     kind = kinds.kind_of(base) if base is not None else students.arch_kind(arch)
-    student_kind = students.of(kind)
+    student_kind = students.LORA if settings.lora_rank else students.of(kind)
     if base is not None:
         check_compatible(base, target)
         student_kind.check_base(base, settings.head_vocab)
+    elif settings.lora_rank:
+        raise SpecqError("--lora trains an adapter on a base model: give --from")
     if settings.head_vocab is not None and not student_kind.head_vocab:
         raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a feature draft)")
     if (settings.head_vocab or 0) > target.vocab_size:
@@ -303,7 +306,9 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     target_ms = step_ms(target)
     # the final speculative runs, estimated at twice the target's plain decoding time
     reserve_s = settings.accept_prompts * settings.new_tokens * 2 * target_ms / 1e3
-    if base is not None:
+    if settings.lora_rank:
+        student = lora.student(base, settings.lora_rank, seed=settings.seed)
+    elif base is not None:
         student = student_kind.from_base(base, target, train, settings.head_vocab)
     else:
         student = student_kind.new(target, train, settings, arch)
@@ -312,18 +317,24 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
                      loss=settings.loss, lr=settings.lr, batch=settings.batch, checkpoint_dir=work / "ckpt",
                      checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
                      forward=student_kind.forward, compute=settings.compute)
-    draft = kinds.as_kind(kind, Model(ref=str(out), net=student_kind.finish(student, dtype), tokenizer=target.tokenizer,
-                                      eos_ids=target.eos_ids, source=str(out),
-                                      precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")))
+    if settings.lora_rank:  # measured as it will run: merged into its base at the base's default precision
+        adapter_dir = work / "adapter"
+        shutil.rmtree(adapter_dir, ignore_errors=True)
+        lora.save(student, adapter_dir, lora.base_name(base.ref), torch.float32 if dtype == torch.float32 else torch.float16)
+        draft = kinds.load(str(adapter_dir))
+    else:
+        draft = kinds.as_kind(kind, Model(ref=str(out), net=student_kind.finish(student, dtype), tokenizer=target.tokenizer,
+                                          eos_ids=target.eos_ids, source=str(out),
+                                          precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")))
     spec = acceptance(target, draft, data.chat_prompts("held_out")[:settings.accept_prompts], settings.gamma,
                       settings.new_tokens) if settings.accept_prompts else None
     draft_ms = step_ms(draft)
-    unused = {"extra"} if student_kind.head_vocab else {"extra", "head_vocab"}  # only some heads take a vocabulary
+    unused = ({"extra"} if student_kind.head_vocab else {"extra", "head_vocab"}) | ({"lora_rank"} if not settings.lora_rank else set())
     report = {
         "target": target.ref, "target_precision": target.precision, "base": base.ref if base else f"new:{arch}",
         "kind": kind.name,
         "draft_config": draft.net.config.to_dict(), "dtype": draft.precision,
-        "parameters": sum(p.numel() for p in draft.net.parameters()),
+        "parameters": lora.trainable(student) if settings.lora_rank else sum(p.numel() for p in draft.net.parameters()),
         "settings": {k: v for k, v in asdict(settings).items() if k not in unused} | settings.extra,
         "train_sequences": len(train), "train_positions": train.positions(), "held_out_positions": held.positions(),
         "teacher_data_s": round(data_s, 1), "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
@@ -338,7 +349,11 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
     }
 
     def write(tmp: Path) -> None:
-        kind.write(draft, tmp, None)
+        if settings.lora_rank:
+            for name in (adapter.CONFIG, adapter.WEIGHTS):
+                shutil.copyfile(work / "adapter" / name, tmp / name)
+        else:
+            kind.write(draft, tmp, None)
         card = out / "MODEL_CARD.md"  # a hand-written card survives re-training
         if card.exists():
             (tmp / card.name).write_text(card.read_text(encoding="utf-8"), encoding="utf-8")
