@@ -13,7 +13,11 @@ same prompt and round. `auto` runs as users get it: its choosers carried from ru
 
 A configuration is a gamma (a number or `auto`) or a token tree, `tree:SIZE:DEPTH:TOPK` (EAGLE-2
 dynamic trees of the draft, `drafters/tree.py`; its gamma is its depth), optionally with its own
-`--draft-confidence`: `auto@0.6` (the default elsewhere).
+`--draft-confidence`: `auto@0.6` (the default elsewhere). With `--drafts NAME=REF,...` every
+configuration runs with each of those drafts (`auto/NAME`), interleaved like the gammas, so two
+drafts are compared on the same prompts, rounds and plain runs:
+
+    python benchmarks/bench_gamma.py --gammas auto --drafts old=qwen2.5-coder-0.5b@gguf-int4-head32k,new=ADAPTER
 
 Rows append to --out (JSONL): one per prompt, round and configuration.
 """
@@ -42,9 +46,27 @@ def is_tree(config) -> bool:
     return isinstance(config, str) and config.startswith("tree:")
 
 
-def configs(gammas: str) -> list:
-    """Plain decoding, then --gammas' configurations (whole numbers as ints)."""
-    return [PLAIN] + [int(g) if g.isdigit() else g for g in gammas.split(",")]
+def configs(gammas: str, drafts: list[str] = ()) -> list:
+    """Plain decoding, then --gammas' configurations (whole numbers as ints), each once per named
+    draft (`GAMMA/NAME`) when --drafts names some."""
+    each = [int(g) if g.isdigit() else g for g in gammas.split(",")]
+    return [PLAIN] + ([f"{g}/{name}" for g in each for name in drafts] if drafts else each)
+
+
+def parse_drafts(text: str | None) -> dict[str, str]:
+    """--drafts NAME=REF,... -> {NAME: REF}."""
+    pairs = [item.partition("=") for item in (text or "").split(",") if item]
+    if any(not name or not ref or "/" in name for name, _, ref in pairs):
+        raise SystemExit("--drafts: NAME=REF,... (names without '/')")
+    return {name: ref for name, _, ref in pairs}
+
+
+def split_draft(config) -> tuple:
+    """(configuration, draft name or None) of `GAMMA/NAME`."""
+    if isinstance(config, str) and "/" in config:
+        gamma, name = config.rsplit("/", 1)
+        return (int(gamma) if gamma.isdigit() else gamma), name
+    return config, None
 
 
 def options(config) -> dict:
@@ -68,14 +90,16 @@ def _order(config) -> tuple:
 
 
 def measure(target_ref: str, draft_ref: str | None, sets: list[str], prompts: int, rounds: int, gammas: list,
-            tokens: int, threads: int):
-    """Yield one row per prompt, round and configuration."""
+            tokens: int, threads: int, named: dict[str, str] | None = None):
+    """Yield one row per prompt, round and configuration (`named`: the drafts of `GAMMA/NAME`)."""
     torch.set_num_threads(threads)
     draft_ref = draft_ref or registry_draft(target_ref)
-    target, draft = specq.load(target_ref), specq.load(draft_ref)
-    specq.generate(target, "def f(x):", draft, max_new_tokens=16)  # first calls pay for lazy set-up: untimed
+    target = specq.load(target_ref)
+    drafts = {name: specq.load(ref) for name, ref in (named or {None: draft_ref}).items()}
+    for draft in drafts.values():
+        specq.generate(target, "def f(x):", draft, max_new_tokens=16)  # first calls pay for lazy set-up: untimed
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"), "target": target_ref,
-            "draft": draft_ref, "tokens": tokens, "threads": threads, "torch": torch.__version__}
+            "draft": named or draft_ref, "tokens": tokens, "threads": threads, "torch": torch.__version__}
     turn = 0
     for set_name in sets:
         for r in range(rounds):
@@ -83,8 +107,9 @@ def measure(target_ref: str, draft_ref: str | None, sets: list[str], prompts: in
                 order = gammas[turn % len(gammas):] + gammas[:turn % len(gammas)]
                 turn += 1
                 for g in order:
-                    out = specq.generate(target, prompt.text, None if g == PLAIN else draft,
-                                         **({} if g == PLAIN else options(g)), max_new_tokens=tokens,
+                    config, name = split_draft(g)
+                    out = specq.generate(target, prompt.text, None if g == PLAIN else drafts[name],
+                                         **({} if g == PLAIN else options(config)), max_new_tokens=tokens,
                                          chat=prompt.chat, ignore_eos=True)
                     s = out.stats
                     yield {**base, "set": set_name, "prompt": prompt.index, "round": r, "config": g,
@@ -124,6 +149,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default=None, help="a draft ref (default: the registry's for the target)")
+    ap.add_argument("--drafts", default=None, help="NAME=REF,...: every configuration with each of these drafts")
     ap.add_argument("--sets", default="chat,code,edit", help="the bench's prompt sets, comma-separated")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per set")
     ap.add_argument("--rounds", type=int, default=2)
@@ -138,8 +164,9 @@ def main() -> None:
         print(summary([json.loads(line) for line in args.summary.read_text().splitlines() if line.strip()]))
         return
     rows = []
+    named = parse_drafts(args.drafts)
     for row in measure(args.target, args.draft, args.sets.split(","), args.prompts, args.rounds,
-                       configs(args.gammas), args.tokens, args.threads):
+                       configs(args.gammas, list(named)), args.tokens, args.threads, named or None):
         rows.append(row)
         print(row["set"], row["round"], row["prompt"], row["config"], f"{row['tokens_per_s']:.1f} tok/s", flush=True)
         if args.out:

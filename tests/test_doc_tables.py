@@ -123,6 +123,16 @@ def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_ro
     assert bench_gamma.options("3@0.2") == {"gamma": 3, "draft_confidence": 0.2}
     header = bench_gamma.summary(rows + [row(0, 0, "tree:6:3:2", 30.0), row(1, 0, "tree:6:3:2", 40.0)]).splitlines()[0]
     assert header.startswith("| target | prompts | plain tok/s | gamma 2 | gamma auto | tree:6:3:2 | tau, gamma 2 |")
+    # --drafts: each configuration once per named draft, paired with the same plain runs
+    named = bench_gamma.parse_drafts("old=a@gguf,new=./lora")
+    assert named == {"old": "a@gguf", "new": "./lora"}
+    assert bench_gamma.configs("auto,2", list(named)) == ["plain", "auto/old", "auto/new", "2/old", "2/new"]
+    assert bench_gamma.split_draft("2/new") == (2, "new") and bench_gamma.split_draft("auto@0.6") == ("auto@0.6", None)
+    with pytest.raises(SystemExit, match="NAME=REF"):
+        bench_gamma.parse_drafts("old")
+    two = [row(0, 0, "plain", 10.0), row(0, 0, "auto/old", 15.0), row(0, 0, "auto/new", 20.0)]
+    lines = bench_gamma.summary(two).splitlines()
+    assert "| auto/new | auto/old |" in lines[0] and "| **2.00 [2.00, 2.00]** | 1.50 [1.50, 1.50] |" in lines[2]
 
 
 def test_coder_draft_runs_of_one_draft_under_two_labels_are_two_lines():
