@@ -62,5 +62,6 @@ def save(peft_model: nn.Module, out: Path, base_ref: str, dtype: torch.dtype = t
     config = peft_model.peft_config["default"]
     config.base_model_name_or_path = base_ref
     config.save_pretrained(str(out))
-    factors = {k: v.to(dtype).contiguous() for k, v in get_peft_model_state_dict(peft_model).items()}
+    factors = {k: v.to(dtype).contiguous()  # embeddings are not adapted: no look-up of the base online
+               for k, v in get_peft_model_state_dict(peft_model, save_embedding_layers=False).items()}
     save_file(factors, str(Path(out) / "adapter_model.safetensors"))
