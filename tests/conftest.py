@@ -222,6 +222,23 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# VOCAB byte-level BPE tokens (one merge), with the special tokens Qwen2's and Gemma's tokenizer classes add
+# where a vocabulary lacks them.
+GGUF_TOKENS = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("X") + 1)] \
+    + list("0123456789") + ["ab", "<mask>", "<|endoftext|>", "<|im_end|>"]
+
+
+def add_bpe_tokenizer(w) -> None:
+    """GGUF_TOKENS as a GGUF file's byte-level BPE tokenizer (as llama.cpp's converter writes Qwen2's),
+    the last token its EOS."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(GGUF_TOKENS)
+    w.add_token_types([1] * (len(GGUF_TOKENS) - 3) + [3, 3, 3])
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(len(GGUF_TOKENS) - 1)
+
+
 def write_tiny_gguf(path, model, qtype: str = "F32", extra=None) -> None:
     """A tiny native Llama written the way llama.cpp's converter writes a Hugging Face Llama;
     `extra(writer)` adds more metadata."""

@@ -17,9 +17,9 @@ from specq.loading import adapter, file_spec, gguf_load, refs
 from specq.loading.save import save_native
 from specq.weights.quant.modules import FileBlocks
 
-from conftest import assert_speculative_is_plain, tiny_model, write_tiny_gguf
+from conftest import GGUF_TOKENS, add_bpe_tokenizer, assert_speculative_is_plain, tiny_model, write_tiny_gguf
 
-VOCAB, HIDDEN, RANK, ALPHA = 64, 64, 4, 8
+VOCAB, HIDDEN, RANK, ALPHA = len(GGUF_TOKENS), 64, 4, 8  # the GGUF file's tokenizer: 64 tokens
 PREFIX = "base_model.model.model.layers"
 
 
@@ -49,26 +49,12 @@ def write_adapter(path, base: str, tensors=None, **config) -> str:
     return str(path)
 
 
-# a byte-level BPE vocabulary of VOCAB tokens for the GGUF file's tokenizer
-TOKENS = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("X") + 1)] \
-    + list("0123456789") + ["ab", "<mask>", "<|endoftext|>", "<|im_end|>"]
-
-
-def tokenizer_metadata(w) -> None:
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([1] * (len(TOKENS) - 3) + [3, 3, 3])
-    w.add_token_merges(["a b"])
-    w.add_eos_token_id(len(TOKENS) - 1)
-
-
 @pytest.fixture
 def files(tmp_path, monkeypatch):
     """A tiny Llama as a float folder and as a Q8_0 GGUF file, caches in tmp_path (not the kernels')."""
     model = tiny_model(vocab=VOCAB, hidden=HIDDEN, scale=3.0)
     save_native(model, tmp_path / "base")
-    write_tiny_gguf(tmp_path / "base.gguf", model, "Q8_0", tokenizer_metadata)
+    write_tiny_gguf(tmp_path / "base.gguf", model, "Q8_0", add_bpe_tokenizer)
     for module in (file_spec, gguf_load):
         monkeypatch.setattr(module, "cache_dir", lambda: tmp_path / "cache")
     return model, tmp_path

@@ -27,7 +27,7 @@ from specq.loading import gguf_io
 from specq.model.architectures import ARCHITECTURES, unsupported
 from specq.model.llama import Llama, LlamaConfig
 
-from conftest import PROMPTS, llama_cpp_permute, perturbed, verify_vs_steps
+from conftest import GGUF_TOKENS, PROMPTS, add_bpe_tokenizer, llama_cpp_permute, perturbed, verify_vs_steps
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -284,10 +284,6 @@ def test_config_round_trip(name):
 
 # ------------------------------------------------------------------ GGUF files, as llama.cpp writes them
 
-# VOCAB byte-level BPE tokens (one merge), with the special tokens Qwen2's and Gemma's tokenizer classes add
-# where a vocabulary lacks them.
-GGUF_TOKENS = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("X") + 1)] \
-    + list("0123456789") + ["ab", "<mask>", "<|endoftext|>", "<|im_end|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}{{ m['content'] }}<|im_end|>{% endfor %}"
                  "{% if add_generation_prompt %}assistant{% endif %}")
 
@@ -328,12 +324,7 @@ def write_gguf(path, hf, window_key: bool = False) -> None:
             w.add_sliding_window(c.sliding_window)
     if arch.gguf in ("gemma3", "phi3"):
         w.add_sliding_window(c.sliding_window or 0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(GGUF_TOKENS)
-    w.add_token_types([1] * (len(GGUF_TOKENS) - 3) + [3, 3, 3])
-    w.add_token_merges(["a b"])
-    w.add_eos_token_id(len(GGUF_TOKENS) - 1)
+    add_bpe_tokenizer(w)
     w.add_chat_template(CHAT_TEMPLATE)
     sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
     if c.tie_word_embeddings:
