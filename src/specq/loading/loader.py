@@ -19,6 +19,7 @@ from ..errors import SpecqError
 from ..model.llama import Llama
 from ..paths import cache_dir
 from . import adapter, file_spec, hf, precision
+from .builtins import BUILTINS
 from .gguf_load import load_at_file_precision
 from .model import Model
 from .refs import gguf_file, parts, resolve
@@ -50,7 +51,7 @@ def _return_freed_heap() -> None:
 
 def _load(ref: str) -> Model:
     name, spec_text = parts(ref)
-    if adapter.is_adapter(name):
+    if name not in BUILTINS and adapter.is_adapter(name):  # as `resolve`: a built-in name is never a folder
         return _load_adapter(ref, name, spec_text)
     if file_spec.names_file(spec_text):
         return load_at_file_precision(ref, gguf_file(name), file_spec.parse(spec_text))

@@ -28,7 +28,7 @@ def split_ref(ref: str) -> tuple[str, str]:
 def default_precision(name: str) -> str:
     """A GGUF file's own precision, an adapter's base's (on a file: its 4-bit body, which can hold
     the merged weights), else fp32."""
-    if adapter.is_adapter(name):
+    if name not in BUILTINS and adapter.is_adapter(name):  # a built-in name is never a folder
         base = default_precision(adapter.base_ref(name))
         return f"{FILE_PRECISION}-int4" if base == FILE_PRECISION else base
     return FILE_PRECISION if name in PACKAGED_GGUF or name.endswith(".gguf") else "fp32"
