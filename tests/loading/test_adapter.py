@@ -60,19 +60,30 @@ def files(tmp_path, monkeypatch):
     return model, tmp_path
 
 
+def native_deltas(path: str, net) -> dict[str, torch.Tensor]:
+    """Every product the adapter at `path` adds to `net`, by native module name."""
+    merged = adapter.read(path)
+    return {name: adapter.delta(merged, hf, net.config) for name, hf in adapter.native_weights(merged, net).items()}
+
+
+def one_delta(merged, hf_name: str, config) -> torch.Tensor:
+    return adapter.delta(merged, (hf_name,), config)
+
+
 def test_products_are_b_times_a_scaled_and_stacked_into_fused_weights(files):
     model, tmp = files
-    merged = adapter.read(write_adapter(tmp / "lora", str(tmp / "base")))
+    path = write_adapter(tmp / "lora", str(tmp / "base"))
+    merged, config = adapter.read(path), model.net.config
     t = factors()
     q = f"{PREFIX}.1.self_attn.q_proj"
     expected_q = t[f"{q}.lora_B.weight"] @ t[f"{q}.lora_A.weight"] * (ALPHA / RANK)
-    assert torch.allclose(merged.deltas["model.layers.1.self_attn.q_proj.weight"], expected_q)
-    native = adapter.native_deltas(merged, model.net.config)
+    assert torch.allclose(one_delta(merged, "model.layers.1.self_attn.q_proj.weight", config), expected_q)
+    native = native_deltas(path, model.net)
     assert set(native) == {f"layers.{i}.{m}" for i in range(2) for m in ("attention.wqkv", "feed_forward.w2")}
     wqkv = native["layers.1.attention.wqkv"]  # [q; k; v]: k has no product, so its rows are zero
-    assert torch.equal(wqkv[:HIDDEN], merged.deltas["model.layers.1.self_attn.q_proj.weight"])
+    assert torch.equal(wqkv[:HIDDEN], one_delta(merged, "model.layers.1.self_attn.q_proj.weight", config))
     assert not wqkv[HIDDEN:HIDDEN + HIDDEN // 2].any()
-    assert torch.equal(wqkv[HIDDEN + HIDDEN // 2:], merged.deltas["model.layers.1.self_attn.v_proj.weight"])
+    assert torch.equal(wqkv[HIDDEN + HIDDEN // 2:], one_delta(merged, "model.layers.1.self_attn.v_proj.weight", config))
 
 
 def test_rank_stabilized_scale(files):
@@ -80,7 +91,7 @@ def test_rank_stabilized_scale(files):
     merged = adapter.read(write_adapter(tmp / "lora", str(tmp / "base"), use_rslora=True))
     t = factors()
     q = f"{PREFIX}.0.self_attn.q_proj"
-    assert torch.allclose(merged.deltas["model.layers.0.self_attn.q_proj.weight"],
+    assert torch.allclose(one_delta(merged, "model.layers.0.self_attn.q_proj.weight", files[0].net.config),
                           t[f"{q}.lora_B.weight"] @ t[f"{q}.lora_A.weight"] * (ALPHA / RANK ** 0.5))
 
 
@@ -89,7 +100,7 @@ def test_float_merge_adds_the_products_exactly(files):
     path = write_adapter(tmp / "lora", str(tmp / "base"))
     loaded = specq.load(path)
     assert loaded.precision == "fp32" and loaded.source == path
-    native = adapter.native_deltas(adapter.read(path), model.net.config)
+    native = native_deltas(path, model.net)
     for name, module in loaded.net.named_modules():
         if hasattr(module, "weight") and name in native:
             assert torch.equal(module.weight, model.net.get_submodule(name).weight + native[name])
@@ -133,7 +144,7 @@ def test_gguf_base_merges_into_its_requantized_4bit_body_once(files, monkeypatch
     from specq.loading import gguf_io
 
     reference = gguf_io.read(tmp / "base.gguf").float_state_dict()
-    native = adapter.native_deltas(adapter.read(path), model.net.config)
+    native = native_deltas(path, model.net)
     for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w2", "layers.0.feed_forward.w13"):
         module = first.net.get_submodule(name)
         assert isinstance(module, FileBlocks) and module.bits == 4
@@ -204,6 +215,8 @@ def test_precisions_that_cannot_hold_a_merge_are_refused(files, spec, message):
     _, tmp = files
     path = write_adapter(tmp / "lora", str(tmp / "base.gguf"))
     with pytest.raises(SpecqError, match=message):
+        refs.check_ref(f"{path}@{spec}")  # before any weight loads
+    with pytest.raises(SpecqError, match=message):
         specq.load(f"{path}@{spec}")
 
 
@@ -220,3 +233,16 @@ def test_unreadable_weights_are_one_line(files):
     (tmp / "lora" / adapter.WEIGHTS).write_bytes(b"not safetensors")
     with pytest.raises(SpecqError, match="cannot read adapter_model.safetensors"):
         refs.check_ref(path)
+
+
+def test_a_product_of_another_shape_is_refused(files):
+    """An adapter weight of the base's name but another shape (here: q_proj's B with rows of the
+    wrong count) is one line, on a float base and on a file."""
+    _, tmp = files
+    wrong = factors()
+    wrong[f"{PREFIX}.0.self_attn.q_proj.lora_B.weight"] = torch.zeros(HIDDEN + 1, RANK)
+    for base in ("base", "base.gguf"):
+        path = write_adapter(tmp / f"lora-{base}", str(tmp / base), tensors=wrong)
+        with pytest.raises(SpecqError, match="layers.0.attention.wqkv is .*its base's weight") as e:
+            specq.load(path)
+        assert "\n" not in str(e.value)

@@ -36,7 +36,9 @@ class Adapter:
     path: Path
     base: str  # the base model's ref, as specq loads it
     digest: str  # sha256 of the weights file: which adapter a cached merge holds
-    deltas: dict[str, Tensor]  # HF weight name (model.layers.0.self_attn.q_proj.weight) -> float32 [out, in]
+    # HF weight name (model.layers.0.self_attn.q_proj.weight) -> (B [out, r], A [r, in] times the scale);
+    # the products B @ A are made one weight at a time, as each is merged (`delta`)
+    factors: dict[str, tuple[Tensor, Tensor]]
 
 
 def is_adapter(path: Path | str) -> bool:
@@ -73,61 +75,68 @@ def _config(path: Path) -> dict:
 
 
 def read(path: Path | str) -> Adapter:
-    """An adapter folder's products B @ A * scale per weight; every way it can be broken is one line."""
+    """An adapter folder's factors, the scale folded into A; every way it can be broken is one line."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     path = Path(path).expanduser()
     config = _config(path)
-    weights = path / WEIGHTS
     try:
-        tensors = load_file(weights)
-        digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+        data = (path / WEIGHTS).read_bytes()
+        tensors = load(data)
     except (OSError, SafetensorError) as e:
         raise SpecqError(f"adapter '{path}': cannot read {WEIGHTS}: {e}") from None
-    factors: dict[str, dict[str, Tensor]] = {}
+    by_module: dict[str, dict[str, Tensor]] = {}
     for key, tensor in tensors.items():
         m = KEY.match(key)
         if m is None or tensor.dim() != 2:
             raise SpecqError(f"adapter '{path}': '{key}' is not a LoRA factor of a linear layer")
-        factors.setdefault(m["module"], {})[m["factor"]] = tensor.float()
-    deltas = {}
-    for module, ab in sorted(factors.items()):
+        by_module.setdefault(m["module"], {})[m["factor"]] = tensor.float()
+    factors = {}
+    for module, ab in sorted(by_module.items()):
         a, b = ab.get("A"), ab.get("B")
         if a is None or b is None or a.shape[0] != b.shape[1]:
             raise SpecqError(f"adapter '{path}': {module} needs lora_A [r, in] and lora_B [out, r] of one rank r")
         rank = a.shape[0]
-        scale = config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)
-        deltas[f"{module}.weight"] = (b @ a) * scale
-    if not deltas:
+        factors[f"{module}.weight"] = (b, a * (config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)))
+    if not factors:
         raise SpecqError(f"adapter '{path}': {WEIGHTS} holds no LoRA factors")
-    return Adapter(path, config["base_model_name_or_path"], digest, deltas)
+    return Adapter(path, config["base_model_name_or_path"], hashlib.sha256(data).hexdigest(), factors)
 
 
-def native_deltas(adapter: Adapter, config) -> dict[str, Tensor]:
-    """The adapter's products in the native layout of a base of `config` (fused weights get their
-    parts' products stacked, zeros for a part the adapter leaves alone), by native parameter name
-    without `.weight`; a product that fits no weight of the base is an error."""
-    native, used = {}, set()
+def native_weights(adapter: Adapter, net: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """The modules of `net` (a native base) the adapter changes, by name (`layers.0.attention.wqkv`),
+    each with the Hugging Face weights it stacks; an adapter weight that fits no module of the base,
+    or fits one at another shape, is an error."""
+    config, changed, used = net.config, {}, set()
     for name, hf in hf_tensor_names(config).items():
-        parts = [adapter.deltas.get(h) for h in hf]
+        parts = [adapter.factors.get(h) for h in hf]
         if all(p is None for p in parts):
             continue
-        n_in = next(p for p in parts if p is not None).shape[1]
-        native[name.removesuffix(".weight")] = torch.cat(
-            [p if p is not None else torch.zeros(part_rows(h, config), n_in) for p, h in zip(parts, hf)])
+        module = net.get_submodule(name.removesuffix(".weight"))
+        rows = sum(p[0].shape[0] if p is not None else part_rows(h, config) for p, h in zip(parts, hf))
+        cols = {p[1].shape[1] for p in parts if p is not None}
+        if cols != {module.in_features} or rows != module.out_features:
+            raise SpecqError(f"adapter '{adapter.path}': {name.removesuffix('.weight')} is {[rows, *sorted(cols)]}, its "
+                             f"base's weight {[module.out_features, module.in_features]}")
+        changed[name.removesuffix(".weight")] = hf
         used.update(h for h, p in zip(hf, parts) if p is not None)
-    stray = sorted(set(adapter.deltas) - used)
+    stray = sorted(set(adapter.factors) - used)
     if stray:
         raise SpecqError(f"adapter '{adapter.path}': {stray[0]} is not a weight of its base '{adapter.base}'")
-    return native
+    return changed
 
 
-def merge_float(net: torch.nn.Module, deltas: dict[str, Tensor], where: str) -> None:
-    """Add each product to the float weight of the module of its name, in place."""
-    for name, delta in deltas.items():
+def delta(adapter: Adapter, hf: tuple[str, ...], config) -> Tensor:
+    """B @ A of the weights `hf` stacked as the native module holds them (zeros for a part the
+    adapter leaves alone), float32 [out, in]."""
+    parts = [adapter.factors.get(h) for h in hf]
+    n_in = next(p for p in parts if p is not None)[1].shape[1]
+    return torch.cat([p[0] @ p[1] if p is not None else torch.zeros(part_rows(h, config), n_in) for p, h in zip(parts, hf)])
+
+
+def merge_float(net: torch.nn.Module, adapter: Adapter, changed: dict[str, tuple[str, ...]]) -> None:
+    """Add the products of the `changed` modules (`native_weights`) to their float weights, in place."""
+    for name, hf in changed.items():
         weight = net.get_submodule(name).weight
-        if weight.shape != delta.shape:
-            raise SpecqError(f"adapter '{where}': {name} is {list(delta.shape)}, its base's weight "
-                             f"{list(weight.shape)}")
-        weight.data += delta.to(weight.dtype)
+        weight.data += delta(adapter, hf, net.config).to(weight.dtype)

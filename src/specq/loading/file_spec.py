@@ -44,7 +44,7 @@ from ..weights.gguf_formats import FORMATS, kernel_weight
 from ..weights.narrow_head import NarrowHead
 from ..weights.quant.modules import FileBlocks
 from ..weights.quant.rtn import quantize_two_level
-from .adapter import Adapter, merge_float, native_deltas
+from .adapter import Adapter, delta, merge_float, native_weights
 from .gguf_io import GGUFFile
 
 FILE_PRECISION = "gguf"
@@ -179,26 +179,23 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec, adapter: str | None = None) ->
 
 
 def int4_body(net: nn.Module, g: GGUFFile, merged: Adapter | None = None,
-              deltas: dict[str, torch.Tensor] | None = None) -> None:
+              changed: dict[str, tuple[str, ...]] | None = None) -> None:
     """Replace the 5- to 8-bit `FileBlocks` of `net` by `to_int4`'s, in place, and save them for
     `cached_int4_body` (one file per GGUF file, adapter and kernel variant, written whole). With an
-    adapter's `deltas` (`adapter.native_deltas`), every block they change is requantized with its
-    product added, whatever its bits."""
+    adapter, every block it `changed` (`adapter.native_weights`) is requantized with its product
+    added, whatever its bits."""
     from safetensors.torch import save
 
-    deltas = deltas or {}
+    changed = changed or {}
     chosen = {name: m for name, m in net.named_modules() if isinstance(m, FileBlocks)
-              and (m.bits > 4 or name in deltas) and (name.startswith("layers.") or name == "output")}
+              and (m.bits > 4 or name in changed) and (name.startswith("layers.") or name == "output")}
     if not chosen:
         return
     path = int4_cache(g, next(iter(chosen.values()))._blocks.variant, merged.digest if merged else None)
     what = f"{g.path.name} with the adapter {merged.path.name} merged" if merged else f"{g.path.name}'s 5- to 8-bit tensors"
     print(f"specq: requantizing {what} to 4 bits into {path.parent} (once, under a minute)", file=sys.stderr, flush=True)
-    for name, delta in deltas.items():
-        if name in chosen and delta.shape != (chosen[name].out_features, chosen[name].in_features):
-            raise SpecqError(f"adapter '{merged.path}': {name} is {list(delta.shape)}, its base's weight "
-                             f"{[chosen[name].out_features, chosen[name].in_features]}")
-    made = {name: to_int4(module, deltas.get(name)) for name, module in chosen.items()}
+    made = {name: to_int4(module, delta(merged, changed[name], net.config) if name in changed else None)
+            for name, module in chosen.items()}
     for name, module in made.items():
         net.set_submodule(name, module)
     tensors = {f"{name}.{part}": getattr(m._blocks, part).contiguous() for name, m in made.items()
@@ -231,15 +228,13 @@ def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer, merged: Adapte
           cached: bool = False) -> None:
     """Put the options of `spec` on a network `gguf_io.load_at_file_precision` built, in place
     (before a backend is chosen), with an adapter merged into its 4-bit body unless `cached` (the
-    body came from the cache, merged). The 4-bit body is made (and cached) whole, then layers dropped."""
-    if merged is not None and not spec.int4:
-        raise SpecqError(f"adapter '{merged.path}' changes the weights of {g.path.name}, whose own blocks cannot "
-                         f"hold them: load it at gguf-int4 (the default), with any other option after it, or at fp32")
-    deltas = {} if merged is None else native_deltas(merged, net.config)
-    merge_float(net, {name: d for name, d in deltas.items() if not isinstance(net.get_submodule(name), FileBlocks)},
-                str(merged.path) if merged else "")  # a file's float tensors take their products as they are
+    body came from the cache, merged; `refs.check_adapter_precision` says which specs can hold a
+    merge). The 4-bit body is made (and cached) whole, then layers dropped."""
+    changed = {} if merged is None else native_weights(merged, net)
+    if changed:  # a file's float tensors take their products as they are
+        merge_float(net, merged, {n: hf for n, hf in changed.items() if not isinstance(net.get_submodule(n), FileBlocks)})
     if spec.int4 and not cached:
-        int4_body(net, g, merged, deltas)
+        int4_body(net, g, merged, changed)
     if spec.head_tokens:
         whole = net.output if spec.int4 and isinstance(net.output, FileBlocks) and net.output.bits == 4 else None
         net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens), whole)

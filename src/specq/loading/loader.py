@@ -22,7 +22,7 @@ from . import adapter, file_spec, hf, precision
 from .builtins import BUILTINS
 from .gguf_load import load_at_file_precision
 from .model import Model
-from .refs import gguf_file, parts, resolve
+from .refs import check_adapter_precision, gguf_file, parts, resolve
 
 
 def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
@@ -96,15 +96,12 @@ def _load(ref: str) -> Model:
 def _load_adapter(ref: str, path: str, spec_text: str) -> Model:
     """An adapter folder's base at `spec_text` with the adapter merged (`adapter.py`): on a GGUF
     file into its 4-bit body (made once and cached), at a float precision into the float weights."""
+    check_adapter_precision(path, spec_text)
     merged = adapter.read(path)
     if file_spec.names_file(spec_text):
         return load_at_file_precision(ref, gguf_file(merged.base), file_spec.parse(spec_text), merged)
-    spec = precision.parse(spec_text)
-    if not spec.is_float:
-        raise SpecqError(f"adapter '{path}': load it at a float precision (fp32, bf16) or, on a GGUF file, at "
-                         f"gguf-int4; not at {spec}")
     model = _load(f"{merged.base}@{spec_text}")
     if not isinstance(model.net, Llama):
         raise SpecqError(f"adapter '{path}': its base '{merged.base}' does not run on specq's native decoder")
-    adapter.merge_float(model.net, adapter.native_deltas(merged, model.net.config), path)
+    adapter.merge_float(model.net, merged, adapter.native_weights(merged, model.net))
     return replace(model, ref=ref, source=str(merged.path))

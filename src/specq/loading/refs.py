@@ -71,7 +71,19 @@ def check_ref(ref: str) -> None:
     if name not in BUILTINS and name != SELF and path.is_dir():
         validate.check_dir(path)
         if adapter.is_adapter(path):  # its base is checked as a ref of its own
+            check_adapter_precision(name, spec)
             check_ref(adapter.base_ref(path))
+
+
+def check_adapter_precision(name: str, spec: str) -> None:
+    """An adapter merges into float weights or a GGUF file's 4-bit body; no other spec holds it."""
+    if file_spec.names_file(spec):
+        if not file_spec.parse(spec).int4:
+            raise SpecqError(f"adapter '{name}' changes the weights of its GGUF base, whose own blocks cannot hold "
+                             f"them: load it at gguf-int4 (the default), with any other option after it, or at fp32")
+    elif not precision.parse(spec).is_float:
+        raise SpecqError(f"adapter '{name}': load it at a float precision (fp32, bf16) or, on a GGUF file, at "
+                         f"gguf-int4; not at {precision.parse(spec)}")
 
 
 def resolve(name: str) -> Path | str:
