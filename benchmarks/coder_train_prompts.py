@@ -1,6 +1,6 @@
 """The bench's code and edit prompts that no measurement uses (past the first HELD_OUT of each), as
 a prompt file for `specq distill --prompts` (one JSON object a line, a `prompt` field): what the
-shipped Qwen2.5-Coder chat adapter was trained on beside the built-in chat prompts.
+Qwen2.5-Coder chat adapter of docs/drafts.md was trained on beside the built-in chat prompts.
 
     python benchmarks/coder_train_prompts.py --out coder-train-prompts.jsonl
 """

@@ -442,9 +442,11 @@ def _registration(registered: bool, target: str) -> str:
 def _lora_base(ref: str) -> str:
     """A LoRA adapter trains on its base's float weights: a ref without @ loads at fp32, one at a
     quantized precision is refused (before anything loads)."""
+    from .loading import precision
+
     if "@" not in ref:
         return f"{ref}@fp32"
-    if ref.rpartition("@")[2].strip().lower() not in ("fp32", "bf16", "fp16"):
+    if not precision.is_float(ref.rpartition("@")[2].strip().lower()):
         raise SpecqError(f"--lora trains on the float weights of its base: give --from without @, or @fp32 "
                          f"(not '{ref}')")
     return ref

@@ -13,6 +13,7 @@ from torch import nn
 
 from .. import backends
 from ..errors import SpecqError
+from ..loading import precision
 from ..loading.kinds import KINDS
 from ..loading.model import Kind
 from ..model.feature_draft import frequent_tokens, new_feature_draft, restrict_head
@@ -127,7 +128,7 @@ STUDENTS = {
 
 
 def _check_lora_base(base, head_vocab: int | None) -> None:
-    if not isinstance(base.net, Llama) or base.precision not in FLOAT_PRECISIONS:
+    if not isinstance(base.net, Llama) or not precision.is_float(base.precision):
         raise SpecqError(f"--lora trains on the float weights of a model specq runs natively; '{base.ref}' is not one "
                          f"(give --from without @, or @fp32)")
 
@@ -136,7 +137,6 @@ def _check_lora_base(base, head_vocab: int | None) -> None:
 # rank (no `new` / `from_base`) and saves the adapter alone (no `finish`); it trains like a sequence draft.
 LORA = Student(lora.forward, reads_features=False, head_vocab=False, new=None, check_base=_check_lora_base,
                from_base=None, finish=None)
-FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def of(kind: Kind) -> Student:
