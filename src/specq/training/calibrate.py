@@ -108,7 +108,7 @@ def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings
     prompts unless `measure` is False. An existing `out` is replaced only with `force`; an
     interrupted run continues only with `resume`."""
     check_compatible(draft, target)
-    if draft.precision not in ("fp32", "bf16", "fp16"):
+    if not precision.is_float(draft.precision):
         raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
     kind = kinds.kind_of(draft)
     student_kind = students.of(kind)
