@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specq import backends
 from specq.core.sampling import SamplingConfig, probabilities
@@ -17,6 +18,7 @@ from specq.loading.kinds import FEATURE
 from specq.loading.model import Draft, Model
 from specq.loading.precision import parse, quantize_net
 from specq.model.feature_draft import new_feature_draft
+from specq.model.hf_backend import HFCausalLM
 from specq.model.llama import Llama, LlamaConfig, native_to_hf_state_dict
 from specq.weights.quant import quantize_model
 
@@ -286,3 +288,15 @@ def write_tiny_gguf(path, model, qtype: str = "F32", extra=None) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tiny_hf_qwen2(seed: int, hidden: int = 32, layers: int = 2) -> Model:
+    """A tiny random Qwen2 of transformers', with a sharpened head: a model specq runs on the HF backend."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=32, hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    hf = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(30)
+    return Model(ref=f"qwen2-{seed}", net=HFCausalLM(hf), tokenizer=tiny_tokenizer(32), eos_ids=frozenset(),
+                 source="random")

@@ -229,9 +229,9 @@ def test_linear_kernels_at_the_real_models_shapes_stack_exactly():
 
 def test_hidden_states_need_the_native_module():
     """A transformers target takes chains only (no tree rows, no hidden states)."""
-    from test_decode import _hf_model
+    from conftest import tiny_hf_qwen2
 
-    target = _hf_model(0)
+    target = tiny_hf_qwen2(0)
     cache = target.net.new_cache(16)
     with pytest.raises(ValueError, match="chains only"):
         target.net.forward_many([Rows(torch.tensor([1, 2]), cache)], return_hidden=True)

@@ -3,17 +3,14 @@
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specq import generate
 from specq.backends import compiled
 from specq.core.decode import decode
 from specq.core.sampling import SamplingConfig
 from specq.drafters.base import Proposal
-from specq.loading.model import Model
-from specq.model.hf_backend import HFCausalLM
 
-from conftest import PROMPTS, _exact_sequence_distribution, chi_square_p, perturbed, tiny_model, tiny_tokenizer
+from conftest import PROMPTS, _exact_sequence_distribution, chi_square_p, tiny_hf_qwen2, perturbed, tiny_model, tiny_tokenizer
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
@@ -45,21 +42,10 @@ def test_greedy_equality_other_draft_architecture():
         assert generate(target, prompt, draft, gamma=3, max_new_tokens=30).token_ids == base.token_ids
 
 
-def _hf_model(seed: int, hidden: int = 32, layers: int = 2) -> Model:
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=32, hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    hf = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(30)
-    return Model(ref=f"qwen2-{seed}", net=HFCausalLM(hf), tokenizer=tiny_tokenizer(32), eos_ids=frozenset(),
-                 source="random")
-
-
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_greedy_equality_transformers_backend(gamma):
     """A non-Llama target runs through transformers' own cache and stays lossless."""
-    target = _hf_model(0)
+    target = tiny_hf_qwen2(0)
     draft = tiny_model(scale=3.0, seed=2)  # native draft, transformers target
     for prompt in PROMPTS:
         base = generate(target, prompt, max_new_tokens=24)

@@ -129,10 +129,10 @@ def _sampling(temperature):
 
 
 def test_trees_need_native_llama_models():
-    from test_decode import _hf_model
+    from conftest import tiny_hf_qwen2
 
     from specq.errors import SpecqError
 
     target = tiny_model(vocab=32, seed=4)
     with pytest.raises(SpecqError, match="token trees"):
-        for_pair(_hf_model(0), target, tree=TreeShape(4, 2, 2))
+        for_pair(tiny_hf_qwen2(0), target, tree=TreeShape(4, 2, 2))
