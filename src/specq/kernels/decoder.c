@@ -45,6 +45,24 @@ static inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_N
 static inline vec vpow2i(vec n) {  /* 2^n for whole n in [-127, 127] */
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vload_part(const float *p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+
+/* The lane sums of a[0..15] as one vector (lane t: the sum of a[t]'s lanes), by a transposing tree
+ * of adds: 45 operations for sixteen sums where sixteen reductions take about twice as many. */
+static inline vec lane_sums(const vec *a) {
+    vec s[8], u[4], v[2];
+    for (int k = 0; k < 8; k++)  /* per 128 bits: a[2k] and a[2k + 1], lanes 0 + 2 and 1 + 3 */
+        s[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+    for (int k = 0; k < 4; k++) {  /* per 128 bits: the four sums of a[4k..4k + 3] */
+        __m512d x = _mm512_castps_pd(s[2 * k]), y = _mm512_castps_pd(s[2 * k + 1]);
+        u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int k = 0; k < 2; k++)  /* the four 128-bit quarters summed in pairs */
+        v[k] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
+}
 
 /* out[h] = sum(q_h[i] * k[i]) over i < K for the `heads` (a constant at each call) query vectors
  * q_h = q + h K, sixteen lanes in a fixed order (the last K % 16 masked in), then the lanes summed:
@@ -98,6 +116,23 @@ static inline vec vfloor(vec a) { return _mm256_floor_ps(a); }
 static inline vec vpow2i(vec n) {  /* 2^n for whole n in [-127, 127] */
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vload_part(const float *p, int n) {
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+/* The lane sums of a[0..7] as one vector (lane t: the sum of a[t]'s lanes), by a transposing tree of
+ * adds. */
+static inline vec lane_sums(const vec *a) {
+    vec s[4], u[2];
+    for (int k = 0; k < 4; k++)  /* per 128 bits: a[2k] and a[2k + 1], lanes 0 + 2 and 1 + 3 */
+        s[k] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm256_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+    for (int k = 0; k < 2; k++) {  /* per 128 bits: the four sums of a[4k..4k + 3] */
+        __m256d x = _mm256_castps_pd(s[2 * k]), y = _mm256_castps_pd(s[2 * k + 1]);
+        u[k] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
 
 /* out[h] = sum(q_h[i] * k[i]) over i < K for the `heads` (a constant at each call) query vectors
  * q_h = q + h K: eight lanes in a fixed order, then the scalar tail; each head's sum rounds as it
@@ -128,18 +163,36 @@ static inline float dot(const float *a, const float *b, int K) {
     return out;
 }
 
-/* out[h] for h < heads (any count): `dots` eight heads at a time, each call with a constant count. */
-static void head_dots(int heads, const float *q, const float *k, int K, float *out) {
-    for (int h = 0; h < heads; h += 8, q += (size_t)8 * K, out += 8) {
-        switch (heads - h) {
-            case 1: dots(1, q, k, K, out); break;
-            case 2: dots(2, q, k, K, out); break;
-            case 3: dots(3, q, k, K, out); break;
-            case 4: dots(4, q, k, K, out); break;
-            case 5: dots(5, q, k, K, out); break;
-            case 6: dots(6, q, k, K, out); break;
-            case 7: dots(7, q, k, K, out); break;
-            default: dots(8, q, k, K, out); break;
+/* p_h[t] = scale * (q_h . k_t) for the `count` (<= LANES) keys k_t = kh + slot_t D, t < count, and the
+ * `heads` query vectors q_h = q + h D, the scores of head h stored from p + h stride. A key's
+ * products run down its own lanes (fused multiply-adds over the D inputs, LANES at a time, the last
+ * D % LANES masked in) and `lane_sums` sums them for all the block's keys at once: a score rounds the
+ * same whatever keys share its block or how many rows the pass has. */
+static void block_scores(int heads, const float *q, const float *kh, const int *slot, int count, int D, float scale,
+                         float *p, int stride) {
+    const float *k[LANES];
+    for (int t = 0; t < LANES; t++) k[t] = kh + (size_t)slot[t < count ? t : 0] * D;  /* past count: not stored */
+    for (int h = 0; h < heads; h++) {
+        const float *qh = q + (size_t)h * D;
+        vec acc[LANES];
+        for (int t = 0; t < LANES; t++) acc[t] = vzero();
+        int d = 0;
+        for (; d + LANES <= D; d += LANES) {
+            vec qv = vload(qh + d);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload(k[t] + d), acc[t]);
+        }
+        if (d < D) {
+            vec qv = vload_part(qh + d, D - d);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload_part(k[t] + d, D - d), acc[t]);
+        }
+        vec scores = vmul(lane_sums(acc), vset1(scale));
+        float *ph = p + (size_t)h * stride;
+        if (count == LANES) {
+            vstore(ph, scores);
+        } else {
+            float part[LANES];
+            vstore(part, scores);
+            for (int t = 0; t < count; t++) ph[t] = part[t];
         }
     }
 }
@@ -192,63 +245,74 @@ static float softmax_numerators(float *p, int keys) {
 #else
 #define SUM_HEADS 2
 #endif
+#define WEIGHTED 64  /* sums gathered per call of weighted_sum: a task's heads of one row at least */
 
-/* o_h[d..] for `vectors` vectors of outputs from d on, for `heads` heads (both constants at each
- * call): sum over the keys in order of p_h[j] * v_j[d], multiplied then added (so each element
- * rounds as a plain loop over the keys would), the partial sums kept in registers across all keys.
- * Head h's weights are p + h * stride, its outputs o + h * D. */
+/* One weighted sum of value vectors: o [D] = sum over j < keys of p[j] * v_j (one query head of one
+ * row, before the softmax's division). */
+typedef struct { const float *p; float *o; int keys; } Weighted;
+
+/* w[s].o[d..] for `vectors` vectors of outputs from d on, for `sums` sums (both constants at each
+ * call): sum over the keys in order of p[j] * v_j[d], one fused multiply-add per key (so each
+ * element rounds as a plain fmaf loop over its keys would, on either variant), the partial sums kept
+ * in registers. The keys all the sums take share each load of a value vector; each sum then goes on
+ * alone over the keys left of its own. */
 static inline __attribute__((always_inline)) void weighted_vectors(
-        int heads, int vectors, const float *p, int stride, int keys, const float *vh, const int *slots, int D,
-        int d, float *o) {
+        int sums, int vectors, const Weighted *w, const float *vh, const int *slots, int D, int d) {
     vec acc[SUM_HEADS][4];
-    for (int h = 0; h < heads; h++)
+    int common = w[0].keys;
+    for (int s = 0; s < sums; s++) {
+        if (w[s].keys < common) common = w[s].keys;
         UNROLL4
-        for (int c = 0; c < vectors; c++) acc[h][c] = vzero();
-    for (int j = 0; j < keys; j++) {
+        for (int c = 0; c < vectors; c++) acc[s][c] = vzero();
+    }
+    for (int j = 0; j < common; j++) {
         const float *v = vh + (size_t)(slots ? slots[j] : j) * D + d;
         vec values[4];
         UNROLL4
         for (int c = 0; c < vectors; c++) values[c] = vload(v + c * LANES);
-        for (int h = 0; h < heads; h++) {
-            vec weight = vset1(p[(size_t)h * stride + j]);
+        for (int s = 0; s < sums; s++) {
+            vec weight = vset1(w[s].p[j]);
             UNROLL4
-            for (int c = 0; c < vectors; c++) acc[h][c] = vadd(acc[h][c], vmul(weight, values[c]));
+            for (int c = 0; c < vectors; c++) acc[s][c] = vfma(weight, values[c], acc[s][c]);
         }
     }
-    for (int h = 0; h < heads; h++)
+    for (int s = 0; s < sums; s++) {
+        for (int j = common; j < w[s].keys; j++) {
+            const float *v = vh + (size_t)(slots ? slots[j] : j) * D + d;
+            vec weight = vset1(w[s].p[j]);
+            UNROLL4
+            for (int c = 0; c < vectors; c++) acc[s][c] = vfma(weight, vload(v + c * LANES), acc[s][c]);
+        }
         UNROLL4
-        for (int c = 0; c < vectors; c++) vstore(o + (size_t)h * D + d + c * LANES, acc[h][c]);
-}
-
-/* weighted_vectors over d in [d, d + vectors LANES) for any head count, SUM_HEADS at a time. */
-static inline __attribute__((always_inline)) void weighted_span(
-        int heads, int vectors, const float *p, int stride, int keys, const float *vh, const int *slots, int D,
-        int d, float *o) {
-    for (int h = 0; h < heads; h += SUM_HEADS) {
-        const float *ph = p + (size_t)h * stride;
-        float *oh = o + (size_t)h * D;
-        if (heads - h >= SUM_HEADS) weighted_vectors(SUM_HEADS, vectors, ph, stride, keys, vh, slots, D, d, oh);
-#if SUM_HEADS == 4
-        else if (heads - h == 3) weighted_vectors(3, vectors, ph, stride, keys, vh, slots, D, d, oh);
-        else if (heads - h == 2) weighted_vectors(2, vectors, ph, stride, keys, vh, slots, D, d, oh);
-#endif
-        else weighted_vectors(1, vectors, ph, stride, keys, vh, slots, D, d, oh);
+        for (int c = 0; c < vectors; c++) vstore(w[s].o + d + c * LANES, acc[s][c]);
     }
 }
 
-/* o_h [D] = sum_j p_h[j] * v_j for `heads` heads (weights p + h stride, outputs o + h D) over the
- * `keys` value rows v_j = vh[slots ? slots[j] : j]: four vectors of outputs at a time, then one,
- * then a scalar tail, each element summed over the keys in order. */
-static void weighted_sum(int heads, const float *p, int stride, int keys, const float *vh, const int *slots, int D,
-                         float *o) {
+/* weighted_vectors over d in [d, d + vectors LANES) for any number of sums, SUM_HEADS at a time. */
+static inline __attribute__((always_inline)) void weighted_span(
+        int sums, int vectors, const Weighted *w, const float *vh, const int *slots, int D, int d) {
+    for (int s = 0; s < sums; s += SUM_HEADS) {
+        if (sums - s >= SUM_HEADS) weighted_vectors(SUM_HEADS, vectors, w + s, vh, slots, D, d);
+#if SUM_HEADS == 4
+        else if (sums - s == 3) weighted_vectors(3, vectors, w + s, vh, slots, D, d);
+        else if (sums - s == 2) weighted_vectors(2, vectors, w + s, vh, slots, D, d);
+#endif
+        else weighted_vectors(1, vectors, w + s, vh, slots, D, d);
+    }
+}
+
+/* Each w[s].o [D] = sum_j w[s].p[j] * v_j over its keys, the value rows v_j = vh[slots ? slots[j] : j]:
+ * four vectors of outputs at a time, then one, then a scalar tail, each element summed over the
+ * keys in order. */
+static void weighted_sum(int sums, const Weighted *w, const float *vh, const int *slots, int D) {
     int d = 0;
-    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_span(heads, 4, p, stride, keys, vh, slots, D, d, o);
-    for (; d + LANES <= D; d += LANES) weighted_span(heads, 1, p, stride, keys, vh, slots, D, d, o);
+    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_span(sums, 4, w, vh, slots, D, d);
+    for (; d + LANES <= D; d += LANES) weighted_span(sums, 1, w, vh, slots, D, d);
     for (; d < D; d++)
-        for (int h = 0; h < heads; h++) {
+        for (int s = 0; s < sums; s++) {
             float sum = 0.0f;
-            for (int j = 0; j < keys; j++) sum += p[(size_t)h * stride + j] * vh[(size_t)(slots ? slots[j] : j) * D + d];
-            o[(size_t)h * D + d] = sum;
+            for (int j = 0; j < w[s].keys; j++) sum = fmaf(w[s].p[j], vh[(size_t)(slots ? slots[j] : j) * D + d], sum);
+            w[s].o[d] = sum;
         }
 }
 
@@ -342,33 +406,52 @@ static int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const flo
             for (int j = 0; j < D; j++) v_cache[slot + j] = r[(size_t)(H + Hkv + h) * D + j];
         }
     }
-    /* A task is one row and some of the query heads of one key/value head: each key and value is
-     * read once for all of them. The heads are split only as far as the threads need, and a
-     * thread's tasks go over the rows of one key/value head, whose keys then stay in its cache. */
-    const int group = H / Hkv;
-    int split = 1;
-    while (split < group && (group % split || n * Hkv * split < threads || group / split > 64)) split++;
-    const int heads = group / split, tasks = n * Hkv * split;
+    /* A task is some of the query heads of one key/value head for one row, or for a chain without a
+     * window (where every row sees the slots from 0 on) for a set of rows: each key and value is read
+     * once for all of its heads, and a block of keys once for all of its rows. The heads are split
+     * only as far as the threads need, and a thread's tasks go over the rows of one key/value head,
+     * whose keys then stay in its cache. */
+    const int group = H / Hkv, shared = !seen && !window;
+    int split = 1, sets = shared ? 1 : n;
+    while (split < group && (group % split || sets * Hkv * split < threads || group / split > WEIGHTED)) split++;
+    if (shared && sets * Hkv * split < threads) sets = n < threads / (Hkv * split) ? n : threads / (Hkv * split);
+    const int heads = group / split, tasks = sets * Hkv * split;  /* heads <= WEIGHTED */
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int t = 0; t < tasks; t++) {
-        int i = t % n, kv = t / n / split, h0 = kv * group + (t / n % split) * heads;
-        int keys = seen ? offsets[i + 1] - offsets[i] : start + i + 1;
-        int skip = window && keys > window ? keys - window : 0;  /* the path's keys before the window */
-        keys -= skip;
-        const int *slots = seen ? seen + offsets[i] + skip : NULL;
-        size_t first = seen ? 0 : (size_t)skip * D;  /* a chain's keys are the consecutive slots from `skip` */
-        const float *qh = q + ((size_t)i * H + h0) * D;
-        const float *kh = k_cache + (size_t)kv * capacity * D + first, *vh = v_cache + (size_t)kv * capacity * D + first;
-        float *p = scores + ((size_t)i * H + h0) * most, score[64], total[64];  /* heads <= 64 */
-        for (int j = 0; j < keys; j++) {
-            head_dots(heads, qh, kh + (size_t)(slots ? slots[j] : j) * D, D, score);
-            for (int h = 0; h < heads; h++) p[(size_t)h * most + j] = score[h] * scale;
+        const int set = t % sets, kv = t / sets / split, h0 = kv * group + (t / sets % split) * heads;
+        const int i0 = set * n / sets, i1 = (set + 1) * n / sets;  /* the rows [i0, i1) */
+        const float *kh = k_cache + (size_t)kv * capacity * D, *vh = v_cache + (size_t)kv * capacity * D;
+        /* scores, block by block of the keys from the first a row sees (a set's rows see the same
+         * keys from 0, each up to its own) */
+        const int last = seen ? offsets[i0 + 1] - offsets[i0] : start + i1;
+        const int skip = window && last > window ? last - window : 0;  /* the path's keys before the window */
+        const int *slots = seen ? seen + offsets[i0] + skip : NULL;
+        for (int j = 0; j < last - skip; j += LANES) {
+            int block[LANES], count = last - skip - j < LANES ? last - skip - j : LANES;
+            for (int b = 0; b < count; b++) block[b] = slots ? slots[j + b] : skip + j + b;
+            for (int i = i0; i < i1; i++) {
+                const int keys = shared ? start + i + 1 : last - skip;
+                if (keys > j)
+                    block_scores(heads, q + ((size_t)i * H + h0) * D, kh, block, keys - j < count ? keys - j : count, D,
+                                 scale, scores + ((size_t)i * H + h0) * most + j, most);
+            }
         }
-        for (int h = 0; h < heads; h++) total[h] = softmax_numerators(p + (size_t)h * most, keys);
-        float *o = out + (size_t)i * H * D + (size_t)h0 * D;
-        weighted_sum(heads, p, most, keys, vh, slots, D, o);
-        for (int h = 0; h < heads; h++)
-            for (int d = 0; d < D; d++) o[(size_t)h * D + d] /= total[h];
+        /* the softmax, and the weighted sums of values of up to WEIGHTED rows' heads at a time */
+        for (int i = i0; i < i1;) {
+            Weighted w[WEIGHTED];
+            float total[WEIGHTED];
+            int sums = 0;
+            for (; i < i1 && sums + heads <= WEIGHTED; i++)
+                for (int h = 0; h < heads; h++, sums++) {
+                    const int keys = shared ? start + i + 1 : last - skip;
+                    float *p = scores + ((size_t)i * H + h0 + h) * most;
+                    total[sums] = softmax_numerators(p, keys);
+                    w[sums] = (Weighted){p, out + ((size_t)i * H + h0 + h) * D, keys};
+                }
+            weighted_sum(sums, w, vh + (size_t)(slots ? 0 : skip) * D, slots, D);
+            for (int s = 0; s < sums; s++)
+                for (int d = 0; d < D; d++) w[s].o[d] /= total[s];
+        }
     }
     free(q);
     free(scores);
