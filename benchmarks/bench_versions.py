@@ -8,6 +8,12 @@ leave behaviour alone (a refactor) left speed alone too.
 
 `--configs` picks configurations by name (default: the built-in target's, all but the coder pair's).
 
+With `--passes 1,8 --contexts 128,1024,2048` each configuration's target is timed instead on single
+cached forward passes of that many rows after that many tokens of context (the median of `--calls`
+passes, the cache cropped back after each), one row per (rows, context) named like
+"coder plain, 8 rows at 1024", with passes/s in place of tokens/s and each row's top token in place
+of the generated ids: what a change to the attention or the kernels does to a verify pass.
+
 Each commit is checked out once into a git worktree under $SPECQ_CACHE/versions (its kernels build
 into the shared kernel cache like any checkout's); one short untimed child per commit first builds its
 kernels and fills its caches (a first quantization, a first build) outside the rounds. A child process per (commit, round) loads every
@@ -74,6 +80,31 @@ for name, target_ref, draft_ref in configs:
                       "new_tokens": new, "ids": ids}), flush=True)
 """ % GAMMA
 
+PASS_CHILD = r"""
+import json, statistics, sys, time, torch
+import specq
+torch.set_num_threads(int(sys.argv[1]))
+calls, passes, contexts, configs = int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4]), json.loads(sys.argv[5])
+for name, target_ref, _ in configs:
+    net = specq.load(target_ref).net
+    ids = torch.randint(100, 20000, (max(contexts) + max(passes),), generator=torch.Generator().manual_seed(0))
+    for context in contexts:
+        cache = net.new_cache(context + max(passes))
+        with torch.inference_mode():
+            net(ids[:context], cache)
+            for rows in passes:
+                times, top = [], None
+                for _ in range(calls + 1):  # the first untimed
+                    began = time.perf_counter()
+                    logits = net(ids[context:context + rows], cache)
+                    times.append(time.perf_counter() - began)
+                    cache.crop(context)
+                    top = logits.reshape(rows, -1).argmax(-1).tolist()
+                ms = statistics.median(times[1:]) * 1000
+                print(json.dumps({"config": f"{name}, {rows} rows at {context}", "passes_per_s": 1000 / ms, "ms": ms,
+                                  "ids": top}), flush=True)
+"""
+
 
 def prompts(n: int) -> list[str]:
     sys.path.insert(0, str(ROOT / "src"))
@@ -99,8 +130,12 @@ def child(tree: Path, args: argparse.Namespace, texts: list[str], rotate: int = 
     chosen = [c for c in CONFIGS if c[0] in args.configs]
     shift = rotate % len(chosen)
     configs = [list(c) for c in chosen[shift:] + chosen[:shift]]
-    done = subprocess.run([sys.executable, "-c", CHILD, str(args.threads), str(args.tokens), json.dumps(texts),
-                           json.dumps(configs)], env=env, cwd=tree, capture_output=True, text=True)
+    if args.passes:
+        command = [PASS_CHILD, str(args.threads), str(args.calls), json.dumps(args.passes), json.dumps(args.contexts)]
+    else:
+        command = [CHILD, str(args.threads), str(args.tokens), json.dumps(texts)]
+    done = subprocess.run([sys.executable, "-c", *command, json.dumps(configs)], env=env, cwd=tree,
+                          capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the child at {tree} failed:\n{done.stderr[-2000:]}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -116,9 +151,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"configurations by name, comma-separated, of: {', '.join(c[0] for c in CONFIGS)}")
+    p.add_argument("--passes", default="", help="rows per timed forward pass, comma-separated (instead of generating)")
+    p.add_argument("--contexts", default="128,1024", help="with --passes: tokens of context before each pass")
+    p.add_argument("--calls", type=int, default=9, help="with --passes: timed passes per measurement (median)")
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/versions-speed.jsonl")
     args = p.parse_args()
     args.configs = args.configs.split(",")
+    args.passes = [int(n) for n in args.passes.split(",") if n]
+    args.contexts = [int(n) for n in args.contexts.split(",")]
     unknown = set(args.configs) - {c[0] for c in CONFIGS}
     if unknown:
         p.error(f"unknown configurations: {', '.join(sorted(unknown))}")
@@ -127,7 +167,7 @@ def main() -> None:
     command = "python benchmarks/bench_versions.py " + " ".join(sys.argv[1:])
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for commit, tree in commits.values():  # builds its kernels and fills its caches outside the rounds
-        child(tree, argparse.Namespace(**{**vars(args), "tokens": 8}), texts[:1])
+        child(tree, argparse.Namespace(**{**vars(args), "tokens": 8, "calls": 1, "contexts": [8]}), texts[:1])
     rows = []
     for r in range(args.rounds):
         order = list(commits.items()) if r % 2 == 0 else list(commits.items())[::-1]
@@ -136,7 +176,8 @@ def main() -> None:
                 rows.append({"round": r, "version": label, "commit": commit[:12], **out, "threads": args.threads,
                              "tokens": args.tokens, "prompts": args.prompts, "gamma": GAMMA, "command": command,
                              "date": stamp, "cpu": platform.processor() or platform.machine()})
-                print(f"round {r} {label:3} {out['config']:22} {out['tokens_per_s']:7.1f} tok/s", flush=True)
+                rate = out.get("tokens_per_s", out.get("passes_per_s"))
+                print(f"round {r} {label:3} {out['config']:32} {rate:7.1f} {RATES[rate_key(out)]}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -145,22 +186,32 @@ def main() -> None:
     print(summary(rows))
 
 
+RATES = {"tokens_per_s": "tok/s", "passes_per_s": "passes/s"}
+
+
+def rate_key(row: dict) -> str:
+    """The field a row's speed is in: tokens/s of generation, or passes/s of timed forward passes."""
+    return "tokens_per_s" if "tokens_per_s" in row else "passes_per_s"
+
+
 def summary(rows: list[dict]) -> str:
-    """Per configuration: median tokens/s of each commit over rounds, the median and range of the
-    new/old ratios paired by round, the same for the prefill and decode seconds apart (old / new, so
-    above 1 is the new commit faster everywhere; rows without them leave those cells empty), and
-    whether every round's tokens were the same."""
+    """Per configuration: median tokens/s (passes/s) of each commit over rounds, the median and range
+    of the new/old ratios paired by round, the same for the prefill and decode seconds apart (old /
+    new, so above 1 is the new commit faster everywhere; rows without them leave those cells empty),
+    and whether every round's tokens (a pass's top tokens) were the same."""
     rounds = sorted({row["round"] for row in rows})
     commits = {row["version"]: row["commit"] for row in rows}
-    lines = [f"| configuration | old ({commits['old']}) tok/s | new ({commits['new']}) tok/s | "
+    key = rate_key(rows[0])
+    unit = RATES[key]
+    lines = [f"| configuration | old ({commits['old']}) {unit} | new ({commits['new']}) {unit} | "
              "new / old, paired by round: median [min, max] | prefill old / new | decode old / new | same tokens |",
              "|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(row["config"] for row in rows):
         by = {(row["version"], row["round"]): row for row in rows if row["config"] == name}
         same = all(by["new", r]["ids"] == by["old", r]["ids"] for r in rounds)
-        old = statistics.median(by["old", r]["tokens_per_s"] for r in rounds)
-        new = statistics.median(by["new", r]["tokens_per_s"] for r in rounds)
-        ratio = _paired(by, rounds, "tokens_per_s", lambda o, n: n / o)
+        old = statistics.median(by["old", r][key] for r in rounds)
+        new = statistics.median(by["new", r][key] for r in rounds)
+        ratio = _paired(by, rounds, key, lambda o, n: n / o)
         prefill = _paired(by, rounds, "prefill_s", lambda o, n: o / n)
         decode = _paired(by, rounds, "decode_s", lambda o, n: o / n)
         lines.append(f"| {name} | {old:.1f} | {new:.1f} | {ratio} | {prefill} | {decode} | {'yes' if same else 'no'} |")

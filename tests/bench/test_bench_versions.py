@@ -1,0 +1,28 @@
+"""benchmarks/bench_versions.py's summary: generation rows in tokens/s, timed passes in passes/s."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
+
+import bench_versions  # noqa: E402
+
+
+def _rows(key: str, old: list[float], new: list[float], ids_new: list[int]) -> list[dict]:
+    rows = []
+    for r, (o, n) in enumerate(zip(old, new)):
+        rows.append({"round": r, "version": "old", "commit": "aaaa", "config": "c", key: o, "ids": [1, 2]})
+        rows.append({"round": r, "version": "new", "commit": "bbbb", "config": "c", key: n, "ids": ids_new})
+    return rows
+
+
+def test_generation_rows_are_summarised_in_tokens_per_second():
+    table = bench_versions.summary(_rows("tokens_per_s", [10.0, 20.0, 10.0], [20.0, 30.0, 10.0], [1, 2]))
+    assert "old (aaaa) tok/s" in table.splitlines()[0]
+    assert "| c | 10.0 | 20.0 | 1.500 [1.000, 2.000] |  |  | yes |" in table
+
+
+def test_timed_passes_are_summarised_in_passes_per_second_and_compare_top_tokens():
+    table = bench_versions.summary(_rows("passes_per_s", [10.0, 10.0, 10.0], [12.0, 11.0, 13.0], [1, 3]))
+    assert "new (bbbb) passes/s" in table.splitlines()[0]
+    assert "| c | 10.0 | 12.0 | 1.200 [1.100, 1.300] |  |  | no |" in table
