@@ -101,7 +101,7 @@ for name, target_ref, _ in configs:
                     cache.crop(context)
                     top = logits.reshape(rows, -1).argmax(-1).tolist()
                 ms = statistics.median(times[1:]) * 1000
-                print(json.dumps({"config": f"{name}, {rows} rows at {context}", "passes_per_s": 1000 / ms, "ms": ms,
+                print(json.dumps({"config": f"{name}, {rows} row{'s' * (rows > 1)} at {context}", "passes_per_s": 1000 / ms, "ms": ms,
                                   "ids": top}), flush=True)
 """
 
