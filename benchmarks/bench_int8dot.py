@@ -56,14 +56,14 @@ def weight(out: int, n_in: int, bits: int, group: int, offsets: bool, two_level:
     return {v: int8dot.PACKS[bits](codes, scale, offset, variant=v) for v in variants}
 
 
-def layer_copies(name: str, form: str, variants: list[str], g: torch.Generator
+def layer_copies(name: str, form: str, variants: list[str], g: torch.Generator, stream_bytes: int = STREAM_BYTES
                  ) -> dict[str, list[int8dot.Int8DotWeight]]:
     """Per variant, enough random copies of one layer that a sweep over them streams at least
-    STREAM_BYTES from memory (a decode step reads every weight from memory once)."""
+    `stream_bytes` from memory (a decode step reads every weight from memory once)."""
     (out, n_in), (bits, group, offsets, two_level) = SHAPES[name], FORMS[form]
     copies = [weight(out, n_in, bits, group, offsets, two_level, variants, g)]
     copies += [weight(out, n_in, bits, group, offsets, two_level, variants, g)
-               for _ in range(math.ceil(STREAM_BYTES / copies[0][variants[0]].nbytes()) - 1)]
+               for _ in range(math.ceil(stream_bytes / copies[0][variants[0]].nbytes()) - 1)]
     return {v: [c[v] for c in copies] for v in variants}
 
 

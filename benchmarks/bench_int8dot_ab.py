@@ -11,6 +11,9 @@ kernel against a changed one:
     python benchmarks/bench_int8dot_ab.py /tmp/a.so /tmp/b.so --variant avx512vnni --threads 1 \\
        --rows 1,8 --layers w13,w2 --forms q4_k,q6_k --rounds 40
 
+`--stream-mib` sets the weight bytes each sweep streams (default 160 MiB; on a machine whose
+last-level cache is larger, several times that cache, so that the weights come from memory).
+
 Both sides must lay weights out alike (same panel widths) for `--variant`'s packing. With one
 thread the clock is the thread's CPU time. Prints, per layer, form and row count, the median
 microseconds of each side, the paired median of B/A and the ratio of the two sides' fastest sweeps.
@@ -27,7 +30,7 @@ import torch
 
 from specq.kernels import int8dot
 
-from bench_int8dot import SHAPES, layer_copies
+from bench_int8dot import SHAPES, STREAM_BYTES, layer_copies
 
 
 def sweep_us(lib: ctypes.CDLL, x: torch.Tensor, y: torch.Tensor, weights: list[int8dot.Int8DotWeight],
@@ -52,6 +55,8 @@ def main() -> None:
     ap.add_argument("--layers", default="w13,w2")
     ap.add_argument("--forms", default="q4_k,q6_k")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--stream-mib", type=int, default=STREAM_BYTES >> 20,
+                    help="weight bytes per sweep, in MiB: several times the machine's last-level cache")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
@@ -60,7 +65,7 @@ def main() -> None:
     for name in args.layers.split(","):
         for form in args.forms.split(","):
             out, n_in = SHAPES[name]
-            copies = layer_copies(name, form, [args.variant], g)[args.variant]
+            copies = layer_copies(name, form, [args.variant], g, args.stream_mib << 20)[args.variant]
             for rows in map(int, args.rows.split(",")):
                 x, y = torch.randn(rows, n_in, generator=g), torch.empty(rows, out)
                 for lib in libs:  # page in, warm up

@@ -336,11 +336,14 @@ static inline __m512 wide_group_terms(const float *w, const int8_t *sub, int g, 
 static inline __attribute__((always_inline)) void tile_dots(
         const __m512i *w, int i0, int i1, int rows, const int8_t *a, __m512i *dots) {
 #if defined(__AVX512VNNI__)
+    /* vpdpbusd with its embedded broadcast ({1to16}) reads the row's four bytes itself: GCC turns
+     * the intrinsic with a set1 of memory into a separate vpbroadcastd, one more instruction per
+     * product, and at eight rows the products are what a pass waits on. */
     FULLY
     for (int i = i0; i < i1; i++) {
         WIDE_UNROLL
         for (int r = 0; r < rows; r++)
-            dots[r] = _mm512_dpbusd_epi32(dots[r], w[i], broadcast_dword(a + r * QBLOCK + 4 * i));
+            __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dots[r]) : "v"(w[i]), "m"(*(const dword *)(a + r * QBLOCK + 4 * i)));
     }
 #else
     __m512i sums[WIDE_TILE];
