@@ -463,12 +463,9 @@ static inline int tile_rows(int left, int tile) {
     return left == tile + 1 ? (tile + 2) / 2 : left > tile ? tile : left;
 }
 
-/* Each panel's M rows in tiles, each tile's row count a constant of its own code. Panels go to the
- * threads in guided chunks (long runs of consecutive panels first, shorter ones at the end): on a
- * shared VM one thread often runs slower than the other, and an even static split leaves the other
- * waiting at the end of every layer. A panel's outputs are the same whichever thread computes it. */
+/* Each panel's M rows in tiles, each tile's row count a constant of its own code. */
 #define SWEEP(BITS, HALF)                                                                    \
-    _Pragma("omp parallel for schedule(guided) num_threads(threads)")                        \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
     for (int p = 0; p < panels; p++) {                                                       \
         int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;                           \
         for (int r = 0, rows; r < M; r += rows) {                                            \
@@ -482,7 +479,7 @@ static inline int tile_rows(int left, int tile) {
         }                                                                                    \
     }
 #define WIDE_SWEEP(BITS, HALF)                                                               \
-    _Pragma("omp parallel for schedule(guided) num_threads(threads)")                        \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
     for (int p = 0; p < panels; p++) {                                                       \
         int valid = N - p * WIDE_PANEL < WIDE_PANEL ? N - p * WIDE_PANEL : WIDE_PANEL;       \
         for (int r = 0, rows; r < M; r += rows) {                                            \
