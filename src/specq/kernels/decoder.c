@@ -64,25 +64,17 @@ static inline vec lane_sums(const vec *a) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
 }
 
-/* out[h] = sum(q_h[i] * k[i]) over i < K for the `heads` (a constant at each call) query vectors
- * q_h = q + h K, sixteen lanes in a fixed order (the last K % 16 masked in), then the lanes summed:
- * each head's sum rounds as it would alone, the heads' chains run side by side. */
-static inline __attribute__((always_inline)) void dots(int heads, const float *q, const float *k, int K, float *out) {
-    __m512 acc[8];
-    for (int h = 0; h < heads; h++) acc[h] = _mm512_setzero_ps();
+/* sum(a[i] * b[i]) over i < K: sixteen lanes in a fixed order (the last K % 16 masked in), then the
+ * lanes summed. */
+static inline float dot(const float *a, const float *b, int K) {
+    __m512 acc = _mm512_setzero_ps();
     int i = 0;
-    for (; i + 16 <= K; i += 16) {
-        __m512 kv = _mm512_loadu_ps(k + i);
-        for (int h = 0; h < heads; h++)
-            acc[h] = _mm512_add_ps(acc[h], _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)h * K + i), kv));
-    }
+    for (; i + 16 <= K; i += 16) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
     if (i < K) {
         __mmask16 tail = (__mmask16)((1u << (K - i)) - 1);
-        __m512 kv = _mm512_maskz_loadu_ps(tail, k + i);
-        for (int h = 0; h < heads; h++)
-            acc[h] = _mm512_mask_add_ps(acc[h], tail, acc[h], _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, q + (size_t)h * K + i), kv));
+        acc = _mm512_mask_add_ps(acc, tail, acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, a + i), _mm512_maskz_loadu_ps(tail, b + i)));
     }
-    for (int h = 0; h < heads; h++) out[h] = _mm512_reduce_add_ps(acc[h]);
+    return _mm512_reduce_add_ps(acc);
 }
 #else
 #define LANES 8
@@ -134,34 +126,18 @@ static inline vec lane_sums(const vec *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
-/* out[h] = sum(q_h[i] * k[i]) over i < K for the `heads` (a constant at each call) query vectors
- * q_h = q + h K: eight lanes in a fixed order, then the scalar tail; each head's sum rounds as it
- * would alone, the heads' chains run side by side. */
-static inline __attribute__((always_inline)) void dots(int heads, const float *q, const float *k, int K, float *out) {
-    __m256 acc[8];
-    for (int h = 0; h < heads; h++) acc[h] = _mm256_setzero_ps();
+/* sum(a[i] * b[i]) over i < K: eight lanes in a fixed order, then the scalar tail. */
+static inline float dot(const float *a, const float *b, int K) {
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= K; i += 8) {
-        __m256 kv = _mm256_loadu_ps(k + i);
-        for (int h = 0; h < heads; h++)
-            acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)h * K + i), kv));
-    }
-    for (int h = 0; h < heads; h++) {
-        float sum = hsum8(acc[h]);
-        for (int j = i; j < K; j++) sum += q[(size_t)h * K + j] * k[j];
-        out[h] = sum;
-    }
+    for (; i + 8 <= K; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    float sum = hsum8(acc);
+    for (; i < K; i++) sum += a[i] * b[i];
+    return sum;
 }
 #endif
 
 #define UNROLL4 _Pragma("GCC unroll 4")  /* fully: the partial sums stay in registers */
-
-/* sum(a[i] * b[i]) over i < K. */
-static inline float dot(const float *a, const float *b, int K) {
-    float out;
-    dots(1, a, b, K, &out);
-    return out;
-}
 
 /* p_h[t] = scale * (q_h . k_t) for the `count` (<= LANES) keys k_t = kh + slot_t D, t < count, and the
  * `heads` query vectors q_h = q + h D, the scores of head h stored from p + h stride. A key's
@@ -430,7 +406,7 @@ static int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const flo
             int block[LANES], count = last - skip - j < LANES ? last - skip - j : LANES;
             for (int b = 0; b < count; b++) block[b] = slots ? slots[j + b] : skip + j + b;
             for (int i = i0; i < i1; i++) {
-                const int keys = shared ? start + i + 1 : last - skip;
+                const int keys = last - skip - (i1 - 1 - i);  /* each row up to its own */
                 if (keys > j)
                     block_scores(heads, q + ((size_t)i * H + h0) * D, kh, block, keys - j < count ? keys - j : count, D,
                                  scale, scores + ((size_t)i * H + h0) * most + j, most);
@@ -443,7 +419,7 @@ static int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const flo
             int sums = 0;
             for (; i < i1 && sums + heads <= WEIGHTED; i++)
                 for (int h = 0; h < heads; h++, sums++) {
-                    const int keys = shared ? start + i + 1 : last - skip;
+                    const int keys = last - skip - (i1 - 1 - i);
                     float *p = scores + ((size_t)i * H + h0 + h) * most;
                     total[sums] = softmax_numerators(p, keys);
                     w[sums] = (Weighted){p, out + ((size_t)i * H + h0 + h) * D, keys};
