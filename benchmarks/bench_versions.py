@@ -93,13 +93,13 @@ for name, target_ref, _ in configs:
         with torch.inference_mode():
             net(ids[:context], cache)
             for rows in passes:
-                times, top = [], None
+                times = []
                 for _ in range(calls + 1):  # the first untimed
                     began = time.perf_counter()
                     logits = net(ids[context:context + rows], cache)
                     times.append(time.perf_counter() - began)
                     cache.crop(context)
-                    top = logits.reshape(rows, -1).argmax(-1).tolist()
+                top = logits.reshape(rows, -1).argmax(-1).tolist()
                 ms = statistics.median(times[1:]) * 1000
                 print(json.dumps({"config": f"{name}, {rows} row{'s' * (rows > 1)} at {context}", "passes_per_s": 1000 / ms, "ms": ms,
                                   "ids": top}), flush=True)
@@ -176,8 +176,8 @@ def main() -> None:
                 rows.append({"round": r, "version": label, "commit": commit[:12], **out, "threads": args.threads,
                              "tokens": args.tokens, "prompts": args.prompts, "gamma": GAMMA, "command": command,
                              "date": stamp, "cpu": platform.processor() or platform.machine()})
-                rate = out.get("tokens_per_s", out.get("passes_per_s"))
-                print(f"round {r} {label:3} {out['config']:32} {rate:7.1f} {RATES[rate_key(out)]}", flush=True)
+                key = rate_key(out)
+                print(f"round {r} {label:3} {out['config']:32} {out[key]:7.1f} {RATES[key]}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
