@@ -70,7 +70,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define WIDE_TILE 8  /* rows sharing a panel's unpacked weights */
 #define WIDE_UNROLL _Pragma("GCC unroll 8")
-#define PREFETCH_AHEAD 2048  /* bytes of codes ahead of the block being multiplied */
+#define PREFETCH_AHEAD 4096  /* bytes of codes ahead of the block being multiplied */
 #if defined(__AVX512VNNI__)
 #define WIDE_BITS8 1
 #endif
@@ -303,18 +303,21 @@ static inline __attribute__((always_inline)) void panel(
         }
         if (--left == 0) { group++; left = per_group; }
     }
-    UNROLL
-    for (int r = 0; r < rows; r++) {
-        __m256 out = acc[r];
-        if (wm) {  /* the offsets: m_w times the group sums of the quantized x */
-            __m256 m = _mm256_setzero_ps();
-            for (int g = 0; g < groups; g++)
-                m = _mm256_add_ps(m, _mm256_mul_ps(group_terms(wm, ws ? ws + (size_t)groups * PANEL : NULL, g, G, shift),
-                                                   _mm256_set1_ps(s[(size_t)g * M + r])));
-            out = _mm256_add_ps(out, m);
+    if (wm) {  /* the offsets, m_w times the group sums of the quantized x: group by group for all rows (each
+                * group's offsets computed once), one fused multiply-add per group and row */
+        __m256 m[ROW_TILE];
+        UNROLL
+        for (int r = 0; r < rows; r++) m[r] = _mm256_setzero_ps();
+        for (int g = 0; g < groups; g++) {
+            __m256 offsets = group_terms(wm, ws ? ws + (size_t)groups * PANEL : NULL, g, G, shift);
+            UNROLL
+            for (int r = 0; r < rows; r++) m[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(s[(size_t)g * M + r]), m[r]);
         }
-        store_panel(y + (size_t)r * N, out, valid);
+        UNROLL
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_add_ps(acc[r], m[r]);
     }
+    UNROLL
+    for (int r = 0; r < rows; r++) store_panel(y + (size_t)r * N, acc[r], valid);
 }
 
 #if defined(WIDE_TILE)
@@ -424,7 +427,7 @@ static inline __attribute__((always_inline)) void wide_panel(
         }
         if (--left == 0) { group++; left = per_group; }
     }
-    if (wm) {  /* the offsets, group by group for all rows: each group's offsets are loaded once */
+    if (wm) {  /* the offsets as in `panel`: group by group for all rows, one fused multiply-add each */
         __m512 m[WIDE_TILE];
         WIDE_UNROLL
         for (int r = 0; r < rows; r++) m[r] = _mm512_setzero_ps();
@@ -432,7 +435,7 @@ static inline __attribute__((always_inline)) void wide_panel(
             __m512 offsets = wide_group_terms(wm, ws ? ws + (size_t)groups * WIDE_PANEL : NULL, g, G, shift);
             WIDE_UNROLL
             for (int r = 0; r < rows; r++)
-                m[r] = _mm512_add_ps(m[r], _mm512_mul_ps(offsets, _mm512_set1_ps(s[(size_t)g * M + r])));
+                m[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(s[(size_t)g * M + r]), m[r]);
         }
         WIDE_UNROLL
         for (int r = 0; r < rows; r++) acc[r] = _mm512_add_ps(acc[r], m[r]);
