@@ -144,8 +144,6 @@ static inline float dot(const float *a, const float *b, int K) {
  * products run down its own lanes (fused multiply-adds over the D inputs, LANES at a time, the last
  * D % LANES masked in) and `lane_sums` sums them for all the block's keys at once: a score rounds the
  * same whatever keys share its block or how many rows the pass has. */
-#define KEYS_PER_PASS 8  /* keys whose products run down the inputs together */
-
 static void block_scores(int heads, const float *q, const float *kh, const int *slot, int count, int D, float scale,
                          float *p, int stride) {
     const float *k[LANES];
@@ -154,16 +152,14 @@ static void block_scores(int heads, const float *q, const float *kh, const int *
         const float *qh = q + (size_t)h * D;
         vec acc[LANES];
         for (int t = 0; t < LANES; t++) acc[t] = vzero();
-        for (int t0 = 0; t0 < LANES; t0 += KEYS_PER_PASS) {  /* the keys' pointers fit the general registers */
-            int d = 0;
-            for (; d + LANES <= D; d += LANES) {
-                vec qv = vload(qh + d);
-                for (int t = t0; t < t0 + KEYS_PER_PASS; t++) acc[t] = vfma(qv, vload(k[t] + d), acc[t]);
-            }
-            if (d < D) {
-                vec qv = vload_part(qh + d, D - d);
-                for (int t = t0; t < t0 + KEYS_PER_PASS; t++) acc[t] = vfma(qv, vload_part(k[t] + d, D - d), acc[t]);
-            }
+        int d = 0;
+        for (; d + LANES <= D; d += LANES) {
+            vec qv = vload(qh + d);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload(k[t] + d), acc[t]);
+        }
+        if (d < D) {
+            vec qv = vload_part(qh + d, D - d);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload_part(k[t] + d, D - d), acc[t]);
         }
         vec scores = vmul(lane_sums(acc), vset1(scale));
         float *ph = p + (size_t)h * stride;
@@ -232,22 +228,20 @@ static float softmax_numerators(float *p, int keys) {
 typedef struct { const float *p; float *o; int keys; } Weighted;
 
 /* w[s].o[d..] for `vectors` vectors of outputs from d on, for `sums` sums (both constants at each
- * call), over the keys [j0, j1) of each sum's own (those below j0 are in w[s].o already unless j0 is
- * 0): sum over the keys in order of p[j] * v_j[d], one fused multiply-add per key (so each element
- * rounds as a plain fmaf loop over its keys would, on either variant, however the keys are split),
- * the partial sums kept in registers. The keys all the sums take share each load of a value vector;
- * each sum then goes on alone over the keys left of its own. */
+ * call): sum over the keys in order of p[j] * v_j[d], one fused multiply-add per key (so each
+ * element rounds as a plain fmaf loop over its keys would, on either variant), the partial sums kept
+ * in registers. The keys all the sums take share each load of a value vector; each sum then goes on
+ * alone over the keys left of its own. */
 static inline __attribute__((always_inline)) void weighted_vectors(
-        int sums, int vectors, const Weighted *w, const float *vh, const int *slots, int D, int d, int j0, int j1) {
+        int sums, int vectors, const Weighted *w, const float *vh, const int *slots, int D, int d) {
     vec acc[SUM_HEADS][4];
-    int common = j1, end[SUM_HEADS];
+    int common = w[0].keys;
     for (int s = 0; s < sums; s++) {
-        end[s] = w[s].keys < j1 ? w[s].keys : j1;
-        if (end[s] < common) common = end[s];
+        if (w[s].keys < common) common = w[s].keys;
         UNROLL4
-        for (int c = 0; c < vectors; c++) acc[s][c] = j0 ? vload(w[s].o + d + c * LANES) : vzero();
+        for (int c = 0; c < vectors; c++) acc[s][c] = vzero();
     }
-    for (int j = j0; j < common; j++) {
+    for (int j = 0; j < common; j++) {
         const float *v = vh + (size_t)(slots ? slots[j] : j) * D + d;
         vec values[4];
         UNROLL4
@@ -259,7 +253,7 @@ static inline __attribute__((always_inline)) void weighted_vectors(
         }
     }
     for (int s = 0; s < sums; s++) {
-        for (int j = common > j0 ? common : j0; j < end[s]; j++) {
+        for (int j = common; j < w[s].keys; j++) {
             const float *v = vh + (size_t)(slots ? slots[j] : j) * D + d;
             vec weight = vset1(w[s].p[j]);
             UNROLL4
@@ -272,34 +266,25 @@ static inline __attribute__((always_inline)) void weighted_vectors(
 
 /* weighted_vectors over d in [d, d + vectors LANES) for any number of sums, SUM_HEADS at a time. */
 static inline __attribute__((always_inline)) void weighted_span(
-        int sums, int vectors, const Weighted *w, const float *vh, const int *slots, int D, int d, int j0, int j1) {
+        int sums, int vectors, const Weighted *w, const float *vh, const int *slots, int D, int d) {
     for (int s = 0; s < sums; s += SUM_HEADS) {
-        if (sums - s >= SUM_HEADS) weighted_vectors(SUM_HEADS, vectors, w + s, vh, slots, D, d, j0, j1);
+        if (sums - s >= SUM_HEADS) weighted_vectors(SUM_HEADS, vectors, w + s, vh, slots, D, d);
 #if SUM_HEADS == 4
-        else if (sums - s == 3) weighted_vectors(3, vectors, w + s, vh, slots, D, d, j0, j1);
-        else if (sums - s == 2) weighted_vectors(2, vectors, w + s, vh, slots, D, d, j0, j1);
+        else if (sums - s == 3) weighted_vectors(3, vectors, w + s, vh, slots, D, d);
+        else if (sums - s == 2) weighted_vectors(2, vectors, w + s, vh, slots, D, d);
 #endif
-        else weighted_vectors(1, vectors, w + s, vh, slots, D, d, j0, j1);
+        else weighted_vectors(1, vectors, w + s, vh, slots, D, d);
     }
 }
 
-#define VALUE_CHUNK 4096  /* floats of value vectors (16 KB) that every sum takes while they stay in L1 */
-
 /* Each w[s].o [D] = sum_j w[s].p[j] * v_j over its keys, the value rows v_j = vh[slots ? slots[j] : j]:
- * a chunk of keys at a time for all the sums (each value vector is read from memory once, not once
- * per group of sums and span of outputs), within it four vectors of outputs at a time, then one,
- * then a scalar tail, each element summed over the keys in order. */
+ * four vectors of outputs at a time, then one, then a scalar tail, each element summed over the
+ * keys in order. */
 static void weighted_sum(int sums, const Weighted *w, const float *vh, const int *slots, int D) {
-    int most = 0;
-    for (int s = 0; s < sums; s++) most = w[s].keys > most ? w[s].keys : most;
-    const int chunk = VALUE_CHUNK / D > 1 ? VALUE_CHUNK / D : 1;
-    for (int j0 = 0; j0 < most; j0 += chunk) {
-        const int j1 = j0 + chunk < most ? j0 + chunk : most;
-        int d = 0;
-        for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_span(sums, 4, w, vh, slots, D, d, j0, j1);
-        for (; d + LANES <= D; d += LANES) weighted_span(sums, 1, w, vh, slots, D, d, j0, j1);
-    }
-    for (int d = D - D % LANES; d < D; d++)
+    int d = 0;
+    for (; d + 4 * LANES <= D; d += 4 * LANES) weighted_span(sums, 4, w, vh, slots, D, d);
+    for (; d + LANES <= D; d += LANES) weighted_span(sums, 1, w, vh, slots, D, d);
+    for (; d < D; d++)
         for (int s = 0; s < sums; s++) {
             float sum = 0.0f;
             for (int j = 0; j < w[s].keys; j++) sum = fmaf(w[s].p[j], vh[(size_t)(slots ? slots[j] : j) * D + d], sum);
