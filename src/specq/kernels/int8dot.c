@@ -70,7 +70,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define WIDE_TILE 8  /* rows sharing a panel's unpacked weights */
 #define WIDE_UNROLL _Pragma("GCC unroll 8")
-#define PREFETCH_AHEAD 4096  /* bytes of codes ahead of the block being multiplied */
+#define PREFETCH_AHEAD 2048  /* bytes of codes ahead of the block being multiplied */
 #if defined(__AVX512VNNI__)
 #define WIDE_BITS8 1
 #endif
