@@ -30,7 +30,11 @@ available = build.available  # a variant this CPU runs and a C compiler: specq's
 
 @functools.cache
 def _library(variant: str) -> ctypes.CDLL:
-    lib = build.load(variant)
+    return typed(build.load(variant))
+
+
+def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib with the argument and result types of this module's C functions set."""
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.decoder_layers.argtypes = [i, p, p, i, i, i, i, i, i, f, f, i, p, p, p, p, i, p, i]
     lib.decoder_layers.restype = ctypes.c_int
