@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,15 +30,12 @@ import specq
 from specq.kernels import build, decoder
 
 
-def compile_side(sources: Path, out_dir: Path, name: str) -> Path:
-    """sources/*.c compiled as specq's build would for this machine's variant, into out_dir/name.so."""
-    variant = build.variant()
-    out = out_dir / f"{name}.so"
-    flags = (*build.FLAGS, *build.VARIANTS[variant].values())
-    units = sorted(str(f) for f in sources.glob("*.c"))
-    done = subprocess.run([build._compiler(), *flags, *units, "-o", str(out), "-lm"], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"compiling {sources} failed: {done.stderr.strip().splitlines()[-1:]}")
+def compile_side(sources: Path, out: Path) -> Path:
+    """sources/*.c compiled as specq's build would for this machine's variant, into `out`."""
+    try:
+        build.compile_units(sorted(sources.glob("*.c")), build.variant(), out)
+    except build.KernelUnavailable as e:
+        raise SystemExit(f"{sources}: {e}") from e
     return out
 
 
@@ -71,7 +67,7 @@ def main() -> None:
     rows = [int(n) for n in args.rows.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        paths = [compile_side(src, Path(tmp), side) for src, side in ((args.a, "a"), (args.b, "b"))]
+        paths = [compile_side(src, Path(tmp) / f"{side}.so") for src, side in ((args.a, "a"), (args.b, "b"))]
         libs = [decoder.typed(ctypes.CDLL(str(path))) for path in paths]
         net = specq.load(args.ref).net
         ids = torch.randint(100, 40000, (max(contexts) + max(rows),), generator=torch.Generator().manual_seed(0))
@@ -101,6 +97,7 @@ def main() -> None:
                 ms[(n, c)].append((got[0][0], got[1][0]))
                 same[(n, c)] &= torch.equal(got[0][1], got[1][1])
         print("\n".join(summary(ms, same)))
+
 
 if __name__ == "__main__":
     main()

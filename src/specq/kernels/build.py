@@ -156,15 +156,28 @@ def load(name: str | None = None) -> ctypes.CDLL:
     return _load(name)
 
 
+def _flags(name: str) -> tuple[str, ...]:
+    """The compiler flags of variant `name`."""
+    return (*FLAGS, *VARIANTS[name].values())
+
+
+def compile_units(units: list[Path], name: str, out: Path, cc: str | None = None) -> None:
+    """C sources `units` compiled for variant `name` into one shared object `out` (with `cc`, by
+    default this machine's compiler); KernelUnavailable with the compiler's last line if it fails."""
+    done = subprocess.run([cc or _compiler(), *_flags(name), *map(str, units), "-o", str(out), "-lm"],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise KernelUnavailable(f"compiling specq's {name} kernels failed: {done.stderr.strip().splitlines()[-1:]}")
+
+
 @functools.cache
 def _load(name: str) -> ctypes.CDLL:
     files = sorted((f for f in resources.files("specq.kernels").iterdir() if f.name.endswith((".c", ".h"))),
                    key=lambda f: f.name)
     sources = {f.name: f.read_bytes() for f in files}  # headers too: they change what compiles
     cc = _compiler()
-    flags = (*FLAGS, *VARIANTS[name].values())
     key = hashlib.sha256(b"".join(unit.encode() + src for unit, src in sources.items())
-                         + " ".join(flags).encode() + _version(cc).encode()).hexdigest()[:16]
+                         + " ".join(_flags(name)).encode() + _version(cc).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"specq-{name}-{key}.so"
     if not target.exists():
         units = [unit for unit in sources if unit.endswith(".c")]
@@ -175,11 +188,7 @@ def _load(name: str) -> ctypes.CDLL:
             for unit, source in sources.items():
                 (Path(tmp) / unit).write_bytes(source)
             out = Path(tmp) / "specq.so"
-            done = subprocess.run([cc, *flags, *(str(Path(tmp) / unit) for unit in units), "-o", str(out), "-lm"],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                raise KernelUnavailable(f"compiling specq's {name} kernels failed: "
-                                        f"{done.stderr.strip().splitlines()[-1:]}")
+            compile_units([Path(tmp) / unit for unit in units], name, out, cc)
             os.replace(out, target)  # atomic: a concurrent process sees no half-written file
     try:
         return ctypes.CDLL(str(target))
