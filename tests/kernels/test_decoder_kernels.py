@@ -166,6 +166,27 @@ def test_verify_rows_equal_one_token_steps_on_every_variant(spec, arch, kernel_v
         assert torch.equal(tree[node + 1], step[-1][0]), node
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@torch.inference_mode()
+def test_full_blocks_of_keys_at_common_head_sizes(head_dim, kernel_variant):
+    """At the head sizes whose blocks of consecutive keys the scores address from one pointer, a
+    context of several full blocks: the stack's steps and chain give the modules' logits within
+    tolerance, and each chain row its step's bits (the full blocks and the partial last one meet)."""
+    net = arch_model(ARCHITECTURES["llama"], hidden=4 * head_dim)
+    assert net.config.head_dim == head_dim and net.stack.variant == kernel_variant
+    modules = without_stack(net)
+    prompt = torch.arange(37) % 32
+    rows = torch.randint(0, 32, (9,), generator=torch.Generator().manual_seed(5))
+    cache, twin = net.new_cache(64), modules.new_cache(64)
+    net(prompt, cache)
+    modules(prompt, twin)
+    steps = torch.cat([net(rows[i:i + 1], cache) for i in range(len(rows))])
+    want = modules(rows, twin)
+    torch.testing.assert_close(steps, want, rtol=1e-4, atol=1e-4)
+    cache.crop(len(prompt))
+    assert torch.equal(net(rows, cache), steps)
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("spec", SPECS)
 @torch.inference_mode()

@@ -139,15 +139,16 @@ static inline float dot(const float *a, const float *b, int K) {
 
 #define UNROLL4 _Pragma("GCC unroll 4")  /* fully: the partial sums stay in registers */
 
-/* p_h[t] = scale * (q_h . k_t) for the `count` (<= LANES) keys k_t = kh + slot_t D, t < count, and the
- * `heads` query vectors q_h = q + h D, the scores of head h stored from p + h stride. A key's
- * products run down its own lanes (fused multiply-adds over the D inputs, LANES at a time, the last
- * D % LANES masked in) and `lane_sums` sums them for all the block's keys at once: a score rounds the
- * same whatever keys share its block or how many rows the pass has. */
-static void block_scores(int heads, const float *q, const float *kh, const int *slot, int count, int D, float scale,
-                         float *p, int stride) {
-    const float *k[LANES];
-    for (int t = 0; t < LANES; t++) k[t] = kh + (size_t)slot[t < count ? t : 0] * D;  /* past count: not stored */
+/* p_h[t] = scale * (q_h . k_t) for the `count` (<= LANES) keys k_t, t < count, and the `heads`
+ * query vectors q_h = q + h D, the scores of head h stored from p + h stride; the keys at
+ * k0 + t D (consecutive slots) or, when k0 is NULL, at k[t]. A key's products run down its own
+ * lanes (fused multiply-adds over the D inputs, LANES at a time, the last D % LANES masked in) and
+ * `lane_sums` sums them for all the block's keys at once: a score rounds the same whatever keys
+ * share its block, how they are addressed, or how many rows the pass has. */
+static inline __attribute__((always_inline)) void scores_of(int heads, const float *q, const float *k0,
+                                                            const float *const *k, int count, int D, float scale,
+                                                            float *p, int stride) {
+#define KEY(t) (k0 ? k0 + (size_t)(t) * D : k[t])
     for (int h = 0; h < heads; h++) {
         const float *qh = q + (size_t)h * D;
         vec acc[LANES];
@@ -155,12 +156,13 @@ static void block_scores(int heads, const float *q, const float *kh, const int *
         int d = 0;
         for (; d + LANES <= D; d += LANES) {
             vec qv = vload(qh + d);
-            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload(k[t] + d), acc[t]);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload(KEY(t) + d), acc[t]);
         }
         if (d < D) {
             vec qv = vload_part(qh + d, D - d);
-            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload_part(k[t] + d, D - d), acc[t]);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload_part(KEY(t) + d, D - d), acc[t]);
         }
+#undef KEY
         vec scores = vmul(lane_sums(acc), vset1(scale));
         float *ph = p + (size_t)h * stride;
         if (count == LANES) {
@@ -171,6 +173,27 @@ static void block_scores(int heads, const float *q, const float *kh, const int *
             for (int t = 0; t < count; t++) ph[t] = part[t];
         }
     }
+}
+
+/* scores_of for the keys in cache slots slot[t] (or first + t when slot is NULL) of kh [slots, D].
+ * A full block of consecutive slots is addressed from one pointer where the head size is a common
+ * one (a constant, so each key's offset is an immediate): sixteen key pointers do not fit in the
+ * general registers beside the loop's own, and reloading them slows the products they feed. */
+static void block_scores(int heads, const float *q, const float *kh, const int *slot, int first, int count, int D,
+                         float scale, float *p, int stride) {
+    if (!slot && count == LANES) {
+        const float *k0 = kh + (size_t)first * D;
+        switch (D) {
+            case 64: scores_of(heads, q, k0, NULL, LANES, 64, scale, p, stride); return;
+            case 128: scores_of(heads, q, k0, NULL, LANES, 128, scale, p, stride); return;
+            case 256: scores_of(heads, q, k0, NULL, LANES, 256, scale, p, stride); return;
+            default: break;
+        }
+    }
+    const float *k[LANES];
+    for (int t = 0; t < LANES; t++)  /* past count: not stored */
+        k[t] = kh + (size_t)(slot ? slot[t < count ? t : 0] : first + (t < count ? t : 0)) * D;
+    scores_of(heads, q, NULL, k, count, D, scale, p, stride);
 }
 
 /* e^x per lane (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n), within two
@@ -403,13 +426,13 @@ static int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const flo
         const int skip = window && last > window ? last - window : 0;  /* the path's keys before the window */
         const int *slots = seen ? seen + offsets[i0] + skip : NULL;
         for (int j = 0; j < last - skip; j += LANES) {
-            int block[LANES], count = last - skip - j < LANES ? last - skip - j : LANES;
-            for (int b = 0; b < count; b++) block[b] = slots ? slots[j + b] : skip + j + b;
+            const int count = last - skip - j < LANES ? last - skip - j : LANES;
             for (int i = i0; i < i1; i++) {
                 const int keys = last - skip - (i1 - 1 - i);  /* each row up to its own */
                 if (keys > j)
-                    block_scores(heads, q + ((size_t)i * H + h0) * D, kh, block, keys - j < count ? keys - j : count, D,
-                                 scale, scores + ((size_t)i * H + h0) * most + j, most);
+                    block_scores(heads, q + ((size_t)i * H + h0) * D, kh, slots ? slots + j : NULL, skip + j,
+                                 keys - j < count ? keys - j : count, D, scale, scores + ((size_t)i * H + h0) * most + j,
+                                 most);
             }
         }
         /* the softmax, and the weighted sums of values of up to WEIGHTED rows' heads at a time */
