@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from bench_kernels_ab import summary
+from bench_kernels_ab import paired_rounds, summary
 from specq.kernels import build
 
 # attend_rows over `layers` layers of one cache, timed in C; the linear layers decoder.c calls are
@@ -102,15 +102,7 @@ def main() -> None:
                 raise SystemExit(f"{(args.a, args.b)[side]}: attend_rows failed (out of memory)")
             return statistics.median(seconds) * 1000, out
 
-        ms: dict[tuple[int, int], list[tuple[float, float]]] = {(n, c): [] for n in rows for c in contexts}
-        same = {key: True for key in ms}
-        for r in range(args.rounds):
-            for (n, c) in ms:
-                order = (0, 1) if r % 2 == 0 else (1, 0)
-                got = {side: timed(side, n, c) for side in order}
-                ms[(n, c)].append((got[0][0], got[1][0]))
-                same[(n, c)] &= torch.equal(got[0][1], got[1][1])
-        print("\n".join(summary(ms, same)).replace("logits", "outputs"))
+        print("\n".join(summary(*paired_rounds(timed, rows, contexts, args.rounds))).replace("logits", "outputs"))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import ctypes
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -50,6 +51,25 @@ def summary(ms: dict[tuple[int, int], list[tuple[float, float]]], same: dict[tup
                      f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}], "
                      f"logits {'bit-identical' if same[(n, c)] else 'differ'}")
     return lines
+
+
+Timed = Callable[[int, int, int], tuple[float, torch.Tensor]]
+
+
+def paired_rounds(timed: Timed, rows: list[int], contexts: list[int], rounds: int
+                  ) -> tuple[dict[tuple[int, int], list[tuple[float, float]]], dict[tuple[int, int], bool]]:
+    """Each round's (A, B) milliseconds per (rows, context), from `timed(side, rows, context)` ->
+    (milliseconds, output), the side that goes first flipping every round; and whether the two
+    sides' outputs were bit-identical in every round."""
+    ms: dict[tuple[int, int], list[tuple[float, float]]] = {(n, c): [] for n in rows for c in contexts}
+    same = {key: True for key in ms}
+    for r in range(rounds):
+        for (n, c) in ms:
+            order = (0, 1) if r % 2 == 0 else (1, 0)
+            got = {side: timed(side, n, c) for side in order}
+            ms[(n, c)].append((got[0][0], got[1][0]))
+            same[(n, c)] &= torch.equal(got[0][1], got[1][1])
+    return ms, same
 
 
 def main() -> None:
@@ -88,15 +108,7 @@ def main() -> None:
                 caches[c].crop(c)
             return statistics.median(times), logits
 
-        ms: dict[tuple[int, int], list[tuple[float, float]]] = {(n, c): [] for n in rows for c in contexts}
-        same = {key: True for key in ms}
-        for r in range(args.rounds):
-            for (n, c) in ms:
-                order = (0, 1) if r % 2 == 0 else (1, 0)
-                got = {side: timed(side, n, c) for side in order}
-                ms[(n, c)].append((got[0][0], got[1][0]))
-                same[(n, c)] &= torch.equal(got[0][1], got[1][1])
-        print("\n".join(summary(ms, same)))
+        print("\n".join(summary(*paired_rounds(timed, rows, contexts, args.rounds))))
 
 
 if __name__ == "__main__":
