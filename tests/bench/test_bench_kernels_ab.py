@@ -1,5 +1,5 @@
-"""benchmarks/bench_kernels_ab.py's summary: paired B/A ratios per (rows, context), and whether the
-two builds' logits stayed bit-identical."""
+"""benchmarks/bench_kernels_ab.py: paired rounds (the first side flipping), and the summary: paired B/A ratios per
+(rows, context) and whether the two builds' logits stayed bit-identical."""
 
 import sys
 from pathlib import Path

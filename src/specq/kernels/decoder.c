@@ -145,10 +145,13 @@ static inline float dot(const float *a, const float *b, int K) {
  * lanes (fused multiply-adds over the D inputs, LANES at a time, the last D % LANES masked in) and
  * `lane_sums` sums them for all the block's keys at once: a score rounds the same whatever keys
  * share its block, how they are addressed, or how many rows the pass has. */
+static inline __attribute__((always_inline)) const float *key_at(const float *k0, const float *const *k, int t, int D) {
+    return k0 ? k0 + (size_t)t * D : k[t];
+}
+
 static inline __attribute__((always_inline)) void scores_of(int heads, const float *q, const float *k0,
                                                             const float *const *k, int count, int D, float scale,
                                                             float *p, int stride) {
-#define KEY(t) (k0 ? k0 + (size_t)(t) * D : k[t])
     for (int h = 0; h < heads; h++) {
         const float *qh = q + (size_t)h * D;
         vec acc[LANES];
@@ -156,13 +159,12 @@ static inline __attribute__((always_inline)) void scores_of(int heads, const flo
         int d = 0;
         for (; d + LANES <= D; d += LANES) {
             vec qv = vload(qh + d);
-            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload(KEY(t) + d), acc[t]);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload(key_at(k0, k, t, D) + d), acc[t]);
         }
         if (d < D) {
             vec qv = vload_part(qh + d, D - d);
-            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload_part(KEY(t) + d, D - d), acc[t]);
+            for (int t = 0; t < LANES; t++) acc[t] = vfma(qv, vload_part(key_at(k0, k, t, D) + d, D - d), acc[t]);
         }
-#undef KEY
         vec scores = vmul(lane_sums(acc), vset1(scale));
         float *ph = p + (size_t)h * stride;
         if (count == LANES) {
