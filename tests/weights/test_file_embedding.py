@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
-from test_gguf_formats import QUANTIZED, random_tensor, same_bits
+from test_gguf_formats import QUANTIZED, SIGNED_ZERO, UNLISTED, random_tensor, same_bits
 
 from specq.weights.embedding import FileEmbedding
 
 
-@pytest.mark.parametrize("qtype", QUANTIZED + ["F32", "F16", "BF16", "Q2_K"])
+@pytest.mark.parametrize("qtype", QUANTIZED + ["F32", "F16", "BF16", UNLISTED])
 def test_looked_up_rows_are_ggufs_dequantization_bit_for_bit(qtype):
-    """Repeated and unordered ids in a [2, 3] batch; Q2_K has no row of the table (gguf decodes it)."""
+    """Repeated and unordered ids in a [2, 3] batch; UNLISTED has no row of the table (gguf decodes it)."""
     rng = np.random.default_rng(sum(map(ord, qtype)) + 1)
     raw = random_tensor(qtype, rng, 12, 512, scale=3.0, wide=True)
     reference = quants.dequantize(raw, GGMLQuantizationType[qtype])
@@ -24,8 +24,8 @@ def test_looked_up_rows_are_ggufs_dequantization_bit_for_bit(qtype):
     ids = torch.tensor([[11, 0, 3], [3, 7, 0]])
     rows = embedding(ids)
     assert rows.shape == (2, 3, 512) and rows.dtype == torch.float32
-    assert same_bits(rows.numpy(), reference[ids.numpy()], zero_sign=qtype == "Q4_0")
-    assert same_bits(embedding.weight.numpy(), reference, zero_sign=qtype == "Q4_0")
+    assert same_bits(rows.numpy(), reference[ids.numpy()], zero_sign=qtype in SIGNED_ZERO)
+    assert same_bits(embedding.weight.numpy(), reference, zero_sign=qtype in SIGNED_ZERO)
 
 
 def test_a_copy_shares_the_files_rows():

@@ -21,9 +21,11 @@ from specq.weights.quant.modules import FileBlocks
 
 from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer
 
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q4_K": (4, 32),
-         "Q5_K": (6, 32), "Q6_K": (6, 16)}  # the kernel's code bits and group size per type
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (4, 16),
+         "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16)}  # the kernel's code bits and group size
+SIGNED_ZERO = {"Q4_0", "Q3_K"}  # a code with an offset of -8 or -4 scales: +0 where gguf writes d * 0 (see same_bits)
+UNLISTED = "IQ4_NL"  # a type without a row in the table: 32 weights in 18 bytes, fp16 d and 16 bytes of nibbles
 CODE_RANGES = {4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
 
@@ -58,16 +60,55 @@ def low_nibble_bytes(codes: np.ndarray) -> np.ndarray:
     return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(-1, 128)
 
 
+def two_bit_bytes(codes: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K codes [n, 256] (their low 2 bits) -> 64 bytes: per 128 values, value 32j + 16p + l
+    in bits 2j of byte 16p + l."""
+    c = codes.reshape(-1, 2, 4, 32) & 3
+    return sum(c[:, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(-1, 64)
+
+
+def q3_k_scale_bytes(scales: np.ndarray) -> np.ndarray:
+    """16 6-bit scales [n, 16] packed into 12 bytes as llama.cpp's quantize_row_q3_K_ref packs them."""
+    out = np.zeros((len(scales), 12), np.uint8)
+    for i in range(16):
+        out[:, i % 8] |= (scales[:, i] & 0xF) << (0 if i < 8 else 4)
+        out[:, 8 + i % 4] |= (scales[:, i] >> 4) << (2 * (i // 4))
+    return out
+
+
+def low_bit_k_blocks(qtype: str, rng: np.random.Generator, n: int, d: np.ndarray, wide: bool):
+    """k_blocks for Q2_K (2-bit codes, 4-bit sub-scales and mins) and Q3_K (3-bit codes: the low 2
+    bits, a mask of high bits; 6-bit sub-scales minus 32)."""
+    if qtype == "Q2_K":
+        codes = rng.integers(0, 4, (n, 256), dtype=np.uint8)
+        scales = rng.integers(0, 16, (n, 16), dtype=np.uint8)
+        mins = rng.integers(0, 16, (n, 16), dtype=np.uint8) if wide else scales
+        dmin = fp16(rng, (n, 1)) if wide else (d.astype(np.float32) * 1.5).astype(np.float16)
+        blocks = np.concatenate([scales | (mins << 4), two_bit_bytes(codes), d.view(np.uint8), dmin.view(np.uint8)], 1)
+        scaled = d.astype(np.float64) * np.repeat(scales, 16, axis=1) * codes
+        offset = dmin.astype(np.float64) * np.repeat(mins, 16, axis=1)
+        return blocks, scaled - offset, np.abs(scaled) + np.abs(offset)
+    codes = rng.integers(0, 8, (n, 256), dtype=np.uint8)
+    scales = rng.integers(0, 64, (n, 16), dtype=np.uint8)
+    high = (codes.reshape(n, 8, 2, 16) >> 2).transpose(0, 2, 3, 1)  # [n, p, l, bit b]: value 16 (2b + p) + l
+    hmask = (high << np.arange(8, dtype=np.uint8)).sum(-1).astype(np.uint8).reshape(n, 32)
+    blocks = np.concatenate([hmask, two_bit_bytes(codes), q3_k_scale_bytes(scales), d.view(np.uint8)], 1)
+    weights = d.astype(np.float64) * (np.repeat(scales, 16, axis=1) - 32.0) * (codes - 4.0)
+    return blocks, weights, np.abs(weights)
+
+
 # weight std per unit of d in a model-like block (the codes' spread times a typical sub-scale)
-K_SPREAD = {"Q4_K": 166, "Q5_K": 330, "Q6_K": 1370}
+K_SPREAD = {"Q2_K": 10, "Q3_K": 42, "Q4_K": 166, "Q5_K": 330, "Q6_K": 1370}
 
 
 def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, wide: bool = True):
-    """n random super-blocks of Q4_K, Q5_K or Q6_K, byte by byte, and what they hold: float64
-    weights [n, 256] computed from the chosen d, sub-scales and codes, and the size of their terms
-    (for a float32 rounding bound). Not `wide`: weights of std about `scale`, centred (mins =
-    scales, dmin = d times the codes' middle), as a model's."""
+    """n random super-blocks of a K-quant, byte by byte, and what they hold: float64 weights [n, 256]
+    computed from the chosen d, sub-scales and codes, and the size of their terms (for a float32
+    rounding bound). Not `wide`: weights of std about `scale`, centred (mins = scales, dmin = d times
+    the codes' middle), as a model's."""
     d = fp16(rng, (n, 1), scale if wide else scale / K_SPREAD[qtype], wide)
+    if qtype in ("Q2_K", "Q3_K"):
+        return low_bit_k_blocks(qtype, rng, n, d, wide)
     if qtype == "Q6_K":
         codes = rng.integers(0, 64, (n, 256), dtype=np.uint8)
         scales = rng.integers(-128, 128, (n, 16)).astype(np.int8)
@@ -95,16 +136,21 @@ def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, w
     return blocks, scaled - offset, np.abs(scaled) + np.abs(offset)
 
 
+# types read as random bytes: weights per block, bytes per block, where its fp16 scales start, how many
+RANDOM_BYTES = {UNLISTED: (32, 18, 0, 1)}
+
+
 def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0,
                   wide: bool = False) -> np.ndarray:
     """A [rows, cols] tensor of `qtype` as a file stores it, uint8 [rows, row bytes]: K-quants byte by
-    byte, Q2_K random bytes with fp16 scales, the others quantized by gguf from normal values (`wide`:
-    rows of many magnitudes); one all-zero block."""
+    byte, the unlisted type random bytes with fp16 scales, the others quantized by gguf from normal
+    values (`wide`: rows of many magnitudes); one all-zero block."""
     if qtype in K_SPREAD:
         return k_blocks(qtype, rng, rows * cols // 256, scale, wide)[0].reshape(rows, -1)
-    if qtype == "Q2_K":  # 84 bytes per 256 weights: 16 scale/min nibble pairs, 64 of 2-bit codes, fp16 d, dmin
-        raw = rng.integers(0, 256, (rows, cols // 256, 84), dtype=np.uint8)
-        raw[..., 80:84] = fp16(rng, (rows, cols // 256, 2), scale / 20, wide).view(np.uint8)
+    if qtype in RANDOM_BYTES:  # every byte pattern is a valid block; its fp16 scales made finite
+        block, size, start, halves = RANDOM_BYTES[qtype]
+        raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+        raw[..., start:start + 2 * halves] = fp16(rng, (rows, cols // block, halves), scale / 20, wide).view(np.uint8)
         return raw.reshape(rows, -1)
     x = rng.standard_normal((rows, cols)) * scale
     if wide:
@@ -127,7 +173,7 @@ def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
     raw = random_tensor(qtype, rng, 12, 512, scale=3.0, wide=True)
     reference = quants.dequantize(raw, GGMLQuantizationType[qtype])
     fmt = FORMATS[qtype]
-    assert same_bits(fmt.to_float(raw), reference, zero_sign=qtype == "Q4_0")
+    assert same_bits(fmt.to_float(raw), reference, zero_sign=qtype in SIGNED_ZERO)
     if fmt.floats is None:
         kb = fmt.kernel_blocks(raw)
         assert (kb.bits, kb.group_size) == FORMS[qtype] and kb.codes.shape == (12, 512)
@@ -135,7 +181,7 @@ def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
         low, high = CODE_RANGES[kb.bits]
         assert kb.codes.dtype == (np.uint8 if kb.bits == 4 else np.int8)
         assert low <= kb.codes.min() and kb.codes.max() <= high
-        assert same_bits(kb.dequantize(), reference, zero_sign=qtype == "Q4_0")
+        assert same_bits(kb.dequantize(), reference, zero_sign=qtype in SIGNED_ZERO)
 
 
 def test_q4_0_differs_from_gguf_only_in_the_sign_of_zero():
@@ -146,7 +192,7 @@ def test_q4_0_differs_from_gguf_only_in_the_sign_of_zero():
     assert differ.any() and np.all(ours[differ] == 0) and np.all(np.signbit(reference[differ]))
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", list(K_SPREAD))
 def test_k_quant_blocks_hold_the_chosen_sub_scales_and_codes(qtype):
     """The byte-by-byte blocks above are what they claim (gguf reads back the weights the chosen d,
     6-bit scales and mins and codes define, up to float32 rounding); the table's per-group scales
@@ -154,6 +200,15 @@ def test_k_quant_blocks_hold_the_chosen_sub_scales_and_codes(qtype):
     blocks, weights, size = k_blocks(qtype, np.random.default_rng(5), 40)
     assert np.all(np.abs(quants.dequantize(blocks, GGMLQuantizationType[qtype]) - weights) <= 2 ** -22 * size)
     kb = FORMATS[qtype].kernel_blocks(blocks)
+    if qtype == "Q2_K":
+        d, dmin = (blocks[:, i:i + 2].copy().view(np.float16).astype(np.float64) for i in (80, 82))
+        scales, mins = blocks[:, :16] & 0xF, blocks[:, :16] >> 4
+        assert np.array_equal(kb.d, d * scales) and np.array_equal(kb.m, -(dmin * mins))
+        return
+    if qtype == "Q3_K":  # every term exact in float32: the weights themselves, and the offset -4 scales
+        assert np.array_equal(kb.dequantize(), weights) and np.array_equal(kb.m, np.float32(-4) * kb.d)
+        assert kb.codes.min() == 0 and kb.codes.max() == 7
+        return
     if qtype == "Q6_K":
         d, scales = blocks[:, 208:210].copy().view(np.float16), blocks[:, 192:208].copy().view(np.int8)
         assert np.array_equal(kb.d, d.astype(np.float64) * scales) and kb.m is None
@@ -164,9 +219,9 @@ def test_k_quant_blocks_hold_the_chosen_sub_scales_and_codes(qtype):
 
 
 def test_unlisted_types_are_dequantized_by_gguf():
-    raw = random_tensor("Q2_K", np.random.default_rng(7), 4, 512, wide=True)
-    assert "Q2_K" not in FORMATS
-    assert np.array_equal(to_float(raw, "Q2_K"), quants.dequantize(raw, GGMLQuantizationType.Q2_K))
+    raw = random_tensor(UNLISTED, np.random.default_rng(7), 4, 512, wide=True)
+    assert UNLISTED not in FORMATS
+    assert np.array_equal(to_float(raw, UNLISTED), quants.dequantize(raw, GGMLQuantizationType[UNLISTED]))
 
 
 @pytest.mark.parametrize("types,form", [(["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"], (8, 16, True)),
@@ -204,11 +259,12 @@ def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
     return all(x.shape == y.shape and torch.equal(x, y) for x, y in [(ca, cb), *floats])
 
 
-K_ONLY = [["Q4_K"], ["Q5_K"], ["Q6_K"], ["Q4_K", "Q4_K", "Q6_K"]]  # two-level scales where every part is a K-quant
+K_ONLY = [["Q2_K"], ["Q3_K"], ["Q4_K"], ["Q5_K"], ["Q6_K"], ["Q4_K", "Q4_K", "Q6_K"],
+          ["Q3_K", "Q2_K", "Q4_K"]]  # two-level scales where every part is a K-quant
 
 
-@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + K_ONLY[3:] + [["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0",
-                                                                             "Q5_K"]])
+@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + K_ONLY[5:] + [["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0",
+                                                                             "Q5_K", "Q3_K"]])
 def test_repacking_in_c_lays_out_the_numpy_decoders_weights(parts, kernel_variant):
     """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into the weights the
     numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows
@@ -272,12 +328,14 @@ LAYER_TYPES = {  # GGUF tensor -> type, per layer: each listed type and float li
         "ffn_up": "Q5_1", "ffn_down": "Q6_K"},
     2: {"attn_q": "F16", "attn_k": "F16", "attn_v": "F16", "attn_output": "BF16", "ffn_gate": "Q4_K",
         "ffn_up": "Q4_K", "ffn_down": "F32"},
+    3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "Q2_K", "ffn_gate": "Q3_K",
+        "ffn_up": "Q2_K", "ffn_down": "Q3_K"},  # a Q2_K / Q3_K file's layer
 }
 VOCAB, HIDDEN = 40, 256  # K-quant rows need a multiple of 256 inputs
 
 
 def write_formats_gguf(path, seed: int = 0, layer_types: dict = LAYER_TYPES, output: str = "Q6_K") -> None:
-    """A 3-layer Llama GGUF file whose linear layers hold random weights of the types above."""
+    """A Llama GGUF file, a layer per entry of `layer_types`, whose linear layers hold random weights of the types above."""
     import gguf
 
     c = tiny_config(VOCAB, len(layer_types), HIDDEN)
@@ -335,14 +393,17 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
     forms = {"layers.0.attention.wqkv": (6, 16), "layers.0.attention.wo": (6, 32), "layers.0.feed_forward.w13": (6, 32),
              "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
-             "layers.2.feed_forward.w13": (4, 32), "output": (6, 16)}
+             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (4, 16),
+             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (4, 16), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name
         codes, d, m = int8dot.unpack(module._blocks)
         w = codes.float().view(codes.shape[0], -1, group) * d[..., None]
         w = (w if m is None else w + m[..., None]).view_as(codes)
-        assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), name == "layers.1.attention.wqkv"), name
+        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv", "layers.3.feed_forward.w13",
+                               "layers.3.feed_forward.w2")  # Q4_0 and Q3_K parts
+        assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), signed_zero), name
     assert "Q4_K+Q6_K blocks" in net.layers[0].attention.wqkv.kernel
     for name in ("layers.2.attention.wqkv", "layers.2.attention.wo", "layers.2.feed_forward.w2"):
         linear = net.get_submodule(name)
@@ -350,11 +411,11 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
 
 
 def test_unlisted_types_run_dequantized_with_one_note(tmp_path):
-    path = tmp_path / "q2.gguf"
-    write_formats_gguf(path, layer_types={i: {**LAYER_TYPES[1], "attn_output": "Q2_K"} for i in range(2)})
+    path = tmp_path / "unlisted.gguf"
+    write_formats_gguf(path, layer_types={i: {**LAYER_TYPES[1], "attn_output": UNLISTED} for i in range(2)})
     parsed = gguf_io.read(path)
     net, notes = gguf_io.load_at_file_precision(parsed)
-    assert notes == ["Q2_K tensors run dequantized to float32 (specq has no kernel for Q2_K)"]
+    assert notes == [f"{UNLISTED} tensors run dequantized to float32 (specq has no kernel for {UNLISTED})"]
     for i in range(2):
         wo = net.layers[i].attention.wo
         assert type(wo) is torch.nn.Linear

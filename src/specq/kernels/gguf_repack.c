@@ -77,6 +77,45 @@ static void q8_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * 
     memcpy(q, b + 2, 32);
 }
 
+/* Q2_K / Q3_K's 64 bytes of 2-bit values: per half of 128 values 32 bytes, group 2j + p of the
+ * half at bits 2j of bytes 16p..16p + 15. */
+static inline void k_two_bits(const uint8_t *qs, int8_t *q) {
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 32; i++) q[128 * h + 32 * j + i] = (int8_t)((qs[32 * h + i] >> (2 * j)) & 3);
+}
+
+/* Q2_K: 16 bytes of sub-scales (low nibble) and sub-mins (high), 64 of 2-bit codes, fp16 d, dmin. */
+static void q2_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+    const float dd = f16(b + 80), dmin = f16(b + 82);
+    for (int g = 0; g < 16; g++) {
+        d[g] = dd * (float)(b[g] & 0x0F);
+        m[g] = -(dmin * (float)(b[g] >> 4));
+    }
+    k_two_bits(b + 16, q);
+}
+
+/* Q3_K's 12 bytes of 6-bit scales at s (the layout: gguf_formats.py's _q3_k_scales), minus 32. */
+static inline void q3_k_scales(const uint8_t *s, int8_t *scale) {
+    for (int i = 0; i < 16; i++)
+        scale[i] = (int8_t)((((s[i % 8] >> (i < 8 ? 0 : 4)) & 0x0F) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32);
+}
+
+/* Q3_K: 32 bytes of high bits (bit b of byte 16p + l: value l of group 2b + p), 64 of low 2 bits,
+ * 12 of scales, fp16 d; codes q = low + 4 high with offset -4 d (gguf_formats.py's _q3_k). */
+static void q3_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+    const float dd = f16(b + 108);
+    int8_t scale[16];
+    q3_k_scales(b + 96, scale);
+    for (int g = 0; g < 16; g++) {
+        d[g] = dd * (float)scale[g];
+        m[g] = -4.0f * d[g];
+    }
+    k_two_bits(b + 32, q);
+    for (int g = 0; g < 16; g++)
+        for (int l = 0; l < 16; l++) q[16 * g + l] = (int8_t)(q[16 * g + l] | (((b[16 * (g % 2) + l] >> (g / 2)) & 1) << 2));
+}
+
 /* Q4_K / Q5_K's 12 bytes of 6-bit sub-scales and mins at s (the layout: gguf_formats.py's
  * _k_scales) -> scale[8], min[8]. */
 static inline void k_scales6(const uint8_t *s, int8_t *scale, int8_t *min) {
@@ -153,6 +192,23 @@ static void k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8
     k_scales6(b + 4, scale, min);
 }
 
+static void q2_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    *D = f16(b + 80);
+    *Mneg = -f16(b + 82);
+    for (int g = 0; g < 16; g++) {
+        scale[g] = (int8_t)(b[g] & 0x0F);
+        min[g] = (int8_t)(b[g] >> 4);
+    }
+}
+
+/* -4 d times the sub-scale is -4 times d times it, bit for bit: every product here is exact. */
+static void q3_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    *D = f16(b + 108);
+    *Mneg = -4.0f * *D;
+    q3_k_scales(b + 96, scale);
+    memcpy(min, scale, 16);
+}
+
 static void q6_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
     *D = f16(b + 208);
     *Mneg = -0.0f;
@@ -167,7 +223,8 @@ typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; terms
 static const Format FORMATS[] = {
     [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
     [6] = {32, 22, 6, 32, 0, q5_0, NULL},   [7] = {32, 24, 6, 32, 1, q5_1, NULL},
-    [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
+    [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [10] = {256, 84, 4, 16, 1, q2_k, q2_k_terms},
+    [11] = {256, 110, 4, 16, 1, q3_k, q3_k_terms}, [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
     [13] = {256, 176, 6, 32, 1, q5_k, k_terms}, [14] = {256, 210, 6, 16, 0, q6_k, q6_k_terms},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */

@@ -8,14 +8,16 @@ float32, that equals `gguf.quants.dequantize` of the same bytes bit for bit (Q4_
 zero: gguf writes d * (u - 8) and its zeros of negative-scale blocks are -0, here d * u - 8d is +0;
 the kernel multiplies integer codes, so no product sees the difference). Why exact: the file's
 weights are what the model was quantized to, and a second rounding is a different model. The
-K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q6_K) with the sub-scale
-already applied: an fp16 d times a 6-bit or 8-bit sub-scale is exact in float32, and gguf computes
+K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) with the sub-scale
+already applied: an fp16 d times a 4-, 6- or 8-bit sub-scale is exact in float32, and gguf computes
 the same product in float32 before it multiplies the codes, so nothing rounds differently (the load
 path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
 
 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 6-bit codes (signed, in [-32,
 31]), 6.25 bits a weight beside the file's 5.5-6.6: decoding reads every weight once a step, so the
-bytes are most of its time. F32, F16 and BF16 are float rows (`floats`); a type without a row is
+bytes are most of its time. 2-bit (Q2_K) and 3-bit (Q3_K) codes go to 4-bit codes with offsets
+(Q3_K's q - 4 as q with an offset of -4 scales), 5.25 bits a weight with their two-level scales
+beside the file's 2.6 and 3.4: the kernel has no narrower codes, and a float32 copy would be 32. F32, F16 and BF16 are float rows (`floats`); a type without a row is
 dequantized by gguf (`to_float`).
 
 The decoders here are vectorized numpy over all blocks of a tensor at once (the reference, the
@@ -201,6 +203,41 @@ def _k_scale_min(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _f16(b[:, 0:2]) * scales, -(_f16(b[:, 2:4]) * mins)
 
 
+def _k_two_bits(qs: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K's 64 bytes of 2-bit values [n, 64] -> [n, 256]: per half of 128 values, 32 bytes;
+    group 2j + p of the half (16 values each) sits at bits 2j of bytes 16p..16p + 15."""
+    q = qs.reshape(-1, 2, 1, 2, 16) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None, None]  # half, j, p, byte
+    q &= 3
+    return q.reshape(-1, 256)
+
+
+def _q2_k(b: np.ndarray) -> Decoded:
+    """16 bytes of 4-bit sub-scales (low nibble) and sub-mins (high), 64 of 2-bit codes u, fp16 d,
+    dmin: w = (d * scale) * u - dmin * min, 16 groups of 16."""
+    scales = b[:, :16]
+    return (_k_two_bits(b[:, 16:80]), _f16(b[:, 80:82]) * (scales & 0x0F).astype(np.float32),
+            -(_f16(b[:, 82:84]) * (scales >> 4).astype(np.float32)))
+
+
+def _q3_k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes [n, 12] -> 16 6-bit scales minus 32 [n, 16], float32: scale i's low 4 bits are
+    byte i % 8's low (i < 8) or high nibble, its top 2 bits bits 2 (i // 4) of byte 8 + i % 4."""
+    low = (s[:, None, :8] >> np.array([[0], [4]], dtype=np.uint8)).reshape(-1, 16) & 0x0F
+    high = (s[:, None, 8:] >> np.array([[0], [2], [4], [6]], dtype=np.uint8)).reshape(-1, 16) & 3
+    return (low | (high << 4)).astype(np.float32) - np.float32(32)
+
+
+def _q3_k(b: np.ndarray) -> Decoded:
+    """32 bytes of high bits, 64 of 2-bit low bits, 12 of 6-bit sub-scales, fp16 d: w = (d * (scale -
+    32)) * (q - 4), q = low + 4 high in [0, 7], 16 groups of 16; value 16p + l of group 2b + p has
+    its high bit in bit b of byte 16p + l. As codes q with offset -4 (d * scale), exact: every term
+    has at most 19 significant bits (up to the sign of zero, as Q4_0)."""
+    high = (b[:, None, :32] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [n, bit b, byte]
+    q = _k_two_bits(b[:, 32:96]) | (high.reshape(-1, 256) << 2)
+    d = _f16(b[:, 108:110]) * _q3_k_scales(b[:, 96:108])
+    return q, d, np.float32(-4) * d
+
+
 def _q4_k(b: np.ndarray) -> Decoded:
     """fp16 d, dmin, 12 bytes of sub-scales, 128 of codes: 8 groups of 32."""
     return (_k_low_nibbles(b[:, 16:]), *_k_scale_min(b))
@@ -246,6 +283,8 @@ FORMATS = {f.name: f for f in (
     Format("Q5_0", 6, 32, 22, 6, 32, _q5_0),
     Format("Q5_1", 7, 32, 24, 6, 32, _q5_1, offsets=True),
     Format("Q8_0", 8, 32, 34, 8, 32, _q8_0),
+    Format("Q2_K", 10, 256, 84, 4, 16, _q2_k, offsets=True, two_level=True),
+    Format("Q3_K", 11, 256, 110, 4, 16, _q3_k, offsets=True, two_level=True),
     Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True, two_level=True),
     Format("Q5_K", 13, 256, 176, 6, 32, _q5_k, offsets=True, two_level=True),
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
