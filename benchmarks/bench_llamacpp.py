@@ -617,18 +617,25 @@ def settings(args: argparse.Namespace) -> Settings:
                     contexts, args.llama_cpp_bin, extra, args.openvino)
 
 
+def specq_ref(weights: str) -> str:
+    """specq's model ref of `--weights` entry `weights`: a named one's, or a GGUF file's path (at its
+    own precision, `@gguf`)."""
+    return SPECQ_REFS.get(weights, weights)
+
+
 def load_tools(s: Settings, n_ctx: int) -> dict:
     """{weights: {"llama.cpp": LlamaCpp, "specq": Specq}}; each registry draft is loaded once."""
     smol = q4_1_file() if {"q4_1", "f32"} & set(s.weights) else None
     files = {"q4_1": smol, "f32": f32_file(smol) if "f32" in s.weights else None,
              **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
-    refs = {w: default_draft_ref(SPECQ_REFS[w]) for w in s.weights}
-    extra = {w: {ref: draft_refs.resolve(ref, SPECQ_REFS[w]) for ref in s.extra_drafts} for w in s.weights}
+    files.update({w: Path(w) for w in s.weights if w not in SPECQ_REFS})  # a GGUF file by its path
+    refs = {w: default_draft_ref(specq_ref(w)) for w in s.weights}
+    extra = {w: {ref: draft_refs.resolve(ref, specq_ref(w)) for ref in s.extra_drafts} for w in s.weights}
     models = {*refs.values(), *(m for per in extra.values() for r in per.values() for m in draft_refs.model_refs(r))}
     loaded = {ref: specq.load(ref) for ref in models if ref is not None}
     tools = {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
-                 "specq": Specq(SPECQ_REFS[w], loaded.get(refs[w]),
-                                {ref: draft_refs.build(r, SPECQ_REFS[w], loaded.__getitem__) for ref, r in extra[w].items()}
+                 "specq": Specq(specq_ref(w), loaded.get(refs[w]),
+                                {ref: draft_refs.build(r, specq_ref(w), loaded.__getitem__) for ref, r in extra[w].items()}
                                 if refs[w] else None)}
              for w in s.weights}
     for w, pair in tools.items():
@@ -666,7 +673,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,2,4,8,16", help="tokens per forward")
     ap.add_argument("--contexts", default=str(CONTEXT), help="tokens of context the forwards start from, e.g. 128,1024")
     ap.add_argument("--weights", default="q4_1,f32",
-                    help="q4_1 (the built-in GGUF file), f32 (it dequantized), qwen1.5b / qwen0.5b (the coder pair's files)")
+                    help="q4_1 (the built-in GGUF file), f32 (it dequantized), qwen1.5b / qwen0.5b (the coder pair's "
+                         "files), or the path of any GGUF file (specq runs it @gguf)")
     ap.add_argument("--prompt-set", default="chat", help="the bench's prompt set: chat, code, edit, gsm8k")
     ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="auto",
                     help="llama.cpp's flash attention (default auto, llama.cpp's own default: on where the CPU backend has it)")
