@@ -21,11 +21,12 @@ from specq.weights.quant.modules import FileBlocks
 
 from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer
 
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (4, 16),
-         "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16)}  # the kernel's code bits and group size
+         "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (8, 32),
+         "IQ4_XS": (8, 32)}  # the kernel's code bits and group size
 SIGNED_ZERO = {"Q4_0", "Q3_K"}  # a code with an offset of -8 or -4 scales: +0 where gguf writes d * 0 (see same_bits)
-UNLISTED = "IQ4_NL"  # a type without a row in the table: 32 weights in 18 bytes, fp16 d and 16 bytes of nibbles
+UNLISTED = "TQ2_0"  # a type without a row in the table: 256 ternary weights in 66 bytes, 2 bits each and fp16 d
 CODE_RANGES = {4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
 
@@ -137,14 +138,15 @@ def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, w
 
 
 # types read as random bytes: weights per block, bytes per block, where its fp16 scales start, how many
-RANDOM_BYTES = {UNLISTED: (32, 18, 0, 1)}
+RANDOM_BYTES = {"IQ4_NL": (32, 18, 0, 1), "IQ4_XS": (256, 136, 0, 1), UNLISTED: (256, 66, 64, 1)}
 
 
 def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0,
                   wide: bool = False) -> np.ndarray:
     """A [rows, cols] tensor of `qtype` as a file stores it, uint8 [rows, row bytes]: K-quants byte by
-    byte, the unlisted type random bytes with fp16 scales, the others quantized by gguf from normal
-    values (`wide`: rows of many magnitudes); one all-zero block."""
+    byte, the IQ4 types and the unlisted one random bytes with fp16 scales (any other byte is valid),
+    the others quantized by gguf from normal values (`wide`: rows of many magnitudes); one all-zero
+    block."""
     if qtype in K_SPREAD:
         return k_blocks(qtype, rng, rows * cols // 256, scale, wide)[0].reshape(rows, -1)
     if qtype in RANDOM_BYTES:  # every byte pattern is a valid block; its fp16 scales made finite
@@ -259,12 +261,12 @@ def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
     return all(x.shape == y.shape and torch.equal(x, y) for x, y in [(ca, cb), *floats])
 
 
-K_ONLY = [["Q2_K"], ["Q3_K"], ["Q4_K"], ["Q5_K"], ["Q6_K"], ["Q4_K", "Q4_K", "Q6_K"],
-          ["Q3_K", "Q2_K", "Q4_K"]]  # two-level scales where every part is a K-quant
+K_ONLY = [["Q2_K"], ["Q3_K"], ["Q4_K"], ["Q5_K"], ["Q6_K"], ["IQ4_XS"], ["Q4_K", "Q4_K", "Q6_K"],
+          ["Q3_K", "Q2_K", "Q4_K"], ["Q4_K", "IQ4_XS"]]  # two-level scales: every part a K-quant or IQ4_XS
 
 
-@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + K_ONLY[5:] + [["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0",
-                                                                             "Q5_K", "Q3_K"]])
+@pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + [p for p in K_ONLY if len(p) > 1] + [
+    ["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0", "Q5_K", "Q3_K", "IQ4_NL"]])
 def test_repacking_in_c_lays_out_the_numpy_decoders_weights(parts, kernel_variant):
     """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into the weights the
     numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows
@@ -328,8 +330,8 @@ LAYER_TYPES = {  # GGUF tensor -> type, per layer: each listed type and float li
         "ffn_up": "Q5_1", "ffn_down": "Q6_K"},
     2: {"attn_q": "F16", "attn_k": "F16", "attn_v": "F16", "attn_output": "BF16", "ffn_gate": "Q4_K",
         "ffn_up": "Q4_K", "ffn_down": "F32"},
-    3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "Q2_K", "ffn_gate": "Q3_K",
-        "ffn_up": "Q2_K", "ffn_down": "Q3_K"},  # a Q2_K / Q3_K file's layer
+    3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "IQ4_XS", "ffn_gate": "Q3_K",
+        "ffn_up": "Q2_K", "ffn_down": "IQ4_NL"},  # a low-bit file's layer
 }
 VOCAB, HIDDEN = 40, 256  # K-quant rows need a multiple of 256 inputs
 
@@ -393,16 +395,16 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
     forms = {"layers.0.attention.wqkv": (6, 16), "layers.0.attention.wo": (6, 32), "layers.0.feed_forward.w13": (6, 32),
              "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
-             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (4, 16),
-             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (4, 16), "output": (6, 16)}
+             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (8, 32),
+             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (8, 32), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name
         codes, d, m = int8dot.unpack(module._blocks)
         w = codes.float().view(codes.shape[0], -1, group) * d[..., None]
         w = (w if m is None else w + m[..., None]).view_as(codes)
-        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv", "layers.3.feed_forward.w13",
-                               "layers.3.feed_forward.w2")  # Q4_0 and Q3_K parts
+        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv",
+                               "layers.3.feed_forward.w13")  # Q4_0 and Q3_K parts
         assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), signed_zero), name
     assert "Q4_K+Q6_K blocks" in net.layers[0].attention.wqkv.kernel
     for name in ("layers.2.attention.wqkv", "layers.2.attention.wo", "layers.2.feed_forward.w2"):

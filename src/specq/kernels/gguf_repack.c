@@ -182,6 +182,43 @@ static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
     for (int g = 0; g < 16; g++) d[g] = dd * (float)(int8_t)b[192 + g];
 }
 
+/* IQ4_NL / IQ4_XS's code values, a non-linear grid indexed by 4 bits (ggml's kvalues_iq4nl). */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* 32 values from 16 bytes of grid indices: the low nibbles first, then the high ones. */
+static inline void grid32(const uint8_t *qs, int8_t *q) {
+    for (int i = 0; i < 16; i++) {
+        q[i] = IQ4_VALUES[qs[i] & 0x0F];
+        q[i + 16] = IQ4_VALUES[qs[i] >> 4];
+    }
+}
+
+static void iq4_nl(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * value */
+    (void)m;
+    d[0] = f16(b);
+    grid32(b + 2, q);
+}
+
+/* IQ4_XS's sub-scales minus 32: low 4 bits of sub-block i in byte 4 + i / 2 (low nibble for even i),
+ * top 2 bits at bits 2i of the little-endian uint16 at byte 2. */
+static inline void iq4_xs_scales(const uint8_t *b, int8_t *scale) {
+    uint16_t high;
+    memcpy(&high, b + 2, sizeof high);
+    for (int i = 0; i < 8; i++)
+        scale[i] = (int8_t)((((b[4 + i / 2] >> (4 * (i % 2))) & 0x0F) | (((high >> (2 * i)) & 3) << 4)) - 32);
+}
+
+static void iq4_xs(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * value */
+    (void)m;
+    const float dd = f16(b);
+    int8_t scale[8];
+    iq4_xs_scales(b, scale);
+    for (int i = 0; i < 8; i++) {
+        d[i] = dd * (float)scale[i];
+        grid32(b + 8 + 16 * i, q + 32 * i);
+    }
+}
+
 /* A K-quant super-block b's two levels: D (d), Mneg (-dmin; -0 for a format without offsets, so
  * that Mneg * 0 is the -0 offset of place_row) and per group the int8 sub-scale and sub-min. */
 typedef void (*terms_fn)(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min);
@@ -216,16 +253,24 @@ static void q6_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, i
     memset(min, 0, 16);
 }
 
+static void iq4_xs_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    *D = f16(b);
+    *Mneg = -0.0f;
+    iq4_xs_scales(b, scale);
+    memset(min, 0, 8);
+}
+
 typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; terms_fn terms; } Format;
 
 /* ggml type id -> its block (weights, bytes), code bits, group, whether it has offsets, decoder,
- * and for K-quants their two-level terms. */
+ * and for K-quants (and IQ4_XS, built like them) their two-level terms. */
 static const Format FORMATS[] = {
     [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
     [6] = {32, 22, 6, 32, 0, q5_0, NULL},   [7] = {32, 24, 6, 32, 1, q5_1, NULL},
     [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [10] = {256, 84, 4, 16, 1, q2_k, q2_k_terms},
     [11] = {256, 110, 4, 16, 1, q3_k, q3_k_terms}, [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
     [13] = {256, 176, 6, 32, 1, q5_k, k_terms}, [14] = {256, 210, 6, 16, 0, q6_k, q6_k_terms},
+    [20] = {32, 18, 8, 32, 0, iq4_nl, NULL},    [23] = {256, 136, 8, 32, 0, iq4_xs, iq4_xs_terms},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))

@@ -17,7 +17,9 @@ path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
 31]), 6.25 bits a weight beside the file's 5.5-6.6: decoding reads every weight once a step, so the
 bytes are most of its time. 2-bit (Q2_K) and 3-bit (Q3_K) codes go to 4-bit codes with offsets
 (Q3_K's q - 4 as q with an offset of -4 scales), 5.25 bits a weight with their two-level scales
-beside the file's 2.6 and 3.4: the kernel has no narrower codes, and a float32 copy would be 32. F32, F16 and BF16 are float rows (`floats`); a type without a row is
+beside the file's 2.6 and 3.4: the kernel has no narrower codes, and a float32 copy would be 32.
+IQ4_NL and IQ4_XS index a non-linear grid of 16 values; the values go to 8-bit codes (8.4-9 bits a
+weight beside the file's 4.25-4.5), exact since the kernel has no table lookup. F32, F16 and BF16 are float rows (`floats`); a type without a row is
 dequantized by gguf (`to_float`).
 
 The decoders here are vectorized numpy over all blocks of a tensor at once (the reference, the
@@ -269,6 +271,27 @@ def _q6_k(b: np.ndarray) -> Decoded:
     return q.view(np.int8), _f16(b[:, 208:210]) * scales, None
 
 
+# IQ4_NL and IQ4_XS's 16 code values, a non-linear grid (ggml's kvalues_iq4nl)
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+
+def _iq4_nl(b: np.ndarray) -> Decoded:
+    """fp16 d, 16 bytes of 4-bit indices (low nibbles first) into IQ4_VALUES: w = d * value. The
+    values as 8-bit codes: exact, and the kernel has no table lookup."""
+    return IQ4_VALUES[_nibbles(b[:, 2:])], _f16(b[:, 0:2]), None
+
+
+def _iq4_xs(b: np.ndarray) -> Decoded:
+    """fp16 d, 2 bytes of the sub-scales' top 2 bits (sub-block i at bits 2i), 4 of their low 4
+    (sub-block 2k in byte k's low nibble, 2k + 1 in its high), then per sub-block of 32 values 16
+    bytes of indices into IQ4_VALUES as IQ4_NL's: w = (d * (scale - 32)) * value, 8 groups of 32."""
+    low = (b[:, 4:8, None] >> np.array([0, 4], dtype=np.uint8)).reshape(-1, 8) & 0x0F
+    high = (np.ascontiguousarray(b[:, 2:4]).view(np.uint16) >> np.arange(0, 16, 2, dtype=np.uint16)) & 3
+    scales = (low | (high.astype(np.uint8) << 4)).astype(np.float32) - np.float32(32)
+    codes = IQ4_VALUES[_nibbles(b[:, 8:].reshape(-1, 8, 16))].reshape(-1, 256)
+    return codes, _f16(b[:, 0:2]) * scales, None
+
+
 def _bf16(b: np.ndarray) -> np.ndarray:
     """bfloat16 is the top half of a float32."""
     return (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
@@ -288,6 +311,8 @@ FORMATS = {f.name: f for f in (
     Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True, two_level=True),
     Format("Q5_K", 13, 256, 176, 6, 32, _q5_k, offsets=True, two_level=True),
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
+    Format("IQ4_NL", 20, 32, 18, 8, 32, _iq4_nl),
+    Format("IQ4_XS", 23, 256, 136, 8, 32, _iq4_xs, two_level=True),
 )}
 
 
