@@ -297,7 +297,8 @@ def test_two_level_scales_give_the_one_level_outputs_on_every_variant(parts, ker
 
 
 def test_without_specqs_kernels_the_numpy_path_lays_out_the_same_weight(monkeypatch):
-    raws = [(q, random_tensor(q, np.random.default_rng(2), 5, 256, wide=True)) for q in ("Q4_K", "Q6_K")]
+    raws = [(q, random_tensor(q, np.random.default_rng(2), 5, 256, wide=True))
+            for q in ("Q4_K", "Q6_K", "Q3_K", "IQ4_XS")]
     if not build.available():
         pytest.skip("needs AVX2 and a C compiler")
     fast = kernel_weight(raws)
@@ -337,7 +338,8 @@ VOCAB, HIDDEN = 40, 256  # K-quant rows need a multiple of 256 inputs
 
 
 def write_formats_gguf(path, seed: int = 0, layer_types: dict = LAYER_TYPES, output: str = "Q6_K") -> None:
-    """A Llama GGUF file, a layer per entry of `layer_types`, whose linear layers hold random weights of the types above."""
+    """A Llama GGUF file, a layer per entry of `layer_types`, whose linear layers hold random weights
+    of the types above."""
     import gguf
 
     c = tiny_config(VOCAB, len(layer_types), HIDDEN)

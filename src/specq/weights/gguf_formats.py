@@ -19,8 +19,8 @@ bytes are most of its time. 2-bit (Q2_K) and 3-bit (Q3_K) codes go to 4-bit code
 (Q3_K's q - 4 as q with an offset of -4 scales), 5.25 bits a weight with their two-level scales
 beside the file's 2.6 and 3.4: the kernel has no narrower codes, and a float32 copy would be 32.
 IQ4_NL and IQ4_XS index a non-linear grid of 16 values; the values go to 8-bit codes (8.4-9 bits a
-weight beside the file's 4.25-4.5), exact since the kernel has no table lookup. F32, F16 and BF16 are float rows (`floats`); a type without a row is
-dequantized by gguf (`to_float`).
+weight beside the file's 4.25-4.5), exact since the kernel has no table lookup. F32, F16 and BF16
+are float rows (`floats`); a type without a row is dequantized by gguf (`to_float`).
 
 The decoders here are vectorized numpy over all blocks of a tensor at once (the reference, the
 embedding's row lookups, and machines where specq's kernels do not build); a file's load reads its
