@@ -130,6 +130,33 @@ def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
     assert [e.draft for _, e in registry.candidates(tmp_path / "reg", "t")] == ["qwen2.5-coder-0.5b"]
 
 
+def test_a_gguf_file_of_a_builtin_model_gets_its_drafts(tmp_path, monkeypatch):
+    """A GGUF file named by its path whose header has a built-in's architecture, shape and tokenizer
+    (another quantization of it) gets the drafts registered for that built-in, with a note naming
+    it; a file of another shape or tokenizer, or with no built-in file on disk, gets none."""
+    from conftest import tiny_model, write_tiny_gguf
+
+    from specq.loading import drafts
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    model = tiny_model(vocab=32, hidden=64)
+    files = {name: tmp_path / f"{name}.gguf" for name in ("builtin", "requantized", "deeper", "retokenized")}
+    write_tiny_gguf(files["builtin"], model)
+    write_tiny_gguf(files["requantized"], model, "Q8_0")
+    write_tiny_gguf(files["deeper"], tiny_model(vocab=32, hidden=64, layers=3))
+    write_tiny_gguf(files["retokenized"], model, extra=lambda w: w.add_string("tokenizer.ggml.pre", "other"))
+    registry.add(registry.user_dir(), registry.Entry("tiny-builtin", "gguf", "qwen2.5-coder-0.5b", builtin=True))
+    monkeypatch.setattr(drafts, "gguf_files_present", lambda: {"tiny-builtin": files["builtin"]})
+    ref, note = drafts.select_draft(str(files["requantized"]))
+    assert ref == "qwen2.5-coder-0.5b" and f"registered for tiny-builtin@gguf; '{files['requantized']}'" in note
+    assert drafts.select_draft(f"{files['requantized']}@int8")[0] is None  # a user's draft stands in for no other
+    assert drafts.select_draft(str(files["deeper"]))[0] is None
+    assert drafts.select_draft(str(files["retokenized"]))[0] is None
+    monkeypatch.setattr(drafts, "gguf_files_present", lambda: {})
+    assert drafts.select_draft(str(files["requantized"])) == (
+        None, f"no draft registered for {files['requantized']}@gguf: plain decoding")
+
+
 def test_a_qad_precision_has_its_own_drafts(tmp_path):
     """`-qad` is a precision like any other: a draft registered for it is chosen for it and for
     nothing else; without one, the nearest shipped precision stands in."""

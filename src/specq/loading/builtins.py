@@ -52,6 +52,16 @@ BUILTIN_GGUF = {"smollm2-135m": _smollm2_gguf,
                 **{name: (lambda f=f: packaged.path(f)) for name, f in PACKAGED_GGUF.items()}}
 
 
+def gguf_files_present() -> dict[str, Path]:
+    """The built-ins' GGUF files already on disk, by name: nothing is installed, assembled or built."""
+    found = {name: p for name, f in PACKAGED_GGUF.items() if (p := packaged.assembled(f)) is not None}
+    try:
+        smollm2 = _smollm2_gguf()
+    except SpecqError:
+        return found
+    return {**found, "smollm2-135m": smollm2} if smollm2.is_file() else found
+
+
 def local_path(name: str) -> Path:
     """The folder a name means without loading or converting anything: a shipped draft's, else the path."""
     return ASSETS / "drafts" / name if name in SHIPPED_DRAFTS else Path(name).expanduser()

