@@ -606,6 +606,14 @@ def warn_if_busy(threads: int) -> None:
               "(each row records the load average)", flush=True)
 
 
+def check_weights(weights: str) -> None:
+    """Each `--weights` entry is a named one or an existing GGUF file; else one line and exit 2."""
+    for w in weights.split(","):
+        if w not in SPECQ_REFS and not (w.endswith(".gguf") and Path(w).is_file()):
+            print(f"--weights: '{w}' is neither one of {', '.join(SPECQ_REFS)} nor a GGUF file", file=sys.stderr)
+            sys.exit(2)
+
+
 def settings(args: argparse.Namespace) -> Settings:
     extra = tuple(ref for ref in args.extra_drafts.split(",") if ref)
     contexts = tuple(int(n) for n in args.contexts.split(","))
@@ -691,6 +699,7 @@ def main() -> None:
                     help="a name for this run's set-up, kept in every row (several set-ups in one file: "
                          "doc_tables' llamacpp-setups)")
     args = ap.parse_args()
+    check_weights(args.weights)
     if importlib.util.find_spec("llama_cpp") is None:
         sys.exit(f"llama.cpp's Python binding is not installed: {INSTALL}")
     import llama_cpp
