@@ -606,6 +606,19 @@ def warn_if_busy(threads: int) -> None:
               "(each row records the load average)", flush=True)
 
 
+def binding():
+    """llama.cpp's Python binding, or one line and exit: not installed, or installed without the
+    library it loads (a source build leaves it in the build folder)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        sys.exit(f"llama.cpp's Python binding is not installed: {INSTALL}")
+    try:
+        import llama_cpp
+    except OSError as e:  # FileNotFoundError too
+        sys.exit(f"llama.cpp's Python binding cannot load its library ({e}): set LLAMA_CPP_LIB_PATH to the "
+                 f"folder holding libllama.so, or reinstall: {INSTALL}")
+    return llama_cpp
+
+
 def check_weights(weights: str) -> None:
     """Each `--weights` entry is a named one or an existing GGUF file; else one line and exit 2."""
     for w in weights.split(","):
@@ -700,9 +713,7 @@ def main() -> None:
                          "doc_tables' llamacpp-setups)")
     args = ap.parse_args()
     check_weights(args.weights)
-    if importlib.util.find_spec("llama_cpp") is None:
-        sys.exit(f"llama.cpp's Python binding is not installed: {INSTALL}")
-    import llama_cpp
+    llama_cpp = binding()
 
     s = settings(args)
     warn_if_busy(s.threads)

@@ -1,6 +1,8 @@
-"""benchmarks/bench_llamacpp.py's `--weights`: a named set of weights or an existing GGUF file; anything
-else is one line on stderr and exit code 2, before llama.cpp's binding is imported."""
+"""benchmarks/bench_llamacpp.py's set-up: `--weights` is a named set of weights or an existing GGUF
+file (anything else is one line on stderr and exit code 2, before llama.cpp's binding is imported),
+and a binding that cannot load its library is one line, not a traceback."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +29,15 @@ def test_an_existing_gguf_file_passes_the_check(tmp_path):
     bench_llamacpp.check_weights(f"q4_1,{tmp_path / 'm.gguf'}")  # no exit
     with pytest.raises(SystemExit):
         bench_llamacpp.check_weights(str(tmp_path / "other.gguf"))
+
+
+def test_a_binding_without_its_library_is_one_line(tmp_path):
+    fake = tmp_path / "site" / "llama_cpp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise FileNotFoundError(\"Shared library with base name 'llama' not found\")\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--weights", "q4_1", "--quick"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("llama.cpp's Python binding cannot load its library (Shared library")
+    assert "LLAMA_CPP_LIB_PATH" in done.stderr and len(done.stderr.strip().splitlines()) == 1
