@@ -77,44 +77,10 @@ static void q8_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * 
     memcpy(q, b + 2, 32);
 }
 
-/* Q2_K / Q3_K's 64 bytes of 2-bit values: per half of 128 values 32 bytes, group 2j + p of the
- * half at bits 2j of bytes 16p..16p + 15. */
-static inline void k_two_bits(const uint8_t *qs, int8_t *q) {
-    for (int h = 0; h < 2; h++)
-        for (int j = 0; j < 4; j++)
-            for (int i = 0; i < 32; i++) q[128 * h + 32 * j + i] = (int8_t)((qs[32 * h + i] >> (2 * j)) & 3);
-}
-
-/* Q2_K: 16 bytes of sub-scales (low nibble) and sub-mins (high), 64 of 2-bit codes, fp16 d, dmin. */
-static void q2_k(const uint8_t *b, int8_t *q, float *d, float *m) {
-    const float dd = f16(b + 80), dmin = f16(b + 82);
-    for (int g = 0; g < 16; g++) {
-        d[g] = dd * (float)(b[g] & 0x0F);
-        m[g] = -(dmin * (float)(b[g] >> 4));
-    }
-    k_two_bits(b + 16, q);
-}
-
-/* Q3_K's 12 bytes of 6-bit scales at s (the layout: gguf_formats.py's _q3_k_scales), minus 32. */
-static inline void q3_k_scales(const uint8_t *s, int8_t *scale) {
-    for (int i = 0; i < 16; i++)
-        scale[i] = (int8_t)((((s[i % 8] >> (i < 8 ? 0 : 4)) & 0x0F) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32);
-}
-
-/* Q3_K: 32 bytes of high bits (bit b of byte 16p + l: value l of group 2b + p), 64 of low 2 bits,
- * 12 of scales, fp16 d; codes q = low + 4 high with offset -4 d (gguf_formats.py's _q3_k). */
-static void q3_k(const uint8_t *b, int8_t *q, float *d, float *m) {
-    const float dd = f16(b + 108);
-    int8_t scale[16];
-    q3_k_scales(b + 96, scale);
-    for (int g = 0; g < 16; g++) {
-        d[g] = dd * (float)scale[g];
-        m[g] = -4.0f * d[g];
-    }
-    k_two_bits(b + 32, q);
-    for (int g = 0; g < 16; g++)
-        for (int l = 0; l < 16; l++) q[16 * g + l] = (int8_t)(q[16 * g + l] | (((b[16 * (g % 2) + l] >> (g / 2)) & 1) << 2));
-}
+/* A super-block b's two levels (K-quants, and IQ4_XS, built like them): D (d), Mneg (-dmin; -0 for
+ * a format without offsets, so that Mneg * 0 is the -0 offset of place_row) and per group the int8
+ * sub-scale and sub-min. */
+typedef void (*terms_fn)(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min);
 
 /* Q4_K / Q5_K's 12 bytes of 6-bit sub-scales and mins at s (the layout: gguf_formats.py's
  * _k_scales) -> scale[8], min[8]. */
@@ -130,73 +96,10 @@ static inline void k_scales6(const uint8_t *s, int8_t *scale, int8_t *min) {
     }
 }
 
-/* Q4_K / Q5_K's fp16 d, dmin and sub-scales -> per-32 d * scale and -(dmin * min). */
-static inline void k_scale_min(const uint8_t *b, float *d, float *m) {
-    const float dd = f16(b), dmin = f16(b + 2);
-    int8_t scale[8], min[8];
-    k_scales6(b + 4, scale, min);
-    for (int j = 0; j < 8; j++) {
-        d[j] = dd * (float)scale[j];
-        m[j] = -(dmin * (float)min[j]);
-    }
-}
-
-/* Q4_K / Q5_K's 128 bytes of low nibbles: each 32 bytes hold sub-block 2i low, 2i + 1 high. */
-static inline void k_low_nibbles(const uint8_t *qs, int8_t *q) {
-    for (int i = 0; i < 4; i++)
-        for (int l = 0; l < 32; l++) {
-            q[64 * i + l] = (int8_t)(qs[32 * i + l] & 0x0F);
-            q[64 * i + 32 + l] = (int8_t)(qs[32 * i + l] >> 4);
-        }
-}
-
-static void q4_k(const uint8_t *b, int8_t *q, float *d, float *m) {
-    k_scale_min(b, d, m);
-    k_low_nibbles(b + 16, q);
-}
-
-static void q5_k(const uint8_t *b, int8_t *q, float *d, float *m) {  /* bit j of byte l: value 32j + l's fifth */
-    k_scale_min(b, d, m);
-    k_low_nibbles(b + 48, q);
-    const uint8_t *qh = b + 16;
-    for (int j = 0; j < 8; j++)
-        for (int l = 0; l < 32; l++) q[32 * j + l] = (int8_t)(q[32 * j + l] | (((qh[l] >> j) & 1) << 4));
-}
-
-/* Q6_K: per half of 128 values, 64 bytes of low nibbles (values 0-63 low, 64-127 high) and 32 of
- * top bits (value 32s + i in bits 2s, 2s + 1 of byte i); 16 int8 sub-scales, then fp16 d. */
-static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
-    (void)m;
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-        int8_t *out = q + 128 * h;
-        for (int l = 0; l < 64; l++) {
-            out[l] = (int8_t)(ql[l] & 0x0F);
-            out[64 + l] = (int8_t)(ql[l] >> 4);
-        }
-        for (int s = 0; s < 4; s++)
-            for (int i = 0; i < 32; i++)
-                out[32 * s + i] = (int8_t)((out[32 * s + i] | (((qh[i] >> (2 * s)) & 3) << 4)) - 32);
-    }
-    const float dd = f16(b + 208);
-    for (int g = 0; g < 16; g++) d[g] = dd * (float)(int8_t)b[192 + g];
-}
-
-/* IQ4_NL / IQ4_XS's code values, a non-linear grid indexed by 4 bits (ggml's kvalues_iq4nl). */
-static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-/* 32 values from 16 bytes of grid indices: the low nibbles first, then the high ones. */
-static inline void grid32(const uint8_t *qs, int8_t *q) {
-    for (int i = 0; i < 16; i++) {
-        q[i] = IQ4_VALUES[qs[i] & 0x0F];
-        q[i + 16] = IQ4_VALUES[qs[i] >> 4];
-    }
-}
-
-static void iq4_nl(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * value */
-    (void)m;
-    d[0] = f16(b);
-    grid32(b + 2, q);
+/* Q3_K's 12 bytes of 6-bit scales at s (the layout: gguf_formats.py's _q3_k_scales), minus 32. */
+static inline void q3_k_scales(const uint8_t *s, int8_t *scale) {
+    for (int i = 0; i < 16; i++)
+        scale[i] = (int8_t)((((s[i % 8] >> (i < 8 ? 0 : 4)) & 0x0F) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32);
 }
 
 /* IQ4_XS's sub-scales minus 32: low 4 bits of sub-block i in byte 4 + i / 2 (low nibble for even i),
@@ -208,27 +111,13 @@ static inline void iq4_xs_scales(const uint8_t *b, int8_t *scale) {
         scale[i] = (int8_t)((((b[4 + i / 2] >> (4 * (i % 2))) & 0x0F) | (((high >> (2 * i)) & 3) << 4)) - 32);
 }
 
-static void iq4_xs(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * value */
-    (void)m;
-    const float dd = f16(b);
-    int8_t scale[8];
-    iq4_xs_scales(b, scale);
-    for (int i = 0; i < 8; i++) {
-        d[i] = dd * (float)scale[i];
-        grid32(b + 8 + 16 * i, q + 32 * i);
-    }
-}
-
-/* A K-quant super-block b's two levels: D (d), Mneg (-dmin; -0 for a format without offsets, so
- * that Mneg * 0 is the -0 offset of place_row) and per group the int8 sub-scale and sub-min. */
-typedef void (*terms_fn)(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min);
-
 static void k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {  /* Q4_K, Q5_K */
     *D = f16(b);
     *Mneg = -f16(b + 2);
     k_scales6(b + 4, scale, min);
 }
 
+/* Q2_K: 16 bytes of sub-scales (low nibble) and sub-mins (high), then codes, fp16 d, dmin. */
 static void q2_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
     *D = f16(b + 80);
     *Mneg = -f16(b + 82);
@@ -238,7 +127,8 @@ static void q2_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, i
     }
 }
 
-/* -4 d times the sub-scale is -4 times d times it, bit for bit: every product here is exact. */
+/* Q3_K's codes q - 4 as q with an offset of -4 scales: -4 d times the sub-scale is -4 times d
+ * times it, bit for bit, since every product here is exact. */
 static void q3_k_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
     *D = f16(b + 108);
     *Mneg = -4.0f * *D;
@@ -258,6 +148,101 @@ static void iq4_xs_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale,
     *Mneg = -0.0f;
     iq4_xs_scales(b, scale);
     memset(min, 0, 8);
+}
+
+/* A two-level format's one-level terms for its `groups` groups: d = D * scale and m = Mneg * min,
+ * the bits of gguf's d * scale and -(dmin * min) (a product's sign is its factors'). */
+static inline void one_level(terms_fn terms, int groups, const uint8_t *b, float *d, float *m) {
+    float D, Mneg;
+    int8_t scale[16], min[16];
+    terms(b, &D, &Mneg, scale, min);
+    for (int g = 0; g < groups; g++) {
+        d[g] = D * (float)scale[g];
+        m[g] = Mneg * (float)min[g];
+    }
+}
+
+/* Q2_K / Q3_K's 64 bytes of 2-bit values: per half of 128 values 32 bytes, group 2j + p of the
+ * half at bits 2j of bytes 16p..16p + 15. */
+static inline void k_two_bits(const uint8_t *qs, int8_t *q) {
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 32; i++) q[128 * h + 32 * j + i] = (int8_t)((qs[32 * h + i] >> (2 * j)) & 3);
+}
+
+static void q2_k(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * u - dmin * min */
+    one_level(q2_k_terms, 16, b, d, m);
+    k_two_bits(b + 16, q);
+}
+
+/* Q3_K: 32 bytes of high bits (bit b of byte 16p + l: value l of group 2b + p), 64 of low 2 bits,
+ * 12 of scales, fp16 d; codes q = low + 4 high (gguf_formats.py's _q3_k). */
+static void q3_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+    one_level(q3_k_terms, 16, b, d, m);
+    k_two_bits(b + 32, q);
+    for (int g = 0; g < 16; g++)
+        for (int l = 0; l < 16; l++) q[16 * g + l] = (int8_t)(q[16 * g + l] | (((b[16 * (g % 2) + l] >> (g / 2)) & 1) << 2));
+}
+
+/* Q4_K / Q5_K's 128 bytes of low nibbles: each 32 bytes hold sub-block 2i low, 2i + 1 high. */
+static inline void k_low_nibbles(const uint8_t *qs, int8_t *q) {
+    for (int i = 0; i < 4; i++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * i + l] = (int8_t)(qs[32 * i + l] & 0x0F);
+            q[64 * i + 32 + l] = (int8_t)(qs[32 * i + l] >> 4);
+        }
+}
+
+static void q4_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+    one_level(k_terms, 8, b, d, m);
+    k_low_nibbles(b + 16, q);
+}
+
+static void q5_k(const uint8_t *b, int8_t *q, float *d, float *m) {  /* bit j of byte l: value 32j + l's fifth */
+    one_level(k_terms, 8, b, d, m);
+    k_low_nibbles(b + 48, q);
+    const uint8_t *qh = b + 16;
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 32; l++) q[32 * j + l] = (int8_t)(q[32 * j + l] | (((qh[l] >> j) & 1) << 4));
+}
+
+/* Q6_K: per half of 128 values, 64 bytes of low nibbles (values 0-63 low, 64-127 high) and 32 of
+ * top bits (value 32s + i in bits 2s, 2s + 1 of byte i); 16 int8 sub-scales, then fp16 d. */
+static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        int8_t *out = q + 128 * h;
+        for (int l = 0; l < 64; l++) {
+            out[l] = (int8_t)(ql[l] & 0x0F);
+            out[64 + l] = (int8_t)(ql[l] >> 4);
+        }
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 32; i++)
+                out[32 * s + i] = (int8_t)((out[32 * s + i] | (((qh[i] >> (2 * s)) & 3) << 4)) - 32);
+    }
+    one_level(q6_k_terms, 16, b, d, m);
+}
+
+/* IQ4_NL / IQ4_XS's code values, a non-linear grid indexed by 4 bits (ggml's kvalues_iq4nl). */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* 32 values from 16 bytes of grid indices: the low nibbles first, then the high ones. */
+static inline void grid32(const uint8_t *qs, int8_t *q) {
+    for (int i = 0; i < 16; i++) {
+        q[i] = IQ4_VALUES[qs[i] & 0x0F];
+        q[i + 16] = IQ4_VALUES[qs[i] >> 4];
+    }
+}
+
+static void iq4_nl(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * value */
+    (void)m;
+    d[0] = f16(b);
+    grid32(b + 2, q);
+}
+
+static void iq4_xs(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * value */
+    one_level(iq4_xs_terms, 8, b, d, m);
+    for (int i = 0; i < 8; i++) grid32(b + 8 + 16 * i, q + 32 * i);
 }
 
 typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; terms_fn terms; } Format;
