@@ -34,12 +34,8 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     spec = precision.canonical(spec)
     found = registry.select(*draft_dirs(), name, spec, quantizable)
     twin = same_model(Path(name)) if found is None and name.endswith(".gguf") else None
-    if twin is not None and (found := registry.select(*draft_dirs(), twin, spec, quantizable)) is not None:
-        _, entry, exact = found
-        at = f"@{entry.draft_spec}" if entry.draft_spec else ""
-        ref = (entry.draft if entry.builtin else _draft_ref(found[0])) + at
-        return ref, (f"draft {entry.draft}{at} (registered for {twin}@{entry.precision}; '{name}' has "
-                     f"{twin}'s architecture, shape and tokenizer)")
+    if twin is not None:
+        found = registry.select(*draft_dirs(), twin, spec, quantizable)
     if found is None:
         unused = sorted({e.precision for _, e in registry.candidates(registry.user_dir(), name, quantizable)})
         return None, (f"no draft registered for {name}@{spec}: plain decoding" + (
@@ -48,6 +44,9 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     path, entry, exact = found
     at = f"@{entry.draft_spec}" if entry.draft_spec else ""
     ref = (entry.draft if entry.builtin else _draft_ref(path)) + at
+    if twin is not None:
+        return ref, (f"draft {entry.draft}{at} (registered for {twin}@{entry.precision}; '{name}' has "
+                     f"{twin}'s architecture, shape and tokenizer)")
     if exact:
         return ref, f"draft {entry.draft}{at} (registered for {name}@{spec})"
     return ref, (f"no draft registered for {name}@{spec}; using the shipped {entry.draft}{at} "

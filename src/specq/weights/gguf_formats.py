@@ -8,10 +8,10 @@ float32, that equals `gguf.quants.dequantize` of the same bytes bit for bit (Q4_
 zero: gguf writes d * (u - 8) and its zeros of negative-scale blocks are -0, here d * u - 8d is +0;
 the kernel multiplies integer codes, so no product sees the difference). Why exact: the file's
 weights are what the model was quantized to, and a second rounding is a different model. The
-K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) with the sub-scale
-already applied: an fp16 d times a 4-, 6- or 8-bit sub-scale is exact in float32, and gguf computes
-the same product in float32 before it multiplies the codes, so nothing rounds differently (the load
-path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
+K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) with the
+sub-scale already applied: an fp16 d times a 4-, 6- or 8-bit sub-scale is exact in float32, and
+gguf computes the same product in float32 before it multiplies the codes, so nothing rounds
+differently (the load path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
 
 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 6-bit codes (signed, in [-32,
 31]), 6.25 bits a weight beside the file's 5.5-6.6: decoding reads every weight once a step, so the
