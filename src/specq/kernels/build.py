@@ -123,7 +123,7 @@ def available() -> bool:
     return variant() != TORCH
 
 
-def _compiler() -> str:
+def compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise KernelUnavailable("no C compiler (cc or gcc) on PATH")
@@ -133,7 +133,7 @@ def _compiler() -> str:
 def _has_compiler() -> bool:
     """Whether a C compiler is here (else one note: no variant can build)."""
     try:
-        _compiler()
+        compiler()
     except KernelUnavailable as e:
         print(f"specq: {e}: specq's CPU kernels are off, torch's ops run", file=sys.stderr)
         return False
@@ -164,7 +164,7 @@ def _flags(name: str) -> tuple[str, ...]:
 def compile_units(units: list[Path], name: str, out: Path, cc: str | None = None) -> None:
     """C sources `units` compiled for variant `name` into one shared object `out` (with `cc`, by
     default this machine's compiler); KernelUnavailable with the compiler's last line if it fails."""
-    done = subprocess.run([cc or _compiler(), *_flags(name), *map(str, units), "-o", str(out), "-lm"],
+    done = subprocess.run([cc or compiler(), *_flags(name), *map(str, units), "-o", str(out), "-lm"],
                           capture_output=True, text=True)
     if done.returncode:
         raise KernelUnavailable(f"compiling specq's {name} kernels failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -175,7 +175,7 @@ def _load(name: str) -> ctypes.CDLL:
     files = sorted((f for f in resources.files("specq.kernels").iterdir() if f.name.endswith((".c", ".h"))),
                    key=lambda f: f.name)
     sources = {f.name: f.read_bytes() for f in files}  # headers too: they change what compiles
-    cc = _compiler()
+    cc = compiler()
     key = hashlib.sha256(b"".join(unit.encode() + src for unit, src in sources.items())
                          + " ".join(_flags(name)).encode() + _version(cc).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"specq-{name}-{key}.so"
