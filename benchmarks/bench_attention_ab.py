@@ -29,13 +29,9 @@ import torch
 from bench_kernels_ab import paired_rounds, summary
 from specq.kernels import build
 
-# attend_rows over `layers` layers of one cache, timed in C; the linear layers decoder.c calls are
-# not linked (attention alone).
+# attend_rows over `layers` layers of one cache, timed in C.
 DRIVER = """#include "{source}"
 #include <time.h>
-int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
-              const float *wm, const int8_t *ws, int super_shift, float *y, int threads) {{ return -1; }}
-void linear_f32(const float *x, int M, int K, int N, const float *w, float *y, int threads) {{}}
 double attention_layers(int layers, const float *qkv, int n, int H, int Hkv, int D, const float *cos,
                         const float *sin, float *k, float *v, int capacity, int start, float scale, float *out,
                         int threads) {{
@@ -53,12 +49,20 @@ double attention_layers(int layers, const float *qkv, int n, int H, int Hkv, int
 """
 
 
+# The linear layers decoder.c calls, not linked (attention alone): in a unit of their own, so that
+# their signatures, which attention does not use, may differ between the sides' sources.
+STUBS = """int linear_a8(void) { return -1; }
+void linear_f32(void) {}
+"""
+
+
 def compile_side(sources: Path, out: Path) -> ctypes.CDLL:
     """sources/decoder.c with the timing driver, compiled as specq's build would for this machine."""
-    unit = out.with_suffix(".c")
+    unit, stubs = out.with_suffix(".c"), out.with_name(out.stem + "-stubs.c")
     unit.write_text(DRIVER.format(source=(sources / "decoder.c").resolve()))
+    stubs.write_text(STUBS)
     try:
-        build.compile_units([unit], build.variant(), out)
+        build.compile_units([unit, stubs], build.variant(), out)
     except build.KernelUnavailable as e:
         raise SystemExit(f"{sources}: {e}") from e
     lib = ctypes.CDLL(str(out))

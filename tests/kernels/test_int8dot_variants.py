@@ -94,6 +94,11 @@ def test_the_256_bit_vnni_code_gives_the_avx2_bits(monkeypatch):
         ours, avx2 = PACK[bits](*parts, variant="vnni256"), PACK[bits](*parts, variant="avx2")
         for rows in (1, 3, 4, 7, 17):
             assert torch.equal(int8dot.linear(x[:rows], ours), int8dot.linear(x[:rows], avx2)), (bits, group, rows)
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(1)) * 3
+    for group, two_level in [(32, False), (16, True)]:
+        ours, eight, _ = grid_weight(group, two_level, EXTREME_GRID, 40, 512, 5, "vnni256")
+        for rows in (1, 3, 4, 7, 17):
+            assert torch.equal(int8dot.linear(x[:rows], ours), int8dot.linear(x[:rows], eight)), ("grid", group, rows)
 
 
 @pytest.mark.parametrize("group,offsets", [(16, False), (16, True), (32, False), (64, True)])
@@ -105,6 +110,58 @@ def test_6_bit_codes_give_the_8_bit_forms_bits_in_fewer_bytes(group, offsets, ke
     assert six.codes.numel() * 8 == eight.codes.numel() * 6
     for rows in range(1, len(x) + 1):
         assert torch.equal(int8dot.linear(x[:rows], six), int8dot.linear(x[:rows], eight)), rows
+
+
+IQ4_GRID = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
+EXTREME_GRID = torch.tensor([-128, 127, -1, 0, 1, -127, 64, -64, 3, -3, 100, -100, 126, -126, 5, 2], dtype=torch.int8)
+
+
+def grid_weight(group: int, two_level: bool, grid: torch.Tensor, out: int, n_in: int, seed: int, variant: str):
+    """Random 4-bit indices into `grid` (every index in the first 16 inputs) with one- or two-level
+    scales, packed as grid codes, and the same weights as 8-bit codes (the values they index)."""
+    g = torch.Generator().manual_seed(seed)
+    indices = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8)
+    indices[:, :16] = torch.arange(16, dtype=torch.uint8)
+    values = grid[indices.long()]
+    if two_level:  # IQ4_XS: a float per super-block of 256 times an int8 per group
+        d = torch.rand(out, -(-n_in // 256), generator=g) * 1e-3
+        sub = torch.randint(-32, 32, (out, n_in // group), generator=g, dtype=torch.int8)
+        lookup = int8dot.pack_two_level(4, indices, d, None, sub, None, int8dot.SUPER_SHIFT, variant, grid)
+        eight = int8dot.pack_two_level(8, values, d, None, sub, None, int8dot.SUPER_SHIFT, variant)
+    else:  # IQ4_NL
+        d = torch.rand(out, n_in // group, generator=g) * 0.02
+        lookup, eight = int8dot.pack_grid(indices, d, grid, variant), int8dot.pack_int8(values, d, variant=variant)
+    return lookup, eight, indices
+
+
+@pytest.mark.parametrize("grid", [IQ4_GRID, EXTREME_GRID], ids=["iq4", "extremes"])
+@pytest.mark.parametrize("group,two_level", [(32, False), (16, False), (64, False), (32, True), (16, True)])
+def test_grid_codes_give_the_8_bit_values_bits_in_half_the_bytes(group, two_level, grid, kernel_variant):
+    """4-bit codes indexing a grid of 16 int8 values (GGUF's IQ4_NL / IQ4_XS), looked up in
+    registers, give the outputs of the values themselves as 8-bit codes bit for bit, on every
+    variant and for every row count (so every row equals its one-row step): the lookup changes the
+    bytes read, not a result."""
+    lookup, eight, indices = grid_weight(group, two_level, grid, 40, 512, group + two_level, kernel_variant)
+    code_bytes = [w.codes.numel() // (w.codes.shape[0] * w.codes.shape[3]) for w in (lookup, eight)]  # per output
+    assert code_bytes == [512 // 2, 512]
+    back = int8dot.unpack(lookup)
+    assert torch.equal(back[0], grid[indices.long()]) and back[2] is None
+    avx2 = grid_weight(group, two_level, grid, 40, 512, group + two_level, "avx2")[0]
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(group)) * 3
+    x[1], x[5], x[9] = 0, x[5] * 1e-20, x[9] * 1e20
+    for rows in range(1, len(x) + 1):
+        y = int8dot.linear(x[:rows], lookup)
+        assert torch.equal(y, int8dot.linear(x[:rows], eight)), rows
+        assert torch.equal(y, int8dot.linear(x[:rows], avx2)), rows
+
+
+def test_a_grid_is_16_int8_values_without_offsets():
+    indices, d = torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1)
+    for bad in (IQ4_GRID[:8], IQ4_GRID.float()):
+        with pytest.raises(ValueError, match="16 int8 values"):
+            int8dot.pack_grid(indices, d, bad, "avx2")
+    with pytest.raises(ValueError, match="without offsets"):
+        int8dot._pack(4, indices, d, d, 1, "avx2", grid=IQ4_GRID)
 
 
 @pytest.mark.parametrize("bits,group,offsets", [(4, 32, True), (6, 16, False), (6, 32, True), (8, 32, False)])
@@ -134,15 +191,24 @@ def test_one_super_block_per_row_gives_the_one_level_outputs(bits, group, offset
         assert torch.equal(int8dot.linear(x[:rows], two), int8dot.linear(x[:rows], one)), rows
 
 
-@pytest.mark.parametrize("two_level", [False, True], ids=["one level", "two levels"])
-def test_taking_rows_of_a_4_bit_weight_packs_those_rows(two_level, kernel_variant):
+@pytest.mark.parametrize("two_level,grid", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["one level", "two levels", "grid, one level", "grid, two levels"])
+def test_taking_rows_of_a_4_bit_weight_packs_those_rows(two_level, grid, kernel_variant):
     """`take_rows` (a narrowed head from a 4-bit one) gives the weight packing the kept outputs
     alone would, on every variant's panels: the same bytes, so the same outputs."""
     g = torch.Generator().manual_seed(7)
     out, n_in, groups = 37, 224, 7
     codes = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8)
     keep = torch.tensor([0, 3, 4, 17, 18, 19, 36])
-    if two_level:
+    if grid and two_level:
+        parts = (codes, torch.rand(out, 1, generator=g), torch.randint(-32, 32, (out, groups), generator=g,
+                                                                        dtype=torch.int8))
+        pack = lambda c, d, s: int8dot.pack_two_level(4, c, d, None, s, None, int8dot.ROW_SHIFT,  # noqa: E731
+                                                      kernel_variant, IQ4_GRID)
+    elif grid:
+        parts = (codes, torch.rand(out, groups, generator=g))
+        pack = lambda *t: int8dot.pack_grid(*t, IQ4_GRID, kernel_variant)  # noqa: E731
+    elif two_level:
         d, m = torch.rand(out, 1, generator=g), torch.randn(out, 1, generator=g)
         sub_d = torch.randint(0, 128, (out, groups), generator=g, dtype=torch.int8)
         sub_m = torch.randint(-127, 128, (out, groups), generator=g, dtype=torch.int8)
@@ -152,7 +218,7 @@ def test_taking_rows_of_a_4_bit_weight_packs_those_rows(two_level, kernel_varian
         parts = (codes, torch.rand(out, groups, generator=g), torch.randn(out, groups, generator=g))
         pack = lambda *t: int8dot.pack_int4(*t, variant=kernel_variant)  # noqa: E731
     taken, direct = int8dot.take_rows(pack(*parts), keep), pack(*(t[keep] for t in parts))
-    for name in ("codes", "d", "m", "sub"):
+    for name in ("codes", "d", "m", "sub", "grid"):
         a, b = getattr(taken, name), getattr(direct, name)
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
     assert (taken.out_features, taken.super_shift, taken.variant) == (7, direct.super_shift, kernel_variant)

@@ -463,10 +463,16 @@ static int attend_rows(const float *qkv, int n, int H, int Hkv, int D, const flo
 
 /* int8dot.c and f32dot.c, compiled into the same shared object. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
-              const float *wm, const int8_t *ws, int super_shift, float *y, int threads);
+              const float *wm, const int8_t *ws, const int8_t *grid, int super_shift, float *y, int threads);
 void linear_f32(const float *x, int M, int K, int N, const float *w, float *y, int threads);
 
-typedef struct { int bits, group; const uint8_t *codes; const float *d, *m; const int8_t *sub; int super_shift; } QuantWeight;
+typedef struct {
+    int bits, group;
+    const uint8_t *codes;
+    const float *d, *m;
+    const int8_t *sub, *grid;
+    int super_shift;
+} QuantWeight;
 typedef struct {
     const float *attention_norm, *ffn_norm;
     QuantWeight wqkv, wo, w13, w2;
@@ -483,7 +489,7 @@ static int linear(const QuantWeight *w, const float *x, int M, int K, int N, flo
         linear_f32(x, M, K, N, (const float *)w->codes, y, threads);
         return 0;
     }
-    return linear_a8(w->bits, x, M, K, N, w->group, w->codes, w->d, w->m, w->sub, w->super_shift, y, threads);
+    return linear_a8(w->bits, x, M, K, N, w->group, w->codes, w->d, w->m, w->sub, w->grid, w->super_shift, y, threads);
 }
 
 static void add_into(float *x, const float *y, size_t count) {

@@ -74,7 +74,8 @@ class KernelWeight(Protocol):
 
     bits: int
     group_size: int  # int8dot's scale groups (0 for float panels)
-    pointers: tuple[int | None, int | None, int | None, int | None]  # codes or float panels, scales, offsets, sub-scales
+    # codes or float panels, scales, offsets, sub-scales, the grid 4-bit codes index
+    pointers: tuple[int | None, int | None, int | None, int | None, int | None]
     super_shift: int  # two-level scales: a group's super-block is (group * group_size) >> super_shift
     variant: str  # the kernel variant whose layout the weight has
 
@@ -84,7 +85,7 @@ LINEARS = ("wqkv", "wo", "w13", "w2")  # a layer's linear layers, in the order `
 
 class _QuantWeight(ctypes.Structure):
     _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("super_shift", ctypes.c_int)]
+                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("grid", ctypes.c_void_p), ("super_shift", ctypes.c_int)]
 
 
 class _Part(ctypes.Structure):

@@ -53,7 +53,7 @@ class FloatPanels:
         self.variant = build.variant()
         self.width = _library(self.variant).f32_panel_width()
         self.panels = _panel_major(weight.detach(), self.width)
-        self.pointers = (self.panels.data_ptr(), None, None, None)
+        self.pointers = (self.panels.data_ptr(), None, None, None, None)
         self.super_shift = 0
 
     def nbytes(self) -> int:

@@ -18,6 +18,9 @@
  *     6-bit codes take 6: the low 4 bits of c + 32 as 4-bit codes in chunks 0-3, then its top 2
  *     bits in chunks 4 and 5, byte 4o + t of chunk 4 + k holding those of inputs 16k + 4i + t in
  *     bits 2i, 2i + 1 (i < 4). A block's bytes are always 4P times its bits.
+ *     Or grid codes (GGUF's IQ4_NL, IQ4_XS): 4-bit codes laid out as above that index `grid`, 16
+ *     int8 values, w = d_w[g] * grid[u] (no offsets): looked up in registers (vpshufb), so the
+ *     weight costs its file's 4 bits and not a byte.
  *     Scales and offsets are [panel][group][P]. N is padded to a multiple of P with zeros.
  *     Or two-level: float32 [panel][supers][P] per super-block and int8 sub-scales [panel][group][P]
  *     (with offsets, then sub-offsets [panel][group][P] after each panel's sub-scales), the group's
@@ -31,7 +34,7 @@
  * Four activation bytes broadcast to every lane meet four inputs of each of the P outputs in one
  * vpmaddubsw (one vpdpbusd with VNNI): a panel needs no horizontal sums. AVX2's 16 registers keep
  * a block's unpacked weights for tiles of 4 rows, AVX-512's 32 for tiles of 8 (`wide_panel`).
- * 6-bit codes enter as unsigned c + 32, 8-bit ones on AVX-512 VNNI as c + 128; the dot product
+ * 6-bit codes enter as unsigned c + 32, 8-bit and grid ones on AVX-512 VNNI as c + 128; the dot product
  * starts from -32 (or -128) times the sum of the activation codes it meets, so it is sum(c * q).
  * Each block's integer dot product is exact; it is scaled by d_w * d_a into the output's float
  * lane (groups of 16: each half of the block by its own d_w), and the m_w term uses the group's sum
@@ -74,6 +77,13 @@
 #if defined(__AVX512VNNI__)
 #define WIDE_BITS8 1
 #endif
+#endif
+/* Grid codes enter the 512-bit VNNI code as unsigned value + 128 (as 8-bit codes do); elsewhere
+ * they stay signed. */
+#if defined(WIDE_BITS8)
+#define GRID_BIAS 128
+#else
+#define GRID_BIAS 0
 #endif
 
 /* Whether `bits`-bit weights run on this variant's 512-bit code. */
@@ -188,9 +198,18 @@ static inline void six_bit_codes(const uint8_t *wb, int j, __m256i *u) {
     u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), top_bits(h, 2 * (j % 2) + 1));
 }
 
+/* The signed grid values of chunk `w`'s low (v[0]) and high (v[1]) nibbles: 16 values in each
+ * 128-bit lane of `table`. */
+static inline void grid_values(__m256i w, __m256i table, __m256i *v) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    v[0] = _mm256_shuffle_epi8(table, _mm256_and_si256(w, low));
+    v[1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+}
+
 /* The exact integer dot products of `rows` rows with chunks [j0, j1) of one block's codes `wb`
  * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes; for 6-bit codes
- * the chunks are those of the low nibbles, each with its top bits.
+ * the chunks are those of the low nibbles, each with its top bits; with `lookup`, 4-bit codes are
+ * indices into the signed grid `table` and its values enter as 8-bit codes do.
  * vpmaddubsw and vpdpbusd multiply unsigned by signed bytes: 4-bit codes are unsigned already, and
  * a block's eight products of 4-bit codes sum in 16 bits without overflow (8 * 2 * 15 * 127 <
  * 32768); 6-bit codes go in as c + 32, two products in 16 bits (2 * 2 * 63 * 127 < 32768), the
@@ -198,10 +217,23 @@ static inline void six_bit_codes(const uint8_t *wb, int j, __m256i *u) {
  * sign moved onto the activations, widened to 32 bits at every step (vpdpbusd sums in 32 bits
  * directly). */
 static inline __attribute__((always_inline)) void chunk_dots(
-        int bits, int rows, int j0, int j1, const uint8_t *wb, const int8_t *qb, __m256i *dots) {
+        int bits, int lookup, int rows, int j0, int j1, const uint8_t *wb, const int8_t *qb, __m256i table,
+        __m256i *dots) {
     const __m256i low = _mm256_set1_epi8(0x0F);
 #if defined(DPBUSD256)
     for (int j = j0; j < j1; j++) {
+        if (lookup) {  /* the values' magnitudes, their signs moved onto the activations */
+            __m256i v[2];
+            grid_values(_mm256_loadu_si256((const __m256i *)(wb + 32 * j)), table, v);
+            const __m256i u0 = _mm256_sign_epi8(v[0], v[0]), u1 = _mm256_sign_epi8(v[1], v[1]);
+            UNROLL
+            for (int r = 0; r < rows; r++) {
+                const int8_t *a = qb + r * QBLOCK + 8 * j;
+                dots[r] = DPBUSD256(DPBUSD256(dots[r], u0, _mm256_sign_epi8(broadcast4(a), v[0])), u1,
+                                    _mm256_sign_epi8(broadcast4(a + 4), v[1]));
+            }
+            continue;
+        }
         if (bits == 6) {
             __m256i u[2];
             six_bit_codes(wb, j, u);
@@ -229,7 +261,21 @@ static inline __attribute__((always_inline)) void chunk_dots(
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
-    if (bits == 4) {
+    if (lookup) {  /* as 8-bit codes: each pair of products widened at once (two pairs may pass 16 bits) */
+        for (int j = j0; j < j1; j++) {
+            __m256i v[2];
+            grid_values(_mm256_loadu_si256((const __m256i *)(wb + 32 * j)), table, v);
+            const __m256i u0 = _mm256_sign_epi8(v[0], v[0]), u1 = _mm256_sign_epi8(v[1], v[1]);
+            UNROLL
+            for (int r = 0; r < rows; r++) {
+                const int8_t *a = qb + r * QBLOCK + 8 * j;
+                __m256i p0 = _mm256_maddubs_epi16(u0, _mm256_sign_epi8(broadcast4(a), v[0]));
+                __m256i p1 = _mm256_maddubs_epi16(u1, _mm256_sign_epi8(broadcast4(a + 4), v[1]));
+                dots[r] = _mm256_add_epi32(dots[r], _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
+                                                                     _mm256_madd_epi16(p1, ones)));
+            }
+        }
+    } else if (bits == 4) {
         __m256i sums[ROW_TILE];
         UNROLL
         for (int r = 0; r < rows; r++) sums[r] = _mm256_setzero_si256();
@@ -272,14 +318,16 @@ static inline __attribute__((always_inline)) void chunk_dots(
 }
 
 /* The 8 outputs of one panel for `rows` (<= ROW_TILE, a constant at each call) consecutive rows.
- * `bits` (4, 6 or 8) and `half` (1: groups of 16, two per block of 32; 0: groups of whole blocks)
- * are constants at every call, so each form compiles to its own straight-line code. The sequence of
- * operations on one (row, output) lane is the same in every tile. `wm` NULL: no offsets; `z`: the
- * 6-bit codes' correction (quantize_rows). */
+ * `bits` (4, 6 or 8), `lookup` (4-bit codes indexing `grid`) and `half` (1: groups of 16, two per
+ * block of 32; 0: groups of whole blocks) are constants at every call, so each form compiles to its
+ * own straight-line code. The sequence of operations on one (row, output) lane is the same in every
+ * tile. `wm` NULL: no offsets; `z`: the 6-bit codes' correction (quantize_rows). */
 static inline __attribute__((always_inline)) void panel(
-        int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *ws, int shift, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y,
-        int N, int valid) {
+        int bits, int lookup, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd,
+        const float *wm, const int8_t *ws, const int8_t *grid, int shift, const int8_t *q, const float *d,
+        const float *s, const int32_t *z, float *y, int N, int valid) {
+    const __m256i table = lookup ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid))
+                                 : _mm256_setzero_si256();
     const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 8 ? 8 : 4, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;  /* blocks per group of whole blocks */
     const size_t block_bytes = (size_t)bits * 4 * PANEL;
@@ -292,8 +340,8 @@ static inline __attribute__((always_inline)) void panel(
             UNROLL
             for (int r = 0; r < rows; r++)
                 dots[r] = bits == 6 ? _mm256_set1_epi32(z[(size_t)(parts * b + h) * M + r]) : _mm256_setzero_si256();
-            chunk_dots(bits, rows, h * chunks / parts, (h + 1) * chunks / parts, wq + (size_t)b * block_bytes,
-                       q + (size_t)b * M * QBLOCK, dots);
+            chunk_dots(bits, lookup, rows, h * chunks / parts, (h + 1) * chunks / parts,
+                       wq + (size_t)b * block_bytes, q + (size_t)b * M * QBLOCK, table, dots);
             __m256 wscale = group_terms(wd, ws, half ? 2 * b + h : group, G, shift);
             UNROLL
             for (int r = 0; r < rows; r++) {
@@ -335,10 +383,12 @@ static inline __m512 wide_group_terms(const float *w, const int8_t *sub, int g, 
 /* dots[r] += the exact integer dot products, per 32-bit lane, of unpacked chunks w[i0..i1) with
  * dword i of row r's activations `a` (rows QBLOCK apart) for `rows` rows, chunk by chunk so that
  * the rows' additions overlap. Without VNNI only 4-bit codes come here: they sum in 16 bits first,
- * as in chunk_dots. */
+ * as in chunk_dots; or with `signed_codes` grid values, as magnitudes with their signs moved onto
+ * the activations (no 512-bit vpsignb: a masked subtraction), each pair of products widened at once. */
 static inline __attribute__((always_inline)) void tile_dots(
-        const __m512i *w, int i0, int i1, int rows, const int8_t *a, __m512i *dots) {
+        const __m512i *w, int i0, int i1, int rows, const int8_t *a, int signed_codes, __m512i *dots) {
 #if defined(__AVX512VNNI__)
+    (void)signed_codes;  /* grid values come biased, as 8-bit codes do */
     /* vpdpbusd with its embedded broadcast ({1to16}) reads the row's four bytes itself: GCC turns
      * the intrinsic with a set1 of memory into a separate vpbroadcastd, one more instruction per
      * product, and at eight rows the products are what a pass waits on. */
@@ -349,6 +399,21 @@ static inline __attribute__((always_inline)) void tile_dots(
             __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dots[r]) : "v"(w[i]), "m"(*(const dword *)(a + r * QBLOCK + 4 * i)));
     }
 #else
+    const __m512i ones = _mm512_set1_epi16(1);
+    if (signed_codes) {
+        FULLY
+        for (int i = i0; i < i1; i++) {
+            const __m512i u = _mm512_abs_epi8(w[i]);
+            const __mmask64 negative = _mm512_movepi8_mask(w[i]);
+            WIDE_UNROLL
+            for (int r = 0; r < rows; r++) {
+                const __m512i x = broadcast_dword(a + r * QBLOCK + 4 * i);
+                const __m512i signed_x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+                dots[r] = _mm512_add_epi32(dots[r], _mm512_madd_epi16(_mm512_maddubs_epi16(u, signed_x), ones));
+            }
+        }
+        return;
+    }
     __m512i sums[WIDE_TILE];
     WIDE_UNROLL
     for (int r = 0; r < rows; r++) sums[r] = _mm512_setzero_si512();
@@ -359,7 +424,7 @@ static inline __attribute__((always_inline)) void tile_dots(
             sums[r] = _mm512_add_epi16(sums[r], _mm512_maddubs_epi16(w[i], broadcast_dword(a + r * QBLOCK + 4 * i)));
     }
     WIDE_UNROLL
-    for (int r = 0; r < rows; r++) dots[r] = _mm512_add_epi32(dots[r], _mm512_madd_epi16(sums[r], _mm512_set1_epi16(1)));
+    for (int r = 0; r < rows; r++) dots[r] = _mm512_add_epi32(dots[r], _mm512_madd_epi16(sums[r], ones));
 #endif
 }
 
@@ -374,15 +439,21 @@ static inline __m512i wide_top_bits(__m512i h, int s) {
  * WIDE_TILE rows: per block the 8 unpacked chunks stay in registers for every row of the tile. The
  * float operations on each (row, output) lane are `panel`'s, in its order. 8-bit codes enter
  * vpdpbusd as unsigned c + 128 (the top bit flipped), 6-bit ones as c + 32; the dot product starts
- * from z, -128 (or -32) * sum(q) over the block or half, so what it adds up is exactly sum(c * q). */
+ * from z, -128 (or -32) * sum(q) over the block or half, so what it adds up is exactly sum(c * q).
+ * Grid codes (`lookup`) are looked up as c + 128 with VNNI and corrected the same way; without it,
+ * as signed values (tile_dots). */
 static inline __attribute__((always_inline)) void wide_panel(
-        int bits, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd, const float *wm,
-        const int8_t *ws, int shift, const int8_t *q, const float *d, const float *s, const int32_t *z, float *y,
-        int N, int valid) {
+        int bits, int lookup, int half, int rows, int M, int K, int G, const uint8_t *wq, const float *wd,
+        const float *wm, const int8_t *ws, const int8_t *grid, int shift, const int8_t *q, const float *d,
+        const float *s, const int32_t *z, float *y, int N, int valid) {
     const int blocks = K / QBLOCK, groups = K / G, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;
     const size_t block_bytes = (size_t)bits * 4 * WIDE_PANEL;
     const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i table = !lookup ? _mm512_setzero_si512()
+                          : GRID_BIAS ? _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)grid)), flip)
+                          : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)grid));
+    const int biased = bits != 4 || (lookup && GRID_BIAS);  /* whether the dots start from z */
     __m512 acc[WIDE_TILE];
     WIDE_UNROLL
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -398,6 +469,10 @@ static inline __attribute__((always_inline)) void wide_panel(
                 __m512i packed = _mm512_loadu_si512(wb + j);
                 w[2 * j] = _mm512_and_si512(packed, low);
                 w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+                if (lookup) {
+                    w[2 * j] = _mm512_shuffle_epi8(table, w[2 * j]);
+                    w[2 * j + 1] = _mm512_shuffle_epi8(table, w[2 * j + 1]);
+                }
             }
         } else if (bits == 6) {
             FULLY
@@ -416,8 +491,9 @@ static inline __attribute__((always_inline)) void wide_panel(
             __m512i dots[WIDE_TILE];
             WIDE_UNROLL
             for (int r = 0; r < rows; r++)
-                dots[r] = bits == 4 ? _mm512_setzero_si512() : _mm512_set1_epi32(z[(size_t)(parts * b + h) * M + r]);
-            tile_dots(w, h * 8 / parts, (h + 1) * 8 / parts, rows, q + (size_t)b * M * QBLOCK, dots);
+                dots[r] = biased ? _mm512_set1_epi32(z[(size_t)(parts * b + h) * M + r]) : _mm512_setzero_si512();
+            tile_dots(w, h * 8 / parts, (h + 1) * 8 / parts, rows, q + (size_t)b * M * QBLOCK, lookup && !GRID_BIAS,
+                      dots);
             __m512 wscale = wide_group_terms(wd, ws, half ? 2 * b + h : group, G, shift);
             WIDE_UNROLL
             for (int r = 0; r < rows; r++) {
@@ -467,35 +543,35 @@ static inline int tile_rows(int left, int tile) {
 }
 
 /* Each panel's M rows in tiles, each tile's row count a constant of its own code. */
-#define SWEEP(BITS, HALF)                                                                    \
+#define SWEEP(BITS, LOOKUP, HALF)                                                            \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
     for (int p = 0; p < panels; p++) {                                                       \
         int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;                           \
         for (int r = 0, rows; r < M; r += rows) {                                            \
             rows = tile_rows(M - r, ROW_TILE);                                               \
             switch (rows) {                                                                  \
-                case 4: PANEL_AT(BITS, HALF, 4, r, p, valid); break;                         \
-                case 3: PANEL_AT(BITS, HALF, 3, r, p, valid); break;                         \
-                case 2: PANEL_AT(BITS, HALF, 2, r, p, valid); break;                         \
-                default: PANEL_AT(BITS, HALF, 1, r, p, valid);                               \
+                case 4: PANEL_AT(BITS, LOOKUP, HALF, 4, r, p, valid); break;                 \
+                case 3: PANEL_AT(BITS, LOOKUP, HALF, 3, r, p, valid); break;                 \
+                case 2: PANEL_AT(BITS, LOOKUP, HALF, 2, r, p, valid); break;                 \
+                default: PANEL_AT(BITS, LOOKUP, HALF, 1, r, p, valid);                       \
             }                                                                                \
         }                                                                                    \
     }
-#define WIDE_SWEEP(BITS, HALF)                                                               \
+#define WIDE_SWEEP(BITS, LOOKUP, HALF)                                                       \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
     for (int p = 0; p < panels; p++) {                                                       \
         int valid = N - p * WIDE_PANEL < WIDE_PANEL ? N - p * WIDE_PANEL : WIDE_PANEL;       \
         for (int r = 0, rows; r < M; r += rows) {                                            \
             rows = tile_rows(M - r, WIDE_TILE);                                              \
             switch (rows) {                                                                  \
-                case 8: WIDE_AT(BITS, HALF, 8, r, p, valid); break;                          \
-                case 7: WIDE_AT(BITS, HALF, 7, r, p, valid); break;                          \
-                case 6: WIDE_AT(BITS, HALF, 6, r, p, valid); break;                          \
-                case 5: WIDE_AT(BITS, HALF, 5, r, p, valid); break;                          \
-                case 4: WIDE_AT(BITS, HALF, 4, r, p, valid); break;                          \
-                case 3: WIDE_AT(BITS, HALF, 3, r, p, valid); break;                          \
-                case 2: WIDE_AT(BITS, HALF, 2, r, p, valid); break;                          \
-                default: WIDE_AT(BITS, HALF, 1, r, p, valid);                                \
+                case 8: WIDE_AT(BITS, LOOKUP, HALF, 8, r, p, valid); break;                  \
+                case 7: WIDE_AT(BITS, LOOKUP, HALF, 7, r, p, valid); break;                  \
+                case 6: WIDE_AT(BITS, LOOKUP, HALF, 6, r, p, valid); break;                  \
+                case 5: WIDE_AT(BITS, LOOKUP, HALF, 5, r, p, valid); break;                  \
+                case 4: WIDE_AT(BITS, LOOKUP, HALF, 4, r, p, valid); break;                  \
+                case 3: WIDE_AT(BITS, LOOKUP, HALF, 3, r, p, valid); break;                  \
+                case 2: WIDE_AT(BITS, LOOKUP, HALF, 2, r, p, valid); break;                  \
+                default: WIDE_AT(BITS, LOOKUP, HALF, 1, r, p, valid);                        \
             }                                                                                \
         }                                                                                    \
     }
@@ -514,42 +590,49 @@ static inline int tile_rows(int left, int tile) {
 #define SWEEP6 SWEEP8  /* 6-bit codes: 512-bit code where 8-bit codes have it */
 
 /* y = x w^T for `bits`-bit weights (4, 6 or 8) in groups of G (16 or a multiple of 32) in the panel
- * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (always for 4 bits; NULL for
- * 6- or 8-bit weights without them); `ws`: the int8 sub-scales of two-level scales (NULL: one-level),
- * whose super-blocks `super_shift` gives.
+ * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (NULL for weights without them:
+ * 6- or 8-bit ones, or grid codes); `ws`: the int8 sub-scales of two-level scales (NULL: one-level),
+ * whose super-blocks `super_shift` gives; `grid`: the 16 values 4-bit codes index (NULL: the codes
+ * are the values).
  * Returns 0 on success, -1 when out of memory. Panels are split across `threads` OpenMP threads. */
 int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_t *wq, const float *wd,
-              const float *wm, const int8_t *ws, int super_shift, float *y, int threads) {
+              const float *wm, const int8_t *ws, const int8_t *grid, int super_shift, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
-    const int biased = bits == 6 || (bits == 8 && wide(bits));  /* unsigned codes c + bias: z corrects */
+    const int lookup = bits == 4 && grid;
+    /* unsigned codes c + bias: z corrects */
+    const int biased = bits == 6 || (bits == 8 && wide(bits)) || (lookup && wide(4) && GRID_BIAS);
     quantize_rows(x, M, K, G, a.q, a.d, a.t, wm ? a.s : NULL, biased ? a.z : NULL, bits == 6 ? 32 : 128);
     const int width = a8_panel_width(bits), panels = (N + width - 1) / width, half = G < QBLOCK;
     const size_t panel_bytes = (size_t)K / QBLOCK * bits * 4 * width;
     const size_t panel_scales = (size_t)(ws ? ((K - 1) >> super_shift) + 1 : K / G) * width;
     const size_t panel_subs = ws ? (size_t)(wm ? 2 : 1) * (K / G) * width : 0;
-#define PANEL_AT(BITS, HALF, ROWS, r, p, valid)                                                              \
-    panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,         \
-          wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,                 \
+#define PANEL_AT(BITS, LOOKUP, HALF, ROWS, r, p, valid)                                                      \
+    panel(BITS, LOOKUP, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales, \
+          wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL, grid,           \
           super_shift, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r), y + (size_t)(r) * N + (size_t)(p) * PANEL, N, \
           valid)
-#define WIDE_AT(BITS, HALF, ROWS, r, p, valid)                                                               \
-    wide_panel(BITS, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes, wd + (size_t)(p) * panel_scales,    \
-               wm ? wm + (size_t)(p) * panel_scales : NULL, ws ? ws + (size_t)(p) * panel_subs : NULL,            \
-               super_shift, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r),                                        \
+#define WIDE_AT(BITS, LOOKUP, HALF, ROWS, r, p, valid)                                                       \
+    wide_panel(BITS, LOOKUP, HALF, ROWS, M, K, G, wq + (size_t)(p) * panel_bytes,                             \
+               wd + (size_t)(p) * panel_scales, wm ? wm + (size_t)(p) * panel_scales : NULL,                      \
+               ws ? ws + (size_t)(p) * panel_subs : NULL, grid, super_shift, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r),                                        \
                y + (size_t)(r) * N + (size_t)(p) * WIDE_PANEL, N, valid)
-    if (bits == 4 && !half) {
-        SWEEP4(4, 0)
+    if (lookup && !half) {
+        SWEEP4(4, 1, 0)
+    } else if (lookup) {
+        SWEEP4(4, 1, 1)
+    } else if (bits == 4 && !half) {
+        SWEEP4(4, 0, 0)
     } else if (bits == 4) {
-        SWEEP4(4, 1)
+        SWEEP4(4, 0, 1)
     } else if (bits == 6 && !half) {
-        SWEEP6(6, 0)
+        SWEEP6(6, 0, 0)
     } else if (bits == 6) {
-        SWEEP6(6, 1)
+        SWEEP6(6, 0, 1)
     } else if (!half) {
-        SWEEP8(8, 0)
+        SWEEP8(8, 0, 0)
     } else {
-        SWEEP8(8, 1)
+        SWEEP8(8, 0, 1)
     }
     acts_free(&a);
     return 0;

@@ -40,7 +40,7 @@ available = build.available  # AVX2 and a C compiler: specq's kernels build here
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """`lib`'s int8dot functions given their C signatures (a build of int8dot.c)."""
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, i, p, i]
+    lib.linear_a8.argtypes = [i, p, i, i, i, i, p, p, p, p, p, i, p, i]
     lib.linear_a8.restype = i
     lib.a8_panel_width.argtypes = [i]
     lib.a8_panel_width.restype = i
@@ -80,26 +80,30 @@ class Int8DotWeight:
     width], one per super-block, and a group's scale or offset is that times its int8 sub-scale
     (`int8dot.c`). Group g's super-block is (g * group_size) >> super_shift: SUPER_SHIFT for GGUF's
     K-quants (the same float32 as the file's scales, with fewer bytes), ROW_SHIFT for one per row.
+    With `grid` (int8 [16]; 4-bit codes, no offsets) the codes index its values: w = d * grid[code]
+    (GGUF's IQ4_NL and IQ4_XS, at their files' 4 bits a weight).
 
     The call's constant arguments are prepared once (a decode step makes over a hundred calls, so
     the Python side of each call matters); copies rebuild them for their own tensors."""
 
     def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, group_size: int,
                  out_features: int, in_features: int, variant: str, sub: Tensor | None = None,
-                 super_shift: int = SUPER_SHIFT):
+                 super_shift: int = SUPER_SHIFT, grid: Tensor | None = None):
+        if grid is not None and (bits != 4 or m is not None or grid.dtype != torch.int8 or grid.shape != (16,)):
+            raise ValueError("a grid is 16 int8 values indexed by 4-bit codes without offsets")
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
         self.out_features, self.in_features, self.variant, self.sub = out_features, in_features, variant, sub
-        self.super_shift = super_shift
+        self.super_shift, self.grid = super_shift, None if grid is None else grid.contiguous()
         self._shape = (in_features, out_features, group_size)
-        self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m, sub))
+        self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m, sub, self.grid))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
-        codes, d, m, sub = (copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m, self.sub))
+        codes, d, m, sub, grid = (copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m, self.sub, self.grid))
         return Int8DotWeight(self.bits, codes, d, m, self.group_size, self.out_features, self.in_features,
-                             self.variant, sub, self.super_shift)
+                             self.variant, sub, self.super_shift, grid)
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.codes, self.d, self.m, self.sub) if t is not None)
+        return sum(t.nbytes for t in (self.codes, self.d, self.m, self.sub, self.grid) if t is not None)
 
     def group_terms(self) -> tuple[Tensor, Tensor | None]:
         """d and m per group, float32 [panels, groups, width] (two-level: each product computed as
@@ -161,16 +165,16 @@ CHUNKS = {4: _nibble_chunks, 6: _six_bit_chunks, 8: _byte_chunks}  # code bits -
 
 
 def _pack(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, groups: int, variant: str | None,
-          sub: tuple[Tensor, ...] = (), super_shift: int = SUPER_SHIFT) -> Int8DotWeight:
+          sub: tuple[Tensor, ...] = (), super_shift: int = SUPER_SHIFT, grid: Tensor | None = None) -> Int8DotWeight:
     """`bits`-bit codes [out, in] in `groups` groups a row, with scales d (and offsets m) and, for
-    two-level scales, int8 `sub` (sub-scales, then sub-offsets) [out, groups], laid out for
-    `variant` (by default the process's)."""
+    two-level scales, int8 `sub` (sub-scales, then sub-offsets) [out, groups], and 4-bit codes'
+    `grid`, laid out for `variant` (by default the process's)."""
     variant = variant or build.variant()
     width, (out, n_in) = panel_width(bits, variant), codes.shape
     subs = torch.cat([_panels(t, width).transpose(1, 2) for t in sub], dim=1).contiguous() if sub else None
     return Int8DotWeight(bits, CHUNKS[bits](codes, width).contiguous(), panel_major(d, width),
                          None if m is None else panel_major(m, width), n_in // groups, out, n_in, variant, subs,
-                         super_shift)
+                         super_shift, grid)
 
 
 def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None) -> Int8DotWeight:
@@ -187,12 +191,19 @@ def pack_int4_two_level(unsigned: Tensor, d: Tensor, m: Tensor, sub_d: Tensor, s
 
 
 def pack_two_level(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, sub_d: Tensor, sub_m: Tensor | None,
-                   super_shift: int, variant: str | None = None) -> Int8DotWeight:
-    """`bits`-bit codes [out, in] (as `pack_int4` / `pack_int6` / `pack_int8` take them) with
-    two-level scales: float d (and m) [out, supers], int8 sub_d (and sub_m) [out, groups]; group g's
-    w = d[(g * G) >> super_shift] * sub_d[g] * code (+ m[..] * sub_m[g])."""
+                   super_shift: int, variant: str | None = None, grid: Tensor | None = None) -> Int8DotWeight:
+    """`bits`-bit codes [out, in] (as `pack_int4` / `pack_int6` / `pack_int8` / `pack_grid` take
+    them) with two-level scales: float d (and m) [out, supers], int8 sub_d (and sub_m) [out, groups];
+    group g's w = d[(g * G) >> super_shift] * sub_d[g] * code (+ m[..] * sub_m[g]), the code
+    through `grid` where given."""
     sub = tuple(t for t in (sub_d, sub_m) if t is not None)
-    return _pack(bits, codes, d, m, sub_d.shape[1], variant, sub, super_shift)
+    return _pack(bits, codes, d, m, sub_d.shape[1], variant, sub, super_shift, grid)
+
+
+def pack_grid(indices: Tensor, d: Tensor, grid: Tensor, variant: str | None = None) -> Int8DotWeight:
+    """From 4-bit codes in [0, 15] [out, in] indexing `grid` (int8 [16]) and float d [out, groups]
+    with w = d * grid[code], laid out for `variant`: GGUF's IQ4_NL at its 4 bits a weight."""
+    return _pack(4, indices, d, None, d.shape[1], variant, grid=grid)
 
 
 def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
@@ -213,11 +224,13 @@ PACKS = {4: pack_int4, 6: pack_int6, 8: pack_int8}  # code bits -> packing of on
 
 def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
     """The inverse of `pack_int4` / `pack_int6` / `pack_int8`: codes [out, in] (uint8 for 4 bits,
-    int8 for 6 and 8) and float d, m [out, groups] (m None where the weight has no offsets). Why: the
-    eager path builds its torch form from the kernel's tensors, so a layer need not keep a second
-    copy of its codes."""
+    int8 for 6 and 8, and for a grid's the int8 values they index) and float d, m [out, groups] (m
+    None where the weight has no offsets). Why: the eager path builds its torch form from the
+    kernel's tensors, so a layer need not keep a second copy of its codes."""
     out, n_in = w.out_features, w.in_features
-    if w.bits == 4:
+    if w.grid is not None:
+        codes = w.grid[_from_nibble_chunks(w.codes, out, n_in).long()]
+    elif w.bits == 4:
         codes = _from_nibble_chunks(w.codes, out, n_in)
     elif w.bits == 6:  # pack_int6's two parts
         top = torch.stack([(w.codes[:, :, 4:] >> s) & 3 for s in (0, 2, 4, 6)], -1).permute(0, 3, 1, 2, 5, 4)
@@ -245,15 +258,17 @@ def _per_output(t: Tensor, out: int) -> Tensor:
 
 def take_rows(w: Int8DotWeight, rows: Tensor) -> Int8DotWeight:
     """The 4-bit weight `w` restricted to the outputs `rows`, each with its own codes, scales and
-    offsets as they are (two-level ones too), laid out for w's variant."""
+    offsets as they are (two-level ones too, and a grid), laid out for w's variant."""
     if w.bits != 4:
         raise ValueError(f"take_rows takes 4-bit weights, not {w.bits}-bit ones")
     codes = _from_nibble_chunks(w.codes, w.out_features, w.in_features)[rows]
-    d, m = (_per_output(t, w.out_features)[rows] for t in (w.d, w.m))
+    d, m = (None if t is None else _per_output(t, w.out_features)[rows] for t in (w.d, w.m))
+    groups = w.in_features // w.group_size
     if w.sub is None:
-        return pack_int4(codes, d, m, w.variant)
-    sub, groups = _per_output(w.sub, w.out_features)[rows], w.in_features // w.group_size
-    return pack_int4_two_level(codes, d, m, sub[:, :groups], sub[:, groups:], w.super_shift, w.variant)
+        return _pack(4, codes, d, m, groups, w.variant, grid=w.grid)
+    sub = _per_output(w.sub, w.out_features)[rows]
+    return pack_two_level(4, codes, d, m, sub[:, :groups], sub[:, groups:] if m is not None else None, w.super_shift,
+                          w.variant, w.grid)
 
 
 def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
