@@ -23,8 +23,9 @@ from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_m
 
 QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (4, 16),
-         "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (8, 32),
-         "IQ4_XS": (8, 32)}  # the kernel's code bits and group size
+         "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
+         "IQ4_XS": (4, 32)}  # the kernel's code bits and group size
+GRID = {"IQ4_NL", "IQ4_XS"}  # their 4-bit codes index a grid
 SIGNED_ZERO = {"Q4_0", "Q3_K"}  # a code with an offset of -8 or -4 scales: +0 where gguf writes d * 0 (see same_bits)
 UNLISTED = "TQ2_0"  # a type without a row in the table: 256 ternary weights in 66 bytes, 2 bits each and fp16 d
 CODE_RANGES = {4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
@@ -179,6 +180,7 @@ def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
     if fmt.floats is None:
         kb = fmt.kernel_blocks(raw)
         assert (kb.bits, kb.group_size) == FORMS[qtype] and kb.codes.shape == (12, 512)
+        assert (kb.grid is not None) == (qtype in GRID)
         assert kb.d.dtype == np.float32 and kb.d.shape == (12, 512 // kb.group_size)
         low, high = CODE_RANGES[kb.bits]
         assert kb.codes.dtype == (np.uint8 if kb.bits == 4 else np.int8)
@@ -226,17 +228,21 @@ def test_unlisted_types_are_dequantized_by_gguf():
     assert np.array_equal(to_float(raw, UNLISTED), quants.dequantize(raw, GGMLQuantizationType[UNLISTED]))
 
 
-@pytest.mark.parametrize("types,form", [(["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"], (8, 16, True)),
-                                        (["Q4_K", "Q4_K", "Q6_K"], (6, 16, True)), (["Q5_0", "Q4_0"], (6, 32, True))])
+@pytest.mark.parametrize("types,form", [(["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"], (8, 16, True, False)),
+                                        (["Q4_K", "Q4_K", "Q6_K"], (6, 16, True, False)),
+                                        (["Q5_0", "Q4_0"], (6, 32, True, False)),
+                                        (["IQ4_XS", "IQ4_NL"], (4, 32, False, True)),
+                                        (["IQ4_XS", "IQ4_XS", "Q5_K"], (8, 32, True, False))])
 def test_stacked_formats_keep_every_part_exactly(types, form):
     """A fused layer of parts in different formats (Q4_K_M files store attn_v as Q6_K beside Q4_K
-    q and k) takes one form that holds each part's weights exactly: the widest codes, the finest
-    groups, offsets (-0 for parts without: d * c + -0 keeps even the sign of a zero)."""
+    q and k; IQ4_XS files as Q5_K beside IQ4_XS) takes one form that holds each part's weights
+    exactly: the widest codes, the finest groups, offsets (-0 for parts without: d * c + -0 keeps
+    even the sign of a zero), grid codes where every part has them, else their values."""
     rng = np.random.default_rng(9)
     raws = [random_tensor(q, rng, 8 * (i + 1), 256, wide=True) for i, q in enumerate(types)]
     parts = [FORMATS[q].kernel_blocks(raw) for q, raw in zip(types, raws)]
     stacked = stack_rows(parts)
-    assert (stacked.bits, stacked.group_size, stacked.m is not None) == form
+    assert (stacked.bits, stacked.group_size, stacked.m is not None, stacked.grid is not None) == form
     w, start = stacked.dequantize(), 0
     for q, raw in zip(types, raws):
         assert same_bits(w[start:start + len(raw)], quants.dequantize(raw, GGMLQuantizationType[q]), q == "Q4_0"), q
@@ -247,7 +253,10 @@ def test_stacked_formats_keep_every_part_exactly(types, form):
 def numpy_packed(parts: list[tuple[str, np.ndarray]], variant: str) -> int8dot.Int8DotWeight:
     """The reference path: the numpy decoders (checked against gguf above) and int8dot's packing."""
     kb = stack_rows([FORMATS[q].kernel_blocks(raw) for q, raw in parts])
-    return PACK[kb.bits](*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
+    codes, d, m = (None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m))
+    if kb.grid is not None:
+        return int8dot.pack_grid(codes, d, torch.from_numpy(kb.grid), variant)
+    return PACK[kb.bits](codes, d, m, variant=variant)
 
 
 def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
@@ -256,28 +265,32 @@ def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
     if (a.bits, a.group_size, a.out_features, a.in_features, a.variant) != (
             b.bits, b.group_size, b.out_features, b.in_features, b.variant) or (a.m is None) != (b.m is None):
         return False
+    if (a.grid is None) != (b.grid is None) or (a.grid is not None and not torch.equal(a.grid, b.grid)):
+        return False
     (ca, *fa), (cb, *fb) = int8dot.unpack(a), int8dot.unpack(b)
     floats = [(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(fa, fb) if x is not None]
     return all(x.shape == y.shape and torch.equal(x, y) for x, y in [(ca, cb), *floats])
 
 
 K_ONLY = [["Q2_K"], ["Q3_K"], ["Q4_K"], ["Q5_K"], ["Q6_K"], ["IQ4_XS"], ["Q4_K", "Q4_K", "Q6_K"],
-          ["Q3_K", "Q2_K", "Q4_K"], ["Q4_K", "IQ4_XS"]]  # two-level scales: every part a K-quant or IQ4_XS
+          ["Q3_K", "Q2_K", "Q4_K"], ["Q4_K", "IQ4_XS"], ["IQ4_XS", "IQ4_XS", "Q5_K"]]  # two-level scales: every
+# part a K-quant or IQ4_XS
 
 
 @pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + [p for p in K_ONLY if len(p) > 1] + [
-    ["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0", "Q5_K", "Q3_K", "IQ4_NL"]])
+    ["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0", "Q5_K", "Q3_K", "IQ4_NL"], ["IQ4_XS", "IQ4_NL"]])
 def test_repacking_in_c_lays_out_the_numpy_decoders_weights(parts, kernel_variant):
     """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into the weights the
     numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows
     not a multiple of 16) and fused parts of mixed formats; K-quants alone keep their scales in two
-    levels, in fewer bytes."""
+    levels, in fewer bytes; IQ4 parts alone keep their codes as indices into their grid."""
     rng = np.random.default_rng(len(parts) + sum(map(ord, parts[0])))
     raws = [(q, random_tensor(q, rng, 4 * i + 3, 512, scale=3.0, wide=True)) for i, q in enumerate(parts)]
     fast, reference = kernel_weight(raws), numpy_packed(raws, kernel_variant)
     assert fast.variant == kernel_variant and same_weight(fast, reference)
     assert not same_weight(fast, numpy_packed([(q, raw ^ np.uint8(1)) for q, raw in raws], kernel_variant))
     assert (fast.sub is not None) == (parts in K_ONLY)
+    assert (fast.grid is not None) == (set(parts) <= GRID)
     assert fast.nbytes() < reference.nbytes() if parts in K_ONLY else fast.nbytes() == reference.nbytes()
 
 
@@ -320,6 +333,14 @@ def test_repacking_refuses_a_form_that_would_lose_bits():
     raw = random_tensor("Q4_K", np.random.default_rng(4), 2, 256)
     with pytest.raises(ValueError, match="cannot lay out"):  # offsets dropped
         gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 8, 32, False, build.variant())
+    grid = FORMATS["IQ4_NL"].grid
+    with pytest.raises(ValueError, match="indexing a grid"):  # a format without a grid looked up
+        gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 4, 32, True, build.variant(), grid=grid)
+    raw = random_tensor("IQ4_NL", np.random.default_rng(4), 2, 256, wide=True)
+    for bits, lookup in [(4, False), (6, False), (8, True)]:  # grid values need 8 bits; a lookup 4-bit codes
+        with pytest.raises(ValueError, match="cannot lay out"):
+            gguf_repack.repack([(FORMATS["IQ4_NL"].ggml, raw)], 256, bits, 32, False, build.variant(),
+                               grid=grid if lookup else None)
 
 
 # ------------------------------------------------------------------ a tiny GGUF file of these types
@@ -397,8 +418,8 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
     forms = {"layers.0.attention.wqkv": (6, 16), "layers.0.attention.wo": (6, 32), "layers.0.feed_forward.w13": (6, 32),
              "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
-             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (8, 32),
-             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (8, 32), "output": (6, 16)}
+             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (4, 32),
+             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (4, 32), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name
@@ -409,6 +430,8 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
                                "layers.3.feed_forward.w13")  # Q4_0 and Q3_K parts
         assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), signed_zero), name
     assert "Q4_K+Q6_K blocks" in net.layers[0].attention.wqkv.kernel
+    grids = {name for name in forms if net.get_submodule(name)._blocks.grid is not None}
+    assert grids == {"layers.3.attention.wo", "layers.3.feed_forward.w2"}  # IQ4_XS and IQ4_NL
     for name in ("layers.2.attention.wqkv", "layers.2.attention.wo", "layers.2.feed_forward.w2"):
         linear = net.get_submodule(name)
         assert type(linear) is torch.nn.Linear and torch.equal(linear.weight, reference[f"{name}.weight"]), name

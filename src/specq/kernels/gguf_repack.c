@@ -27,8 +27,9 @@ static inline float f16(const uint8_t *b) {
     return _cvtsh_ss(h);
 }
 
-/* One block b -> its codes q (4-bit formats: 0..15; 5- and 6-bit ones: in [-32, 31]; 8-bit: the
- * signed codes) and per-group d and m (m left alone by formats without offsets). */
+/* One block b -> its codes q (4-bit formats: 0..15, for grid formats indices into their grid; 5-
+ * and 6-bit ones: in [-32, 31]; 8-bit: the signed codes) and per-group d and m (m left alone by
+ * formats without offsets). */
 typedef void (*decode_fn)(const uint8_t *b, int8_t *q, float *d, float *m);
 
 /* 32 values from 16 bytes: the low nibbles first, then the high ones. */
@@ -226,36 +227,35 @@ static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
 /* IQ4_NL / IQ4_XS's code values, a non-linear grid indexed by 4 bits (ggml's kvalues_iq4nl). */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-/* 32 values from 16 bytes of grid indices: the low nibbles first, then the high ones. */
-static inline void grid32(const uint8_t *qs, int8_t *q) {
-    for (int i = 0; i < 16; i++) {
-        q[i] = IQ4_VALUES[qs[i] & 0x0F];
-        q[i + 16] = IQ4_VALUES[qs[i] >> 4];
-    }
-}
-
-static void iq4_nl(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * value */
+static void iq4_nl(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * IQ4_VALUES[q] */
     (void)m;
     d[0] = f16(b);
-    grid32(b + 2, q);
+    nibbles32(b + 2, q);
 }
 
-static void iq4_xs(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * value */
+static void iq4_xs(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * IQ4_VALUES[q] */
     one_level(iq4_xs_terms, 8, b, d, m);
-    for (int i = 0; i < 8; i++) grid32(b + 8 + 16 * i, q + 32 * i);
+    for (int i = 0; i < 8; i++) nibbles32(b + 8 + 16 * i, q + 32 * i);
 }
 
-typedef struct { int block, bytes, bits, group, offsets; decode_fn decode; terms_fn terms; } Format;
+typedef struct {
+    int block, bytes, bits, group, offsets;
+    decode_fn decode;
+    terms_fn terms;
+    const int8_t *grid;
+} Format;
 
 /* ggml type id -> its block (weights, bytes), code bits, group, whether it has offsets, decoder,
- * and for K-quants (and IQ4_XS, built like them) their two-level terms. */
+ * for K-quants (and IQ4_XS, built like them) their two-level terms, and for grid formats the
+ * values their codes index. */
 static const Format FORMATS[] = {
     [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
     [6] = {32, 22, 6, 32, 0, q5_0, NULL},   [7] = {32, 24, 6, 32, 1, q5_1, NULL},
     [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [10] = {256, 84, 4, 16, 1, q2_k, q2_k_terms},
     [11] = {256, 110, 4, 16, 1, q3_k, q3_k_terms}, [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
     [13] = {256, 176, 6, 32, 1, q5_k, k_terms}, [14] = {256, 210, 6, 16, 0, q6_k, q6_k_terms},
-    [20] = {32, 18, 8, 32, 0, iq4_nl, NULL},    [23] = {256, 136, 8, 32, 0, iq4_xs, iq4_xs_terms},
+    [20] = {32, 18, 4, 32, 0, iq4_nl, NULL, IQ4_VALUES},
+    [23] = {256, 136, 4, 32, 0, iq4_xs, iq4_xs_terms, IQ4_VALUES},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
@@ -327,16 +327,18 @@ static void place_terms(const float *D, const float *Mneg, const int8_t *scale, 
 /* Rows [0, rows) of a tensor of ggml type `type` with K inputs per row, stored as `raw` (rows after
  * rows, K / block blocks each), into outputs row0.. of a weight in int8dot's layout: `bits`-bit codes
  * in panels of `width`, groups of G, offsets into m (NULL: none), and with `sub` two-level scales
- * (K-quants only; NULL: one-level). The caller allocates every panel and zeroes the padding
- * outputs. Returns 0, -1 for a type, group or width this cannot lay out (codes narrower than the
- * format's, offsets dropped, G not dividing the format's group, two levels of a format without), -2
- * when out of memory. */
+ * (K-quants only; NULL: one-level). A grid format's codes stay indices into its grid with `lookup`
+ * (4-bit codes), else become its values (8-bit codes). The caller allocates every panel and zeroes
+ * the padding outputs. Returns 0, -1 for a type, group or width this cannot lay out (codes narrower
+ * than the format's, offsets dropped, G not dividing the format's group, two levels of a format
+ * without, a lookup of a format without a grid or into wider codes), -2 when out of memory. */
 int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, int width, int row0,
-                uint8_t *codes, float *d, float *m, int8_t *sub, int threads) {
+                uint8_t *codes, float *d, float *m, int8_t *sub, int lookup, int threads) {
     if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
     const Format f = FORMATS[type];
     if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
-        (bits != 4 && bits != 6 && bits != 8) || (sub && !f.terms))
+        (bits != 4 && bits != 6 && bits != 8) || (sub && !f.terms) || (lookup && (!f.grid || bits != 4)) ||
+        (f.grid && !lookup && bits != 8))
         return -1;
     const int per_block = f.block / f.group;
     const long row_bytes = (long)K / f.block * f.bytes;
@@ -358,6 +360,8 @@ int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, 
                 f.decode(block, q + (long)b * f.block, dn + (long)b * per_block, mn + (long)b * per_block);
                 if (sub) f.terms(block, D + b, Mneg + b, scale + (long)b * per_block, min + (long)b * per_block);
             }
+            if (f.grid && !lookup)
+                for (int i = 0; i < K; i++) q[i] = f.grid[q[i]];
             place_row(q, sub ? NULL : dn, mn, K, f.group, f.offsets, bits, G, width, (long)row0 + r, codes, d, m);
             if (sub) place_terms(D, Mneg, scale, min, K, f.group, G, width, (long)row0 + r, d, m, sub);
         }

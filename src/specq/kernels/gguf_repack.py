@@ -17,19 +17,20 @@ from . import build, int8dot
 def _library(variant: str) -> ctypes.CDLL:
     lib = build.load(variant)
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.gguf_repack.argtypes = [i, p, i, i, i, i, i, i, p, p, p, p, i]
+    lib.gguf_repack.argtypes = [i, p, i, i, i, i, i, i, p, p, p, p, i, i]
     lib.gguf_repack.restype = ctypes.c_int
     return lib
 
 
 def repack(parts: list[tuple[int, np.ndarray]], n_in: int, bits: int, group_size: int, offsets: bool,
-           variant: str, two_level: bool = False) -> int8dot.Int8DotWeight:
+           variant: str, two_level: bool = False, grid: np.ndarray | None = None) -> int8dot.Int8DotWeight:
     """Tensors of `n_in` inputs concatenated by rows, each (ggml type id, its stored bytes uint8
     [rows, row bytes]), as one weight of `bits`-bit codes in groups of `group_size` (with offsets if
     `offsets`; with `two_level`, K-quants only, the scales as the file holds them:
-    `int8dot.Int8DotWeight`'s `sub`) laid out for `variant` (any of `build.VARIANTS` or
-    `build.TORCH`; the C code is the process's, so specq's kernels must build here). The form must
-    hold every part exactly (what `weights.gguf_formats.stack_rows` chooses); else ValueError."""
+    `int8dot.Int8DotWeight`'s `sub`; with `grid`, the int8 values of grid formats' codes, 4-bit codes
+    that index it) laid out for `variant` (any of `build.VARIANTS` or `build.TORCH`; the C code is
+    the process's, so specq's kernels must build here). The form must hold every part exactly (what
+    `weights.gguf_formats.stack_rows` chooses); else ValueError."""
     lib = _library(build.variant())  # any variant's code lays out any variant's panels
     width, out = int8dot.panel_width(bits, variant), sum(len(raw) for _, raw in parts)
     panels, blocks, groups = -(-out // width), n_in // int8dot.BLOCK, n_in // group_size
@@ -46,12 +47,14 @@ def repack(parts: list[tuple[int, np.ndarray]], n_in: int, bits: int, group_size
         raw = np.ascontiguousarray(raw)
         status = lib.gguf_repack(kind, raw.ctypes.data, len(raw), n_in, bits, group_size, width, row,
                                  codes.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr(),
-                                 None if sub is None else sub.data_ptr(), torch.get_num_threads())
+                                 None if sub is None else sub.data_ptr(), grid is not None, torch.get_num_threads())
         if status == -2:
             raise MemoryError("gguf_repack: out of memory for a row's codes")
         if status:
             raise ValueError(f"gguf_repack cannot lay out ggml type {kind} as {bits}-bit codes in groups of "
-                             f"{group_size}{' with offsets' if offsets else ''}{' in two levels' if two_level else ''}")
+                             f"{group_size}{' with offsets' if offsets else ''}{' in two levels' if two_level else ''}"
+                             f"{' indexing a grid' if grid is not None else ''}")
         row += len(raw)
-    return int8dot.Int8DotWeight(bits, codes, d, m, group_size, out, n_in, variant, sub)
+    return int8dot.Int8DotWeight(bits, codes, d, m, group_size, out, n_in, variant, sub,
+                                 grid=None if grid is None else torch.from_numpy(grid))
 

@@ -18,9 +18,11 @@ differently (the load path keeps the two factors and lets the kernel multiply th
 bytes are most of its time. 2-bit (Q2_K) and 3-bit (Q3_K) codes go to 4-bit codes with offsets
 (Q3_K's q - 4 as q with an offset of -4 scales), 5.25 bits a weight with their two-level scales
 beside the file's 2.6 and 3.4: the kernel has no narrower codes, and a float32 copy would be 32.
-IQ4_NL and IQ4_XS index a non-linear grid of 16 values; the values go to 8-bit codes (8.4-9 bits a
-weight beside the file's 4.25-4.5), exact since the kernel has no table lookup. F32, F16 and BF16
-are float rows (`floats`); a type without a row is dequantized by gguf (`to_float`).
+IQ4_NL and IQ4_XS index a non-linear grid of 16 values; their 4-bit codes stay indices, which the
+kernel looks up in registers (its grid codes: the file's 4.25-4.5 bits a weight), except where a
+tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): there the values become
+8-bit codes. F32, F16 and BF16 are float rows (`floats`); a type without a row is dequantized by
+gguf (`to_float`).
 
 The decoders here are vectorized numpy over all blocks of a tensor at once (the reference, the
 embedding's row lookups, and machines where specq's kernels do not build); a file's load reads its
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -51,42 +53,59 @@ class KernelBlocks:
     bits: int  # 4, 6 or 8
     codes: np.ndarray  # [rows, cols], CODE_DTYPES[bits]
     d: np.ndarray  # [rows, cols // group_size] float32
-    m: np.ndarray | None  # like d, or None: no offsets (6- and 8-bit only)
+    m: np.ndarray | None  # like d, or None: no offsets (6- and 8-bit only, and grid codes)
     group_size: int
+    grid: np.ndarray | None = field(default=None, compare=False)  # int8 [16]: what 4-bit codes index
+
+    def values(self) -> np.ndarray:
+        """The codes, or for grid codes the values they index (int8)."""
+        return self.codes if self.grid is None else self.grid[self.codes]
 
     def dequantize(self) -> np.ndarray:
         """d * code + m in float32, [rows, cols]."""
         rows, cols = self.codes.shape
-        w = self.codes.reshape(rows, -1, self.group_size).astype(np.float32) * self.d[..., None]
+        w = self.values().reshape(rows, -1, self.group_size).astype(np.float32) * self.d[..., None]
         if self.m is not None:
             w = w + self.m[..., None]
         return w.reshape(rows, cols)
 
-    def widened(self, bits: int, group_size: int, offsets: bool) -> KernelBlocks:
+    def widened(self, bits: int, group_size: int, offsets: bool, lookup: bool = False) -> KernelBlocks:
         """The same weights as `bits`-bit codes in groups of `group_size` (dividing this one's), with
         offsets if `offsets` (-0 where there were none: d * code + -0 is d * code, even a zero's
-        sign): exact, only more bytes."""
+        sign), grid codes kept as indices if `lookup`: exact, only more bytes."""
         repeat = self.group_size // group_size
         d = np.repeat(self.d, repeat, axis=1)
         m = None if not offsets else np.full_like(d, -0.0) if self.m is None else np.repeat(self.m, repeat, axis=1)
-        return KernelBlocks(bits, self.codes.astype(CODE_DTYPES[bits], copy=False), d, m, group_size)
+        codes = self.codes if lookup else self.values()
+        return KernelBlocks(bits, codes.astype(CODE_DTYPES[bits], copy=False), d, m, group_size,
+                            self.grid if lookup else None)
 
 
-def common_form(forms: list[tuple[int, int, bool]]) -> tuple[int, int, bool]:
-    """Of parts (bits, group size, offsets) concatenated by rows (a fused q/k/v or gate/up of a file
-    that stores the parts in different formats), the one form that holds each exactly: the widest
-    codes, the finest groups, offsets if any part has them."""
-    return max(f[0] for f in forms), math.gcd(*(f[1] for f in forms)), any(f[2] for f in forms)
+# The kernel's terms of a format, or of parts concatenated by rows: code bits, group size, offsets,
+# and whether 4-bit codes index a grid
+Form = tuple[int, int, bool, bool]
+
+
+def common_form(forms: list[Form]) -> Form:
+    """Of parts concatenated by rows (a fused q/k/v or gate/up of a file that stores the parts in
+    different formats), the one form that holds each exactly: the widest codes, the finest groups,
+    offsets if any part has them; grid codes where every part has them, else their values as 8-bit
+    codes."""
+    lookup = all(f[3] for f in forms)
+    bits = max(8 if f[3] and not lookup else f[0] for f in forms)
+    return bits, math.gcd(*(f[1] for f in forms)), any(f[2] for f in forms), lookup
 
 
 def stack_rows(parts: list[KernelBlocks]) -> KernelBlocks:
     """Tensors concatenated by rows, in their `common_form`."""
     if len(parts) == 1:
         return parts[0]
-    bits, group, offsets = common_form([(p.bits, p.group_size, p.m is not None) for p in parts])
-    parts = [p.widened(bits, group, offsets) for p in parts]
+    bits, group, offsets, lookup = common_form([(p.bits, p.group_size, p.m is not None, p.grid is not None)
+                                                for p in parts])
+    parts = [p.widened(bits, group, offsets, lookup) for p in parts]
     return KernelBlocks(bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]),
-                        np.concatenate([p.m for p in parts]) if offsets else None, group)
+                        np.concatenate([p.m for p in parts]) if offsets else None, group,
+                        parts[0].grid if lookup else None)
 
 
 # A block decoder: blocks [n, type_size] uint8 -> codes [n, block_size], d and m (or None)
@@ -111,17 +130,18 @@ class Format:
     offsets: bool = False  # whether `kernel` gives offsets m
     two_level: bool = False  # K-quants: the kernel can keep their scales as the file does (a float32 per
     # super-block of 256 times an int8 sub-scale per group: the same float32 group scales, fewer bytes)
+    grid: np.ndarray | None = field(default=None, compare=False)  # int8 [16]: what `kernel`'s 4-bit codes index
 
-    def form(self) -> tuple[int, int, bool]:
-        """The kernel's terms: code bits, group size, offsets."""
-        return self.bits, self.group_size, self.offsets
+    def form(self) -> Form:
+        """The kernel's terms: code bits, group size, offsets, whether the codes index a grid."""
+        return self.bits, self.group_size, self.offsets, self.grid is not None
 
     def kernel_blocks(self, raw: np.ndarray) -> KernelBlocks:
         """A tensor's stored bytes, uint8 [rows, row bytes], in the kernel's terms."""
         rows = raw.shape[0]
         codes, d, m = self.kernel(np.ascontiguousarray(raw).reshape(-1, self.type_size))
         return KernelBlocks(self.bits, codes.reshape(rows, -1), d.reshape(rows, -1),
-                            None if m is None else m.reshape(rows, -1), self.group_size)
+                            None if m is None else m.reshape(rows, -1), self.group_size, self.grid)
 
     def to_float(self, raw: np.ndarray) -> np.ndarray:
         """A tensor's stored bytes, uint8 [rows, row bytes], as float32 [rows, cols]."""
@@ -276,20 +296,18 @@ IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 
 
 
 def _iq4_nl(b: np.ndarray) -> Decoded:
-    """fp16 d, 16 bytes of 4-bit indices (low nibbles first) into IQ4_VALUES: w = d * value. The
-    values as 8-bit codes: exact, and the kernel has no table lookup."""
-    return IQ4_VALUES[_nibbles(b[:, 2:])], _f16(b[:, 0:2]), None
+    """fp16 d, 16 bytes of 4-bit indices (low nibbles first) into IQ4_VALUES: w = d * IQ4_VALUES[q]."""
+    return _nibbles(b[:, 2:]), _f16(b[:, 0:2]), None
 
 
 def _iq4_xs(b: np.ndarray) -> Decoded:
     """fp16 d, 2 bytes of the sub-scales' top 2 bits (sub-block i at bits 2i), 4 of their low 4
     (sub-block 2k in byte k's low nibble, 2k + 1 in its high), then per sub-block of 32 values 16
-    bytes of indices into IQ4_VALUES as IQ4_NL's: w = (d * (scale - 32)) * value, 8 groups of 32."""
+    bytes of indices into IQ4_VALUES as IQ4_NL's: w = (d * (scale - 32)) * IQ4_VALUES[q], 8 groups of 32."""
     low = (b[:, 4:8, None] >> np.array([0, 4], dtype=np.uint8)).reshape(-1, 8) & 0x0F
     high = (np.ascontiguousarray(b[:, 2:4]).view(np.uint16) >> np.arange(0, 16, 2, dtype=np.uint16)) & 3
     scales = (low | (high.astype(np.uint8) << 4)).astype(np.float32) - np.float32(32)
-    codes = IQ4_VALUES[_nibbles(b[:, 8:].reshape(-1, 8, 16))].reshape(-1, 256)
-    return codes, _f16(b[:, 0:2]) * scales, None
+    return _nibbles(b[:, 8:].reshape(-1, 8, 16)).reshape(-1, 256), _f16(b[:, 0:2]) * scales, None
 
 
 def _bf16(b: np.ndarray) -> np.ndarray:
@@ -311,8 +329,8 @@ FORMATS = {f.name: f for f in (
     Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True, two_level=True),
     Format("Q5_K", 13, 256, 176, 6, 32, _q5_k, offsets=True, two_level=True),
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
-    Format("IQ4_NL", 20, 32, 18, 8, 32, _iq4_nl),
-    Format("IQ4_XS", 23, 256, 136, 8, 32, _iq4_xs, two_level=True),
+    Format("IQ4_NL", 20, 32, 18, 4, 32, _iq4_nl, grid=IQ4_VALUES),
+    Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
 )}
 
 
@@ -335,10 +353,14 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
     above and `int8dot`'s packing, one float32 per group: the same weights and outputs bit for bit."""
     variant = variant or build.variant()
     formats = [FORMATS[name] for name, _ in parts]
-    bits, group, offsets = common_form([f.form() for f in formats])
+    bits, group, offsets, lookup = common_form([f.form() for f in formats])
+    grid = formats[0].grid if lookup else None
     if build.available():
         n_in = parts[0][1].shape[1] // formats[0].type_size * formats[0].block_size
         return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in, bits, group,
-                                  offsets, variant, all(f.two_level for f in formats))
+                                  offsets, variant, all(f.two_level for f in formats), grid)
     kb = stack_rows([f.kernel_blocks(raw) for f, (_, raw) in zip(formats, parts)])
-    return PACK[kb.bits](*(None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m)), variant=variant)
+    codes, d, m = (None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m))
+    if kb.grid is not None:
+        return int8dot.pack_grid(codes, d, torch.from_numpy(kb.grid), variant)
+    return PACK[kb.bits](codes, d, m, variant=variant)
