@@ -21,13 +21,16 @@ from specq.weights.quant.modules import FileBlocks
 
 from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer
 
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+             "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0", "TQ2_0", "MXFP4"]
 FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (4, 16),
          "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
-         "IQ4_XS": (4, 32)}  # the kernel's code bits and group size
+         "IQ4_XS": (4, 32), "IQ2_XXS": (8, 32), "IQ2_XS": (8, 16), "IQ2_S": (8, 16), "IQ3_XXS": (8, 32),
+         "IQ3_S": (6, 32), "IQ1_S": (6, 32), "TQ1_0": (6, 256), "TQ2_0": (6, 256),
+         "MXFP4": (6, 32)}  # the kernel's code bits and group size
 GRID = {"IQ4_NL", "IQ4_XS"}  # their 4-bit codes index a grid
 SIGNED_ZERO = {"Q4_0", "Q3_K"}  # a code with an offset of -8 or -4 scales: +0 where gguf writes d * 0 (see same_bits)
-UNLISTED = "TQ2_0"  # a type without a row in the table: 256 ternary weights in 66 bytes, 2 bits each and fp16 d
+UNLISTED = "IQ1_M"  # a type without a row in the table: 256 weights in 56 bytes, its fp16 d spread over 4 scales
 CODE_RANGES = {4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
 
@@ -139,13 +142,17 @@ def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, w
 
 
 # types read as random bytes: weights per block, bytes per block, where its fp16 scales start, how many
-RANDOM_BYTES = {"IQ4_NL": (32, 18, 0, 1), "IQ4_XS": (256, 136, 0, 1), UNLISTED: (256, 66, 64, 1)}
+RANDOM_BYTES = {"IQ4_NL": (32, 18, 0, 1), "IQ4_XS": (256, 136, 0, 1), "IQ2_XXS": (256, 66, 0, 1),
+                "IQ2_XS": (256, 74, 0, 1), "IQ2_S": (256, 82, 0, 1), "IQ3_XXS": (256, 98, 0, 1),
+                "IQ3_S": (256, 110, 0, 1), "IQ1_S": (256, 50, 0, 1), "TQ1_0": (256, 54, 52, 1),
+                "TQ2_0": (256, 66, 64, 1), "MXFP4": (32, 17, 0, 0), UNLISTED: (256, 56, 0, 0)}
 
 
 def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0,
                   wide: bool = False) -> np.ndarray:
     """A [rows, cols] tensor of `qtype` as a file stores it, uint8 [rows, row bytes]: K-quants byte by
-    byte, the IQ4 types and the unlisted one random bytes with fp16 scales (any other byte is valid),
+    byte, the IQ, TQ and MXFP4 types and the unlisted one random bytes with finite scales (any other
+    byte is valid),
     the others quantized by gguf from normal values (`wide`: rows of many magnitudes); one all-zero
     block."""
     if qtype in K_SPREAD:
@@ -154,6 +161,10 @@ def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, sc
         block, size, start, halves = RANDOM_BYTES[qtype]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         raw[..., start:start + 2 * halves] = fp16(rng, (rows, cols // block, halves), scale / 20, wide).view(np.uint8)
+        if qtype == "MXFP4":  # its e8m0 exponent byte: scales of 2^-16 to 2^7
+            raw[..., 0] = rng.integers(112, 136, raw.shape[:2])
+        if qtype == "IQ1_M":  # the top exponent bit of its d (bit 14, in byte 55) cleared: finite
+            raw[..., 55] &= 0xBF
         return raw.reshape(rows, -1)
     x = rng.standard_normal((rows, cols)) * scale
     if wide:
@@ -354,6 +365,10 @@ LAYER_TYPES = {  # GGUF tensor -> type, per layer: each listed type and float li
         "ffn_up": "Q4_K", "ffn_down": "F32"},
     3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "IQ4_XS", "ffn_gate": "Q3_K",
         "ffn_up": "Q2_K", "ffn_down": "IQ4_NL"},  # a low-bit file's layer
+    4: {"attn_q": "IQ2_XXS", "attn_k": "IQ2_XXS", "attn_v": "IQ3_S", "attn_output": "IQ2_XS", "ffn_gate": "IQ3_XXS",
+        "ffn_up": "IQ1_S", "ffn_down": "IQ2_S"},  # codes read through gguf
+    5: {"attn_q": "TQ2_0", "attn_k": "TQ1_0", "attn_v": "TQ2_0", "attn_output": "MXFP4", "ffn_gate": "MXFP4",
+        "ffn_up": "MXFP4", "ffn_down": "TQ1_0"},
 }
 VOCAB, HIDDEN = 40, 256  # K-quant rows need a multiple of 256 inputs
 
@@ -419,7 +434,10 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
              "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
              "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (4, 32),
-             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (4, 32), "output": (6, 16)}
+             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (4, 32),
+             "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (8, 16), "layers.4.feed_forward.w13": (8, 32),
+             "layers.4.feed_forward.w2": (8, 16), "layers.5.attention.wqkv": (6, 256), "layers.5.attention.wo": (6, 32),
+             "layers.5.feed_forward.w13": (6, 32), "layers.5.feed_forward.w2": (6, 256), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name
@@ -472,7 +490,9 @@ def test_each_layer_is_within_the_int8_activations_rounding(formats_file):
 @torch.inference_mode()
 def test_logits_follow_the_float_weights_on_both_paths(formats_file):
     """@gguf on the fast path (int8 activations) and on the eager path (torch's int4 kernel, bf16
-    weights) stays within a few percent of the file's float weights, the same greedy tokens."""
+    weights) stays within a few percent of the file's float weights, the same greedy tokens wherever
+    the float model's top two logits are further apart than twice that error (random weights make
+    near ties)."""
     if not int8dot.available():
         pytest.skip("needs AVX2 and a C compiler")
     exact = float_twin(formats_file).net
@@ -483,10 +503,13 @@ def test_logits_follow_the_float_weights_on_both_paths(formats_file):
     assert "int4 packed kernel" in eager.layers[1].attention.wqkv.kernel
     ids = torch.tensor([1, 5, 9, 2, 7, 3, 30, 11])
     want = exact(ids)
+    top2 = want.topk(2, dim=-1).values
     for net in (fast, eager):
         error = net(ids) - want
-        assert 0 < error.pow(2).mean().sqrt() <= 0.05 * want.pow(2).mean().sqrt()  # another kernel, close
-        assert (net(ids).argmax(-1) == want.argmax(-1)).all()
+        rms = error.pow(2).mean().sqrt()
+        assert 0 < rms <= 0.05 * want.pow(2).mean().sqrt()  # another kernel, close
+        clear = top2[:, 0] - top2[:, 1] > 2 * rms
+        assert clear.sum() >= len(ids) // 2 and (net(ids).argmax(-1) == want.argmax(-1))[clear].all()
 
 
 @torch.inference_mode()
@@ -505,8 +528,8 @@ def test_the_layer_stack_runs_every_format_as_the_modules_do(formats_file):
     for net in (stacked, modules):
         cache = net.new_cache(32)
         out.append([net(prompt, cache), net(chain, cache)])
-    for a, b in zip(*out):
-        assert (a - b).pow(2).mean().sqrt() <= 1e-2 * b.pow(2).mean().sqrt()
+    for a, b in zip(*out):  # a rounding of the activations flipped early grows through six layers of random weights
+        assert (a - b).pow(2).mean().sqrt() <= 3e-2 * b.pow(2).mean().sqrt()
     cache = stacked.new_cache(32)
     stacked(prompt, cache)
     steps = torch.cat([stacked(chain[i:i + 1], cache) for i in range(len(chain))], dim=-2)

@@ -21,8 +21,13 @@ beside the file's 2.6 and 3.4: the kernel has no narrower codes, and a float32 c
 IQ4_NL and IQ4_XS index a non-linear grid of 16 values; their 4-bit codes stay indices, which the
 kernel looks up in registers (its grid codes: the file's 4.25-4.5 bits a weight), except where a
 tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): there the values become
-8-bit codes. F32, F16 and BF16 are float rows (`floats`); a type without a row is dequantized by
-gguf (`to_float`).
+8-bit codes. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0 and MXFP4 are integer
+codes times exact group scales too (grid values with signs, ternary digits, e2m1 values); their
+codes go to the kernel's 8-bit (IQ2, IQ3_XXS) or 6-bit codes (the rest), read through gguf's own
+decoders for their grids (`_scaled_by_gguf`): several times their files' 1.6-3.4 bits a weight, a
+quarter or less of the float32 they would otherwise become. F32, F16 and BF16 are float rows
+(`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
+by gguf (`to_float`).
 
 The decoders here are vectorized numpy over all blocks of a tensor at once (the reference, the
 embedding's row lookups, and machines where specq's kernels do not build); a file's load reads its
@@ -131,6 +136,7 @@ class Format:
     two_level: bool = False  # K-quants: the kernel can keep their scales as the file does (a float32 per
     # super-block of 256 times an int8 sub-scale per group: the same float32 group scales, fewer bytes)
     grid: np.ndarray | None = field(default=None, compare=False)  # int8 [16]: what `kernel`'s 4-bit codes index
+    in_c: bool = True  # whether `kernels/gguf_repack.c` reads it (else `kernel`, then int8dot's packing)
 
     def form(self) -> Form:
         """The kernel's terms: code bits, group size, offsets, whether the codes index a grid."""
@@ -310,6 +316,68 @@ def _iq4_xs(b: np.ndarray) -> Decoded:
     return _nibbles(b[:, 8:].reshape(-1, 8, 16)).reshape(-1, 256), _f16(b[:, 0:2]) * scales, None
 
 
+def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarray], per_unit: int = 1) -> Callable:
+    """The decoder of a type whose weights gguf computes as d (an fp16 at byte `d_at`) times a
+    per-group unit times a small integer code over `per_unit` (IQ2/IQ3's grid values with signs,
+    IQ1_S's grid values plus or minus 1/8, the ternary types' -1, 0, 1): every product is exact in
+    float32 (at most 22 significant bits), so gguf's dequantization of the blocks with d set to 1 is
+    unit * code / per_unit exactly, the codes follow by exact division, and d * unit / per_unit is
+    an exact group scale. `units`: blocks [n, type_size] -> float32 units [n, groups]. Why through
+    gguf: these formats' grids of 256 to 2048 entries and sign tables are gguf's to read; what is
+    specq's is only that their weights are integer codes times a scale, which int8dot multiplies."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[name]
+
+    def decode(b: np.ndarray) -> Decoded:
+        ones = b.copy()
+        ones[:, d_at:d_at + 2] = np.array([1.0], np.float16).view(np.uint8)
+        unit = units(b)
+        n, groups = unit.shape
+        scaled = dequantize(ones, qtype).reshape(n, groups, -1) / unit[..., None]
+        codes = np.rint(scaled * np.float32(per_unit)).astype(np.int8).reshape(n, -1)
+        return codes, _f16(b[:, d_at:d_at + 2]) * unit * np.float32(1 / per_unit), None
+
+    return decode
+
+
+def _top_nibbles(words: np.ndarray) -> np.ndarray:
+    """Little-endian uint32 words as bytes [n, 4k] -> their top 4 bits [n, k], float32."""
+    return (np.ascontiguousarray(words).view(np.uint32) >> 28).astype(np.float32)
+
+
+def _nibble_scales(s: np.ndarray) -> np.ndarray:
+    """Bytes [n, k] of two 4-bit scales each (low nibble first) -> [n, 2k], float32."""
+    return ((s[..., None] >> np.array([0, 4], dtype=np.uint8)) & 0x0F).reshape(len(s), -1).astype(np.float32)
+
+
+def _iq2_units(scales: np.ndarray) -> np.ndarray:
+    """IQ2's units (0.5 + scale) / 4 from their 4-bit scales."""
+    return (np.float32(0.5) + scales) * np.float32(0.25)
+
+
+def _iq1_s_units(b: np.ndarray) -> np.ndarray:
+    """IQ1_S's per-32 units 2 * k + 1, k bits 12-14 of the sub-block's uint16 at byte 34."""
+    return (2 * ((np.ascontiguousarray(b[:, 34:50]).view(np.uint16) >> 12) & 7) + 1).astype(np.float32)
+
+
+def _one_unit(b: np.ndarray) -> np.ndarray:
+    return np.ones((len(b), 1), np.float32)
+
+
+# MXFP4's 16 code values (e2m1, doubled; gguf's MXFP4.kvalues)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def _mxfp4(b: np.ndarray) -> Decoded:
+    """An e8m0 exponent byte e (the scale 2^(e - 128), ggml's half of 2^(e - 127)), then 16 bytes
+    of 4-bit indices into MXFP4_VALUES (low nibbles first): w = scale * value."""
+    e = b[:, :1].astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23)).astype(np.uint32)
+    return MXFP4_VALUES[_nibbles(b[:, 1:])], bits.view(np.float32), None
+
+
 def _bf16(b: np.ndarray) -> np.ndarray:
     """bfloat16 is the top half of a float32."""
     return (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
@@ -331,6 +399,21 @@ FORMATS = {f.name: f for f in (
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
     Format("IQ4_NL", 20, 32, 18, 4, 32, _iq4_nl, grid=IQ4_VALUES),
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
+    # codes times exact group scales, read through gguf (`_scaled_by_gguf`); not in gguf_repack.c
+    Format("IQ2_XXS", 16, 256, 66, 8, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
+        _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2]))), in_c=False),
+    Format("IQ2_XS", 17, 256, 74, 8, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
+        _nibble_scales(b[:, 66:74]))), in_c=False),
+    Format("IQ2_S", 22, 256, 82, 8, 16, _scaled_by_gguf("IQ2_S", 0, lambda b: _iq2_units(
+        _nibble_scales(b[:, 74:82]))), in_c=False),
+    Format("IQ3_XXS", 18, 256, 98, 8, 32, _scaled_by_gguf("IQ3_XXS", 0, lambda b: (
+        np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5)), in_c=False),
+    Format("IQ3_S", 21, 256, 110, 6, 32, _scaled_by_gguf("IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110])),
+           in_c=False),
+    Format("IQ1_S", 19, 256, 50, 6, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, per_unit=8), in_c=False),
+    Format("TQ1_0", 34, 256, 54, 6, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit), in_c=False),
+    Format("TQ2_0", 35, 256, 66, 6, 256, _scaled_by_gguf("TQ2_0", 64, _one_unit), in_c=False),
+    Format("MXFP4", 39, 32, 17, 6, 32, _mxfp4, in_c=False),
 )}
 
 
@@ -355,7 +438,7 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
     formats = [FORMATS[name] for name, _ in parts]
     bits, group, offsets, lookup = common_form([f.form() for f in formats])
     grid = formats[0].grid if lookup else None
-    if build.available():
+    if build.available() and all(f.in_c for f in formats):
         n_in = parts[0][1].shape[1] // formats[0].type_size * formats[0].block_size
         return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in, bits, group,
                                   offsets, variant, all(f.two_level for f in formats), grid)
