@@ -25,11 +25,13 @@ QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5
              "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0", "TQ2_0", "MXFP4"]
 FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (4, 16),
          "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
-         "IQ4_XS": (4, 32), "IQ2_XXS": (8, 32), "IQ2_XS": (8, 16), "IQ2_S": (8, 16), "IQ3_XXS": (8, 32),
-         "IQ3_S": (6, 32), "IQ1_S": (6, 32), "TQ1_0": (6, 256), "TQ2_0": (6, 256),
-         "MXFP4": (6, 32)}  # the kernel's code bits and group size
-GRID = {"IQ4_NL", "IQ4_XS"}  # their 4-bit codes index a grid
-SIGNED_ZERO = {"Q4_0", "Q3_K"}  # a code with an offset of -8 or -4 scales: +0 where gguf writes d * 0 (see same_bits)
+         "IQ4_XS": (4, 32), "IQ2_XXS": (4, 32), "IQ2_XS": (4, 16), "IQ2_S": (4, 16), "IQ3_XXS": (4, 32),
+         "IQ3_S": (4, 32), "IQ1_S": (4, 32), "TQ1_0": (4, 256), "TQ2_0": (4, 256),
+         "MXFP4": (4, 32)}  # the kernel's code bits and group size
+GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}  # their 4-bit codes index a grid
+# codes with offsets of whole scales: +0 where gguf writes d * 0 for a code of zero (Q4_0, Q3_K, TQ) or
+# for any code of a block whose d is 0 (IQ3_S, IQ1_S; see same_bits)
+SIGNED_ZERO = {"Q4_0", "Q3_K", "TQ1_0", "TQ2_0", "IQ3_S", "IQ1_S"}
 UNLISTED = "IQ1_M"  # a type without a row in the table: 256 weights in 56 bytes, its fp16 d spread over 4 scales
 CODE_RANGES = {4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
@@ -435,21 +437,22 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
              "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (4, 32),
              "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (4, 32),
-             "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (8, 16), "layers.4.feed_forward.w13": (8, 32),
-             "layers.4.feed_forward.w2": (8, 16), "layers.5.attention.wqkv": (6, 256), "layers.5.attention.wo": (6, 32),
-             "layers.5.feed_forward.w13": (6, 32), "layers.5.feed_forward.w2": (6, 256), "output": (6, 16)}
+             "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (4, 16), "layers.4.feed_forward.w13": (8, 32),
+             "layers.4.feed_forward.w2": (4, 16), "layers.5.attention.wqkv": (4, 256), "layers.5.attention.wo": (4, 32),
+             "layers.5.feed_forward.w13": (4, 32), "layers.5.feed_forward.w2": (4, 256), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name
         codes, d, m = int8dot.unpack(module._blocks)
         w = codes.float().view(codes.shape[0], -1, group) * d[..., None]
         w = (w if m is None else w + m[..., None]).view_as(codes)
-        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv",
-                               "layers.3.feed_forward.w13")  # Q4_0 and Q3_K parts
+        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv", "layers.3.feed_forward.w13",
+                               "layers.5.attention.wqkv", "layers.5.feed_forward.w2")  # Q4_0, Q3_K and TQ parts
         assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), signed_zero), name
     assert "Q4_K+Q6_K blocks" in net.layers[0].attention.wqkv.kernel
     grids = {name for name in forms if net.get_submodule(name)._blocks.grid is not None}
-    assert grids == {"layers.3.attention.wo", "layers.3.feed_forward.w2"}  # IQ4_XS and IQ4_NL
+    assert grids == {"layers.3.attention.wo", "layers.3.feed_forward.w2", "layers.4.attention.wo",  # IQ4, IQ2
+                     "layers.4.feed_forward.w2", "layers.5.attention.wo", "layers.5.feed_forward.w13"}  # MXFP4
     for name in ("layers.2.attention.wqkv", "layers.2.attention.wo", "layers.2.feed_forward.w2"):
         linear = net.get_submodule(name)
         assert type(linear) is torch.nn.Linear and torch.equal(linear.weight, reference[f"{name}.weight"]), name

@@ -22,10 +22,11 @@ IQ4_NL and IQ4_XS index a non-linear grid of 16 values; their 4-bit codes stay i
 kernel looks up in registers (its grid codes: the file's 4.25-4.5 bits a weight), except where a
 tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): there the values become
 8-bit codes. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0 and MXFP4 are integer
-codes times exact group scales too (grid values with signs, ternary digits, e2m1 values); their
-codes go to the kernel's 8-bit (IQ2, IQ3_XXS) or 6-bit codes (the rest), read through gguf's own
-decoders for their grids (`_scaled_by_gguf`): several times their files' 1.6-3.4 bits a weight, a
-quarter or less of the float32 they would otherwise become. F32, F16 and BF16 are float rows
+codes times exact group scales too (grid values with signs, ternary digits, e2m1 values), each
+format's codes 16 or fewer values: they become 4-bit codes, indices into a grid of those values
+(IQ2, IQ3_XXS, MXFP4) or codes with offsets (IQ3_S's odd values, IQ1_S's, the ternary digits),
+read through gguf's own decoders for their grids (`_scaled_by_gguf`): 5-6 bits a weight with
+float32 group scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
 by gguf (`to_float`).
 
@@ -88,17 +89,17 @@ class KernelBlocks:
 
 
 # The kernel's terms of a format, or of parts concatenated by rows: code bits, group size, offsets,
-# and whether 4-bit codes index a grid
-Form = tuple[int, int, bool, bool]
+# and the grid 4-bit codes index (its bytes; None: the codes are the values)
+Form = tuple[int, int, bool, bytes | None]
 
 
-def common_form(forms: list[Form]) -> Form:
+def common_form(forms: list[Form]) -> tuple[int, int, bool, bool]:
     """Of parts concatenated by rows (a fused q/k/v or gate/up of a file that stores the parts in
     different formats), the one form that holds each exactly: the widest codes, the finest groups,
-    offsets if any part has them; grid codes where every part has them, else their values as 8-bit
-    codes."""
-    lookup = all(f[3] for f in forms)
-    bits = max(8 if f[3] and not lookup else f[0] for f in forms)
+    offsets if any part has them; grid codes where every part indexes the same grid (the last item:
+    whether they do), else the values as 8-bit codes."""
+    lookup = forms[0][3] is not None and all(f[3] == forms[0][3] for f in forms)
+    bits = max(8 if f[3] is not None and not lookup else f[0] for f in forms)
     return bits, math.gcd(*(f[1] for f in forms)), any(f[2] for f in forms), lookup
 
 
@@ -106,8 +107,8 @@ def stack_rows(parts: list[KernelBlocks]) -> KernelBlocks:
     """Tensors concatenated by rows, in their `common_form`."""
     if len(parts) == 1:
         return parts[0]
-    bits, group, offsets, lookup = common_form([(p.bits, p.group_size, p.m is not None, p.grid is not None)
-                                                for p in parts])
+    bits, group, offsets, lookup = common_form([(p.bits, p.group_size, p.m is not None,
+                                                 None if p.grid is None else p.grid.tobytes()) for p in parts])
     parts = [p.widened(bits, group, offsets, lookup) for p in parts]
     return KernelBlocks(bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]),
                         np.concatenate([p.m for p in parts]) if offsets else None, group,
@@ -140,8 +141,8 @@ class Format:
     in_c: bool = True  # whether `kernels/gguf_repack.c` reads it (else `kernel`, then int8dot's packing)
 
     def form(self) -> Form:
-        """The kernel's terms: code bits, group size, offsets, whether the codes index a grid."""
-        return self.bits, self.group_size, self.offsets, self.grid is not None
+        """The kernel's terms: code bits, group size, offsets, the grid the codes index."""
+        return self.bits, self.group_size, self.offsets, None if self.grid is None else self.grid.tobytes()
 
     def kernel_blocks(self, raw: np.ndarray) -> KernelBlocks:
         """A tensor's stored bytes, uint8 [rows, row bytes], in the kernel's terms."""
@@ -317,15 +318,39 @@ def _iq4_xs(b: np.ndarray) -> Decoded:
     return _nibbles(b[:, 8:].reshape(-1, 8, 16)).reshape(-1, 256), _f16(b[:, 0:2]) * scales, None
 
 
-def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarray], per_unit: int = 1) -> Callable:
+# What `_scaled_by_gguf` makes of a group's integer codes v [n, groups, G]: 4-bit indices into a
+# grid (`_indices_into`), or 4-bit codes u with v = low + step * u (`_affine`: low [n, groups])
+Recode = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None, int]]
+
+
+def _indices_into(grid: np.ndarray) -> Recode:
+    """Codes -> their indices into `grid` (16 int8 values holding every code)."""
+    inverse = np.zeros(256, np.uint8)
+    inverse[grid.view(np.uint8)] = np.arange(16, dtype=np.uint8)
+    return lambda v: (inverse[v.view(np.uint8)], None, 1)
+
+
+def _affine(step: int, low: Callable[[np.ndarray], np.ndarray]) -> Recode:
+    """Codes v -> u = (v - low) / step in [0, 15], `low` per group from the group's codes."""
+    def recode(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        lows = low(v)
+        return ((v - lows[..., None]) // step).astype(np.uint8), lows.astype(np.float32), step
+    return recode
+
+
+def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarray], recode: Recode,
+                    per_unit: int = 1) -> Callable:
     """The decoder of a type whose weights gguf computes as d (an fp16 at byte `d_at`) times a
-    per-group unit times a small integer code over `per_unit` (IQ2/IQ3's grid values with signs,
+    per-group unit times a small integer code v over `per_unit` (IQ2/IQ3's grid values with signs,
     IQ1_S's grid values plus or minus 1/8, the ternary types' -1, 0, 1): every product is exact in
     float32 (at most 22 significant bits), so gguf's dequantization of the blocks with d set to 1 is
-    unit * code / per_unit exactly, the codes follow by exact division, and d * unit / per_unit is
-    an exact group scale. `units`: blocks [n, type_size] -> float32 units [n, groups]. Why through
-    gguf: these formats' grids of 256 to 2048 entries and sign tables are gguf's to read; what is
-    specq's is only that their weights are integer codes times a scale, which int8dot multiplies."""
+    unit * v / per_unit exactly and the codes follow by division. They become the kernel's 4-bit
+    codes (`recode`): indices into a grid of their 16 or fewer values, with the exact group scale
+    d * unit / per_unit; or u with v = low + step * u, with the exact scale d * unit * step /
+    per_unit and offset d * unit * low / per_unit. `units`: blocks [n, type_size] -> float32 units
+    [n, groups]. Why through gguf: these formats' grids of 256 to 2048 entries and sign tables are
+    gguf's to read; what is specq's is only that their weights are 4-bit codes times a scale, which
+    int8dot multiplies."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -337,17 +362,20 @@ def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarr
         n, groups = unit.shape
         # gguf decodes 16 rows of bytes per numpy call: rows of up to 256 blocks, not one (its own
         # loop over the blocks would otherwise cost more than the decoding)
-        u = dequantize(ones.reshape(-1, math.gcd(n, 256) * b.shape[1]), qtype).reshape(n, groups, -1)
-        u *= np.float32(per_unit) / unit[..., None]  # the codes, within a rounding of the exact quotient
-        return np.rint(u, out=u).astype(np.int8).reshape(n, -1)
+        v = dequantize(ones.reshape(-1, math.gcd(n, 256) * b.shape[1]), qtype).reshape(n, groups, -1)
+        v *= np.float32(per_unit) / unit[..., None]  # the codes, within a rounding of the exact quotient
+        return np.rint(v, out=v).astype(np.int8)
 
     def decode(b: np.ndarray) -> Decoded:
         unit = units(b)
         # numpy releases the GIL: the blocks in as many parts as torch has threads, decoded at once
         parts = [p for p in np.array_split(np.arange(len(b)), torch.get_num_threads()) if len(p)]
         with ThreadPoolExecutor(len(parts)) as pool:
-            done = list(pool.map(lambda p: codes(b[p[0]:p[-1] + 1], unit[p[0]:p[-1] + 1]), parts))
-        return np.concatenate(done), _f16(b[:, d_at:d_at + 2]) * unit * np.float32(1 / per_unit), None
+            v = np.concatenate(list(pool.map(lambda p: codes(b[p[0]:p[-1] + 1], unit[p[0]:p[-1] + 1]), parts)))
+        u, low, step = recode(v)
+        scaled = _f16(b[:, d_at:d_at + 2]) * unit  # d * unit, exact
+        m = None if low is None else scaled * low * np.float32(1 / per_unit)
+        return u.reshape(len(b), -1), scaled * np.float32(step / per_unit), m
 
     return decode
 
@@ -378,14 +406,24 @@ def _one_unit(b: np.ndarray) -> np.ndarray:
 
 # MXFP4's 16 code values (e2m1, doubled; gguf's MXFP4.kvalues)
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+# The signed grid values of IQ2's grids ({8, 25, 43}: gguf's IQ2_XXS.grid_map) and IQ3_XXS's, as
+# 4-bit codes' grids (IQ2's 6 padded with zeros)
+IQ2_VALUES = np.array([-43, -25, -8, 8, 25, 43] + [0] * 10, np.int8)
+IQ3_VALUES = np.array([-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62], np.int8)
 
 
 def _mxfp4(b: np.ndarray) -> Decoded:
     """An e8m0 exponent byte e (the scale 2^(e - 128), ggml's half of 2^(e - 127)), then 16 bytes
-    of 4-bit indices into MXFP4_VALUES (low nibbles first): w = scale * value."""
+    of 4-bit indices into MXFP4_VALUES (low nibbles first): w = scale * MXFP4_VALUES[q]."""
     e = b[:, :1].astype(np.uint32)
     bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23)).astype(np.uint32)
-    return MXFP4_VALUES[_nibbles(b[:, 1:])], bits.view(np.float32), None
+    return _nibbles(b[:, 1:]), bits.view(np.float32), None
+
+
+def _iq1_low(v: np.ndarray) -> np.ndarray:
+    """IQ1_S's codes 8 g + delta (g in -1, 0, 1; delta +-1 per sub-block): each group's lowest, delta - 8."""
+    first = v[..., 0].astype(np.int16)
+    return first - 8 * np.rint(first / 8).astype(np.int16) - 8
 
 
 def _bf16(b: np.ndarray) -> np.ndarray:
@@ -409,21 +447,27 @@ FORMATS = {f.name: f for f in (
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
     Format("IQ4_NL", 20, 32, 18, 4, 32, _iq4_nl, grid=IQ4_VALUES),
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
-    # codes times exact group scales, read through gguf (`_scaled_by_gguf`); not in gguf_repack.c
-    Format("IQ2_XXS", 16, 256, 66, 8, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
-        _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2]))), in_c=False),
-    Format("IQ2_XS", 17, 256, 74, 8, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
-        _nibble_scales(b[:, 66:74]))), in_c=False),
-    Format("IQ2_S", 22, 256, 82, 8, 16, _scaled_by_gguf("IQ2_S", 0, lambda b: _iq2_units(
-        _nibble_scales(b[:, 74:82]))), in_c=False),
-    Format("IQ3_XXS", 18, 256, 98, 8, 32, _scaled_by_gguf("IQ3_XXS", 0, lambda b: (
-        np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5)), in_c=False),
-    Format("IQ3_S", 21, 256, 110, 6, 32, _scaled_by_gguf("IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110])),
-           in_c=False),
-    Format("IQ1_S", 19, 256, 50, 6, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, per_unit=8), in_c=False),
-    Format("TQ1_0", 34, 256, 54, 6, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit), in_c=False),
-    Format("TQ2_0", 35, 256, 66, 6, 256, _scaled_by_gguf("TQ2_0", 64, _one_unit), in_c=False),
-    Format("MXFP4", 39, 32, 17, 6, 32, _mxfp4, in_c=False),
+    # 4-bit codes times exact group scales, read through gguf (`_scaled_by_gguf`); not in gguf_repack.c
+    Format("IQ2_XXS", 16, 256, 66, 4, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
+        _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES)),
+        grid=IQ2_VALUES, in_c=False),
+    Format("IQ2_XS", 17, 256, 74, 4, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
+        _nibble_scales(b[:, 66:74])), _indices_into(IQ2_VALUES)), grid=IQ2_VALUES, in_c=False),
+    Format("IQ2_S", 22, 256, 82, 4, 16, _scaled_by_gguf("IQ2_S", 0, lambda b: _iq2_units(
+        _nibble_scales(b[:, 74:82])), _indices_into(IQ2_VALUES)), grid=IQ2_VALUES, in_c=False),
+    Format("IQ3_XXS", 18, 256, 98, 4, 32, _scaled_by_gguf("IQ3_XXS", 0, lambda b: (
+        np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5), _indices_into(IQ3_VALUES)),
+        grid=IQ3_VALUES, in_c=False),
+    Format("IQ3_S", 21, 256, 110, 4, 32, _scaled_by_gguf(  # odd codes -15..15 = -15 + 2u
+        "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15))),
+        offsets=True, in_c=False),
+    Format("IQ1_S", 19, 256, 50, 4, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
+           offsets=True, in_c=False),
+    Format("TQ1_0", 34, 256, 54, 4, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
+        v.shape[:2], -1))), offsets=True, in_c=False),
+    Format("TQ2_0", 35, 256, 66, 4, 256, _scaled_by_gguf("TQ2_0", 64, _one_unit, _affine(1, lambda v: np.full(
+        v.shape[:2], -1))), offsets=True, in_c=False),
+    Format("MXFP4", 39, 32, 17, 4, 32, _mxfp4, grid=MXFP4_VALUES, in_c=False),
 )}
 
 
