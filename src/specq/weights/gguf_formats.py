@@ -52,10 +52,16 @@ CODE_DTYPES = {4: np.uint8, 6: np.int8, 8: np.int8}  # the kernel's codes: 4-bit
 PACK = {4: int8dot.pack_int4, 6: int8dot.pack_int6, 8: int8dot.pack_int8}  # code bits -> their packing
 
 
+# Two-level scales of a weight of super-blocks of 256 inputs (int8dot's): float32 D and Mneg
+# [rows, supers] (Mneg None: no offsets), int8 sub-scales and sub-offsets [rows, groups]; a group's
+# d is D times its sub-scale, its m Mneg times its sub-offset, exactly the one-level values
+Levels = tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]
+
+
 @dataclass(frozen=True)
 class KernelBlocks:
     """A [rows, cols] weight in the int8-activation kernel's terms: w = d * code + m per group of
-    `group_size` consecutive inputs of a row."""
+    `group_size` consecutive inputs of a row; with `levels`, d and m in two levels too."""
 
     bits: int  # 4, 6 or 8
     codes: np.ndarray  # [rows, cols], CODE_DTYPES[bits]
@@ -63,6 +69,7 @@ class KernelBlocks:
     m: np.ndarray | None  # like d, or None: no offsets (6- and 8-bit only, and grid codes)
     group_size: int
     grid: np.ndarray | None = field(default=None, compare=False)  # int8 [16]: what 4-bit codes index
+    levels: Levels | None = field(default=None, compare=False)
 
     def values(self) -> np.ndarray:
         """The codes, or for grid codes the values they index (int8)."""
@@ -84,8 +91,14 @@ class KernelBlocks:
         d = np.repeat(self.d, repeat, axis=1)
         m = None if not offsets else np.full_like(d, -0.0) if self.m is None else np.repeat(self.m, repeat, axis=1)
         codes = self.codes if lookup else self.values()
+        levels = None
+        if self.levels is not None:  # -0 times a sub-offset of 0 is the -0 offset
+            D, Mneg, sub_d, sub_m = self.levels
+            sub_d = np.repeat(sub_d, repeat, axis=1)
+            sub_m = None if not offsets else np.zeros_like(sub_d) if sub_m is None else np.repeat(sub_m, repeat, axis=1)
+            levels = D, None if not offsets else np.full_like(D, -0.0) if Mneg is None else Mneg, sub_d, sub_m
         return KernelBlocks(bits, codes.astype(CODE_DTYPES[bits], copy=False), d, m, group_size,
-                            self.grid if lookup else None)
+                            self.grid if lookup else None, levels)
 
 
 # The kernel's terms of a format, or of parts concatenated by rows: code bits, group size, offsets,
@@ -110,14 +123,19 @@ def stack_rows(parts: list[KernelBlocks]) -> KernelBlocks:
     bits, group, offsets, lookup = common_form([(p.bits, p.group_size, p.m is not None,
                                                  None if p.grid is None else p.grid.tobytes()) for p in parts])
     parts = [p.widened(bits, group, offsets, lookup) for p in parts]
+    levels = None
+    if all(p.levels is not None for p in parts):  # else one level, as gguf_repack.c does
+        levels = tuple(None if p0 is None else np.concatenate([p.levels[i] for p in parts])
+                       for i, p0 in enumerate(parts[0].levels))
     return KernelBlocks(bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]),
                         np.concatenate([p.m for p in parts]) if offsets else None, group,
-                        parts[0].grid if lookup else None)
+                        parts[0].grid if lookup else None, levels)
 
 
 # A block decoder: blocks [n, type_size] uint8 -> codes [n, block_size], d and m (or None)
-# [n, block_size // group_size] float32 (each decoder's docstring gives its format's layout).
-Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+# [n, block_size // group_size] float32 (each decoder's docstring gives its format's layout), and
+# for blocks of 256 the same scales in two levels where the decoder gives them
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None] | tuple[np.ndarray, np.ndarray, np.ndarray | None, Levels]
 
 
 @dataclass(frozen=True)
@@ -147,9 +165,10 @@ class Format:
     def kernel_blocks(self, raw: np.ndarray) -> KernelBlocks:
         """A tensor's stored bytes, uint8 [rows, row bytes], in the kernel's terms."""
         rows = raw.shape[0]
-        codes, d, m = self.kernel(np.ascontiguousarray(raw).reshape(-1, self.type_size))
+        codes, d, m, *levels = self.kernel(np.ascontiguousarray(raw).reshape(-1, self.type_size))
+        levels = tuple(None if t is None else t.reshape(rows, -1) for t in levels[0]) if levels else None
         return KernelBlocks(self.bits, codes.reshape(rows, -1), d.reshape(rows, -1),
-                            None if m is None else m.reshape(rows, -1), self.group_size, self.grid)
+                            None if m is None else m.reshape(rows, -1), self.group_size, self.grid, levels)
 
     def to_float(self, raw: np.ndarray) -> np.ndarray:
         """A tensor's stored bytes, uint8 [rows, row bytes], as float32 [rows, cols]."""
@@ -339,7 +358,7 @@ def _affine(step: int, low: Callable[[np.ndarray], np.ndarray]) -> Recode:
 
 
 def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarray], recode: Recode,
-                    per_unit: int = 1) -> Callable:
+                    per_unit: int = 1, denominator: int | None = None) -> Callable:
     """The decoder of a type whose weights gguf computes as d (an fp16 at byte `d_at`) times a
     per-group unit times a small integer code v over `per_unit` (IQ2/IQ3's grid values with signs,
     IQ1_S's grid values plus or minus 1/8, the ternary types' -1, 0, 1): every product is exact in
@@ -348,9 +367,13 @@ def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarr
     codes (`recode`): indices into a grid of their 16 or fewer values, with the exact group scale
     d * unit / per_unit; or u with v = low + step * u, with the exact scale d * unit * step /
     per_unit and offset d * unit * low / per_unit. `units`: blocks [n, type_size] -> float32 units
-    [n, groups]. Why through gguf: these formats' grids of 256 to 2048 entries and sign tables are
-    gguf's to read; what is specq's is only that their weights are 4-bit codes times a scale, which
-    int8dot multiplies."""
+    [n, groups]. With `denominator` (a power of two making every unit an integer below 128, and a
+    constant `low`), the scales also in two levels, as int8dot keeps K-quants': D = d * step /
+    (denominator * per_unit) and Mneg = d * low / (denominator * per_unit) per block, the units times
+    `denominator` as int8 sub-scales and sub-offsets, whose products are the same exact values. Why
+    through gguf: these formats' grids of 256 to 2048 entries and sign tables are gguf's to read;
+    what is specq's is only that their weights are 4-bit codes times a scale, which int8dot
+    multiplies."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -373,9 +396,16 @@ def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarr
         with ThreadPoolExecutor(len(parts)) as pool:
             v = np.concatenate(list(pool.map(lambda p: codes(b[p[0]:p[-1] + 1], unit[p[0]:p[-1] + 1]), parts)))
         u, low, step = recode(v)
-        scaled = _f16(b[:, d_at:d_at + 2]) * unit  # d * unit, exact
+        d = _f16(b[:, d_at:d_at + 2])
+        scaled = d * unit  # d * unit, exact
         m = None if low is None else scaled * low * np.float32(1 / per_unit)
-        return u.reshape(len(b), -1), scaled * np.float32(step / per_unit), m
+        decoded = u.reshape(len(b), -1), scaled * np.float32(step / per_unit), m
+        if denominator is None:
+            return decoded
+        sub = np.rint(unit * np.float32(denominator)).astype(np.int8)
+        below = np.float32(1 / (denominator * per_unit))
+        mneg = None if low is None else d * (low[:, :1] * below)
+        return (*decoded, (d * np.float32(step * below), mneg, sub, None if low is None else sub))
 
     return decode
 
@@ -449,18 +479,18 @@ FORMATS = {f.name: f for f in (
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
     # 4-bit codes times exact group scales, read through gguf (`_scaled_by_gguf`); not in gguf_repack.c
     Format("IQ2_XXS", 16, 256, 66, 4, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
-        _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES)),
-        grid=IQ2_VALUES, in_c=False),
+        _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES),
+        denominator=8), grid=IQ2_VALUES, in_c=False),
     Format("IQ2_XS", 17, 256, 74, 4, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
-        _nibble_scales(b[:, 66:74])), _indices_into(IQ2_VALUES)), grid=IQ2_VALUES, in_c=False),
+        _nibble_scales(b[:, 66:74])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES, in_c=False),
     Format("IQ2_S", 22, 256, 82, 4, 16, _scaled_by_gguf("IQ2_S", 0, lambda b: _iq2_units(
-        _nibble_scales(b[:, 74:82])), _indices_into(IQ2_VALUES)), grid=IQ2_VALUES, in_c=False),
+        _nibble_scales(b[:, 74:82])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES, in_c=False),
     Format("IQ3_XXS", 18, 256, 98, 4, 32, _scaled_by_gguf("IQ3_XXS", 0, lambda b: (
-        np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5), _indices_into(IQ3_VALUES)),
+        np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5), _indices_into(IQ3_VALUES), denominator=4),
         grid=IQ3_VALUES, in_c=False),
     Format("IQ3_S", 21, 256, 110, 4, 32, _scaled_by_gguf(  # odd codes -15..15 = -15 + 2u
-        "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15))),
-        offsets=True, in_c=False),
+        "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15)),
+        denominator=1), offsets=True, in_c=False),
     Format("IQ1_S", 19, 256, 50, 4, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
            offsets=True, in_c=False),
     Format("TQ1_0", 34, 256, 54, 4, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
@@ -486,8 +516,9 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
     """Tensors concatenated by rows, each (type name, its stored bytes uint8 [rows, row bytes]), as
     one int8dot weight in their `common_form`, laid out for `variant` (by default the process's).
     Where specq's kernels build, read by `kernels/gguf_repack.c` straight from the bytes (a file's
-    load is mostly this), K-quants with their scales in two levels; elsewhere by the numpy decoders
-    above and `int8dot`'s packing, one float32 per group: the same weights and outputs bit for bit."""
+    load is mostly this), K-quants with their scales in two levels; elsewhere, and for the formats
+    it does not read, by the numpy decoders above and `int8dot`'s packing, one float32 per group or
+    two levels where the decoder gives them: the same weights and outputs bit for bit."""
     variant = variant or build.variant()
     formats = [FORMATS[name] for name, _ in parts]
     bits, group, offsets, lookup = common_form([f.form() for f in formats])
@@ -498,6 +529,10 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
                                   offsets, variant, all(f.two_level for f in formats), grid)
     kb = stack_rows([f.kernel_blocks(raw) for f, (_, raw) in zip(formats, parts)])
     codes, d, m = (None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m))
-    if kb.grid is not None:
-        return int8dot.pack_grid(codes, d, torch.from_numpy(kb.grid), variant)
+    grid = None if kb.grid is None else torch.from_numpy(kb.grid)
+    if kb.levels is not None:
+        return int8dot.pack_two_level(kb.bits, codes, *(None if a is None else torch.from_numpy(a) for a in kb.levels),
+                                      int8dot.SUPER_SHIFT, variant, grid)
+    if grid is not None:
+        return int8dot.pack_grid(codes, d, grid, variant)
     return PACK[kb.bits](codes, d, m, variant=variant)
