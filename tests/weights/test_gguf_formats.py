@@ -457,6 +457,9 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
     for name in ("layers.2.attention.wqkv", "layers.2.attention.wo", "layers.2.feed_forward.w2"):
         linear = net.get_submodule(name)
         assert type(linear) is torch.nn.Linear and torch.equal(linear.weight, reference[f"{name}.weight"]), name
+    if int8dot.available():  # what --explain says: grid codes by name
+        fastpath.apply(net)
+        assert all(("16-value grid" in net.get_submodule(name).kernel) == (name in grids) for name in forms)
 
 
 def test_unlisted_types_run_dequantized_with_one_note(tmp_path):

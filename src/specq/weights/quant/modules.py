@@ -63,7 +63,8 @@ class Int8DotSwitch:
 
     def _int8dot_kernel(self) -> str:
         w = self._int8dot
-        return f"int{w.bits} weights x int8 activations (specq int8dot kernel, group {w.group_size})"
+        codes = "4-bit codes of a 16-value grid" if w.grid is not None else f"int{w.bits} weights"
+        return f"{codes} x int8 activations (specq int8dot kernel, group {w.group_size})"
 
 
 class QuantLinear(nn.Module):
