@@ -287,12 +287,12 @@ def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
 
 K_ONLY = [["Q2_K"], ["Q3_K"], ["Q4_K"], ["Q5_K"], ["Q6_K"], ["IQ4_XS"], ["Q4_K", "Q4_K", "Q6_K"],
           ["Q3_K", "Q2_K", "Q4_K"], ["Q4_K", "IQ4_XS"], ["IQ4_XS", "IQ4_XS", "Q5_K"], ["IQ2_XXS"], ["IQ2_XS"],
-          ["IQ2_S"], ["IQ3_XXS"], ["IQ3_S"], ["IQ2_XS", "IQ3_S"]]  # two-level scales: every part a K-quant, IQ4_XS
-# (in C), or IQ2 and IQ3 (in numpy)
+          ["IQ2_S"], ["IQ3_XXS"], ["IQ3_S"], ["IQ2_XS", "IQ3_S"], ["IQ3_S", "IQ3_S", "Q4_K"]]  # two-level scales:
+# every part a K-quant, IQ4_XS or IQ3_S (in C), or IQ2 and IQ3 (in numpy)
 
 
 @pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + [p for p in K_ONLY if len(p) > 1] + [
-    ["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0", "Q5_K", "Q3_K", "IQ4_NL"], ["IQ4_XS", "IQ4_NL"], ["IQ3_S", "IQ3_S", "Q4_K"]])
+    ["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0", "Q5_K", "Q3_K", "IQ4_NL"], ["IQ4_XS", "IQ4_NL"]])
 def test_repacking_in_c_lays_out_the_numpy_decoders_weights(parts, kernel_variant):
     """`kernel_weight` reads the file's bytes in C (`kernels/gguf_repack.c`) into the weights the
     numpy decoders and int8dot's packing give, on every variant's panels, with padded panels (rows

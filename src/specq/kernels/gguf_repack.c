@@ -30,7 +30,7 @@ static inline float f16(const uint8_t *b) {
 /* One block b -> its codes q (4-bit formats: 0..15, for grid formats indices into their grid; 5-
  * and 6-bit ones: in [-32, 31]; 8-bit: the signed codes) and per-group d and m (m left alone by
  * formats without offsets). */
-typedef void (*decode_fn)(const uint8_t *b, int8_t *q, float *d, float *m);
+typedef void (*decode_fn)(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m);
 
 /* 32 values from 16 bytes: the low nibbles first, then the high ones. */
 static inline void nibbles32(const uint8_t *qs, int8_t *q) {
@@ -40,13 +40,15 @@ static inline void nibbles32(const uint8_t *qs, int8_t *q) {
     }
 }
 
-static void q4_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * u - 8d */
+static void q4_0(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = d * u - 8d */
     d[0] = f16(b);
     m[0] = -8.0f * d[0];
     nibbles32(b + 2, q);
 }
 
-static void q4_1(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * u + m */
+static void q4_1(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = d * u + m */
     d[0] = f16(b);
     m[0] = f16(b + 2);
     nibbles32(b + 4, q);
@@ -60,19 +62,22 @@ static inline void fifths32(const uint8_t *qh, const uint8_t *qs, int8_t *q, int
     for (int i = 0; i < 32; i++) q[i] = (int8_t)((q[i] | (((high >> i) & 1) << 4)) - minus);
 }
 
-static void q5_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * (q - 16) */
+static void q5_0(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = d * (q - 16) */
     (void)m;
     d[0] = f16(b);
     fifths32(b + 2, b + 6, q, 16);
 }
 
-static void q5_1(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * q + m */
+static void q5_1(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = d * q + m */
     d[0] = f16(b);
     m[0] = f16(b + 2);
     fifths32(b + 4, b + 8, q, 0);
 }
 
-static void q8_0(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * c */
+static void q8_0(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = d * c */
     (void)m;
     d[0] = f16(b);
     memcpy(q, b + 2, 32);
@@ -171,14 +176,16 @@ static inline void k_two_bits(const uint8_t *qs, int8_t *q) {
             for (int i = 0; i < 32; i++) q[128 * h + 32 * j + i] = (int8_t)((qs[32 * h + i] >> (2 * j)) & 3);
 }
 
-static void q2_k(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * u - dmin * min */
+static void q2_k(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = (d * scale) * u - dmin * min */
     one_level(q2_k_terms, 16, b, d, m);
     k_two_bits(b + 16, q);
 }
 
 /* Q3_K: 32 bytes of high bits (bit b of byte 16p + l: value l of group 2b + p), 64 of low 2 bits,
  * 12 of scales, fp16 d; codes q = low + 4 high (gguf_formats.py's _q3_k). */
-static void q3_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+static void q3_k(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;
     one_level(q3_k_terms, 16, b, d, m);
     k_two_bits(b + 32, q);
     for (int g = 0; g < 16; g++)
@@ -194,12 +201,14 @@ static inline void k_low_nibbles(const uint8_t *qs, int8_t *q) {
         }
 }
 
-static void q4_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+static void q4_k(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;
     one_level(k_terms, 8, b, d, m);
     k_low_nibbles(b + 16, q);
 }
 
-static void q5_k(const uint8_t *b, int8_t *q, float *d, float *m) {  /* bit j of byte l: value 32j + l's fifth */
+static void q5_k(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* bit j of byte l: value 32j + l's fifth */
     one_level(k_terms, 8, b, d, m);
     k_low_nibbles(b + 48, q);
     const uint8_t *qh = b + 16;
@@ -209,7 +218,8 @@ static void q5_k(const uint8_t *b, int8_t *q, float *d, float *m) {  /* bit j of
 
 /* Q6_K: per half of 128 values, 64 bytes of low nibbles (values 0-63 low, 64-127 high) and 32 of
  * top bits (value 32s + i in bits 2s, 2s + 1 of byte i); 16 int8 sub-scales, then fp16 d. */
-static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
+static void q6_k(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
         int8_t *out = q + 128 * h;
@@ -227,15 +237,41 @@ static void q6_k(const uint8_t *b, int8_t *q, float *d, float *m) {
 /* IQ4_NL / IQ4_XS's code values, a non-linear grid indexed by 4 bits (ggml's kvalues_iq4nl). */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-static void iq4_nl(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = d * IQ4_VALUES[q] */
+static void iq4_nl(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = d * IQ4_VALUES[q] */
     (void)m;
     d[0] = f16(b);
     nibbles32(b + 2, q);
 }
 
-static void iq4_xs(const uint8_t *b, int8_t *q, float *d, float *m) {  /* w = (d * scale) * IQ4_VALUES[q] */
+static void iq4_xs(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;  /* w = (d * scale) * IQ4_VALUES[q] */
     one_level(iq4_xs_terms, 8, b, d, m);
     for (int i = 0; i < 8; i++) nibbles32(b + 8 + 16 * i, q + 32 * i);
+}
+
+/* IQ3_S: fp16 d, 64 bytes of grid indices' low 8 bits, 8 of their ninth bits (index i's in bit i %
+ * 8 of byte i / 8), 32 of signs (value k's in bit k % 8 of byte k / 8), 4 of 4-bit scales (sub-block
+ * j of 32 values in byte j / 2, low nibble first): w = d * (1 + 2 scale) * v, v = +-grid value, odd
+ * in [-15, 15], so v = 2u - 15 for a 4-bit u: scale 2d, offset -15d, both times 1 + 2 scale. The
+ * grid (512 entries of 4 values) is gguf's, passed in as `table`. */
+static void iq3_s_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    const float d = f16(b);
+    *D = 2.0f * d;
+    *Mneg = -15.0f * d;
+    for (int j = 0; j < 8; j++) scale[j] = min[j] = (int8_t)(1 + 2 * ((b[106 + j / 2] >> (4 * (j % 2))) & 0x0F));
+}
+
+static void iq3_s(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    one_level(iq3_s_terms, 8, b, d, m);
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74;
+    for (int i = 0; i < 64; i++) {
+        const uint8_t *grid = table + 4 * (qs[i] | (((qh[i / 8] >> (i % 8)) & 1) << 8));
+        for (int j = 0; j < 4; j++) {
+            const int k = 4 * i + j, v = (signs[k / 8] >> (k % 8)) & 1 ? -grid[j] : grid[j];
+            q[k] = (int8_t)((v + 15) / 2);
+        }
+    }
 }
 
 typedef struct {
@@ -243,6 +279,7 @@ typedef struct {
     decode_fn decode;
     terms_fn terms;
     const int8_t *grid;
+    int table;  /* the grid entries' bytes it reads from `table` (0: none) */
 } Format;
 
 /* ggml type id -> its block (weights, bytes), code bits, group, whether it has offsets, decoder,
@@ -256,6 +293,7 @@ static const Format FORMATS[] = {
     [13] = {256, 176, 6, 32, 1, q5_k, k_terms}, [14] = {256, 210, 6, 16, 0, q6_k, q6_k_terms},
     [20] = {32, 18, 4, 32, 0, iq4_nl, NULL, IQ4_VALUES},
     [23] = {256, 136, 4, 32, 0, iq4_xs, iq4_xs_terms, IQ4_VALUES},
+    [21] = {256, 110, 4, 32, 1, iq3_s, iq3_s_terms, NULL, 512 * 4},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
@@ -333,12 +371,13 @@ static void place_terms(const float *D, const float *Mneg, const int8_t *scale, 
  * than the format's, offsets dropped, G not dividing the format's group, two levels of a format
  * without, a lookup of a format without a grid or into wider codes), -2 when out of memory. */
 int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, int width, int row0,
-                uint8_t *codes, float *d, float *m, int8_t *sub, int lookup, int threads) {
+                uint8_t *codes, float *d, float *m, int8_t *sub, int lookup, const uint8_t *table, int table_bytes,
+                int threads) {
     if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
     const Format f = FORMATS[type];
     if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
         (bits != 4 && bits != 6 && bits != 8) || (sub && !f.terms) || (lookup && (!f.grid || bits != 4)) ||
-        (f.grid && !lookup && bits != 8))
+        (f.grid && !lookup && bits != 8) || (f.table && (!table || table_bytes != f.table)))
         return -1;
     const int per_block = f.block / f.group;
     const long row_bytes = (long)K / f.block * f.bytes;
@@ -357,7 +396,7 @@ int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, 
             const uint8_t *src = raw + (long)r * row_bytes;
             for (int b = 0; b < K / f.block; b++) {
                 const uint8_t *block = src + (long)b * f.bytes;
-                f.decode(block, q + (long)b * f.block, dn + (long)b * per_block, mn + (long)b * per_block);
+                f.decode(block, table, q + (long)b * f.block, dn + (long)b * per_block, mn + (long)b * per_block);
                 if (sub) f.terms(block, D + b, Mneg + b, scale + (long)b * per_block, min + (long)b * per_block);
             }
             if (f.grid && !lookup)

@@ -17,9 +17,22 @@ from . import build, int8dot
 def _library(variant: str) -> ctypes.CDLL:
     lib = build.load(variant)
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.gguf_repack.argtypes = [i, p, i, i, i, i, i, i, p, p, p, p, i, i]
+    lib.gguf_repack.argtypes = [i, p, i, i, i, i, i, i, p, p, p, p, i, p, i, i]
     lib.gguf_repack.restype = ctypes.c_int
     return lib
+
+
+@functools.cache
+def grid_table(kind: int) -> np.ndarray | None:
+    """The grid that blocks of ggml type `kind` index (uint8 [entries, values]), as gguf builds it
+    from its tables, for the C decoders that read one (IQ3_S); None for a type without one."""
+    from gguf import GGMLQuantizationType, quants
+
+    quant = getattr(quants, GGMLQuantizationType(kind).name, None)
+    if quant is None or getattr(quant, "grid_hex", None) is None:
+        return None
+    quant.init_grid()
+    return np.ascontiguousarray(quant.grid.reshape(quant.grid_shape).astype(np.uint8))
 
 
 def repack(parts: list[tuple[int, np.ndarray]], n_in: int, bits: int, group_size: int, offsets: bool,
@@ -44,10 +57,12 @@ def repack(parts: list[tuple[int, np.ndarray]], n_in: int, bits: int, group_size
             t[-1].zero_()
     row = 0
     for kind, raw in parts:
-        raw = np.ascontiguousarray(raw)
+        raw, table = np.ascontiguousarray(raw), grid_table(kind)
         status = lib.gguf_repack(kind, raw.ctypes.data, len(raw), n_in, bits, group_size, width, row,
                                  codes.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr(),
-                                 None if sub is None else sub.data_ptr(), grid is not None, torch.get_num_threads())
+                                 None if sub is None else sub.data_ptr(), grid is not None,
+                                 None if table is None else table.ctypes.data, 0 if table is None else table.nbytes,
+                                 torch.get_num_threads())
         if status == -2:
             raise MemoryError("gguf_repack: out of memory for a row's codes")
         if status:

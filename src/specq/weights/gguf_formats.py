@@ -490,7 +490,7 @@ FORMATS = {f.name: f for f in (
         grid=IQ3_VALUES, in_c=False),
     Format("IQ3_S", 21, 256, 110, 4, 32, _scaled_by_gguf(  # odd codes -15..15 = -15 + 2u
         "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15)),
-        denominator=1), offsets=True, in_c=False),
+        denominator=1), offsets=True, two_level=True),
     Format("IQ1_S", 19, 256, 50, 4, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
            offsets=True, in_c=False),
     Format("TQ1_0", 34, 256, 54, 4, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
