@@ -85,7 +85,8 @@ LINEARS = ("wqkv", "wo", "w13", "w2")  # a layer's linear layers, in the order `
 
 class _QuantWeight(ctypes.Structure):
     _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("grid", ctypes.c_void_p), ("super_shift", ctypes.c_int)]
+                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("grid", ctypes.c_void_p),
+                ("super_shift", ctypes.c_int)]
 
 
 class _Part(ctypes.Structure):

@@ -450,9 +450,9 @@ static inline __attribute__((always_inline)) void wide_panel(
     const int per_group = half ? 1 : G / QBLOCK;
     const size_t block_bytes = (size_t)bits * 4 * WIDE_PANEL;
     const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-    const __m512i table = !lookup ? _mm512_setzero_si512()
-                          : GRID_BIAS ? _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)grid)), flip)
-                          : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)grid));
+    const __m512i values = lookup ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)grid))
+                                  : _mm512_setzero_si512();
+    const __m512i table = GRID_BIAS ? _mm512_xor_si512(values, flip) : values;  /* value + 128 with VNNI */
     const int biased = bits != 4 || (lookup && GRID_BIAS);  /* whether the dots start from z */
     __m512 acc[WIDE_TILE];
     WIDE_UNROLL

@@ -25,8 +25,8 @@ tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): ther
 codes times exact group scales too (grid values with signs, ternary digits, e2m1 values), each
 format's codes 16 or fewer values: they become 4-bit codes, indices into a grid of those values
 (IQ2, IQ3_XXS, MXFP4) or codes with offsets (IQ3_S's odd values, IQ1_S's, the ternary digits),
-read through gguf's own decoders for their grids (`_scaled_by_gguf`): 5-6 bits a weight with
-float32 group scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
+read through gguf's own decoders for their grids (`_scaled_by_gguf`; IQ3_S by gguf_repack.c, with
+gguf's grid): 4.5-6 bits a weight with their scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
 by gguf (`to_float`).
 
@@ -477,7 +477,7 @@ FORMATS = {f.name: f for f in (
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
     Format("IQ4_NL", 20, 32, 18, 4, 32, _iq4_nl, grid=IQ4_VALUES),
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
-    # 4-bit codes times exact group scales, read through gguf (`_scaled_by_gguf`); not in gguf_repack.c
+    # 4-bit codes times exact group scales, read through gguf (`_scaled_by_gguf`); only IQ3_S in gguf_repack.c too
     Format("IQ2_XXS", 16, 256, 66, 4, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
         _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES),
         denominator=8), grid=IQ2_VALUES, in_c=False),
