@@ -274,13 +274,117 @@ static void iq3_s(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, f
     }
 }
 
+/* IQ2 and IQ3_XXS: w = d * unit * v, v = +-(grid value), the unit an odd integer 2s + 1 over 8 (IQ2)
+ * or 4 (IQ3_XXS); their 4-bit codes index the signed values (gguf_formats.py's IQ2_VALUES,
+ * IQ3_VALUES). `table`: gguf's grid (entries of 8 or 4 values), then for all but IQ2_S the 128
+ * bytes of sign patterns (gguf's IQ2_XXS.ksigns) that 7-bit sign indices pick. */
+static inline int8_t iq2_index(int v) {  /* -43, -25, -8, 8, 25, 43 -> 0..5 */
+    const int a = v < 0 ? -v : v, i = a == 8 ? 0 : a == 25 ? 1 : 2;
+    return (int8_t)(v < 0 ? 2 - i : 3 + i);
+}
+
+static inline int8_t iq3_index(int v) {  /* -62, -52, .., -4, 4, .., 52, 62 -> 0..15 */
+    const int a = v < 0 ? -v : v, i = a == 62 ? 7 : (a - 4) / 8;
+    return (int8_t)(v < 0 ? 7 - i : 8 + i);
+}
+
+/* Values [0, n) of an entry `grid` with the signs of the pattern byte `signs` (bit j: value j's). */
+static inline void signed_values(const uint8_t *grid, uint8_t signs, int n, int *v) {
+    for (int j = 0; j < n; j++) v[j] = (signs >> j) & 1 ? -grid[j] : grid[j];
+}
+
+static void no_offsets(float *Mneg, int8_t *min, int groups) {
+    *Mneg = -0.0f;
+    memset(min, 0, (size_t)groups);
+}
+
+static void iq2_xxs_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    *D = f16(b) * 0.125f;
+    for (int g = 0; g < 8; g++) scale[g] = (int8_t)(1 + 2 * (b[2 + 8 * g + 7] >> 4));  /* top 4 bits of word 2g + 1 */
+    no_offsets(Mneg, min, 8);
+}
+
+static void iq2_xxs(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    one_level(iq2_xxs_terms, 8, b, d, m);
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *aux = b + 2 + 8 * g;  /* 4 grid indices, then a word of 4 7-bit sign indices */
+        uint32_t signs;
+        memcpy(&signs, aux + 4, sizeof signs);
+        for (int l = 0; l < 4; l++) {
+            int v[8];
+            signed_values(table + 8 * aux[l], table[2048 + ((signs >> (7 * l)) & 127)], 8, v);
+            for (int j = 0; j < 8; j++) q[32 * g + 8 * l + j] = iq2_index(v[j]);
+        }
+    }
+}
+
+static void iq2_scales16(const uint8_t *s, float *D, float *Mneg, int8_t *scale, int8_t *min, float d) {
+    *D = d * 0.125f;
+    for (int g = 0; g < 16; g++) scale[g] = (int8_t)(1 + 2 * ((s[g / 2] >> (4 * (g % 2))) & 0x0F));
+    no_offsets(Mneg, min, 16);
+}
+
+static void iq2_xs_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    iq2_scales16(b + 66, D, Mneg, scale, min, f16(b));
+}
+
+static void iq2_xs(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    one_level(iq2_xs_terms, 16, b, d, m);
+    for (int i = 0; i < 32; i++) {  /* per 8 values a uint16: 9 bits of grid index, 7 of sign index */
+        uint16_t word;
+        memcpy(&word, b + 2 + 2 * i, sizeof word);
+        int v[8];
+        signed_values(table + 8 * (word & 511), table[4096 + (word >> 9)], 8, v);
+        for (int j = 0; j < 8; j++) q[8 * i + j] = iq2_index(v[j]);
+    }
+}
+
+static void iq2_s_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    iq2_scales16(b + 74, D, Mneg, scale, min, f16(b));
+}
+
+static void iq2_s(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    one_level(iq2_s_terms, 16, b, d, m);
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66;  /* index i's top 2 bits: bits 2 (i % 4) of qh[i / 4] */
+    for (int i = 0; i < 32; i++) {
+        int v[8];
+        signed_values(table + 8 * (qs[i] | (((qh[i / 4] >> (2 * (i % 4))) & 3) << 8)), signs[i], 8, v);
+        for (int j = 0; j < 8; j++) q[8 * i + j] = iq2_index(v[j]);
+    }
+}
+
+static void iq3_xxs_terms(const uint8_t *b, float *D, float *Mneg, int8_t *scale, int8_t *min) {
+    *D = f16(b) * 0.25f;
+    for (int g = 0; g < 8; g++) scale[g] = (int8_t)(1 + 2 * (b[66 + 4 * g + 3] >> 4));
+    no_offsets(Mneg, min, 8);
+}
+
+static void iq3_xxs(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    one_level(iq3_xxs_terms, 8, b, d, m);
+    for (int g = 0; g < 8; g++) {
+        uint32_t signs;
+        memcpy(&signs, b + 66 + 4 * g, sizeof signs);
+        for (int l = 0; l < 4; l++) {  /* 8 values: two grid entries of 4, one sign pattern */
+            const uint8_t pattern = table[1024 + ((signs >> (7 * l)) & 127)];
+            int v[8];
+            signed_values(table + 4 * b[2 + 8 * g + 2 * l], pattern, 4, v);
+            signed_values(table + 4 * b[2 + 8 * g + 2 * l + 1], pattern >> 4, 4, v + 4);
+            for (int j = 0; j < 8; j++) q[32 * g + 8 * l + j] = iq3_index(v[j]);
+        }
+    }
+}
+
 typedef struct {
     int block, bytes, bits, group, offsets;
     decode_fn decode;
     terms_fn terms;
     const int8_t *grid;
-    int table;  /* the grid entries' bytes it reads from `table` (0: none) */
+    int table;  /* the bytes it reads from `table` (0: none) */
 } Format;
+
+/* The grids of IQ2 and IQ3_XXS codes as 4-bit ones (gguf_formats.py's IQ2_VALUES, IQ3_VALUES). */
+static const int8_t IQ2_VALUES[16] = {-43, -25, -8, 8, 25, 43};
+static const int8_t IQ3_VALUES[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62};
 
 /* ggml type id -> its block (weights, bytes), code bits, group, whether it has offsets, decoder,
  * for K-quants (and IQ4_XS, built like them) their two-level terms, and for grid formats the
@@ -294,6 +398,10 @@ static const Format FORMATS[] = {
     [20] = {32, 18, 4, 32, 0, iq4_nl, NULL, IQ4_VALUES},
     [23] = {256, 136, 4, 32, 0, iq4_xs, iq4_xs_terms, IQ4_VALUES},
     [21] = {256, 110, 4, 32, 1, iq3_s, iq3_s_terms, NULL, 512 * 4},
+    [16] = {256, 66, 4, 32, 0, iq2_xxs, iq2_xxs_terms, IQ2_VALUES, 256 * 8 + 128},
+    [17] = {256, 74, 4, 16, 0, iq2_xs, iq2_xs_terms, IQ2_VALUES, 512 * 8 + 128},
+    [22] = {256, 82, 4, 16, 0, iq2_s, iq2_s_terms, IQ2_VALUES, 1024 * 8},
+    [18] = {256, 98, 4, 32, 0, iq3_xxs, iq3_xxs_terms, IQ3_VALUES, 256 * 4 + 128},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))

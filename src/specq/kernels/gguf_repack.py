@@ -22,17 +22,25 @@ def _library(variant: str) -> ctypes.CDLL:
     return lib
 
 
+SIGN_PATTERNS = ("IQ2_XXS", "IQ2_XS", "IQ3_XXS")  # types whose 7-bit sign indices pick gguf's 128 sign bytes
+
+
 @functools.cache
 def grid_table(kind: int) -> np.ndarray | None:
-    """The grid that blocks of ggml type `kind` index (uint8 [entries, values]), as gguf builds it
-    from its tables, for the C decoders that read one (IQ3_S); None for a type without one."""
+    """What the C decoder of ggml type `kind` reads beside the blocks: the grid they index (uint8,
+    entry after entry), as gguf builds it from its tables, then for SIGN_PATTERNS gguf's 128 sign
+    patterns (IQ2 and IQ3); None for a type without a grid."""
     from gguf import GGMLQuantizationType, quants
 
-    quant = getattr(quants, GGMLQuantizationType(kind).name, None)
+    name = GGMLQuantizationType(kind).name
+    quant = getattr(quants, name, None)
     if quant is None or getattr(quant, "grid_hex", None) is None:
         return None
     quant.init_grid()
-    return np.ascontiguousarray(quant.grid.reshape(quant.grid_shape).astype(np.uint8))
+    parts = [quant.grid.reshape(-1).astype(np.uint8)]
+    if name in SIGN_PATTERNS:
+        parts.append(np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8))
+    return np.ascontiguousarray(np.concatenate(parts))
 
 
 def repack(parts: list[tuple[int, np.ndarray]], n_in: int, bits: int, group_size: int, offsets: bool,

@@ -25,8 +25,8 @@ tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): ther
 codes times exact group scales too (grid values with signs, ternary digits, e2m1 values), each
 format's codes 16 or fewer values: they become 4-bit codes, indices into a grid of those values
 (IQ2, IQ3_XXS, MXFP4) or codes with offsets (IQ3_S's odd values, IQ1_S's, the ternary digits),
-read through gguf's own decoders for their grids (`_scaled_by_gguf`; IQ3_S by gguf_repack.c, with
-gguf's grid): 4.5-6 bits a weight with their scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
+read through gguf's own decoders for their grids (`_scaled_by_gguf`; IQ2 and IQ3 by gguf_repack.c
+too, with gguf's grids): 4.5-6 bits a weight with their scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
 by gguf (`to_float`).
 
@@ -477,17 +477,19 @@ FORMATS = {f.name: f for f in (
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
     Format("IQ4_NL", 20, 32, 18, 4, 32, _iq4_nl, grid=IQ4_VALUES),
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
-    # 4-bit codes times exact group scales, read through gguf (`_scaled_by_gguf`); only IQ3_S in gguf_repack.c too
+    # 4-bit codes times exact group scales, read through gguf (`_scaled_by_gguf`); IQ2, IQ3 in gguf_repack.c too
     Format("IQ2_XXS", 16, 256, 66, 4, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
         _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES),
-        denominator=8), grid=IQ2_VALUES, in_c=False),
+        denominator=8), grid=IQ2_VALUES, two_level=True),
     Format("IQ2_XS", 17, 256, 74, 4, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
-        _nibble_scales(b[:, 66:74])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES, in_c=False),
+        _nibble_scales(b[:, 66:74])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES,
+        two_level=True),
     Format("IQ2_S", 22, 256, 82, 4, 16, _scaled_by_gguf("IQ2_S", 0, lambda b: _iq2_units(
-        _nibble_scales(b[:, 74:82])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES, in_c=False),
+        _nibble_scales(b[:, 74:82])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES,
+        two_level=True),
     Format("IQ3_XXS", 18, 256, 98, 4, 32, _scaled_by_gguf("IQ3_XXS", 0, lambda b: (
         np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5), _indices_into(IQ3_VALUES), denominator=4),
-        grid=IQ3_VALUES, in_c=False),
+        grid=IQ3_VALUES, two_level=True),
     Format("IQ3_S", 21, 256, 110, 4, 32, _scaled_by_gguf(  # odd codes -15..15 = -15 + 2u
         "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15)),
         denominator=1), offsets=True, two_level=True),
