@@ -198,12 +198,15 @@ static inline void six_bit_codes(const uint8_t *wb, int j, __m256i *u) {
     u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), top_bits(h, 2 * (j % 2) + 1));
 }
 
-/* The signed grid values of chunk `w`'s low (v[0]) and high (v[1]) nibbles: 16 values in each
- * 128-bit lane of `table`. */
-static inline void grid_values(__m256i w, __m256i table, __m256i *v) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
+/* Chunk j of grid codes `wb`: the signed grid values of its low (v[0]) and high (v[1]) nibbles (16
+ * values in each 128-bit lane of `table`) and their magnitudes u, which enter the products as
+ * unsigned bytes with the values' signs moved onto the activations. */
+static inline void grid_values(const uint8_t *wb, int j, __m256i table, __m256i *v, __m256i *u) {
+    const __m256i low = _mm256_set1_epi8(0x0F), w = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
     v[0] = _mm256_shuffle_epi8(table, _mm256_and_si256(w, low));
     v[1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w, 4), low));
+    u[0] = _mm256_sign_epi8(v[0], v[0]);
+    u[1] = _mm256_sign_epi8(v[1], v[1]);
 }
 
 /* The exact integer dot products of `rows` rows with chunks [j0, j1) of one block's codes `wb`
@@ -222,15 +225,14 @@ static inline __attribute__((always_inline)) void chunk_dots(
     const __m256i low = _mm256_set1_epi8(0x0F);
 #if defined(DPBUSD256)
     for (int j = j0; j < j1; j++) {
-        if (lookup) {  /* the values' magnitudes, their signs moved onto the activations */
-            __m256i v[2];
-            grid_values(_mm256_loadu_si256((const __m256i *)(wb + 32 * j)), table, v);
-            const __m256i u0 = _mm256_sign_epi8(v[0], v[0]), u1 = _mm256_sign_epi8(v[1], v[1]);
+        if (lookup) {
+            __m256i v[2], u[2];
+            grid_values(wb, j, table, v, u);
             UNROLL
             for (int r = 0; r < rows; r++) {
                 const int8_t *a = qb + r * QBLOCK + 8 * j;
-                dots[r] = DPBUSD256(DPBUSD256(dots[r], u0, _mm256_sign_epi8(broadcast4(a), v[0])), u1,
-                                    _mm256_sign_epi8(broadcast4(a + 4), v[1]));
+                __m256i x0 = _mm256_sign_epi8(broadcast4(a), v[0]), x1 = _mm256_sign_epi8(broadcast4(a + 4), v[1]);
+                dots[r] = DPBUSD256(DPBUSD256(dots[r], u[0], x0), u[1], x1);
             }
             continue;
         }
@@ -263,16 +265,15 @@ static inline __attribute__((always_inline)) void chunk_dots(
     const __m256i ones = _mm256_set1_epi16(1);
     if (lookup) {  /* as 8-bit codes: each pair of products widened at once (two pairs may pass 16 bits) */
         for (int j = j0; j < j1; j++) {
-            __m256i v[2];
-            grid_values(_mm256_loadu_si256((const __m256i *)(wb + 32 * j)), table, v);
-            const __m256i u0 = _mm256_sign_epi8(v[0], v[0]), u1 = _mm256_sign_epi8(v[1], v[1]);
+            __m256i v[2], u[2];
+            grid_values(wb, j, table, v, u);
             UNROLL
             for (int r = 0; r < rows; r++) {
                 const int8_t *a = qb + r * QBLOCK + 8 * j;
-                __m256i p0 = _mm256_maddubs_epi16(u0, _mm256_sign_epi8(broadcast4(a), v[0]));
-                __m256i p1 = _mm256_maddubs_epi16(u1, _mm256_sign_epi8(broadcast4(a + 4), v[1]));
-                dots[r] = _mm256_add_epi32(dots[r], _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
-                                                                     _mm256_madd_epi16(p1, ones)));
+                __m256i p0 = _mm256_maddubs_epi16(u[0], _mm256_sign_epi8(broadcast4(a), v[0]));
+                __m256i p1 = _mm256_maddubs_epi16(u[1], _mm256_sign_epi8(broadcast4(a + 4), v[1]));
+                __m256i pairs = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+                dots[r] = _mm256_add_epi32(dots[r], pairs);
             }
         }
     } else if (bits == 4) {
