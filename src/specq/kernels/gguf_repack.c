@@ -374,6 +374,64 @@ static void iq3_xxs(const uint8_t *b, const uint8_t *table, int8_t *q, float *d,
     }
 }
 
+/* IQ1_S: fp16 d, 32 bytes of grid indices' low 8 bits, per 32 values a uint16 with their top 3 bits
+ * (index l's at bits 3l), k at bits 12-14 and delta's sign at bit 15: w = d (2k + 1) (g + delta),
+ * g in {-1, 0, 1} from the grid (2048 entries of 8 int8 values, gguf's, as `table`), delta +-1/8.
+ * As 4-bit codes u = g + 1 with the scale d (2k + 1) and the offset d (2k + 1) (delta - 1): exact. */
+static void iq1_s(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    const float base = f16(b);
+    for (int g = 0; g < 8; g++) {
+        uint16_t h;
+        memcpy(&h, b + 34 + 2 * g, sizeof h);
+        d[g] = base * (float)(2 * ((h >> 12) & 7) + 1);
+        m[g] = d[g] * (h & 0x8000 ? -9.0f : -7.0f) * 0.125f;
+        for (int l = 0; l < 4; l++) {
+            const int8_t *grid = (const int8_t *)table + 8 * (b[2 + 4 * g + l] | (((h >> (3 * l)) & 7) << 8));
+            for (int j = 0; j < 8; j++) q[32 * g + 8 * l + j] = (int8_t)(grid[j] + 1);
+        }
+    }
+}
+
+/* TQ2_0: 64 bytes of 2-bit digits (value 128c + 32s + i at bits 2s of byte 32c + i), fp16 d:
+ * w = d (u - 1), as 4-bit codes u with the offset -d. */
+static void tq2_0(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;
+    for (int c = 0; c < 2; c++)
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 32; i++) q[128 * c + 32 * s + i] = (int8_t)((b[32 * c + i] >> (2 * s)) & 3);
+    d[0] = f16(b + 64);
+    m[0] = -1.0f * d[0];
+}
+
+/* TQ1_0: base-3 digits, five per byte of its first 48 and four per byte of the next 4, fp16 d: the
+ * digit of multiplier 3^t of a byte x is ((x 3^t mod 256) * 3) >> 8; value order as gguf's (per
+ * byte range, multiplier by multiplier): w = d (u - 1), as 4-bit codes u with the offset -d. */
+static void tq1_0(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;
+    static const uint8_t POW3[5] = {1, 3, 9, 27, 81};
+    const int start[3] = {0, 32, 48}, count[3] = {32, 16, 4}, digits[3] = {5, 5, 4};
+    int k = 0;
+    for (int r = 0; r < 3; r++)
+        for (int t = 0; t < digits[r]; t++)
+            for (int i = 0; i < count[r]; i++, k++)
+                q[k] = (int8_t)(((unsigned)(uint8_t)(b[start[r] + i] * POW3[t]) * 3) >> 8);
+    d[0] = f16(b + 52);
+    m[0] = -1.0f * d[0];
+}
+
+/* MXFP4's code values (e2m1, doubled; gguf_formats.py's MXFP4_VALUES). */
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* MXFP4: an e8m0 byte e, the scale 2^(e - 128) (ggml's half of 2^(e - 127)), then 16 bytes of
+ * 4-bit indices into MXFP4_VALUES, low nibbles first. */
+static void mxfp4(const uint8_t *b, const uint8_t *table, int8_t *q, float *d, float *m) {
+    (void)table;
+    (void)m;
+    const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
+    memcpy(d, &bits, sizeof bits);
+    nibbles32(b + 1, q);
+}
+
 typedef struct {
     int block, bytes, bits, group, offsets;
     decode_fn decode;
@@ -402,6 +460,9 @@ static const Format FORMATS[] = {
     [17] = {256, 74, 4, 16, 0, iq2_xs, iq2_xs_terms, IQ2_VALUES, 512 * 8 + 128},
     [22] = {256, 82, 4, 16, 0, iq2_s, iq2_s_terms, IQ2_VALUES, 1024 * 8},
     [18] = {256, 98, 4, 32, 0, iq3_xxs, iq3_xxs_terms, IQ3_VALUES, 256 * 4 + 128},
+    [19] = {256, 50, 4, 32, 1, iq1_s, NULL, NULL, 2048 * 8},
+    [34] = {256, 54, 4, 256, 1, tq1_0, NULL, NULL, 0},  [35] = {256, 66, 4, 256, 1, tq2_0, NULL, NULL, 0},
+    [39] = {32, 17, 4, 32, 0, mxfp4, NULL, MXFP4_VALUES, 0},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))

@@ -27,9 +27,9 @@ SIGN_PATTERNS = ("IQ2_XXS", "IQ2_XS", "IQ3_XXS")  # types whose 7-bit sign indic
 
 @functools.cache
 def grid_table(kind: int) -> np.ndarray | None:
-    """What the C decoder of ggml type `kind` reads beside the blocks: the grid they index (uint8,
-    entry after entry), as gguf builds it from its tables, then for SIGN_PATTERNS gguf's 128 sign
-    patterns (IQ2 and IQ3); None for a type without a grid."""
+    """What the C decoder of ggml type `kind` reads beside the blocks: the grid they index (int8
+    values as bytes, entry after entry), as gguf builds it from its tables, then for SIGN_PATTERNS
+    gguf's 128 sign patterns (IQ2 and IQ3); None for a type without a grid."""
     from gguf import GGMLQuantizationType, quants
 
     name = GGMLQuantizationType(kind).name
@@ -37,7 +37,7 @@ def grid_table(kind: int) -> np.ndarray | None:
     if quant is None or getattr(quant, "grid_hex", None) is None:
         return None
     quant.init_grid()
-    parts = [quant.grid.reshape(-1).astype(np.uint8)]
+    parts = [quant.grid.reshape(-1).astype(np.int8).view(np.uint8)]
     if name in SIGN_PATTERNS:
         parts.append(np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8))
     return np.ascontiguousarray(np.concatenate(parts))

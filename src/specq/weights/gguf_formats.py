@@ -25,8 +25,8 @@ tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): ther
 codes times exact group scales too (grid values with signs, ternary digits, e2m1 values), each
 format's codes 16 or fewer values: they become 4-bit codes, indices into a grid of those values
 (IQ2, IQ3_XXS, MXFP4) or codes with offsets (IQ3_S's odd values, IQ1_S's, the ternary digits),
-read through gguf's own decoders for their grids (`_scaled_by_gguf`; IQ2 and IQ3 by gguf_repack.c
-too, with gguf's grids): 4.5-6 bits a weight with their scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
+read through gguf's own decoders for their grids (`_scaled_by_gguf`; gguf_repack.c reads them with
+gguf's grids): 4.5-6 bits a weight with their scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
 by gguf (`to_float`).
 
@@ -156,7 +156,6 @@ class Format:
     two_level: bool = False  # K-quants: the kernel can keep their scales as the file does (a float32 per
     # super-block of 256 times an int8 sub-scale per group: the same float32 group scales, fewer bytes)
     grid: np.ndarray | None = field(default=None, compare=False)  # int8 [16]: what `kernel`'s 4-bit codes index
-    in_c: bool = True  # whether `kernels/gguf_repack.c` reads it (else `kernel`, then int8dot's packing)
 
     def form(self) -> Form:
         """The kernel's terms: code bits, group size, offsets, the grid the codes index."""
@@ -477,7 +476,7 @@ FORMATS = {f.name: f for f in (
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),
     Format("IQ4_NL", 20, 32, 18, 4, 32, _iq4_nl, grid=IQ4_VALUES),
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
-    # 4-bit codes times exact group scales, read through gguf (`_scaled_by_gguf`); IQ2, IQ3 in gguf_repack.c too
+    # 4-bit codes times exact group scales (in numpy through gguf: `_scaled_by_gguf`)
     Format("IQ2_XXS", 16, 256, 66, 4, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
         _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES),
         denominator=8), grid=IQ2_VALUES, two_level=True),
@@ -494,12 +493,12 @@ FORMATS = {f.name: f for f in (
         "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15)),
         denominator=1), offsets=True, two_level=True),
     Format("IQ1_S", 19, 256, 50, 4, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
-           offsets=True, in_c=False),
+           offsets=True),
     Format("TQ1_0", 34, 256, 54, 4, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
-        v.shape[:2], -1))), offsets=True, in_c=False),
+        v.shape[:2], -1))), offsets=True),
     Format("TQ2_0", 35, 256, 66, 4, 256, _scaled_by_gguf("TQ2_0", 64, _one_unit, _affine(1, lambda v: np.full(
-        v.shape[:2], -1))), offsets=True, in_c=False),
-    Format("MXFP4", 39, 32, 17, 4, 32, _mxfp4, grid=MXFP4_VALUES, in_c=False),
+        v.shape[:2], -1))), offsets=True),
+    Format("MXFP4", 39, 32, 17, 4, 32, _mxfp4, grid=MXFP4_VALUES),
 )}
 
 
@@ -518,14 +517,14 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
     """Tensors concatenated by rows, each (type name, its stored bytes uint8 [rows, row bytes]), as
     one int8dot weight in their `common_form`, laid out for `variant` (by default the process's).
     Where specq's kernels build, read by `kernels/gguf_repack.c` straight from the bytes (a file's
-    load is mostly this), K-quants with their scales in two levels; elsewhere, and for the formats
-    it does not read, by the numpy decoders above and `int8dot`'s packing, one float32 per group or
-    two levels where the decoder gives them: the same weights and outputs bit for bit."""
+    load is mostly this), K-quants, IQ2 and IQ3 with their scales in two levels; elsewhere by the
+    numpy decoders above and `int8dot`'s packing, one float32 per group or two levels where the
+    decoder gives them: the same weights and outputs bit for bit."""
     variant = variant or build.variant()
     formats = [FORMATS[name] for name, _ in parts]
     bits, group, offsets, lookup = common_form([f.form() for f in formats])
     grid = formats[0].grid if lookup else None
-    if build.available() and all(f.in_c for f in formats):
+    if build.available():
         n_in = parts[0][1].shape[1] // formats[0].type_size * formats[0].block_size
         return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in, bits, group,
                                   offsets, variant, all(f.two_level for f in formats), grid)
