@@ -31,7 +31,10 @@ Measurements, per weights and round:
   ignored, `INFERENCE_NUM_THREADS` = `--threads`; draft rows with 3 or 5 draft tokens, prompt lookup
   with n-grams up to 3 and 5 tokens; tokens/s end to end, prefill its time to first token.
 Every generation row also has `decode_tokens_per_s` (prefill excluded); the table's `prefill` line is
-the prompt tokens per second of prefill in plain generation.
+the prompt tokens per second of prefill in plain generation. Every row also has `read_gbps`, the
+machine's memory read rate just before it (torch's float32 sum of 1 GiB, median of 3): a one-token step
+reads every weight, and a shared VM's rate can move by half between minutes, so a ratio is read
+against the rate it ran at.
 
 llama.cpp runs through its Python binding's C functions (`llama_decode` on a batch; a plain greedy
 loop with an argmax over the last logits), which is llama.cpp's own speed minus a few microseconds
@@ -356,6 +359,24 @@ class Settings:
     openvino: Path | None = None  # OpenVINO exports of the pair (benchmarks/export_openvino.py): its rows
 
 
+class ReadRate:
+    """The machine's memory read rate now: torch's float32 sum over 1 GiB, at the run's threads."""
+
+    BYTES = 1 << 30
+
+    def __init__(self):
+        self.floats = torch.ones(self.BYTES // 4)
+
+    def __call__(self) -> float:
+        """GB/s, the median of 3 sums."""
+        seconds = []
+        for _ in range(3):
+            began = time.perf_counter()
+            self.floats.sum()
+            seconds.append(time.perf_counter() - began)
+        return self.BYTES / statistics.median(seconds) / 1e9
+
+
 def forward_ms(tool, ids: list[int], context: int, calls: int) -> float:
     """Median ms of `calls` forwards of `ids` at `context` tokens of context, after one untimed call
     (the first call after the other tool ran pays for waking this tool's threads)."""
@@ -403,7 +424,7 @@ def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
 
 
 def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], context_ids: list[int],
-                  base: dict) -> list[dict]:
+                  base: dict, read_rate: ReadRate) -> list[dict]:
     """One round: every measurement of every weights, llama.cpp and specq back to back, the one
     that goes first alternating between rounds."""
     rows = []
@@ -417,16 +438,19 @@ def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], co
             for n in s.sizes:
                 ids = context_ids[context:context + n]
                 for tool in forwarding:
+                    rate = read_rate()
                     rows.append({**base, "tool": tool, "weights": weights, "measurement": forward_name(n, context),
                                  "round": r, "ms": forward_ms(pair[tool], ids, context, s.calls), "calls": s.calls,
+                                 "read_gbps": rate,
                                  "context": context, "loadavg_1min": os.getloadavg()[0]})
         outputs = {}
         for tool in order:
             for measurement, run in generation_runs(tool, pair[tool], s.tokens).items():
+                rate = read_rate()
                 result = generation(run, prompts)
                 outputs[(tool, measurement)] = result.pop("outputs")
                 rows.append({**base, "tool": tool, "weights": weights, "measurement": measurement, "round": r,
-                             "tokens": s.tokens, **result, "loadavg_1min": os.getloadavg()[0]})
+                             "tokens": s.tokens, **result, "read_gbps": rate, "loadavg_1min": os.getloadavg()[0]})
         reference = outputs[("llama.cpp", "generate plain")]
         for row in rows:
             if row["tool"] != "llama.cpp" and row["weights"] == weights and (row["tool"], row["measurement"]) in outputs:
@@ -477,6 +501,10 @@ def summary(rows: list[dict]) -> str:
                      f"{_median(mine, unit)} | {ratio} |")
         if measurement == "generate plain":
             lines.append(prefill_line(rows, weights))
+    rates = [r["read_gbps"] for r in rows if "read_gbps" in r]
+    if rates:  # runs before the probe have none
+        lines.append(f"| all | memory read rate before each row | - | - | {statistics.median(rates):.1f} GB/s "
+                     f"[{min(rates):.1f}, {max(rates):.1f}] (median [min, max]) |")
     return "\n".join(lines)
 
 
@@ -735,9 +763,9 @@ def main() -> None:
     print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
     warm_up(tools, prompts[0])
     sanity_check(tools, prompts[0], min(s.tokens, 24))
-    rows = []
+    rows, read_rate = [], ReadRate()
     for r in range(s.rounds):
-        rows += measure_round(r, s, tools, prompts, context_ids, base)
+        rows += measure_round(r, s, tools, prompts, context_ids, base, read_rate)
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as f:

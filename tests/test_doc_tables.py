@@ -62,6 +62,20 @@ def test_openvino_rows_are_paired_with_llama_cpps_plain_decoding_and_their_own()
     assert "| 1.75 |" in next(line for line in lines if "| generate plain |" in line)  # specq: (1.5, 2.0)
 
 
+def test_the_memory_read_rate_of_the_rows_is_one_line_only_where_rows_have_it():
+    """A one-token step reads every weight, so the table gives the machine's read rate the rows ran
+    at (median and range over rows); files from before the probe get no such line."""
+    from bench_llamacpp import summary
+
+    prompt = [{"prompt_tokens": 10, "prefill_s": 0.1}]
+    rows = [{"tool": tool, "weights": "qwen1.5b", "measurement": "generate plain", "round": r, "tokens_per_s": 30.0,
+             "per_prompt": prompt, "read_gbps": rate}
+            for r, tool, rate in [(0, "llama.cpp", 30.0), (0, "specq", 50.0), (1, "llama.cpp", 40.0), (1, "specq", 35.0)]]
+    line = summary(rows).splitlines()[-1]
+    assert line == "| all | memory read rate before each row | - | - | 37.5 GB/s [30.0, 50.0] (median [min, max]) |"
+    assert "read rate" not in summary([{k: v for k, v in row.items() if k != "read_gbps"} for row in rows])
+
+
 def test_labelled_runs_are_one_line_each_paired_with_their_own_llama_cpp_plain_decoding():
     """bench_llamacpp's runs of several set-ups in one file (`--label`): a line per label in file
     order, each tool's median tokens/s and its rounds' median ratio to that set-up's llama.cpp."""
