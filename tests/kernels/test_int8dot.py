@@ -52,6 +52,18 @@ def test_int4_weights_match_the_reference(group, out):
     assert int8dot.linear(x[:0], int8dot.pack_int4(codes, scale, offset)).shape == (0, out)  # no rows: no work
 
 
+@pytest.mark.parametrize("group", [16, 32, 256])
+def test_int2_weights_match_the_reference(group):
+    """GGUF's Q2_K (groups of 16) and TQ2_0 (256) codes at 2 bits: codes in [0, 3] with offsets."""
+    g = torch.Generator().manual_seed(group + 2)
+    codes = torch.randint(0, 4, (40, 512), generator=g)
+    scale = torch.rand(40, 512 // group, generator=g) * 0.05
+    offset = torch.randn(40, 512 // group, generator=g) * 0.05
+    x = torch.randn(9, 512, generator=g)
+    y = int8dot.linear(x, int8dot.pack_int2(codes, scale, offset))
+    torch.testing.assert_close(y.double(), reference(x, codes, scale, offset), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("group", [32, 256])
 def test_int8_weights_match_the_reference(group):
     g = torch.Generator().manual_seed(group)

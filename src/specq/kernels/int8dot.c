@@ -7,6 +7,7 @@
  *   - x is float32, quantized here per row and per block of 32 values to int8: x ~ d_a[b] * q_a
  *     (d_a = max|x| / 127), the scheme of llama.cpp's Q8_0;
  *   - w is stored per group g of G inputs (G 16 or a multiple of 32) as
+ *       2-bit: w = d_w[g] * u + m_w[g], u in [0, 3] (GGUF's Q2_K and TQ2_0 at their own 2 bits);
  *       4-bit: w = d_w[g] * u + m_w[g], u in [0, 15];
  *       6-bit: w = d_w[g] * c (+ m_w[g] when offsets are given), c in [-32, 31] (GGUF's Q6_K and
  *              5-bit formats, at 6.25 bits a weight instead of a byte);
@@ -14,7 +15,9 @@
  *     in panels of P outputs, one per 32-bit lane of a vector (the layout of llama.cpp's repacked
  *     Q4_0 8x8 kernels): per block of 32 inputs, 4-bit codes take 4 chunks of 4P bytes, chunk j
  *     holding for each output o (bytes 4o..4o+3) inputs 8j..8j+3 in the low nibbles and 8j+4..8j+7
- *     in the high ones; 8-bit codes take 8 chunks, chunk j holding inputs 4j..4j+3 of each output;
+ *     in the high ones; 2-bit codes take 2 chunks, chunk v holding for each output o (bytes
+ *     4o..4o+3) inputs 16v + 4c..16v + 4c + 3 in bits 2c, 2c + 1 (c < 4); 8-bit codes take 8
+ *     chunks, chunk j holding inputs 4j..4j+3 of each output;
  *     6-bit codes take 6: the low 4 bits of c + 32 as 4-bit codes in chunks 0-3, then its top 2
  *     bits in chunks 4 and 5, byte 4o + t of chunk 4 + k holding those of inputs 16k + 4i + t in
  *     bits 2i, 2i + 1 (i < 4). A block's bytes are always 4P times its bits.
@@ -32,7 +35,8 @@
  *     P is 8 (AVX2's vectors) or, where a variant has the 512-bit code for the weight's bits
  *     (`a8_panel_width`), 16: the weights are laid out for the variant that runs them.
  * Four activation bytes broadcast to every lane meet four inputs of each of the P outputs in one
- * vpmaddubsw (one vpdpbusd with VNNI): a panel needs no horizontal sums. AVX2's 16 registers keep
+ * vpmaddubsw (one vpdpbusd with VNNI): a panel needs no horizontal sums. 2-bit codes unpack into the
+ * same eight vectors of a block as 4-bit ones, one shift and mask each, and share their code. AVX2's 16 registers keep
  * a block's unpacked weights for tiles of 4 rows, AVX-512's 32 for tiles of 8 (`wide_panel`).
  * 6-bit codes enter as unsigned c + 32, 8-bit and grid ones on AVX-512 VNNI as c + 128; the dot product
  * starts from -32 (or -128) times the sum of the activation codes it meets, so it is sum(c * q).
@@ -66,7 +70,7 @@
 #elif defined(__AVXVNNI__)
 #define DPBUSD256 _mm256_dpbusd_avx_epi32
 #endif
-/* AVX-512: 4-bit codes in panels of 16; 6- and 8-bit codes too with VNNI (as unsigned c + 32 or
+/* AVX-512: 2- and 4-bit codes in panels of 16; 6- and 8-bit codes too with VNNI (as unsigned c + 32 or
  * c + 128, corrected per block: without VNNI, no 512-bit vpsignb for chunk_dots' 8-bit trick, and
  * 6-bit products may sum past 16 bits, so they keep AVX2's code). */
 #define WIDE_PANEL 16
@@ -89,9 +93,9 @@
 /* Whether `bits`-bit weights run on this variant's 512-bit code. */
 static int wide(int bits) {
 #if defined(WIDE_BITS8)
-    return bits == 4 || bits == 6 || bits == 8;
+    return bits == 2 || bits == 4 || bits == 6 || bits == 8;
 #elif defined(WIDE_TILE)
-    return bits == 4;
+    return bits == 2 || bits == 4;
 #else
     (void)bits;
     return 0;
@@ -198,6 +202,16 @@ static inline void six_bit_codes(const uint8_t *wb, int j, __m256i *u) {
     u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), top_bits(h, 2 * (j % 2) + 1));
 }
 
+/* Chunk v of 2-bit codes `wb` as four vectors of unsigned codes: u[c] those of inputs 16v + 4c..16v
+ * + 4c + 3 of each output (the 16-bit shifts carry bits across bytes, the mask drops them). */
+static inline void two_bit_codes(const uint8_t *wb, int v, __m256i *u) {
+    const __m256i mask = _mm256_set1_epi8(0x03), w = _mm256_loadu_si256((const __m256i *)(wb + 32 * v));
+    u[0] = _mm256_and_si256(w, mask);
+    u[1] = _mm256_and_si256(_mm256_srli_epi16(w, 2), mask);
+    u[2] = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+    u[3] = _mm256_and_si256(_mm256_srli_epi16(w, 6), mask);
+}
+
 /* Chunk j of grid codes `wb`: the signed grid values of its low (v[0]) and high (v[1]) nibbles (16
  * values in each 128-bit lane of `table`) and their magnitudes u, which enter the products as
  * unsigned bytes with the values' signs moved onto the activations. */
@@ -210,12 +224,13 @@ static inline void grid_values(const uint8_t *wb, int j, __m256i table, __m256i 
 }
 
 /* The exact integer dot products of `rows` rows with chunks [j0, j1) of one block's codes `wb`
- * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes; for 6-bit codes
+ * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes; for 2-bit codes
+ * chunk j holds inputs 16j..16j + 15 (two_bit_codes); for 6-bit codes
  * the chunks are those of the low nibbles, each with its top bits; with `lookup`, 4-bit codes are
  * indices into the signed grid `table` and its values enter as 8-bit codes do.
  * vpmaddubsw and vpdpbusd multiply unsigned by signed bytes: 4-bit codes are unsigned already, and
- * a block's eight products of 4-bit codes sum in 16 bits without overflow (8 * 2 * 15 * 127 <
- * 32768); 6-bit codes go in as c + 32, two products in 16 bits (2 * 2 * 63 * 127 < 32768), the
+ * a block's eight products of 4-bit (or 2-bit) codes sum in 16 bits without overflow (8 * 2 * 15 *
+ * 127 < 32768); 6-bit codes go in as c + 32, two products in 16 bits (2 * 2 * 63 * 127 < 32768), the
  * caller's dots[r] starting from -32 times the activations' sum; 8-bit codes go in as |w| with w's
  * sign moved onto the activations, widened to 32 bits at every step (vpdpbusd sums in 32 bits
  * directly). */
@@ -243,6 +258,17 @@ static inline __attribute__((always_inline)) void chunk_dots(
             for (int r = 0; r < rows; r++) {
                 const int8_t *a = qb + r * QBLOCK + 8 * j;
                 dots[r] = DPBUSD256(DPBUSD256(dots[r], u[0], broadcast4(a)), u[1], broadcast4(a + 4));
+            }
+            continue;
+        }
+        if (bits == 2) {
+            __m256i u[4];
+            two_bit_codes(wb, j, u);
+            UNROLL
+            for (int r = 0; r < rows; r++) {
+                const int8_t *a = qb + r * QBLOCK + 16 * j;
+                dots[r] = DPBUSD256(DPBUSD256(dots[r], u[0], broadcast4(a)), u[1], broadcast4(a + 4));
+                dots[r] = DPBUSD256(DPBUSD256(dots[r], u[2], broadcast4(a + 8)), u[3], broadcast4(a + 12));
             }
             continue;
         }
@@ -276,18 +302,24 @@ static inline __attribute__((always_inline)) void chunk_dots(
                 dots[r] = _mm256_add_epi32(dots[r], pairs);
             }
         }
-    } else if (bits == 4) {
+    } else if (bits == 4 || bits == 2) {
         __m256i sums[ROW_TILE];
         UNROLL
         for (int r = 0; r < rows; r++) sums[r] = _mm256_setzero_si256();
         for (int j = j0; j < j1; j++) {
-            __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
-            __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+            __m256i u[4];  /* 4-bit: chunk j's low and high nibbles; 2-bit: its four crumbs */
+            if (bits == 2) {
+                two_bit_codes(wb, j, u);
+            } else {
+                __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
+                u[0] = _mm256_and_si256(packed, low);
+                u[1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+            }
             UNROLL
             for (int r = 0; r < rows; r++) {
-                const int8_t *a = qb + r * QBLOCK + 8 * j;
-                sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(lo, broadcast4(a)));
-                sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(hi, broadcast4(a + 4)));
+                const int8_t *a = qb + r * QBLOCK + (bits == 2 ? 16 : 8) * j;
+                for (int c = 0; c < (bits == 2 ? 4 : 2); c++)
+                    sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(u[c], broadcast4(a + 4 * c)));
             }
         }
         UNROLL
@@ -319,7 +351,7 @@ static inline __attribute__((always_inline)) void chunk_dots(
 }
 
 /* The 8 outputs of one panel for `rows` (<= ROW_TILE, a constant at each call) consecutive rows.
- * `bits` (4, 6 or 8), `lookup` (4-bit codes indexing `grid`) and `half` (1: groups of 16, two per
+ * `bits` (2, 4, 6 or 8), `lookup` (4-bit codes indexing `grid`) and `half` (1: groups of 16, two per
  * block of 32; 0: groups of whole blocks) are constants at every call, so each form compiles to its
  * own straight-line code. The sequence of operations on one (row, output) lane is the same in every
  * tile. `wm` NULL: no offsets; `z`: the 6-bit codes' correction (quantize_rows). */
@@ -329,7 +361,7 @@ static inline __attribute__((always_inline)) void panel(
         const float *s, const int32_t *z, float *y, int N, int valid) {
     const __m256i table = lookup ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid))
                                  : _mm256_setzero_si256();
-    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 8 ? 8 : 4, parts = half ? 2 : 1;
+    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 8 ? 8 : bits == 2 ? 2 : 4, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;  /* blocks per group of whole blocks */
     const size_t block_bytes = (size_t)bits * 4 * PANEL;
     __m256 acc[ROW_TILE];
@@ -383,7 +415,7 @@ static inline __m512 wide_group_terms(const float *w, const int8_t *sub, int g, 
 
 /* dots[r] += the exact integer dot products, per 32-bit lane, of unpacked chunks w[i0..i1) with
  * dword i of row r's activations `a` (rows QBLOCK apart) for `rows` rows, chunk by chunk so that
- * the rows' additions overlap. Without VNNI only 4-bit codes come here: they sum in 16 bits first,
+ * the rows' additions overlap. Without VNNI only 2- and 4-bit codes come here: they sum in 16 bits first,
  * as in chunk_dots; or with `signed_codes` grid values, as magnitudes with their signs moved onto
  * the activations (no 512-bit vpsignb: a masked subtraction), each pair of products widened at once. */
 static inline __attribute__((always_inline)) void tile_dots(
@@ -454,7 +486,7 @@ static inline __attribute__((always_inline)) void wide_panel(
     const __m512i values = lookup ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)grid))
                                   : _mm512_setzero_si512();
     const __m512i table = GRID_BIAS ? _mm512_xor_si512(values, flip) : values;  /* value + 128 with VNNI */
-    const int biased = bits != 4 || (lookup && GRID_BIAS);  /* whether the dots start from z */
+    const int biased = bits == 6 || bits == 8 || (lookup && GRID_BIAS);  /* whether the dots start from z */
     __m512 acc[WIDE_TILE];
     WIDE_UNROLL
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -464,7 +496,17 @@ static inline __attribute__((always_inline)) void wide_panel(
         for (size_t at = 0; at < block_bytes; at += 64)
             _mm_prefetch((const char *)wb + PREFETCH_AHEAD + at, _MM_HINT_T0);
         __m512i w[8];  /* dword i of the block's activations meets w[i] */
-        if (bits == 4) {
+        if (bits == 2) {
+            const __m512i crumb = _mm512_set1_epi8(0x03);
+            FULLY
+            for (int v = 0; v < 2; v++) {
+                __m512i packed = _mm512_loadu_si512(wb + v);
+                w[4 * v] = _mm512_and_si512(packed, crumb);
+                w[4 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 2), crumb);
+                w[4 * v + 2] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), crumb);
+                w[4 * v + 3] = _mm512_and_si512(_mm512_srli_epi16(packed, 6), crumb);
+            }
+        } else if (bits == 4) {
             FULLY
             for (int j = 0; j < 4; j++) {
                 __m512i packed = _mm512_loadu_si512(wb + j);
@@ -589,8 +631,9 @@ static inline int tile_rows(int left, int tile) {
 #define SWEEP8 SWEEP
 #endif
 #define SWEEP6 SWEEP8  /* 6-bit codes: 512-bit code where 8-bit codes have it */
+#define SWEEP2 SWEEP4  /* 2-bit codes: where 4-bit ones go */
 
-/* y = x w^T for `bits`-bit weights (4, 6 or 8) in groups of G (16 or a multiple of 32) in the panel
+/* y = x w^T for `bits`-bit weights (2, 4, 6 or 8) in groups of G (16 or a multiple of 32) in the panel
  * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (NULL for weights without them:
  * 6- or 8-bit ones, or grid codes); `ws`: the int8 sub-scales of two-level scales (NULL: one-level),
  * whose super-blocks `super_shift` gives; `grid`: the 16 values 4-bit codes index (NULL: the codes
@@ -626,6 +669,10 @@ int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_
         SWEEP4(4, 0, 0)
     } else if (bits == 4) {
         SWEEP4(4, 0, 1)
+    } else if (bits == 2 && !half) {
+        SWEEP2(2, 0, 0)
+    } else if (bits == 2) {
+        SWEEP2(2, 0, 1)
     } else if (bits == 6 && !half) {
         SWEEP6(6, 0, 0)
     } else if (bits == 6) {
