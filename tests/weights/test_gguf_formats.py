@@ -23,17 +23,17 @@ from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_m
 
 QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
              "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0", "TQ2_0", "MXFP4"]
-FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (4, 16),
+FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (2, 16),
          "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
          "IQ4_XS": (4, 32), "IQ2_XXS": (4, 32), "IQ2_XS": (4, 16), "IQ2_S": (4, 16), "IQ3_XXS": (4, 32),
-         "IQ3_S": (4, 32), "IQ1_S": (4, 32), "TQ1_0": (4, 256), "TQ2_0": (4, 256),
+         "IQ3_S": (4, 32), "IQ1_S": (4, 32), "TQ1_0": (4, 256), "TQ2_0": (2, 256),
          "MXFP4": (4, 32)}  # the kernel's code bits and group size
 GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}  # their 4-bit codes index a grid
 # codes with offsets of whole scales: +0 where gguf writes d * 0 for a code of zero (Q4_0, Q3_K, TQ) or
 # for any code of a block whose d is 0 (IQ3_S, IQ1_S; see same_bits)
 SIGNED_ZERO = {"Q4_0", "Q3_K", "TQ1_0", "TQ2_0", "IQ3_S", "IQ1_S"}
 UNLISTED = "IQ1_M"  # a type without a row in the table: 256 weights in 56 bytes, its fp16 d spread over 4 scales
-CODE_RANGES = {4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
+CODE_RANGES = {2: (0, 3), 4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
 
 def fp16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0, wide: bool = True) -> np.ndarray:
@@ -196,7 +196,7 @@ def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
         assert (kb.grid is not None) == (qtype in GRID)
         assert kb.d.dtype == np.float32 and kb.d.shape == (12, 512 // kb.group_size)
         low, high = CODE_RANGES[kb.bits]
-        assert kb.codes.dtype == (np.uint8 if kb.bits == 4 else np.int8)
+        assert kb.codes.dtype == (np.uint8 if kb.bits in (2, 4) else np.int8)
         assert low <= kb.codes.min() and kb.codes.max() <= high
         assert same_bits(kb.dequantize(), reference, zero_sign=qtype in SIGNED_ZERO)
 
@@ -345,6 +345,8 @@ def test_repacking_refuses_a_form_that_would_lose_bits():
         gguf_repack.repack([(FORMATS["Q8_0"].ggml, random_tensor("Q8_0", np.random.default_rng(4), 2, 256))], 256, 6,
                            32, False, build.variant())
     raw = random_tensor("Q4_K", np.random.default_rng(4), 2, 256)
+    with pytest.raises(ValueError, match="cannot lay out"):  # 4-bit codes in 2 bits
+        gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 2, 32, True, build.variant())
     with pytest.raises(ValueError, match="cannot lay out"):  # offsets dropped
         gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 8, 32, False, build.variant())
     grid = FORMATS["IQ4_NL"].grid
@@ -366,11 +368,11 @@ LAYER_TYPES = {  # GGUF tensor -> type, per layer: each listed type and float li
         "ffn_up": "Q5_1", "ffn_down": "Q6_K"},
     2: {"attn_q": "F16", "attn_k": "F16", "attn_v": "F16", "attn_output": "BF16", "ffn_gate": "Q4_K",
         "ffn_up": "Q4_K", "ffn_down": "F32"},
-    3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "IQ4_XS", "ffn_gate": "Q3_K",
+    3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "IQ4_XS", "ffn_gate": "Q2_K",
         "ffn_up": "Q2_K", "ffn_down": "IQ4_NL"},  # a low-bit file's layer
     4: {"attn_q": "IQ2_XXS", "attn_k": "IQ2_XXS", "attn_v": "IQ3_S", "attn_output": "IQ2_XS", "ffn_gate": "IQ3_XXS",
         "ffn_up": "IQ1_S", "ffn_down": "IQ2_S"},  # codes read through gguf
-    5: {"attn_q": "TQ2_0", "attn_k": "TQ1_0", "attn_v": "TQ2_0", "attn_output": "MXFP4", "ffn_gate": "MXFP4",
+    5: {"attn_q": "TQ2_0", "attn_k": "TQ2_0", "attn_v": "TQ2_0", "attn_output": "MXFP4", "ffn_gate": "MXFP4",
         "ffn_up": "MXFP4", "ffn_down": "TQ1_0"},
 }
 VOCAB, HIDDEN = 40, 256  # K-quant rows need a multiple of 256 inputs
@@ -437,9 +439,9 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
              "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
              "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (4, 32),
-             "layers.3.feed_forward.w13": (4, 16), "layers.3.feed_forward.w2": (4, 32),
+             "layers.3.feed_forward.w13": (2, 16), "layers.3.feed_forward.w2": (4, 32),
              "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (4, 16), "layers.4.feed_forward.w13": (8, 32),
-             "layers.4.feed_forward.w2": (4, 16), "layers.5.attention.wqkv": (4, 256), "layers.5.attention.wo": (4, 32),
+             "layers.4.feed_forward.w2": (4, 16), "layers.5.attention.wqkv": (2, 256), "layers.5.attention.wo": (4, 32),
              "layers.5.feed_forward.w13": (4, 32), "layers.5.feed_forward.w2": (4, 256), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
@@ -447,8 +449,8 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
         codes, d, m = int8dot.unpack(module._blocks)
         w = codes.float().view(codes.shape[0], -1, group) * d[..., None]
         w = (w if m is None else w + m[..., None]).view_as(codes)
-        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv", "layers.3.feed_forward.w13",
-                               "layers.5.attention.wqkv", "layers.5.feed_forward.w2")  # Q4_0, Q3_K and TQ parts
+        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv", "layers.5.attention.wqkv",
+                               "layers.5.feed_forward.w2")  # Q4_0, Q3_K and TQ parts
         assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), signed_zero), name
     assert "Q4_K+Q6_K blocks" in net.layers[0].attention.wqkv.kernel
     grids = {name for name in forms if net.get_submodule(name)._blocks.grid is not None}

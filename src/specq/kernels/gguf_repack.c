@@ -450,7 +450,7 @@ static const int8_t IQ3_VALUES[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 
 static const Format FORMATS[] = {
     [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
     [6] = {32, 22, 6, 32, 0, q5_0, NULL},   [7] = {32, 24, 6, 32, 1, q5_1, NULL},
-    [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [10] = {256, 84, 4, 16, 1, q2_k, q2_k_terms},
+    [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [10] = {256, 84, 2, 16, 1, q2_k, q2_k_terms},
     [11] = {256, 110, 4, 16, 1, q3_k, q3_k_terms}, [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
     [13] = {256, 176, 6, 32, 1, q5_k, k_terms}, [14] = {256, 210, 6, 16, 0, q6_k, q6_k_terms},
     [20] = {32, 18, 4, 32, 0, iq4_nl, NULL, IQ4_VALUES},
@@ -461,7 +461,7 @@ static const Format FORMATS[] = {
     [22] = {256, 82, 4, 16, 0, iq2_s, iq2_s_terms, IQ2_VALUES, 1024 * 8},
     [18] = {256, 98, 4, 32, 0, iq3_xxs, iq3_xxs_terms, IQ3_VALUES, 256 * 4 + 128},
     [19] = {256, 50, 4, 32, 1, iq1_s, NULL, NULL, 2048 * 8},
-    [34] = {256, 54, 4, 256, 1, tq1_0, NULL, NULL, 0},  [35] = {256, 66, 4, 256, 1, tq2_0, NULL, NULL, 0},
+    [34] = {256, 54, 4, 256, 1, tq1_0, NULL, NULL, 0},  [35] = {256, 66, 2, 256, 1, tq2_0, NULL, NULL, 0},
     [39] = {32, 17, 4, 32, 0, mxfp4, NULL, MXFP4_VALUES, 0},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */
@@ -475,7 +475,16 @@ static void place_row(const int8_t *q, const float *dn, const float *mn, int K, 
                       int G, int width, long out, uint8_t *codes, float *d_out, float *m_out) {
     /* codes, then the one-level d and m */
     const long p = out / width, lane = out % width, groups = K / G, repeat = native / G;
-    if (bits == 4) {  /* input 32b + 8j + 4h + t -> block b, chunk j, byte 4 lane + t, nibble h */
+    if (bits == 2) {  /* input 32b + 16v + 4c + t -> block b, chunk v, byte 4 lane + t, bits 2c */
+        uint8_t *base = codes + p * ((long)K * width / 4) + 4 * lane;
+        for (int b = 0; b < K / QBLOCK; b++)
+            for (int v = 0; v < 2; v++) {
+                const int8_t *c = q + QBLOCK * b + 16 * v;
+                uint8_t *dst = base + (long)(2 * b + v) * 4 * width;
+                for (int t = 0; t < 4; t++)
+                    dst[t] = (uint8_t)((c[t] & 3) | (c[t + 4] & 3) << 2 | (c[t + 8] & 3) << 4 | (c[t + 12] & 3) << 6);
+            }
+    } else if (bits == 4) {  /* input 32b + 8j + 4h + t -> block b, chunk j, byte 4 lane + t, nibble h */
         uint8_t *base = codes + p * ((long)K * width / 2) + 4 * lane;
         for (int b = 0; b < K / QBLOCK; b++)
             for (int j = 0; j < 4; j++) {
@@ -545,7 +554,7 @@ int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, 
     if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
     const Format f = FORMATS[type];
     if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
-        (bits != 4 && bits != 6 && bits != 8) || (sub && !f.terms) || (lookup && (!f.grid || bits != 4)) ||
+        (bits != 2 && bits != 4 && bits != 6 && bits != 8) || (sub && !f.terms) || (lookup && (!f.grid || bits != 4)) ||
         (f.grid && !lookup && bits != 8) || (f.table && (!table || table_bytes != f.table)))
         return -1;
     const int per_block = f.block / f.group;
