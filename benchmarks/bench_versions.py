@@ -7,6 +7,8 @@ leave behaviour alone (a refactor) left speed alone too.
         [--prompts 4] [--threads 2] [--configs "fp32 plain,gguf plain"] [--out docs/results/versions-speed.jsonl]
 
 `--configs` picks configurations by name (default: the built-in target's, all but the coder pair's).
+`--file PATH` adds two of a GGUF file of the user's: "file plain" and "file draft" (with the coder pair's
+registered draft, for a file of the 1.5B's architecture and tokenizer).
 
 With `--passes 1,8 --contexts 128,1024,2048` each configuration's target is timed instead on single
 cached forward passes of that many rows after that many tokens of context (the median of `--calls`
@@ -51,6 +53,12 @@ CONFIGS = [
     ("coder draft", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b@gguf-int4-head32k"),
 ]
 DEFAULT_CONFIGS = [name for name, target, _ in CONFIGS if not target.startswith("qwen")]
+CODER_DRAFT = CONFIGS[-1][2]
+
+
+def file_configs(path: Path | None) -> list[tuple[str, str, str | None]]:
+    """The configurations of a GGUF file given by path (none without one)."""
+    return [] if path is None else [("file plain", str(path), None), ("file draft", str(path), CODER_DRAFT)]
 GAMMA = 2
 
 CHILD = r"""
@@ -127,7 +135,7 @@ def checkout(rev: str) -> tuple[str, Path]:
 
 def child(tree: Path, args: argparse.Namespace, texts: list[str], rotate: int = 0) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
-    chosen = [c for c in CONFIGS if c[0] in args.configs]
+    chosen = [c for c in CONFIGS + file_configs(args.file) if c[0] in args.configs]
     shift = rotate % len(chosen)
     configs = [list(c) for c in chosen[shift:] + chosen[:shift]]
     if args.passes:
@@ -154,12 +162,13 @@ def main() -> None:
     p.add_argument("--passes", default="", help="rows per timed forward pass, comma-separated (instead of generating)")
     p.add_argument("--contexts", default="128,1024", help="with --passes: tokens of context before each pass")
     p.add_argument("--calls", type=int, default=9, help="with --passes: timed passes per measurement (median)")
+    p.add_argument("--file", type=Path, help='a GGUF file: adds the configurations "file plain" and "file draft"')
     p.add_argument("--out", type=Path, default=ROOT / "docs/results/versions-speed.jsonl")
     args = p.parse_args()
     args.configs = args.configs.split(",")
     args.passes = [int(n) for n in args.passes.split(",") if n]
     args.contexts = [int(n) for n in args.contexts.split(",")]
-    unknown = set(args.configs) - {c[0] for c in CONFIGS}
+    unknown = set(args.configs) - {c[0] for c in CONFIGS + file_configs(args.file)}
     if unknown:
         p.error(f"unknown configurations: {', '.join(sorted(unknown))}")
     texts = prompts(args.prompts)

@@ -26,3 +26,13 @@ def test_timed_passes_are_summarised_in_passes_per_second_and_compare_top_tokens
     table = bench_versions.summary(_rows("passes_per_s", [10.0, 10.0, 10.0], [12.0, 11.0, 13.0], [1, 3]))
     assert "new (bbbb) passes/s" in table.splitlines()[0]
     assert "| c | 10.0 | 12.0 | 1.200 [1.100, 1.300] |  |  | no |" in table
+
+
+def test_a_users_file_runs_plain_and_with_the_coder_pairs_registered_draft():
+    from specq.bench.config import registry_draft
+
+    assert bench_versions.file_configs(None) == []
+    plain, draft = bench_versions.file_configs(Path("/models/coder-1.5b-q2_k.gguf"))
+    assert plain == ("file plain", "/models/coder-1.5b-q2_k.gguf", None)
+    assert draft[:2] == ("file draft", "/models/coder-1.5b-q2_k.gguf")
+    assert draft[2] == registry_draft("qwen2.5-coder-1.5b")
