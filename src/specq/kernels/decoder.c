@@ -483,7 +483,7 @@ typedef struct {
     int local_rope;  /* whether the layer rotates by the local rope tables (Gemma 3's sliding layers) */
 } Layer;
 
-/* bits 4, 6 or 8: int8dot's codes and scales; bits 32: f32dot's float panels in `codes`. */
+/* bits 2, 4, 6 or 8: int8dot's codes and scales; bits 32: f32dot's float panels in `codes`. */
 static int linear(const QuantWeight *w, const float *x, int M, int K, int N, float *y, int threads) {
     if (w->bits == 32) {
         linear_f32(x, M, K, N, (const float *)w->codes, y, threads);
