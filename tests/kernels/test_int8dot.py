@@ -52,15 +52,17 @@ def test_int4_weights_match_the_reference(group, out):
     assert int8dot.linear(x[:0], int8dot.pack_int4(codes, scale, offset)).shape == (0, out)  # no rows: no work
 
 
+@pytest.mark.parametrize("bits", [2, 3])
 @pytest.mark.parametrize("group", [16, 32, 256])
-def test_int2_weights_match_the_reference(group):
-    """GGUF's Q2_K (groups of 16) and TQ2_0 (256) codes at 2 bits: codes in [0, 3] with offsets."""
-    g = torch.Generator().manual_seed(group + 2)
-    codes = torch.randint(0, 4, (40, 512), generator=g)
+def test_int2_and_int3_weights_match_the_reference(bits, group):
+    """GGUF's Q2_K, Q3_K (groups of 16) and TQ2_0 (256) codes at their own bits: codes in [0, 2^bits)
+    with offsets."""
+    g = torch.Generator().manual_seed(group + bits)
+    codes = torch.randint(0, 1 << bits, (40, 512), generator=g)
     scale = torch.rand(40, 512 // group, generator=g) * 0.05
     offset = torch.randn(40, 512 // group, generator=g) * 0.05
     x = torch.randn(9, 512, generator=g)
-    y = int8dot.linear(x, int8dot.pack_int2(codes, scale, offset))
+    y = int8dot.linear(x, int8dot.PACKS[bits](codes, scale, offset))
     torch.testing.assert_close(y.double(), reference(x, codes, scale, offset), rtol=1e-5, atol=1e-5)
 
 

@@ -17,22 +17,23 @@ from conftest import tiny_model
 pytestmark = pytest.mark.skipif("avx2" not in build.runnable(), reason="needs AVX2")
 
 PACK = int8dot.PACKS  # code bits -> packing of (codes, d, m)
-CODES = {2: (0, 4), 4: (0, 16), 6: (-32, 32), 8: (-128, 128)}  # code bits -> [low, high) of their codes
-# bits, group, offsets: 2- and 4-bit codes always have offsets (Q2_K, TQ2_0, Q4_K, Q4_1); 6- and
+CODES = {2: (0, 4), 3: (0, 8), 4: (0, 16), 6: (-32, 32), 8: (-128, 128)}  # code bits -> [low, high) of their codes
+# bits, group, offsets: 2- to 4-bit codes always have offsets (Q2_K, TQ2_0, Q3_K, Q4_K, Q4_1); 6- and
 # 8-bit ones with (Q5_1, Q5_K, a fused Q4_K q/k with a Q6_K v) or without (Q8_0, Q6_K at groups of
 # 16, Q5_0)
 FORMS = [(4, 32, True), (4, 16, True), (4, 64, True), (4, 128, True), (6, 16, False), (6, 16, True),
          (6, 32, False), (6, 32, True), (6, 128, False), (8, 16, False), (8, 16, True), (8, 32, False),
-         (8, 32, True), (8, 64, False), (8, 128, True), (2, 16, True), (2, 32, True), (2, 128, True)]
+         (8, 32, True), (8, 64, False), (8, 128, True), (2, 16, True), (2, 32, True), (2, 128, True), (3, 16, True),
+         (3, 32, True), (3, 64, True)]
 
 
 def weight_and_rows(bits: int, group: int, offsets: bool, out: int, n_in: int, seed: int):
-    """Random codes, scales and offsets with extreme codes (3, 15, -128) and rows of 1 to 17 with an
+    """Random codes, scales and offsets with extreme codes (3, 7, 15, -128) and rows of 1 to 17 with an
     all-zero row, a tiny row and a huge one."""
     g = torch.Generator().manual_seed(seed)
     low, high = CODES[bits]
     codes = torch.randint(low, high, (out, n_in), generator=g)
-    codes[:, :32], codes[:, 32:64] = (high - 1, low) if bits in (2, 4) else (low, high - 1)
+    codes[:, :32], codes[:, 32:64] = (high - 1, low) if bits <= 4 else (low, high - 1)
     scale = torch.rand(out, n_in // group, generator=g) * 0.02
     offset = torch.randn(out, n_in // group, generator=g) * 0.05 if offsets else None
     x = torch.randn(17, n_in, generator=g) * 3
@@ -63,15 +64,15 @@ def test_every_row_is_the_same_whatever_the_row_count(bits, group, offsets, kern
     assert torch.equal(alone[1], torch.zeros(40))
 
 
-# 2, 4, 6, 8 bits
-WIDTHS = {"avx2": (8, 8, 8, 8), "avxvnni": (8, 8, 8, 8), "avx512": (16, 16, 8, 8), "avx512vnni": (16, 16, 16, 16)}
+# 2, 3, 4, 6, 8 bits
+WIDTHS = {"avx2": (8,) * 5, "avxvnni": (8,) * 5, "avx512": (16, 16, 16, 8, 8), "avx512vnni": (16,) * 5}
 
 
 def test_each_variant_lays_weights_out_in_its_own_panels(kernel_variant):
     """Panels of 16 outputs where the variant has 512-bit code for the weight's bits (6- and 8-bit
     codes need VNNI for it), else AVX2's 8; unpacking gives back what was packed in either layout."""
-    assert tuple(int8dot.panel_width(b, kernel_variant) for b in (2, 4, 6, 8)) == WIDTHS[kernel_variant]
-    for bits, group, offsets in FORMS[:2] + FORMS[4:6] + FORMS[9:11] + FORMS[15:17]:
+    assert tuple(int8dot.panel_width(b, kernel_variant) for b in (2, 3, 4, 6, 8)) == WIDTHS[kernel_variant]
+    for bits, group, offsets in FORMS[:2] + FORMS[4:6] + FORMS[9:11] + FORMS[15:17] + FORMS[18:20]:
         (codes, scale, offset), _ = weight_and_rows(bits, group, offsets, 21, 128, seed=3)
         w = PACK[bits](codes, scale, offset)
         assert w.variant == kernel_variant and w.codes.shape[3] == int8dot.panel_width(bits, kernel_variant)
@@ -90,7 +91,7 @@ def test_the_256_bit_vnni_code_gives_the_avx2_bits(monkeypatch):
     if not VNNI256.keys() <= build.cpu_flags():
         pytest.skip("this CPU lacks AVX-512 VNNI")
     monkeypatch.setitem(build.VARIANTS, "vnni256", VNNI256)
-    assert {int8dot.panel_width(bits, "vnni256") for bits in (2, 4, 6, 8)} == {8}
+    assert {int8dot.panel_width(bits, "vnni256") for bits in (2, 3, 4, 6, 8)} == {8}
     for bits, group, offsets in FORMS:
         parts, x = weight_and_rows(bits, group, offsets, 40, 256, seed=group + bits)
         ours, avx2 = PACK[bits](*parts, variant="vnni256"), PACK[bits](*parts, variant="avx2")
@@ -114,19 +115,20 @@ def test_6_bit_codes_give_the_8_bit_forms_bits_in_fewer_bytes(group, offsets, ke
         assert torch.equal(int8dot.linear(x[:rows], six), int8dot.linear(x[:rows], eight)), rows
 
 
+@pytest.mark.parametrize("bits", [2, 3])
 @pytest.mark.parametrize("group", [16, 32, 128])
-def test_2_bit_codes_give_the_4_bit_forms_bits_in_half_the_bytes(group, kernel_variant):
-    """The same codes in [0, 3] packed at 2 bits and at 4 give the same outputs bit for bit for every
-    row count, with one- and two-level scales (Q2_K's): the 2-bit form changes the bytes read, not a
-    result."""
-    (codes, d, m), x = weight_and_rows(2, group, True, 40, 512, seed=group + 2)
-    two, four = (int8dot.pack_int2(codes, d, m, variant=kernel_variant),
+def test_2_and_3_bit_codes_give_the_4_bit_forms_bits_in_fewer_bytes(bits, group, kernel_variant):
+    """The same codes in [0, 2^bits) packed at their bits and at 4 give the same outputs bit for bit
+    for every row count, with one- and two-level scales (Q2_K's, Q3_K's): the narrow form changes
+    the bytes read, not a result."""
+    (codes, d, m), x = weight_and_rows(bits, group, True, 40, 512, seed=group + bits)
+    two, four = (int8dot.PACKS[bits](codes, d, m, variant=kernel_variant),
                  int8dot.pack_int4(codes, d, m, variant=kernel_variant))
-    assert two.codes.numel() * 2 == four.codes.numel()
+    assert two.codes.numel() * 4 == four.codes.numel() * bits
     g = torch.Generator().manual_seed(group)
     supers, sub = torch.rand(40, 2, generator=g) * 1e-3, torch.randint(0, 16, (2, 40, 512 // group), generator=g)
-    two_level = [int8dot.pack_two_level(bits, codes, supers, -supers, sub[0].to(torch.int8), sub[1].to(torch.int8),
-                                        int8dot.SUPER_SHIFT, kernel_variant) for bits in (2, 4)]
+    two_level = [int8dot.pack_two_level(b, codes, supers, -supers, sub[0].to(torch.int8), sub[1].to(torch.int8),
+                                        int8dot.SUPER_SHIFT, kernel_variant) for b in (bits, 4)]
     for rows in range(1, len(x) + 1):
         assert torch.equal(int8dot.linear(x[:rows], two), int8dot.linear(x[:rows], four)), rows
         assert torch.equal(int8dot.linear(x[:rows], two_level[0]), int8dot.linear(x[:rows], two_level[1])), rows

@@ -8,6 +8,7 @@
  *     (d_a = max|x| / 127), the scheme of llama.cpp's Q8_0;
  *   - w is stored per group g of G inputs (G 16 or a multiple of 32) as
  *       2-bit: w = d_w[g] * u + m_w[g], u in [0, 3] (GGUF's Q2_K and TQ2_0 at their own 2 bits);
+ *       3-bit: w = d_w[g] * u + m_w[g], u in [0, 7] (GGUF's Q3_K);
  *       4-bit: w = d_w[g] * u + m_w[g], u in [0, 15];
  *       6-bit: w = d_w[g] * c (+ m_w[g] when offsets are given), c in [-32, 31] (GGUF's Q6_K and
  *              5-bit formats, at 6.25 bits a weight instead of a byte);
@@ -16,7 +17,9 @@
  *     Q4_0 8x8 kernels): per block of 32 inputs, 4-bit codes take 4 chunks of 4P bytes, chunk j
  *     holding for each output o (bytes 4o..4o+3) inputs 8j..8j+3 in the low nibbles and 8j+4..8j+7
  *     in the high ones; 2-bit codes take 2 chunks, chunk v holding for each output o (bytes
- *     4o..4o+3) inputs 16v + 4c..16v + 4c + 3 in bits 2c, 2c + 1 (c < 4); 8-bit codes take 8
+ *     4o..4o+3) inputs 16v + 4c..16v + 4c + 3 in bits 2c, 2c + 1 (c < 4); 3-bit codes take 3, their
+ *     low 2 bits as 2-bit codes in chunks 0-1, then chunk 2 holding the top bit of input 4i + t of
+ *     output o in bit i of byte 4o + t (i < 8); 8-bit codes take 8
  *     chunks, chunk j holding inputs 4j..4j+3 of each output;
  *     6-bit codes take 6: the low 4 bits of c + 32 as 4-bit codes in chunks 0-3, then its top 2
  *     bits in chunks 4 and 5, byte 4o + t of chunk 4 + k holding those of inputs 16k + 4i + t in
@@ -35,8 +38,9 @@
  *     P is 8 (AVX2's vectors) or, where a variant has the 512-bit code for the weight's bits
  *     (`a8_panel_width`), 16: the weights are laid out for the variant that runs them.
  * Four activation bytes broadcast to every lane meet four inputs of each of the P outputs in one
- * vpmaddubsw (one vpdpbusd with VNNI): a panel needs no horizontal sums. 2-bit codes unpack into the
- * same eight vectors of a block as 4-bit ones, one shift and mask each, and share their code. AVX2's 16 registers keep
+ * vpmaddubsw (one vpdpbusd with VNNI): a panel needs no horizontal sums. 2- and 3-bit codes unpack
+ * into the same eight vectors of a block as 4-bit ones (a shift and a mask each, and for 3 bits a
+ * shift, mask and or for the top bit) and share their code. AVX2's 16 registers keep
  * a block's unpacked weights for tiles of 4 rows, AVX-512's 32 for tiles of 8 (`wide_panel`).
  * 6-bit codes enter as unsigned c + 32, 8-bit and grid ones on AVX-512 VNNI as c + 128; the dot product
  * starts from -32 (or -128) times the sum of the activation codes it meets, so it is sum(c * q).
@@ -70,7 +74,7 @@
 #elif defined(__AVXVNNI__)
 #define DPBUSD256 _mm256_dpbusd_avx_epi32
 #endif
-/* AVX-512: 2- and 4-bit codes in panels of 16; 6- and 8-bit codes too with VNNI (as unsigned c + 32 or
+/* AVX-512: 2-, 3- and 4-bit codes in panels of 16; 6- and 8-bit codes too with VNNI (as unsigned c + 32 or
  * c + 128, corrected per block: without VNNI, no 512-bit vpsignb for chunk_dots' 8-bit trick, and
  * 6-bit products may sum past 16 bits, so they keep AVX2's code). */
 #define WIDE_PANEL 16
@@ -93,9 +97,9 @@
 /* Whether `bits`-bit weights run on this variant's 512-bit code. */
 static int wide(int bits) {
 #if defined(WIDE_BITS8)
-    return bits == 2 || bits == 4 || bits == 6 || bits == 8;
+    return bits == 2 || bits == 3 || bits == 4 || bits == 6 || bits == 8;
 #elif defined(WIDE_TILE)
-    return bits == 2 || bits == 4;
+    return bits == 2 || bits == 3 || bits == 4;
 #else
     (void)bits;
     return 0;
@@ -202,14 +206,27 @@ static inline void six_bit_codes(const uint8_t *wb, int j, __m256i *u) {
     u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), top_bits(h, 2 * (j % 2) + 1));
 }
 
-/* Chunk v of 2-bit codes `wb` as four vectors of unsigned codes: u[c] those of inputs 16v + 4c..16v
- * + 4c + 3 of each output (the 16-bit shifts carry bits across bytes, the mask drops them). */
-static inline void two_bit_codes(const uint8_t *wb, int v, __m256i *u) {
+/* Bit i (< 8) of each byte of h moved to bit 2: the top bit of a 3-bit code of dword i (the 16-bit
+ * shifts carry bits across bytes, a mask of bit 2 drops them: at most 5 places right, they land at
+ * bit 3 or above). */
+static inline __m256i third_bit(__m256i h, int i) {
+    const __m256i bit = _mm256_set1_epi8(0x04);
+    return _mm256_and_si256(i < 2 ? _mm256_slli_epi16(h, 2 - i) : _mm256_srli_epi16(h, i - 2), bit);
+}
+
+/* Chunk v of 2- or 3-bit codes `wb` as four vectors of unsigned codes: u[c] those of inputs 16v +
+ * 4c..16v + 4c + 3 of each output (the 16-bit shifts carry bits across bytes, the mask drops them);
+ * 3-bit codes take their top bits from chunk 2. */
+static inline void crumb_codes(int bits, const uint8_t *wb, int v, __m256i *u) {
     const __m256i mask = _mm256_set1_epi8(0x03), w = _mm256_loadu_si256((const __m256i *)(wb + 32 * v));
     u[0] = _mm256_and_si256(w, mask);
     u[1] = _mm256_and_si256(_mm256_srli_epi16(w, 2), mask);
     u[2] = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
     u[3] = _mm256_and_si256(_mm256_srli_epi16(w, 6), mask);
+    if (bits == 3) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(wb + 64));
+        for (int c = 0; c < 4; c++) u[c] = _mm256_or_si256(u[c], third_bit(h, 4 * v + c));
+    }
 }
 
 /* Chunk j of grid codes `wb`: the signed grid values of its low (v[0]) and high (v[1]) nibbles (16
@@ -224,12 +241,12 @@ static inline void grid_values(const uint8_t *wb, int j, __m256i table, __m256i 
 }
 
 /* The exact integer dot products of `rows` rows with chunks [j0, j1) of one block's codes `wb`
- * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes; for 2-bit codes
- * chunk j holds inputs 16j..16j + 15 (two_bit_codes); for 6-bit codes
+ * (activations `qb`, rows QBLOCK apart), added to dots[r] as eight 32-bit lanes; for 2- and 3-bit
+ * codes chunk j holds inputs 16j..16j + 15 (crumb_codes); for 6-bit codes
  * the chunks are those of the low nibbles, each with its top bits; with `lookup`, 4-bit codes are
  * indices into the signed grid `table` and its values enter as 8-bit codes do.
  * vpmaddubsw and vpdpbusd multiply unsigned by signed bytes: 4-bit codes are unsigned already, and
- * a block's eight products of 4-bit (or 2-bit) codes sum in 16 bits without overflow (8 * 2 * 15 *
+ * a block's eight products of 4-bit (or 2- or 3-bit) codes sum in 16 bits without overflow (8 * 2 * 15 *
  * 127 < 32768); 6-bit codes go in as c + 32, two products in 16 bits (2 * 2 * 63 * 127 < 32768), the
  * caller's dots[r] starting from -32 times the activations' sum; 8-bit codes go in as |w| with w's
  * sign moved onto the activations, widened to 32 bits at every step (vpdpbusd sums in 32 bits
@@ -261,9 +278,9 @@ static inline __attribute__((always_inline)) void chunk_dots(
             }
             continue;
         }
-        if (bits == 2) {
+        if (bits == 2 || bits == 3) {
             __m256i u[4];
-            two_bit_codes(wb, j, u);
+            crumb_codes(bits, wb, j, u);
             UNROLL
             for (int r = 0; r < rows; r++) {
                 const int8_t *a = qb + r * QBLOCK + 16 * j;
@@ -302,14 +319,14 @@ static inline __attribute__((always_inline)) void chunk_dots(
                 dots[r] = _mm256_add_epi32(dots[r], pairs);
             }
         }
-    } else if (bits == 4 || bits == 2) {
+    } else if (bits <= 4) {
         __m256i sums[ROW_TILE];
         UNROLL
         for (int r = 0; r < rows; r++) sums[r] = _mm256_setzero_si256();
         for (int j = j0; j < j1; j++) {
-            __m256i u[4];  /* 4-bit: chunk j's low and high nibbles; 2-bit: its four crumbs */
-            if (bits == 2) {
-                two_bit_codes(wb, j, u);
+            __m256i u[4];  /* 4-bit: chunk j's low and high nibbles; 2- and 3-bit: its four codes */
+            if (bits < 4) {
+                crumb_codes(bits, wb, j, u);
             } else {
                 __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
                 u[0] = _mm256_and_si256(packed, low);
@@ -317,8 +334,8 @@ static inline __attribute__((always_inline)) void chunk_dots(
             }
             UNROLL
             for (int r = 0; r < rows; r++) {
-                const int8_t *a = qb + r * QBLOCK + (bits == 2 ? 16 : 8) * j;
-                for (int c = 0; c < (bits == 2 ? 4 : 2); c++)
+                const int8_t *a = qb + r * QBLOCK + (bits < 4 ? 16 : 8) * j;
+                for (int c = 0; c < (bits < 4 ? 4 : 2); c++)
                     sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(u[c], broadcast4(a + 4 * c)));
             }
         }
@@ -351,7 +368,7 @@ static inline __attribute__((always_inline)) void chunk_dots(
 }
 
 /* The 8 outputs of one panel for `rows` (<= ROW_TILE, a constant at each call) consecutive rows.
- * `bits` (2, 4, 6 or 8), `lookup` (4-bit codes indexing `grid`) and `half` (1: groups of 16, two per
+ * `bits` (2, 3, 4, 6 or 8), `lookup` (4-bit codes indexing `grid`) and `half` (1: groups of 16, two per
  * block of 32; 0: groups of whole blocks) are constants at every call, so each form compiles to its
  * own straight-line code. The sequence of operations on one (row, output) lane is the same in every
  * tile. `wm` NULL: no offsets; `z`: the 6-bit codes' correction (quantize_rows). */
@@ -361,7 +378,7 @@ static inline __attribute__((always_inline)) void panel(
         const float *s, const int32_t *z, float *y, int N, int valid) {
     const __m256i table = lookup ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid))
                                  : _mm256_setzero_si256();
-    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 8 ? 8 : bits == 2 ? 2 : 4, parts = half ? 2 : 1;
+    const int blocks = K / QBLOCK, groups = K / G, chunks = bits == 8 ? 8 : bits < 4 ? 2 : 4, parts = half ? 2 : 1;
     const int per_group = half ? 1 : G / QBLOCK;  /* blocks per group of whole blocks */
     const size_t block_bytes = (size_t)bits * 4 * PANEL;
     __m256 acc[ROW_TILE];
@@ -415,7 +432,7 @@ static inline __m512 wide_group_terms(const float *w, const int8_t *sub, int g, 
 
 /* dots[r] += the exact integer dot products, per 32-bit lane, of unpacked chunks w[i0..i1) with
  * dword i of row r's activations `a` (rows QBLOCK apart) for `rows` rows, chunk by chunk so that
- * the rows' additions overlap. Without VNNI only 2- and 4-bit codes come here: they sum in 16 bits first,
+ * the rows' additions overlap. Without VNNI only 2-, 3- and 4-bit codes come here: they sum in 16 bits first,
  * as in chunk_dots; or with `signed_codes` grid values, as magnitudes with their signs moved onto
  * the activations (no 512-bit vpsignb: a masked subtraction), each pair of products widened at once. */
 static inline __attribute__((always_inline)) void tile_dots(
@@ -496,7 +513,7 @@ static inline __attribute__((always_inline)) void wide_panel(
         for (size_t at = 0; at < block_bytes; at += 64)
             _mm_prefetch((const char *)wb + PREFETCH_AHEAD + at, _MM_HINT_T0);
         __m512i w[8];  /* dword i of the block's activations meets w[i] */
-        if (bits == 2) {
+        if (bits < 4) {
             const __m512i crumb = _mm512_set1_epi8(0x03);
             FULLY
             for (int v = 0; v < 2; v++) {
@@ -505,6 +522,13 @@ static inline __attribute__((always_inline)) void wide_panel(
                 w[4 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 2), crumb);
                 w[4 * v + 2] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), crumb);
                 w[4 * v + 3] = _mm512_and_si512(_mm512_srli_epi16(packed, 6), crumb);
+            }
+            if (bits == 3) {  /* the top bits: bit i of chunk 2's bytes to bit 2 of w[i], as third_bit */
+                const __m512i h = _mm512_loadu_si512(wb + 2), bit = _mm512_set1_epi8(0x04);
+                FULLY
+                for (int i = 0; i < 8; i++)
+                    w[i] = _mm512_or_si512(w[i], _mm512_and_si512(i < 2 ? _mm512_slli_epi16(h, 2 - i)
+                                                                        : _mm512_srli_epi16(h, i - 2), bit));
             }
         } else if (bits == 4) {
             FULLY
@@ -631,9 +655,10 @@ static inline int tile_rows(int left, int tile) {
 #define SWEEP8 SWEEP
 #endif
 #define SWEEP6 SWEEP8  /* 6-bit codes: 512-bit code where 8-bit codes have it */
-#define SWEEP2 SWEEP4  /* 2-bit codes: where 4-bit ones go */
+#define SWEEP2 SWEEP4  /* 2- and 3-bit codes: where 4-bit ones go */
+#define SWEEP3 SWEEP4
 
-/* y = x w^T for `bits`-bit weights (2, 4, 6 or 8) in groups of G (16 or a multiple of 32) in the panel
+/* y = x w^T for `bits`-bit weights (2, 3, 4, 6 or 8) in groups of G (16 or a multiple of 32) in the panel
  * layout above (panels of a8_panel_width(bits)); `wm`: the offsets (NULL for weights without them:
  * 6- or 8-bit ones, or grid codes); `ws`: the int8 sub-scales of two-level scales (NULL: one-level),
  * whose super-blocks `super_shift` gives; `grid`: the 16 values 4-bit codes index (NULL: the codes
@@ -673,6 +698,10 @@ int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_
         SWEEP2(2, 0, 0)
     } else if (bits == 2) {
         SWEEP2(2, 0, 1)
+    } else if (bits == 3 && !half) {
+        SWEEP3(3, 0, 0)
+    } else if (bits == 3) {
+        SWEEP3(3, 0, 1)
     } else if (bits == 6 && !half) {
         SWEEP6(6, 0, 0)
     } else if (bits == 6) {

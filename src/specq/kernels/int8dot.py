@@ -1,4 +1,4 @@
-"""Linear layers with 2-, 4-, 6- or 8-bit weights and int8 activations (`int8dot.c`), llama.cpp's scheme.
+"""Linear layers with 2-, 3-, 4-, 6- or 8-bit weights and int8 activations (`int8dot.c`), llama.cpp's scheme.
 
 torch's packed CPU ops (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) turn the weights
 into floats and multiply in float, so on AVX2 their time grows with every row: a 4-token verify
@@ -72,8 +72,9 @@ def shape_blocker(out_features: int, in_features: int, group_size: int) -> str |
 class Int8DotWeight:
     """A weight in the kernel's layout (`int8dot.c`) for the kernel variant it was packed on:
     panels of `panel_width` outputs, each panel's codes interleaved so that one vector holds a few
-    inputs of all its outputs (2-bit: four codes per byte, 4-bit: two), then per panel and group the float
-    scales `d` and offsets `m` (always for 4 bits; None for 8-bit codes without them):
+    inputs of all its outputs (2-bit: four codes per byte, 4-bit: two; 3-bit: 2-bit codes and a
+    plane of top bits), then per panel and group the float scales `d` and offsets `m` (always for 2
+    to 4 bits; None for 6- and 8-bit codes without them):
     w = d * code + m. Outputs are padded to whole panels with zeros. The weight always runs on its
     variant. With `sub` (int8 [panels, groups, width], then with offsets [.., 2 groups, ..]: the
     sub-offsets after the sub-scales) the scales are two-level: `d` and `m` are [panels, supers,
@@ -158,6 +159,21 @@ def _from_crumb_chunks(chunks: Tensor, out: int, n_in: int) -> Tensor:
     return crumbs.reshape(-1, n_in)[:out]
 
 
+def _three_bit_chunks(unsigned: Tensor, width: int) -> Tensor:
+    """Codes in [0, 7] [out, in] as 3-bit chunks [panels, blocks, 3, width, 4]: the low 2 bits as
+    2-bit chunks; the top bit of input 32b + 4i + t of output o -> chunk 2, byte 4o + t, bit i."""
+    n_in, u = unsigned.shape[1], unsigned.to(torch.uint8)
+    top = _panels(u >> 2, width).view(-1, width, n_in // BLOCK, 8, 4).permute(0, 2, 1, 4, 3)
+    top = sum(top[..., i] << i for i in range(8)).to(torch.uint8).unsqueeze(2)
+    return torch.cat([_crumb_chunks(u & 3, width), top], dim=2)
+
+
+def _from_three_bit_chunks(chunks: Tensor, out: int, n_in: int) -> Tensor:
+    """The inverse of `_three_bit_chunks`: codes [out, in] uint8."""
+    top = torch.stack([(chunks[:, :, 2] >> i) & 1 for i in range(8)], -1).permute(0, 2, 1, 4, 3)
+    return _from_crumb_chunks(chunks[:, :, :2], out, n_in) | (top.reshape(-1, n_in)[:out] << 2)
+
+
 def _six_bit_chunks(codes: Tensor, width: int) -> Tensor:
     """Codes in [-32, 31] [out, in] as unsigned c + 32 in 6-bit chunks [panels, blocks, 6, width,
     4]: the low 4 bits as 4-bit chunks; the top 2 of input 32b + 16k + 4i + t of output o -> chunk
@@ -176,7 +192,7 @@ def _byte_chunks(codes: Tensor, width: int) -> Tensor:
 
 
 # code bits -> the kernel's code layout
-CHUNKS = {2: _crumb_chunks, 4: _nibble_chunks, 6: _six_bit_chunks, 8: _byte_chunks}
+CHUNKS = {2: _crumb_chunks, 3: _three_bit_chunks, 4: _nibble_chunks, 6: _six_bit_chunks, 8: _byte_chunks}
 
 
 def _pack(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, groups: int, variant: str | None,
@@ -199,6 +215,12 @@ def pack_int2(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None
     return _pack(2, unsigned, d, m, d.shape[1], variant)
 
 
+def pack_int3(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None) -> Int8DotWeight:
+    """From codes u in [0, 7] [out, in] and float d, m [out, groups] with w = d * u + m, laid out
+    for `variant`: GGUF's Q3_K at its own 3 bits a code (its low 2 bits apart from its top bit)."""
+    return _pack(3, unsigned, d, m, d.shape[1], variant)
+
+
 def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None) -> Int8DotWeight:
     """From codes u in [0, 15] [out, in] and float d, m [out, groups] with w = d * u + m, laid out
     for `variant` (by default the process's)."""
@@ -214,7 +236,7 @@ def pack_int4_two_level(unsigned: Tensor, d: Tensor, m: Tensor, sub_d: Tensor, s
 
 def pack_two_level(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, sub_d: Tensor, sub_m: Tensor | None,
                    super_shift: int, variant: str | None = None, grid: Tensor | None = None) -> Int8DotWeight:
-    """`bits`-bit codes [out, in] (as `pack_int2` / `pack_int4` / `pack_int6` / `pack_int8` / `pack_grid` take
+    """`bits`-bit codes [out, in] (as the `PACKS` and `pack_grid` take
     them) with two-level scales: float d (and m) [out, supers], int8 sub_d (and sub_m) [out, groups];
     group g's w = d[(g * G) >> super_shift] * sub_d[g] * code (+ m[..] * sub_m[g]), the code
     through `grid` where given."""
@@ -241,11 +263,12 @@ def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | 
     return _pack(8, codes, d, m, d.shape[1], variant)
 
 
-PACKS = {2: pack_int2, 4: pack_int4, 6: pack_int6, 8: pack_int8}  # code bits -> packing of one-level weights
+# code bits -> packing of one-level weights
+PACKS = {2: pack_int2, 3: pack_int3, 4: pack_int4, 6: pack_int6, 8: pack_int8}
 
 
 def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The inverse of `pack_int2` / `pack_int4` / `pack_int6` / `pack_int8`: codes [out, in] (uint8 for 2 and 4 bits,
+    """The inverse of the `PACKS`: codes [out, in] (uint8 for 2 to 4 bits,
     int8 for 6 and 8, and for a grid's the int8 values they index) and float d, m [out, groups] (m
     None where the weight has no offsets). Why: the eager path builds its torch form from the
     kernel's tensors, so a layer need not keep a second copy of its codes."""
@@ -256,6 +279,8 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
         codes = _from_nibble_chunks(w.codes, out, n_in)
     elif w.bits == 2:
         codes = _from_crumb_chunks(w.codes, out, n_in)
+    elif w.bits == 3:
+        codes = _from_three_bit_chunks(w.codes, out, n_in)
     elif w.bits == 6:  # pack_int6's two parts
         top = torch.stack([(w.codes[:, :, 4:] >> s) & 3 for s in (0, 2, 4, 6)], -1).permute(0, 3, 1, 2, 5, 4)
         biased = _from_nibble_chunks(w.codes[:, :, :4], out, n_in) | (top.reshape(-1, n_in)[:out] << 4)
