@@ -125,7 +125,7 @@ def test_unpack_gives_back_what_was_packed(bits, group, offsets):
     assert back[2] is None if offset is None else torch.equal(back[2], offset)
 
 
-@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (2, False), (2, True), (8, True)])
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (3, True), (2, False), (2, True), (8, True)])
 def test_the_fast_path_switches_integer_layers_and_back(bits, symmetric):
     g = torch.Generator().manual_seed(bits)
     weight = torch.randn(48, 128, generator=g) * 0.05
@@ -135,7 +135,7 @@ def test_the_fast_path_switches_integer_layers_and_back(bits, symmetric):
     torch_op = net(x)
     assert fastpath.pack_linears(net) == 1
     assert "int8dot" in net[0].kernel
-    assert net[0]._int8dot.bits == (2 if bits == 2 else 8 if bits == 8 else 4)  # 2-bit codes at 2 bits a code
+    assert net[0]._int8dot.bits == bits  # 2- and 3-bit codes at their own bits a code
     fast = net(x)
     exact = x @ qw.dequantize().float().T
     # both differ from the exact product only by the rounding of the activations (bf16 or int8)

@@ -24,7 +24,7 @@ from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_m
 QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
              "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0", "TQ2_0", "MXFP4"]
 FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (2, 16),
-         "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
+         "Q3_K": (3, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
          "IQ4_XS": (4, 32), "IQ2_XXS": (4, 32), "IQ2_XS": (4, 16), "IQ2_S": (4, 16), "IQ3_XXS": (4, 32),
          "IQ3_S": (4, 32), "IQ1_S": (4, 32), "TQ1_0": (4, 256), "TQ2_0": (2, 256),
          "MXFP4": (4, 32)}  # the kernel's code bits and group size
@@ -33,7 +33,7 @@ GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}  #
 # for any code of a block whose d is 0 (IQ3_S, IQ1_S; see same_bits)
 SIGNED_ZERO = {"Q4_0", "Q3_K", "TQ1_0", "TQ2_0", "IQ3_S", "IQ1_S"}
 UNLISTED = "IQ1_M"  # a type without a row in the table: 256 weights in 56 bytes, its fp16 d spread over 4 scales
-CODE_RANGES = {2: (0, 3), 4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
+CODE_RANGES = {2: (0, 3), 3: (0, 7), 4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
 
 def fp16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0, wide: bool = True) -> np.ndarray:
@@ -196,7 +196,7 @@ def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
         assert (kb.grid is not None) == (qtype in GRID)
         assert kb.d.dtype == np.float32 and kb.d.shape == (12, 512 // kb.group_size)
         low, high = CODE_RANGES[kb.bits]
-        assert kb.codes.dtype == (np.uint8 if kb.bits in (2, 4) else np.int8)
+        assert kb.codes.dtype == (np.uint8 if kb.bits <= 4 else np.int8)
         assert low <= kb.codes.min() and kb.codes.max() <= high
         assert same_bits(kb.dequantize(), reference, zero_sign=qtype in SIGNED_ZERO)
 
@@ -438,7 +438,7 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
     forms = {"layers.0.attention.wqkv": (6, 16), "layers.0.attention.wo": (6, 32), "layers.0.feed_forward.w13": (6, 32),
              "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
-             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (4, 16), "layers.3.attention.wo": (4, 32),
+             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (3, 16), "layers.3.attention.wo": (4, 32),
              "layers.3.feed_forward.w13": (2, 16), "layers.3.feed_forward.w2": (4, 32),
              "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (4, 16), "layers.4.feed_forward.w13": (8, 32),
              "layers.4.feed_forward.w2": (4, 16), "layers.5.attention.wqkv": (2, 256), "layers.5.attention.wo": (4, 32),

@@ -451,7 +451,7 @@ static const Format FORMATS[] = {
     [2] = {32, 18, 4, 32, 1, q4_0, NULL},   [3] = {32, 20, 4, 32, 1, q4_1, NULL},
     [6] = {32, 22, 6, 32, 0, q5_0, NULL},   [7] = {32, 24, 6, 32, 1, q5_1, NULL},
     [8] = {32, 34, 8, 32, 0, q8_0, NULL},   [10] = {256, 84, 2, 16, 1, q2_k, q2_k_terms},
-    [11] = {256, 110, 4, 16, 1, q3_k, q3_k_terms}, [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
+    [11] = {256, 110, 3, 16, 1, q3_k, q3_k_terms}, [12] = {256, 144, 4, 32, 1, q4_k, k_terms},
     [13] = {256, 176, 6, 32, 1, q5_k, k_terms}, [14] = {256, 210, 6, 16, 0, q6_k, q6_k_terms},
     [20] = {32, 18, 4, 32, 0, iq4_nl, NULL, IQ4_VALUES},
     [23] = {256, 136, 4, 32, 0, iq4_xs, iq4_xs_terms, IQ4_VALUES},
@@ -475,15 +475,25 @@ static void place_row(const int8_t *q, const float *dn, const float *mn, int K, 
                       int G, int width, long out, uint8_t *codes, float *d_out, float *m_out) {
     /* codes, then the one-level d and m */
     const long p = out / width, lane = out % width, groups = K / G, repeat = native / G;
-    if (bits == 2) {  /* input 32b + 16v + 4c + t -> block b, chunk v, byte 4 lane + t, bits 2c */
-        uint8_t *base = codes + p * ((long)K * width / 4) + 4 * lane;
-        for (int b = 0; b < K / QBLOCK; b++)
-            for (int v = 0; v < 2; v++) {
-                const int8_t *c = q + QBLOCK * b + 16 * v;
-                uint8_t *dst = base + (long)(2 * b + v) * 4 * width;
-                for (int t = 0; t < 4; t++)
-                    dst[t] = (uint8_t)((c[t] & 3) | (c[t + 4] & 3) << 2 | (c[t + 8] & 3) << 4 | (c[t + 12] & 3) << 6);
-            }
+    if (bits == 2 || bits == 3) {  /* input 32b + 16v + 4c + t -> block b, chunk v, byte 4 lane + t, bits
+                                    * 2c; 3-bit codes' top bit of input 32b + 4i + t -> chunk 2, bit i */
+        uint8_t *base = codes + p * ((long)K * width * bits / 8) + 4 * lane;
+        for (int b = 0; b < K / QBLOCK; b++) {
+            const int8_t *c = q + QBLOCK * b;
+            uint8_t *dst = base + (long)bits * b * 4 * width;
+            for (int v = 0; v < 2; v++)
+                for (int t = 0; t < 4; t++) {
+                    const int8_t *e = c + 16 * v + t;
+                    dst[(long)v * 4 * width + t] =
+                        (uint8_t)((e[0] & 3) | (e[4] & 3) << 2 | (e[8] & 3) << 4 | (e[12] & 3) << 6);
+                }
+            if (bits == 3)
+                for (int t = 0; t < 4; t++) {
+                    uint8_t top = 0;
+                    for (int i = 0; i < 8; i++) top |= (uint8_t)(((c[4 * i + t] >> 2) & 1) << i);
+                    dst[(long)2 * 4 * width + t] = top;
+                }
+        }
     } else if (bits == 4) {  /* input 32b + 8j + 4h + t -> block b, chunk j, byte 4 lane + t, nibble h */
         uint8_t *base = codes + p * ((long)K * width / 2) + 4 * lane;
         for (int b = 0; b < K / QBLOCK; b++)
@@ -554,7 +564,7 @@ int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, 
     if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
     const Format f = FORMATS[type];
     if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
-        (bits != 2 && bits != 4 && bits != 6 && bits != 8) || (sub && !f.terms) || (lookup && (!f.grid || bits != 4)) ||
+        (bits < 2 || bits == 5 || bits == 7 || bits > 8) || (sub && !f.terms) || (lookup && (!f.grid || bits != 4)) ||
         (f.grid && !lookup && bits != 8) || (f.table && (!table || table_bytes != f.table)))
         return -1;
     const int per_block = f.block / f.group;

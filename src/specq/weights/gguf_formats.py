@@ -15,10 +15,9 @@ differently (the load path keeps the two factors and lets the kernel multiply th
 
 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 6-bit codes (signed, in [-32,
 31]), 6.25 bits a weight beside the file's 5.5-6.6: decoding reads every weight once a step, so the
-bytes are most of its time. 2-bit codes (Q2_K, TQ2_0's ternary digits) stay 2-bit codes with
-offsets, 3.25 bits a weight with Q2_K's two-level scales beside the file's 2.6; 3-bit ones (Q3_K)
-go to 4-bit codes with offsets (q - 4 as q with an offset of -4 scales), 5.25 bits a weight beside
-the file's 3.4: the kernel has no 3-bit codes, and a float32 copy would be 32.
+bytes are most of its time. 2- and 3-bit codes (Q2_K, TQ2_0's ternary digits, Q3_K's q - 4 as q
+with an offset of -4 scales) stay 2- and 3-bit codes with offsets: with the K-quants' two-level
+scales 3.25 and 4.25 bits a weight beside the files' 2.6 and 3.4 (a float32 copy would be 32).
 IQ4_NL and IQ4_XS index a non-linear grid of 16 values; their 4-bit codes stay indices, which the
 kernel looks up in registers (its grid codes: the file's 4.25-4.5 bits a weight), except where a
 tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): there the values become
@@ -49,7 +48,7 @@ import torch
 
 from ..kernels import build, gguf_repack, int8dot
 
-CODE_DTYPES = {2: np.uint8, 4: np.uint8, 6: np.int8, 8: np.int8}  # the kernel's codes: 2- and 4-bit unsigned
+CODE_DTYPES = {2: np.uint8, 3: np.uint8, 4: np.uint8, 6: np.int8, 8: np.int8}  # 2 to 4 bits unsigned
 PACK = int8dot.PACKS  # code bits -> their packing
 
 
@@ -64,7 +63,7 @@ class KernelBlocks:
     """A [rows, cols] weight in the int8-activation kernel's terms: w = d * code + m per group of
     `group_size` consecutive inputs of a row; with `levels`, d and m in two levels too."""
 
-    bits: int  # 2, 4, 6 or 8
+    bits: int  # 2, 3, 4, 6 or 8
     codes: np.ndarray  # [rows, cols], CODE_DTYPES[bits]
     d: np.ndarray  # [rows, cols // group_size] float32
     m: np.ndarray | None  # like d, or None: no offsets (6- and 8-bit only, and grid codes)
@@ -471,7 +470,7 @@ FORMATS = {f.name: f for f in (
     Format("Q5_1", 7, 32, 24, 6, 32, _q5_1, offsets=True),
     Format("Q8_0", 8, 32, 34, 8, 32, _q8_0),
     Format("Q2_K", 10, 256, 84, 2, 16, _q2_k, offsets=True, two_level=True),
-    Format("Q3_K", 11, 256, 110, 4, 16, _q3_k, offsets=True, two_level=True),
+    Format("Q3_K", 11, 256, 110, 3, 16, _q3_k, offsets=True, two_level=True),
     Format("Q4_K", 12, 256, 144, 4, 32, _q4_k, offsets=True, two_level=True),
     Format("Q5_K", 13, 256, 176, 6, 32, _q5_k, offsets=True, two_level=True),
     Format("Q6_K", 14, 256, 210, 6, 16, _q6_k, two_level=True),

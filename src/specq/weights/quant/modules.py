@@ -12,7 +12,7 @@ and an optional float `bias`. Subclasses add the executed form:
 * `Int4Linear`: aten `_weight_int4pack_mm_for_cpu` (group size 32/64/128/256, out % 16 == 0).
   2- and 3-bit codes run on it too: they are points of the 4-bit grid with the same scales and
   zero points, so this is exact, and 4x smaller and faster than a dequantized bf16 weight. On
-  the int8-activation kernel 2-bit codes take 2 bits a code (`int8dot.pack_int2`).
+  the int8-activation kernel 2- and 3-bit codes take their own bits a code (`int8dot.PACKS`).
 
 The packed kernels need bf16 activations (fp32 ones hit a slow path), so they cast the input
 to bf16 and the output back to the input's dtype. On the fast path (`fastpath.pack_linears`) the
@@ -172,13 +172,13 @@ class Int4Linear(Int8DotSwitch, QuantLinear):
             return None
         qw = self.quantized()
         scale = qw.scales.float()  # w = (u - zero_point) * scale = scale * u + m
-        two_bit = qw.bits <= 2  # at 2 bits a code (symmetric codes in [-1, 1] as u = c + 2)
-        if qw.zeros is None:
-            shift = 2 if two_bit else 8
+        bits = min(qw.bits, 4)  # 2- and 3-bit codes at their own bits a code
+        if qw.zeros is None:  # symmetric codes in [-(2^(b-1) - 1), 2^(b-1) - 1] as u = c + 2^(b-1)
+            shift = 1 << (bits - 1)
             unsigned, m = qw.codes.to(torch.int32) + shift, -shift * scale
         else:
             unsigned, m = qw.codes.to(torch.int32), -qw.zeros.float() * scale
-        return (int8dot.pack_int2 if two_bit else int8dot.pack_int4)(unsigned, scale, m)
+        return int8dot.PACKS[bits](unsigned, scale, m)
 
     def forward(self, x: Tensor) -> Tensor:
         if self._int8dot is not None:
