@@ -510,6 +510,7 @@ def test_logits_follow_the_float_weights_on_both_paths(formats_file):
     assert fastpath.apply(fast) >= 10 and fast.stack is not None
     assert "int8dot" in fast.layers[0].attention.wqkv.kernel and "bf16" in eager.layers[0].attention.wqkv.kernel
     assert "int4 packed kernel" in eager.layers[1].attention.wqkv.kernel
+    assert "int4 packed kernel" in eager.layers[5].attention.wqkv.kernel  # TQ2_0's 2-bit codes too
     ids = torch.tensor([1, 5, 9, 2, 7, 3, 30, 11])
     want = exact(ids)
     top2 = want.topk(2, dim=-1).values

@@ -247,7 +247,7 @@ class FileBlocks(Int8DotSwitch, nn.Module):
 
     def _torch_int4(self) -> bool:
         """Whether torch's int4 kernel takes this weight (else the eager path runs bf16 weights)."""
-        return (self.bits in (2, 4) and self._blocks.grid is None and self.group_size in INT4_GROUP_SIZES
+        return (self.bits <= 4 and self._blocks.grid is None and self.group_size in INT4_GROUP_SIZES
                 and self.out_features % 16 == 0)
 
     def _eager_form(self) -> tuple[Tensor, ...]:
