@@ -26,7 +26,7 @@ QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5
 FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (2, 16),
          "Q3_K": (3, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
          "IQ4_XS": (4, 32), "IQ2_XXS": (4, 32), "IQ2_XS": (4, 16), "IQ2_S": (4, 16), "IQ3_XXS": (4, 32),
-         "IQ3_S": (4, 32), "IQ1_S": (4, 32), "TQ1_0": (4, 256), "TQ2_0": (2, 256),
+         "IQ3_S": (4, 32), "IQ1_S": (2, 32), "TQ1_0": (2, 256), "TQ2_0": (2, 256),
          "MXFP4": (4, 32)}  # the kernel's code bits and group size
 GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}  # their 4-bit codes index a grid
 # codes with offsets of whole scales: +0 where gguf writes d * 0 for a code of zero (Q4_0, Q3_K, TQ) or
@@ -442,7 +442,7 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
              "layers.3.feed_forward.w13": (2, 16), "layers.3.feed_forward.w2": (4, 32),
              "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (4, 16), "layers.4.feed_forward.w13": (8, 32),
              "layers.4.feed_forward.w2": (4, 16), "layers.5.attention.wqkv": (2, 256), "layers.5.attention.wo": (4, 32),
-             "layers.5.feed_forward.w13": (4, 32), "layers.5.feed_forward.w2": (4, 256), "output": (6, 16)}
+             "layers.5.feed_forward.w13": (4, 32), "layers.5.feed_forward.w2": (2, 256), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name

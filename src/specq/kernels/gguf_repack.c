@@ -460,8 +460,8 @@ static const Format FORMATS[] = {
     [17] = {256, 74, 4, 16, 0, iq2_xs, iq2_xs_terms, IQ2_VALUES, 512 * 8 + 128},
     [22] = {256, 82, 4, 16, 0, iq2_s, iq2_s_terms, IQ2_VALUES, 1024 * 8},
     [18] = {256, 98, 4, 32, 0, iq3_xxs, iq3_xxs_terms, IQ3_VALUES, 256 * 4 + 128},
-    [19] = {256, 50, 4, 32, 1, iq1_s, NULL, NULL, 2048 * 8},
-    [34] = {256, 54, 4, 256, 1, tq1_0, NULL, NULL, 0},  [35] = {256, 66, 2, 256, 1, tq2_0, NULL, NULL, 0},
+    [19] = {256, 50, 2, 32, 1, iq1_s, NULL, NULL, 2048 * 8},
+    [34] = {256, 54, 2, 256, 1, tq1_0, NULL, NULL, 0},  [35] = {256, 66, 2, 256, 1, tq2_0, NULL, NULL, 0},
     [39] = {32, 17, 4, 32, 0, mxfp4, NULL, MXFP4_VALUES, 0},
 };
 #define SUPER 256  /* a K-quant super-block's inputs: int8dot.c's two-level scales */

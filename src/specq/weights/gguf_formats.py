@@ -15,18 +15,19 @@ differently (the load path keeps the two factors and lets the kernel multiply th
 
 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 6-bit codes (signed, in [-32,
 31]), 6.25 bits a weight beside the file's 5.5-6.6: decoding reads every weight once a step, so the
-bytes are most of its time. 2- and 3-bit codes (Q2_K, TQ2_0's ternary digits, Q3_K's q - 4 as q
-with an offset of -4 scales) stay 2- and 3-bit codes with offsets: with the K-quants' two-level
+bytes are most of its time. 2- and 3-bit codes (Q2_K, Q3_K's q - 4 as q with an offset of -4
+scales) stay 2- and 3-bit codes with offsets: with the K-quants' two-level
 scales 3.25 and 4.25 bits a weight beside the files' 2.6 and 3.4 (a float32 copy would be 32).
 IQ4_NL and IQ4_XS index a non-linear grid of 16 values; their 4-bit codes stay indices, which the
 kernel looks up in registers (its grid codes: the file's 4.25-4.5 bits a weight), except where a
 tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): there the values become
-8-bit codes. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0 and MXFP4 are integer
+8-bit codes. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0 and MXFP4 are integer
 codes times exact group scales too (grid values with signs, ternary digits, e2m1 values), each
-format's codes 16 or fewer values: they become 4-bit codes, indices into a grid of those values
-(IQ2, IQ3_XXS, MXFP4) or codes with offsets (IQ3_S's odd values, IQ1_S's, the ternary digits),
-read through gguf's own decoders for their grids (`_scaled_by_gguf`; gguf_repack.c reads them with
-gguf's grids): 4.5-6 bits a weight with their scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
+format's codes 16 or fewer values: 4-bit codes, indices into a grid of those values (IQ2, IQ3_XXS,
+MXFP4) or codes with offsets (IQ3_S's odd values), or 2-bit codes with offsets (IQ1_S's three
+values, the ternary digits), read through gguf's own decoders for their grids (`_scaled_by_gguf`;
+gguf_repack.c reads them with gguf's grids): 2.5-6 bits a weight with their scales, beside the
+files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
 by gguf (`to_float`).
 
@@ -492,9 +493,9 @@ FORMATS = {f.name: f for f in (
     Format("IQ3_S", 21, 256, 110, 4, 32, _scaled_by_gguf(  # odd codes -15..15 = -15 + 2u
         "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15)),
         denominator=1), offsets=True, two_level=True),
-    Format("IQ1_S", 19, 256, 50, 4, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
+    Format("IQ1_S", 19, 256, 50, 2, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
            offsets=True),
-    Format("TQ1_0", 34, 256, 54, 4, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
+    Format("TQ1_0", 34, 256, 54, 2, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
         v.shape[:2], -1))), offsets=True),
     Format("TQ2_0", 35, 256, 66, 2, 256, _scaled_by_gguf("TQ2_0", 64, _one_unit, _affine(1, lambda v: np.full(
         v.shape[:2], -1))), offsets=True),
