@@ -26,7 +26,7 @@ codes times exact group scales too (grid values with signs, ternary digits, e2m1
 format's codes 16 or fewer values: 4-bit codes, indices into a grid of those values (IQ2, IQ3_XXS,
 MXFP4) or codes with offsets (IQ3_S's odd values), or 2-bit codes with offsets (IQ1_S's three
 values, the ternary digits), read through gguf's own decoders for their grids (`_scaled_by_gguf`;
-gguf_repack.c reads them with gguf's grids): 2.5-6 bits a weight with their scales, beside the
+gguf_repack.c reads them with gguf's grids): 2.25-6 bits a weight with their scales, beside the
 files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
 by gguf (`to_float`).
