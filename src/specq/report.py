@@ -19,7 +19,7 @@ def print_backends(explained: dict[str, dict], console: Console | None = None) -
                       f"whole cached passes in one C call: {'yes' if d['layer_stack'] else 'no'}",
                       markup=False, highlight=False)
         for kernel, count in d["linear_layers"].items():
-            console.print(f"  {count:4d} linear layers: {kernel}", markup=False, highlight=False)
+            console.print(f"  {count:4d} linear layer{'s' * (count != 1)}: {kernel}", markup=False, highlight=False)
 
 
 def print_generation(out, console: Console | None = None) -> None:

@@ -68,8 +68,10 @@ def test_explain_names_the_kernel_build_and_the_cpu():
 
     from specq.report import print_backends
 
-    described = {"backend": "kernels", "kernel_build": "avx2", "linear_layers": {"int8dot": 3}, "layer_stack": True}
+    described = {"backend": "kernels", "kernel_build": "avx2", "linear_layers": {"int8dot": 3, "f32dot": 1},
+                 "layer_stack": True}
     for cpu, shown in (("Some CPU @ 2.0GHz", "kernel build avx2 for Some CPU @ 2.0GHz, "), (None, "kernel build avx2, ")):
         console = Console(record=True, width=200)
         print_backends({"m": dict(described, cpu=cpu)}, console)
-        assert shown in console.export_text()
+        text = console.export_text()
+        assert shown in text and "3 linear layers: int8dot" in text and "1 linear layer: f32dot" in text
