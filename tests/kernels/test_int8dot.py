@@ -125,7 +125,8 @@ def test_unpack_gives_back_what_was_packed(bits, group, offsets):
     assert back[2] is None if offset is None else torch.equal(back[2], offset)
 
 
-@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (3, True), (2, False), (2, True), (8, True)])
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (3, True), (2, False), (2, True),
+                                            (8, True)])
 def test_the_fast_path_switches_integer_layers_and_back(bits, symmetric):
     g = torch.Generator().manual_seed(bits)
     weight = torch.randn(48, 128, generator=g) * 0.05
