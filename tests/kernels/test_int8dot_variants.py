@@ -98,8 +98,8 @@ def test_the_256_bit_vnni_code_gives_the_avx2_bits(monkeypatch):
         for rows in (1, 3, 4, 7, 17):
             assert torch.equal(int8dot.linear(x[:rows], ours), int8dot.linear(x[:rows], avx2)), (bits, group, rows)
     x = torch.randn(17, 512, generator=torch.Generator().manual_seed(1)) * 3
-    for group, two_level in [(32, False), (16, True)]:
-        ours, eight, _ = grid_weight(group, two_level, EXTREME_GRID, 40, 512, 5, "vnni256")
+    for group, two_level, bits in [(32, False, 4), (16, True, 4), (16, True, 3)]:
+        ours, eight, _ = grid_weight(group, two_level, EXTREME_GRID, 40, 512, 5, "vnni256", bits)
         for rows in (1, 3, 4, 7, 17):
             assert torch.equal(int8dot.linear(x[:rows], ours), int8dot.linear(x[:rows], eight)), ("grid", group, rows)
 
@@ -139,37 +139,41 @@ IQ4_GRID = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38
 EXTREME_GRID = torch.tensor([-128, 127, -1, 0, 1, -127, 64, -64, 3, -3, 100, -100, 126, -126, 5, 2], dtype=torch.int8)
 
 
-def grid_weight(group: int, two_level: bool, grid: torch.Tensor, out: int, n_in: int, seed: int, variant: str):
-    """Random 4-bit indices into `grid` (every index in the first 16 inputs) with one- or two-level
+def grid_weight(group: int, two_level: bool, grid: torch.Tensor, out: int, n_in: int, seed: int, variant: str,
+                bits: int = 4):
+    """Random `bits`-bit indices into `grid` (every index in the first inputs) with one- or two-level
     scales, packed as grid codes, and the same weights as 8-bit codes (the values they index)."""
     g = torch.Generator().manual_seed(seed)
-    indices = torch.randint(0, 16, (out, n_in), generator=g, dtype=torch.uint8)
-    indices[:, :16] = torch.arange(16, dtype=torch.uint8)
+    indices = torch.randint(0, 1 << bits, (out, n_in), generator=g, dtype=torch.uint8)
+    indices[:, :1 << bits] = torch.arange(1 << bits, dtype=torch.uint8)
     values = grid[indices.long()]
-    if two_level:  # IQ4_XS: a float per super-block of 256 times an int8 per group
+    if two_level:  # IQ4_XS, IQ2: a float per super-block of 256 times an int8 per group
         d = torch.rand(out, -(-n_in // 256), generator=g) * 1e-3
         sub = torch.randint(-32, 32, (out, n_in // group), generator=g, dtype=torch.int8)
-        lookup = int8dot.pack_two_level(4, indices, d, None, sub, None, int8dot.SUPER_SHIFT, variant, grid)
+        lookup = int8dot.pack_two_level(bits, indices, d, None, sub, None, int8dot.SUPER_SHIFT, variant, grid)
         eight = int8dot.pack_two_level(8, values, d, None, sub, None, int8dot.SUPER_SHIFT, variant)
     else:  # IQ4_NL
         d = torch.rand(out, n_in // group, generator=g) * 0.02
-        lookup, eight = int8dot.pack_grid(indices, d, grid, variant), int8dot.pack_int8(values, d, variant=variant)
+        lookup = int8dot.pack_grid(indices, d, grid, variant, bits)
+        eight = int8dot.pack_int8(values, d, variant=variant)
     return lookup, eight, indices
 
 
+@pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("grid", [IQ4_GRID, EXTREME_GRID], ids=["iq4", "extremes"])
 @pytest.mark.parametrize("group,two_level", [(32, False), (16, False), (64, False), (32, True), (16, True)])
-def test_grid_codes_give_the_8_bit_values_bits_in_half_the_bytes(group, two_level, grid, kernel_variant):
-    """4-bit codes indexing a grid of 16 int8 values (GGUF's IQ4_NL / IQ4_XS), looked up in
-    registers, give the outputs of the values themselves as 8-bit codes bit for bit, on every
-    variant and for every row count (so every row equals its one-row step): the lookup changes the
-    bytes read, not a result."""
-    lookup, eight, indices = grid_weight(group, two_level, grid, 40, 512, group + two_level, kernel_variant)
+def test_grid_codes_give_the_8_bit_values_bits_in_fewer_bytes(group, two_level, grid, bits, kernel_variant):
+    """4-bit codes indexing a grid of 16 int8 values (GGUF's IQ4_NL / IQ4_XS), or 3-bit codes its
+    first 8 (IQ2's six values), looked up in registers, give the outputs of the values themselves as
+    8-bit codes bit for bit, on every variant and for every row count (so every row equals its
+    one-row step): the lookup changes the bytes read, not a result."""
+    seed = group + two_level + bits
+    lookup, eight, indices = grid_weight(group, two_level, grid, 40, 512, seed, kernel_variant, bits)
     code_bytes = [w.codes.numel() // (w.codes.shape[0] * w.codes.shape[3]) for w in (lookup, eight)]  # per output
-    assert code_bytes == [512 // 2, 512]
+    assert code_bytes == [512 * bits // 8, 512]
     back = int8dot.unpack(lookup)
     assert torch.equal(back[0], grid[indices.long()]) and back[2] is None
-    avx2 = grid_weight(group, two_level, grid, 40, 512, group + two_level, "avx2")[0]
+    avx2 = grid_weight(group, two_level, grid, 40, 512, seed, "avx2", bits)[0]
     x = torch.randn(17, 512, generator=torch.Generator().manual_seed(group)) * 3
     x[1], x[5], x[9] = 0, x[5] * 1e-20, x[9] * 1e20
     for rows in range(1, len(x) + 1):

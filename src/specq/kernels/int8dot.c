@@ -24,9 +24,9 @@
  *     6-bit codes take 6: the low 4 bits of c + 32 as 4-bit codes in chunks 0-3, then its top 2
  *     bits in chunks 4 and 5, byte 4o + t of chunk 4 + k holding those of inputs 16k + 4i + t in
  *     bits 2i, 2i + 1 (i < 4). A block's bytes are always 4P times its bits.
- *     Or grid codes (GGUF's IQ4_NL, IQ4_XS): 4-bit codes laid out as above that index `grid`, 16
- *     int8 values, w = d_w[g] * grid[u] (no offsets): looked up in registers (vpshufb), so the
- *     weight costs its file's 4 bits and not a byte.
+ *     Or grid codes (GGUF's IQ4_NL, IQ4_XS; IQ2's six values at 3 bits): 4- or 3-bit codes laid out
+ *     as above that index `grid`, 16 int8 values, w = d_w[g] * grid[u] (no offsets): looked up in
+ *     registers (vpshufb), so the weight costs its code bits and not a byte.
  *     Scales and offsets are [panel][group][P]. N is padded to a multiple of P with zeros.
  *     Or two-level: float32 [panel][supers][P] per super-block and int8 sub-scales [panel][group][P]
  *     (with offsets, then sub-offsets [panel][group][P] after each panel's sub-scales), the group's
@@ -229,6 +229,16 @@ static inline void crumb_codes(int bits, const uint8_t *wb, int v, __m256i *u) {
     }
 }
 
+/* Chunk v of 3-bit grid codes `wb` (crumb_codes' layout): the signed grid values of its four
+ * vectors of codes (v[c]) and their magnitudes u[c], as grid_values gives them. */
+static inline void grid_crumb_values(const uint8_t *wb, int v, __m256i table, __m256i *g, __m256i *u) {
+    crumb_codes(3, wb, v, u);
+    for (int c = 0; c < 4; c++) {
+        g[c] = _mm256_shuffle_epi8(table, u[c]);
+        u[c] = _mm256_sign_epi8(g[c], g[c]);
+    }
+}
+
 /* Chunk j of grid codes `wb`: the signed grid values of its low (v[0]) and high (v[1]) nibbles (16
  * values in each 128-bit lane of `table`) and their magnitudes u, which enter the products as
  * unsigned bytes with the values' signs moved onto the activations. */
@@ -257,6 +267,17 @@ static inline __attribute__((always_inline)) void chunk_dots(
     const __m256i low = _mm256_set1_epi8(0x0F);
 #if defined(DPBUSD256)
     for (int j = j0; j < j1; j++) {
+        if (lookup && bits == 3) {
+            __m256i g[4], u[4];
+            grid_crumb_values(wb, j, table, g, u);
+            UNROLL
+            for (int r = 0; r < rows; r++) {
+                const int8_t *a = qb + r * QBLOCK + 16 * j;
+                for (int c = 0; c < 4; c++)
+                    dots[r] = DPBUSD256(dots[r], u[c], _mm256_sign_epi8(broadcast4(a + 4 * c), g[c]));
+            }
+            continue;
+        }
         if (lookup) {
             __m256i v[2], u[2];
             grid_values(wb, j, table, v, u);
@@ -306,7 +327,18 @@ static inline __attribute__((always_inline)) void chunk_dots(
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
-    if (lookup) {  /* as 8-bit codes: each pair of products widened at once (two pairs may pass 16 bits) */
+    if (lookup && bits == 3) {  /* as below, four vectors of codes a chunk */
+        for (int j = j0; j < j1; j++) {
+            __m256i g[4], u[4];
+            grid_crumb_values(wb, j, table, g, u);
+            UNROLL
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < 4; c++) {
+                    __m256i x = _mm256_sign_epi8(broadcast4(qb + r * QBLOCK + 16 * j + 4 * c), g[c]);
+                    dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], x), ones));
+                }
+        }
+    } else if (lookup) {  /* as 8-bit codes: each pair of products widened at once (two pairs may pass 16 bits) */
         for (int j = j0; j < j1; j++) {
             __m256i v[2], u[2];
             grid_values(wb, j, table, v, u);
@@ -368,7 +400,7 @@ static inline __attribute__((always_inline)) void chunk_dots(
 }
 
 /* The 8 outputs of one panel for `rows` (<= ROW_TILE, a constant at each call) consecutive rows.
- * `bits` (2, 3, 4, 6 or 8), `lookup` (4-bit codes indexing `grid`) and `half` (1: groups of 16, two per
+ * `bits` (2, 3, 4, 6 or 8), `lookup` (3- or 4-bit codes indexing `grid`) and `half` (1: groups of 16, two per
  * block of 32; 0: groups of whole blocks) are constants at every call, so each form compiles to its
  * own straight-line code. The sequence of operations on one (row, output) lane is the same in every
  * tile. `wm` NULL: no offsets; `z`: the 6-bit codes' correction (quantize_rows). */
@@ -530,6 +562,10 @@ static inline __attribute__((always_inline)) void wide_panel(
                     w[i] = _mm512_or_si512(w[i], _mm512_and_si512(i < 2 ? _mm512_slli_epi16(h, 2 - i)
                                                                         : _mm512_srli_epi16(h, i - 2), bit));
             }
+            if (lookup) {
+                FULLY
+                for (int i = 0; i < 8; i++) w[i] = _mm512_shuffle_epi8(table, w[i]);
+            }
         } else if (bits == 4) {
             FULLY
             for (int j = 0; j < 4; j++) {
@@ -668,7 +704,7 @@ int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_
               const float *wm, const int8_t *ws, const int8_t *grid, int super_shift, float *y, int threads) {
     Acts a;
     if (!acts_alloc(&a, M, K, G)) { acts_free(&a); return -1; }
-    const int lookup = bits == 4 && grid;
+    const int lookup = (bits == 3 || bits == 4) && grid;
     /* unsigned codes c + bias: z corrects */
     const int biased = bits == 6 || (bits == 8 && wide(bits)) || (lookup && wide(4) && GRID_BIAS);
     quantize_rows(x, M, K, G, a.q, a.d, a.t, wm ? a.s : NULL, biased ? a.z : NULL, bits == 6 ? 32 : 128);
@@ -686,7 +722,11 @@ int linear_a8(int bits, const float *x, int M, int K, int N, int G, const uint8_
                wd + (size_t)(p) * panel_scales, wm ? wm + (size_t)(p) * panel_scales : NULL,                      \
                ws ? ws + (size_t)(p) * panel_subs : NULL, grid, super_shift, a.q + (size_t)(r) * QBLOCK, a.d + (r), a.s + (r), a.z + (r),                                        \
                y + (size_t)(r) * N + (size_t)(p) * WIDE_PANEL, N, valid)
-    if (lookup && !half) {
+    if (lookup && bits == 3 && !half) {
+        SWEEP3(3, 1, 0)
+    } else if (lookup && bits == 3) {
+        SWEEP3(3, 1, 1)
+    } else if (lookup && !half) {
         SWEEP4(4, 1, 0)
     } else if (lookup) {
         SWEEP4(4, 1, 1)

@@ -81,8 +81,8 @@ class Int8DotWeight:
     width], one per super-block, and a group's scale or offset is that times its int8 sub-scale
     (`int8dot.c`). Group g's super-block is (g * group_size) >> super_shift: SUPER_SHIFT for GGUF's
     K-quants (the same float32 as the file's scales, with fewer bytes), ROW_SHIFT for one per row.
-    With `grid` (int8 [16]; 4-bit codes, no offsets) the codes index its values: w = d * grid[code]
-    (GGUF's IQ4_NL and IQ4_XS, at their files' 4 bits a weight).
+    With `grid` (int8 [16]; 3- or 4-bit codes, no offsets) the codes index its values: w = d *
+    grid[code] (GGUF's IQ4_NL and IQ4_XS at their files' 4 bits a code, IQ2's six values at 3).
 
     The call's constant arguments are prepared once (a decode step makes over a hundred calls, so
     the Python side of each call matters); copies rebuild them for their own tensors."""
@@ -90,8 +90,9 @@ class Int8DotWeight:
     def __init__(self, bits: int, codes: Tensor, d: Tensor, m: Tensor | None, group_size: int,
                  out_features: int, in_features: int, variant: str, sub: Tensor | None = None,
                  super_shift: int = SUPER_SHIFT, grid: Tensor | None = None):
-        if grid is not None and (bits != 4 or m is not None or grid.dtype != torch.int8 or grid.shape != (16,)):
-            raise ValueError("a grid is 16 int8 values indexed by 4-bit codes without offsets")
+        if grid is not None and (bits not in (3, 4) or m is not None or grid.dtype != torch.int8
+                                 or grid.shape != (16,)):
+            raise ValueError("a grid is 16 int8 values indexed by 3- or 4-bit codes without offsets")
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
         self.out_features, self.in_features, self.variant, self.sub = out_features, in_features, variant, sub
         self.super_shift, self.grid = super_shift, None if grid is None else grid.contiguous()
@@ -244,10 +245,10 @@ def pack_two_level(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, sub_d:
     return _pack(bits, codes, d, m, sub_d.shape[1], variant, sub, super_shift, grid)
 
 
-def pack_grid(indices: Tensor, d: Tensor, grid: Tensor, variant: str | None = None) -> Int8DotWeight:
-    """From 4-bit codes in [0, 15] [out, in] indexing `grid` (int8 [16]) and float d [out, groups]
+def pack_grid(indices: Tensor, d: Tensor, grid: Tensor, variant: str | None = None, bits: int = 4) -> Int8DotWeight:
+    """From `bits`-bit codes (3 or 4) [out, in] indexing `grid` (int8 [16]) and float d [out, groups]
     with w = d * grid[code], laid out for `variant`: GGUF's IQ4_NL at its 4 bits a weight."""
-    return _pack(4, indices, d, None, d.shape[1], variant, grid=grid)
+    return _pack(bits, indices, d, None, d.shape[1], variant, grid=grid)
 
 
 def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
@@ -274,7 +275,8 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
     kernel's tensors, so a layer need not keep a second copy of its codes."""
     out, n_in = w.out_features, w.in_features
     if w.grid is not None:
-        codes = w.grid[_from_nibble_chunks(w.codes, out, n_in).long()]
+        unpack_codes = _from_three_bit_chunks if w.bits == 3 else _from_nibble_chunks
+        codes = w.grid[unpack_codes(w.codes, out, n_in).long()]
     elif w.bits == 4:
         codes = _from_nibble_chunks(w.codes, out, n_in)
     elif w.bits == 2:
