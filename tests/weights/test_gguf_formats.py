@@ -25,10 +25,10 @@ QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5
              "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0", "TQ2_0", "MXFP4"]
 FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (2, 16),
          "Q3_K": (3, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
-         "IQ4_XS": (4, 32), "IQ2_XXS": (4, 32), "IQ2_XS": (4, 16), "IQ2_S": (4, 16), "IQ3_XXS": (4, 32),
+         "IQ4_XS": (4, 32), "IQ2_XXS": (3, 32), "IQ2_XS": (3, 16), "IQ2_S": (3, 16), "IQ3_XXS": (4, 32),
          "IQ3_S": (4, 32), "IQ1_S": (2, 32), "TQ1_0": (2, 256), "TQ2_0": (2, 256),
          "MXFP4": (4, 32)}  # the kernel's code bits and group size
-GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}  # their 4-bit codes index a grid
+GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}  # their 3- or 4-bit codes index a grid
 # codes with offsets of whole scales: +0 where gguf writes d * 0 for a code of zero (Q4_0, Q3_K, TQ) or
 # for any code of a block whose d is 0 (IQ3_S, IQ1_S; see same_bits)
 SIGNED_ZERO = {"Q4_0", "Q3_K", "TQ1_0", "TQ2_0", "IQ3_S", "IQ1_S"}
@@ -268,7 +268,7 @@ def numpy_packed(parts: list[tuple[str, np.ndarray]], variant: str) -> int8dot.I
     kb = stack_rows([FORMATS[q].kernel_blocks(raw) for q, raw in parts])
     codes, d, m = (None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m))
     if kb.grid is not None:
-        return int8dot.pack_grid(codes, d, torch.from_numpy(kb.grid), variant)
+        return int8dot.pack_grid(codes, d, torch.from_numpy(kb.grid), variant, kb.bits)
     return PACK[kb.bits](codes, d, m, variant=variant)
 
 
@@ -353,7 +353,7 @@ def test_repacking_refuses_a_form_that_would_lose_bits():
     with pytest.raises(ValueError, match="indexing a grid"):  # a format without a grid looked up
         gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 4, 32, True, build.variant(), grid=grid)
     raw = random_tensor("IQ4_NL", np.random.default_rng(4), 2, 256, wide=True)
-    for bits, lookup in [(4, False), (6, False), (8, True)]:  # grid values need 8 bits; a lookup 4-bit codes
+    for bits, lookup in [(4, False), (6, False), (8, True), (3, True)]:  # values need 8 bits; IQ4 a lookup 4
         with pytest.raises(ValueError, match="cannot lay out"):
             gguf_repack.repack([(FORMATS["IQ4_NL"].ggml, raw)], 256, bits, 32, False, build.variant(),
                                grid=grid if lookup else None)
@@ -440,8 +440,8 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
              "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (3, 16), "layers.3.attention.wo": (4, 32),
              "layers.3.feed_forward.w13": (2, 16), "layers.3.feed_forward.w2": (4, 32),
-             "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (4, 16), "layers.4.feed_forward.w13": (8, 32),
-             "layers.4.feed_forward.w2": (4, 16), "layers.5.attention.wqkv": (2, 256), "layers.5.attention.wo": (4, 32),
+             "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (3, 16), "layers.4.feed_forward.w13": (8, 32),
+             "layers.4.feed_forward.w2": (3, 16), "layers.5.attention.wqkv": (2, 256), "layers.5.attention.wo": (4, 32),
              "layers.5.feed_forward.w13": (4, 32), "layers.5.feed_forward.w2": (2, 256), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)

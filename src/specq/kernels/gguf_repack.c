@@ -456,9 +456,9 @@ static const Format FORMATS[] = {
     [20] = {32, 18, 4, 32, 0, iq4_nl, NULL, IQ4_VALUES},
     [23] = {256, 136, 4, 32, 0, iq4_xs, iq4_xs_terms, IQ4_VALUES},
     [21] = {256, 110, 4, 32, 1, iq3_s, iq3_s_terms, NULL, 512 * 4},
-    [16] = {256, 66, 4, 32, 0, iq2_xxs, iq2_xxs_terms, IQ2_VALUES, 256 * 8 + 128},
-    [17] = {256, 74, 4, 16, 0, iq2_xs, iq2_xs_terms, IQ2_VALUES, 512 * 8 + 128},
-    [22] = {256, 82, 4, 16, 0, iq2_s, iq2_s_terms, IQ2_VALUES, 1024 * 8},
+    [16] = {256, 66, 3, 32, 0, iq2_xxs, iq2_xxs_terms, IQ2_VALUES, 256 * 8 + 128},
+    [17] = {256, 74, 3, 16, 0, iq2_xs, iq2_xs_terms, IQ2_VALUES, 512 * 8 + 128},
+    [22] = {256, 82, 3, 16, 0, iq2_s, iq2_s_terms, IQ2_VALUES, 1024 * 8},
     [18] = {256, 98, 4, 32, 0, iq3_xxs, iq3_xxs_terms, IQ3_VALUES, 256 * 4 + 128},
     [19] = {256, 50, 2, 32, 1, iq1_s, NULL, NULL, 2048 * 8},
     [34] = {256, 54, 2, 256, 1, tq1_0, NULL, NULL, 0},  [35] = {256, 66, 2, 256, 1, tq2_0, NULL, NULL, 0},
@@ -564,7 +564,7 @@ int gguf_repack(int type, const uint8_t *raw, int rows, int K, int bits, int G, 
     if (type < 0 || type >= N_FORMATS || !FORMATS[type].decode) return -1;
     const Format f = FORMATS[type];
     if (K % f.block || K % QBLOCK || G <= 0 || f.group % G || bits < f.bits || (f.offsets && !m) ||
-        (bits < 2 || bits == 5 || bits == 7 || bits > 8) || (sub && !f.terms) || (lookup && (!f.grid || bits != 4)) ||
+        (bits < 2 || bits == 5 || bits == 7 || bits > 8) || (sub && !f.terms) || (lookup && (!f.grid || bits < 3 || bits > 4)) ||
         (f.grid && !lookup && bits != 8) || (f.table && (!table || table_bytes != f.table)))
         return -1;
     const int per_block = f.block / f.group;

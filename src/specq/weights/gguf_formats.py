@@ -23,9 +23,9 @@ kernel looks up in registers (its grid codes: the file's 4.25-4.5 bits a weight)
 tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): there the values become
 8-bit codes. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0 and MXFP4 are integer
 codes times exact group scales too (grid values with signs, ternary digits, e2m1 values), each
-format's codes 16 or fewer values: 4-bit codes, indices into a grid of those values (IQ2, IQ3_XXS,
-MXFP4) or codes with offsets (IQ3_S's odd values), or 2-bit codes with offsets (IQ1_S's three
-values, the ternary digits), read through gguf's own decoders for their grids (`_scaled_by_gguf`;
+format's codes 16 or fewer values: 4-bit codes, indices into a grid of those values (IQ3_XXS, MXFP4)
+or codes with offsets (IQ3_S's odd values); 3-bit indices into IQ2's grid of six values; or 2-bit
+codes with offsets (IQ1_S's three values, the ternary digits), read through gguf's own decoders for their grids (`_scaled_by_gguf`;
 gguf_repack.c reads them with gguf's grids): 2.25-6 bits a weight with their scales, beside the
 files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
@@ -478,13 +478,13 @@ FORMATS = {f.name: f for f in (
     Format("IQ4_NL", 20, 32, 18, 4, 32, _iq4_nl, grid=IQ4_VALUES),
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
     # 4-bit codes times exact group scales (in numpy through gguf: `_scaled_by_gguf`)
-    Format("IQ2_XXS", 16, 256, 66, 4, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
+    Format("IQ2_XXS", 16, 256, 66, 3, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
         _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES),
         denominator=8), grid=IQ2_VALUES, two_level=True),
-    Format("IQ2_XS", 17, 256, 74, 4, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
+    Format("IQ2_XS", 17, 256, 74, 3, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
         _nibble_scales(b[:, 66:74])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES,
         two_level=True),
-    Format("IQ2_S", 22, 256, 82, 4, 16, _scaled_by_gguf("IQ2_S", 0, lambda b: _iq2_units(
+    Format("IQ2_S", 22, 256, 82, 3, 16, _scaled_by_gguf("IQ2_S", 0, lambda b: _iq2_units(
         _nibble_scales(b[:, 74:82])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES,
         two_level=True),
     Format("IQ3_XXS", 18, 256, 98, 4, 32, _scaled_by_gguf("IQ3_XXS", 0, lambda b: (
