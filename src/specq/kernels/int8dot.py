@@ -266,6 +266,8 @@ def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | 
 
 # code bits -> packing of one-level weights
 PACKS = {2: pack_int2, 3: pack_int3, 4: pack_int4, 6: pack_int6, 8: pack_int8}
+# code bits -> the inverse of their unsigned layout (2 to 4 bits: codes or a grid's indices)
+UNSIGNED_CHUNKS = {2: _from_crumb_chunks, 3: _from_three_bit_chunks, 4: _from_nibble_chunks}
 
 
 def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -274,15 +276,10 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
     None where the weight has no offsets). Why: the eager path builds its torch form from the
     kernel's tensors, so a layer need not keep a second copy of its codes."""
     out, n_in = w.out_features, w.in_features
-    if w.grid is not None:
-        unpack_codes = _from_three_bit_chunks if w.bits == 3 else _from_nibble_chunks
-        codes = w.grid[unpack_codes(w.codes, out, n_in).long()]
-    elif w.bits == 4:
-        codes = _from_nibble_chunks(w.codes, out, n_in)
-    elif w.bits == 2:
-        codes = _from_crumb_chunks(w.codes, out, n_in)
-    elif w.bits == 3:
-        codes = _from_three_bit_chunks(w.codes, out, n_in)
+    if w.bits in UNSIGNED_CHUNKS:
+        codes = UNSIGNED_CHUNKS[w.bits](w.codes, out, n_in)
+        if w.grid is not None:
+            codes = w.grid[codes.long()]
     elif w.bits == 6:  # pack_int6's two parts
         top = torch.stack([(w.codes[:, :, 4:] >> s) & 3 for s in (0, 2, 4, 6)], -1).permute(0, 3, 1, 2, 5, 4)
         biased = _from_nibble_chunks(w.codes[:, :, :4], out, n_in) | (top.reshape(-1, n_in)[:out] << 4)
