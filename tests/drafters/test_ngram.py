@@ -124,7 +124,8 @@ def test_spellings_and_their_canonical_form():
 
 BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"), ("ngram:n=65", "n must be between 1 and 64"),
              ("ngram:k=0", "k must be between 1 and 64"), ("ngram:k=65", "k must be between 1 and 64"),
-             ("ngram:n=3-2", "the smallest n"), ("ngram:n=a", "whole number"), ("ngram:n=1-", "whole number"),
+             ("ngram:n=3-2", "MIN of n=MIN-MAX, at most MAX"), ("ngram:n=a", "whole number"),
+             ("ngram:n=1-", "whole number"),
              ("ngram:k=²", "whole number"), ("ngram:x=1", "unknown option 'x=1'"), ("ngram:k", "unknown option"),
              ("ngram:k=3:k=4", "given twice"), ("ngram@int8", "no precision"), ("ngram+", "after '+'")]
 

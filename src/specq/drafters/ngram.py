@@ -56,7 +56,7 @@ class NgramDraft:
 
     def __post_init__(self):
         integer("n", self.n_max, 1, MAX_N)
-        integer("the smallest n", self.n_min, 1, self.n_max)
+        integer("the smallest n (MIN of n=MIN-MAX, at most MAX)", self.n_min, 1, self.n_max)
         integer("k", self.k, 1, MAX_GAMMA)
         if self.fallback is not None and not isinstance(self.fallback, (Model, Draft)):
             raise SpecqError(f"an n-gram draft's fallback must be a model from specq.load, got "
