@@ -13,6 +13,7 @@ from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specq import backends
+from specq.backends.runner import Runner
 from specq.core.sampling import SamplingConfig, probabilities
 from specq.loading.kinds import FEATURE
 from specq.loading.model import Draft, Model
@@ -175,9 +176,23 @@ def _feature_model(target: Model, vocab_ids=None, seed: int = 0) -> Draft:
 def at(model: Model, spec: str, fast: bool) -> Model:
     net = copy.deepcopy(model.net)
     quantize_model(net, spec, progress=False)
-    backends.prepare(net, "kernels" if fast else "eager")
     return Model(ref=f"{model.ref}@{spec}", net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
-                 source=model.source, precision=spec)
+                 source=model.source, precision=spec, runner=backends.runner(net, "kernels" if fast else "eager"))
+
+
+def without_stack(run: Runner) -> Runner:
+    """A runner of the same network on the same kernels with each layer's modules run one by one
+    (no C layer stack): what the stack is compared with."""
+    return type(run)(run.net, run.backend, run.kernels)
+
+
+def counting_stack(run: Runner) -> tuple[Runner, list]:
+    """A runner like `run` whose layer stack records each call: (runner, calls), a call's entry
+    the number of sequences it ran."""
+    calls, stack = [], run.stack
+    return type(run)(run.net, run.backend, run.kernels,
+                     lambda x, cos, sin, segments, local=None: calls.append(len(segments)) or stack(
+                         x, cos, sin, segments, local)), calls
 
 
 def verify_vs_steps(net, prompt: torch.Tensor, rows: torch.Tensor) -> float:

@@ -294,11 +294,11 @@ def cmd_generate(args) -> int:
         draft_ref = None
     draft = refs.build(draft_ref, args.target, lambda ref: load(ref, args.backend)) if draft_ref else None
     models = [target, *ngram.draft_models(draft)]
-    explained = {m.ref: backends.describe(m.net) for m in models}
+    explained = {m.ref: backends.describe(m.runner) for m in models}
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
-    compile_s = sum(getattr(m.net, "compile_s", 0.0) for m in models) if args.backend == "compiled" else None
+    compile_s = sum(getattr(m.runner, "compile_s", 0.0) for m in models) if args.backend == "compiled" else None
     if args.json:
         print(json.dumps(out.to_dict() | {"compile_s": compile_s, "draft_note": note, "backends": explained}))
     else:

@@ -1,4 +1,4 @@
-"""One backend per loaded model: chosen once, never changed, visible; plain copies for training."""
+"""One runner per loaded model: chosen once, never changed, visible, leaving the modules as loaded."""
 
 from __future__ import annotations
 
@@ -6,19 +6,31 @@ import pytest
 import torch
 
 from specq import backends
-from specq.backends import fastpath
 from specq.errors import SpecqError
 from specq.kernels import build, decoder
 
 from conftest import tiny_model
 
 
-def test_a_network_takes_one_backend_once():
+def test_a_runner_leaves_the_modules_as_they_were():
+    """Making a runner changes nothing in the network: no module swapped, no state set, the same
+    outputs on torch's ops after as before; and two runners of one network run side by side."""
     net = tiny_model(hidden=64).net
-    assert backends.prepare(net, "eager") == "eager"
-    assert backends.prepare(net, "eager") == "eager"  # again on the same one: nothing changes
-    with pytest.raises(RuntimeError, match="already runs on the 'eager' backend, not 'kernels'"):
-        backends.prepare(net, "kernels")
+    before = {name: type(m) for name, m in net.named_modules()}
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    ids = torch.tensor([1, 2, 3, 4])
+    with torch.inference_mode():
+        eager = net(ids, None)
+        fast = backends.runner(net, "kernels")
+        plain = backends.runner(net, "eager")
+        assert fast.backend == "kernels" and plain.backend == "eager"
+        assert {name: type(m) for name, m in net.named_modules()} == before
+        assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+        assert not any(hasattr(net, name) for name in ("stack", "backend", "compiled_step"))
+        assert torch.equal(net(ids, None), eager) and torch.equal(plain(ids, None), eager)
+        assert torch.allclose(fast(ids, None), eager, atol=1e-5)
+    if decoder.available():
+        assert fast.stack is not None and len(fast.kernels) == 2 * 4 + 1 and plain.stack is None
 
 
 def test_unknown_backend_is_one_line():
@@ -28,33 +40,13 @@ def test_unknown_backend_is_one_line():
 
 @pytest.mark.skipif(not decoder.available(), reason="needs AVX2 and a C compiler")
 def test_describe_says_what_each_layer_runs_on():
-    eager, fast = tiny_model(hidden=64).net, tiny_model(hidden=64).net
-    backends.prepare(eager, "eager")
-    backends.prepare(fast, "kernels")
-    plain, kernels = backends.describe(eager), backends.describe(fast)
+    net = tiny_model(hidden=64).net
+    plain, kernels = (backends.describe(backends.runner(net, name)) for name in ("eager", "kernels"))
     assert plain["backend"] == "eager" and not plain["layer_stack"]
     assert plain["linear_layers"] == {"torch F.linear (float32)": 2 * 4 + 1}  # 4 per layer, the head
     assert kernels["backend"] == "kernels" and kernels["layer_stack"]
     assert kernels["kernel_build"] == build.variant() and kernels["cpu"] == build.cpu_model()
     assert sum(kernels["linear_layers"].values()) == 9 and all("f32dot" in k for k in kernels["linear_layers"])
-
-
-@pytest.mark.skipif(not decoder.available(), reason="needs AVX2 and a C compiler")
-def test_a_plain_copy_leaves_the_model_on_its_kernels():
-    model = tiny_model(hidden=64)
-    backends.prepare(model.net, "kernels")
-    ids = torch.tensor([1, 2, 3, 4])
-    with torch.inference_mode():
-        before = model.net(ids, None)
-    copy = backends.plain_copy(model.net)
-    assert any(isinstance(m, fastpath.PackedLinear) for m in model.net.modules())
-    assert not any(isinstance(m, fastpath.PackedLinear) for m in copy.modules())
-    assert copy.backend is None and model.net.backend == "kernels"
-    linears = [m for m in copy.modules() if type(m) is torch.nn.Linear]
-    assert len(linears) == 9 and all(isinstance(m.weight, torch.nn.Parameter) for m in linears)
-    with torch.inference_mode():
-        assert torch.allclose(copy(ids, None), before, atol=1e-5)
-        assert torch.equal(model.net(ids, None), before)
 
 
 def test_the_cli_help_names_every_backend():

@@ -27,7 +27,7 @@ def feature_draft():
 
 def test_verify_rows_are_one_token_steps(target, capsys):
     ids = torch.tensor(target.tokenizer("The quick brown fox jumps over the lazy dog, and then it")["input_ids"])
-    worst = max(verify_vs_steps(target.net, ids[:-8], ids[-n:]) for n in (2, 3, 5, 8))
+    worst = max(verify_vs_steps(target.runner, ids[:-8], ids[-n:]) for n in (2, 3, 5, 8))
     with capsys.disabled():
         print(f"\n{target.ref}: largest verify-vs-step logit difference {worst:.2e}")
     assert worst == 0  # every matmul on the fast path is row-invariant

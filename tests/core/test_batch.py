@@ -63,7 +63,7 @@ def assert_same_as_alone(net, seqs: list[Rows]) -> None:
 @pytest.mark.parametrize("spec", FAST)
 @torch.inference_mode()
 def test_stacked_rows_equal_each_sequence_alone(spec):
-    net = at(tiny_model(scale=3.0, hidden=64), spec, fast=True).net
+    net = at(tiny_model(scale=3.0, hidden=64), spec, fast=True).runner
     # every kernel row-invariant up to the cap; float layers (fp32, and the fp32 head of int4-g32-rtn)
     # only up to f32dot's rows: beyond them torch's GEMM takes over and rounds differently
     floats = spec != "int4-g32-rtn-head8" and f32dot.available()
@@ -93,13 +93,15 @@ class Neighbourly(nn.Module):
 def test_a_kernel_that_rounds_by_its_neighbours_caps_the_stack():
     """The probe finds the row count where a kernel stops being row-invariant, and forward_many
     stacks no more rows than that: every sequence still gets its own pass's result."""
-    net = at(tiny_model(scale=3.0, hidden=64), "fp32", fast=True).net
-    net.layers[1].feed_forward.w2 = Neighbourly(net.layers[1].feed_forward.w2, rows=9)
-    assert invariant_rows(net, MAX_STACKED_ROWS, net.dtype) == 8
+    net = at(tiny_model(scale=3.0, hidden=64), "fp32", fast=True).runner
+    w2 = net.net.layers[1].feed_forward.w2
+    net.kernels[w2] = Neighbourly(net.kernels.get(w2, w2), rows=9)  # its kernel, rounding by neighbours
+    assert invariant_rows(net.net, MAX_STACKED_ROWS, net.dtype, net.linear, lambda m: net.kernels.get(m, m)) == 8
     assert net.stack_limit() == 8
     calls = []
-    stacked = net._stacked
-    net._stacked = lambda seqs, *rest: calls.append(sum(s.ids.shape[0] for s in seqs)) or stacked(seqs, *rest)
+    stacked = net.net.stacked
+    net.net.stacked = lambda seqs, *rest, **kw: calls.append(sum(s.ids.shape[0] for s in seqs)) or stacked(
+        seqs, *rest, **kw)
     seqs = [Rows(torch.tensor([5, 6, 7]), prefilled(net, [1, 2, 3 + i])) for i in range(5)]
     assert_same_as_alone(net, seqs)
     assert calls[-3:] == [6, 6, 3]  # stacks of at most 8 rows
@@ -222,9 +224,9 @@ def test_linear_kernels_at_the_real_models_shapes_stack_exactly():
             nn.init.normal_(p, std=0.05)
         if spec != "fp32":
             quantize_model(net, spec, progress=False)
-        fastpath.pack_linears(net)
+        table = fastpath.kernels(net)
         cap = ROW_BY_ROW_MAX if spec == "fp32" and f32dot.available() else MAX_STACKED_ROWS
-        assert invariant_rows(net, MAX_STACKED_ROWS, torch.float32) == cap, spec
+        assert invariant_rows(net, MAX_STACKED_ROWS, torch.float32, lambda m, x: table[m](x)) == cap, spec
 
 
 def test_hidden_states_need_the_native_module():

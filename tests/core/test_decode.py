@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specq import generate
-from specq.backends import compiled
+from specq.backends.runner import CompiledRunner
 from specq.core.decode import decode
 from specq.core.sampling import SamplingConfig
 from specq.drafters.base import Proposal
@@ -149,8 +149,8 @@ def test_compiled_static_path_stays_lossless():
     target = tiny_model(scale=3.0)
     draft = perturbed(target, 0.05)
     base = generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=30)
-    compiled.compile(target.net, backend="eager")
-    compiled.compile(draft.net, backend="eager")
+    target.runner = CompiledRunner(target.net, inductor="eager")
+    draft.runner = CompiledRunner(draft.net, inductor="eager")
     for gamma in (3, 4):
         assert generate(target, [1, 2, 3], draft, gamma=gamma, max_new_tokens=30).token_ids == base.token_ids
     assert generate(target, [1, 2, 3], max_new_tokens=30).token_ids == base.token_ids

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specq import generate
-from specq.backends.fastpath import apply
+from specq import backends
 from specq.core.acceptance import depths, tree_mask
 from specq.drafters import TreeShape
 from specq.drafters.tree import grow
@@ -20,24 +20,25 @@ def test_a_tree_pass_gives_each_node_the_logits_of_its_own_path():
     """On the fast path every verify row of a tree equals the one-token step at the end of the
     node's own path, bit for bit (each row attends exactly to its path's keys)."""
     target = tiny_model(vocab=32, scale=3.0, seed=4)
-    assert apply(target.net) > 0
+    net = backends.runner(target.net, "kernels")
+    assert net.kernels
     prompt = torch.tensor([1, 2, 3, 4])
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, -1])
     tokens = torch.tensor([5, 6, 7, 8, 9, 10, 11])
-    cache = target.net.new_cache(32)
-    target.net(prompt[:-1], cache)
+    cache = net.new_cache(32)
+    net(prompt[:-1], cache)
     start = cache.length
     positions = start + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)])
-    rows = target.net(torch.cat([prompt[-1:], tokens]), cache, positions=positions, mask=tree_mask(parents))
+    rows = net(torch.cat([prompt[-1:], tokens]), cache, positions=positions, mask=tree_mask(parents))
     for node in range(len(tokens)):
         path, at = [], node
         while at != -1:
             path.insert(0, int(tokens[at]))
             at = int(parents[at])
-        steps = target.net.new_cache(32)
-        target.net(prompt[:-1], steps)
+        steps = net.new_cache(32)
+        net(prompt[:-1], steps)
         for token in [int(prompt[-1])] + path:  # one-token steps, as plain decoding runs them
-            step = target.net(torch.tensor([token]), steps)
+            step = net(torch.tensor([token]), steps)
         assert torch.equal(rows[node + 1], step[0]), node
 
 

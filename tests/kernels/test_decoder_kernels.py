@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from specq import backends
 from specq.backends import fastpath
 from specq.core.acceptance import verify_layout
 from specq.kernels import build, decoder
@@ -17,7 +18,7 @@ from specq.kernels.rows import ROW_BY_ROW_MAX
 from specq.model.llama import Rows
 from specq.weights.quant import quantize_model
 
-from conftest import tiny_model
+from conftest import counting_stack, tiny_model, without_stack
 
 pytestmark = pytest.mark.skipif(not decoder.available(), reason="needs AVX2 and a C compiler")
 
@@ -43,22 +44,7 @@ def arch_model(switches: dict, spec: str = "fp32", hidden: int = 64):
             if "norm" in name:
                 p.normal_(1.0, 0.3)
     quantize_model(model.net, spec, progress=False)
-    fastpath.apply(model.net)
-    return model.net
-
-
-def without_stack(net):
-    modules = copy.deepcopy(net)
-    modules.stack = None
-    return modules
-
-
-def counted(net) -> list[int]:
-    """Records each call of `net`'s stack (the number of sequences it took)."""
-    calls, stack = [], net.stack
-    net.stack = lambda x, cos, sin, segments, local=None: calls.append(len(segments)) or stack(x, cos, sin, segments,
-                                                                                               local)
-    return calls
+    return backends.runner(model.net, "kernels")
 
 
 def passes(net) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
@@ -94,19 +80,20 @@ CASES = [pytest.param(arch, spec, 64, id=f"{arch}-{spec}") for arch in ARCHITECT
 def test_the_layer_stack_computes_what_the_modules_compute(arch, spec, hidden, kernel_variant):
     """Where every linear layer runs on f32dot or int8dot, each cached pass (a chain verify, a step, a
     tree) goes through all layers in one C call and gives the torch modules' logits and cache
-    within float tolerance; the stack holds the modules' own weights, and a copied model gets a
-    stack of its own copied weights."""
+    within float tolerance; the stack holds the runner's kernels' weights and the modules' own
+    norms and biases."""
     stacked = arch_model(ARCHITECTURES[arch], spec, hidden)
     assert stacked.stack is not None and stacked.stack.variant == kernel_variant
-    modules = copy.deepcopy(stacked)
-    attention, block, layer = modules.layers[0].attention, modules.layers[0], modules.stack.layers[0]
-    assert layer.wqkv is (attention.wqkv.float_panels() if spec == "fp32" else attention.wqkv._int8dot)
+    net = stacked.net
+    attention, block, layer = net.layers[0].attention, net.layers[0], stacked.stack.layers[0]
+    kernel = stacked.kernels[attention.wqkv]
+    assert layer.wqkv is (kernel.panels if spec == "fp32" else kernel.weight)
     assert layer.qkv_bias is attention.qkv_bias and (layer.qkv_bias is not None) == (arch == "qwen2")
     for name, module in [("q_norm", attention.q_norm), ("k_norm", attention.k_norm),
                          ("post_attention_norm", block.post_attention_norm), ("post_ffn_norm", block.post_ffn_norm)]:
         assert getattr(layer, name) is (None if module is None else module.weight), name
-    modules.stack = None
-    calls = counted(stacked)
+    modules = without_stack(stacked)
+    stacked, calls = counting_stack(stacked)
     assert_passes_near(passes(stacked), passes(modules), spec)
     assert calls == [1, 1, 1]  # every cached pass but the prefill
 
@@ -133,8 +120,8 @@ def test_the_stack_honours_each_feature_as_the_modules_do(feature, kernel_varian
     switches, take_off = FEATURES[feature]
     stacked = arch_model(switches)
     modules = without_stack(stacked)
-    plain = without_stack(stacked)
-    for block in plain.layers:
+    plain = without_stack(backends.runner(copy.deepcopy(stacked.net), "kernels"))
+    for block in plain.net.layers:
         take_off(block)
     want = passes(modules)
     assert_passes_near(passes(stacked), want)
@@ -197,8 +184,8 @@ def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, arch, kerne
     sequences of up to ROW_BY_ROW_MAX rows each stay on the stack together beyond that many rows
     in all, as far as the linear layers keep rows invariant."""
     stacked = arch_model(ARCHITECTURES[arch], spec)
-    alone, modules = copy.deepcopy(stacked), without_stack(stacked)
-    calls = counted(stacked)
+    alone, modules = type(stacked)(stacked.net, "kernels", stacked.kernels, stacked.stack), without_stack(stacked)
+    stacked, calls = counting_stack(stacked)
     prompts = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6]), torch.tensor([5, 3, 5, 8, 9, 7, 9])]
     results = []
     for net, together in ((stacked, True), (alone, False), (modules, True)):
@@ -227,8 +214,7 @@ def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, arch, kerne
 def test_a_prefill_and_stack_passes_never_share_a_pass():
     """The modules round differently from the stack, so `forward_many` keeps a prefill (the
     modules' pass) apart from rows the stack takes: each sequence gets its own pass's bits."""
-    net = arch_model(ARCHITECTURES["gemma3"])
-    calls = counted(net)
+    net, calls = counting_stack(arch_model(ARCHITECTURES["gemma3"]))
     warm = net.new_cache(32)
     net(PROMPT, warm)
     seqs = [Rows(CHAIN, warm), Rows(PROMPT, net.new_cache(32)), Rows(CHAIN[:1], copy.deepcopy(warm))]
@@ -239,15 +225,11 @@ def test_a_prefill_and_stack_passes_never_share_a_pass():
     assert all(torch.equal(logits, want) for (logits, _), want in zip(together, alone))
 
 
-def test_apply_makes_a_stack_and_revert_removes_it(force_kernels):
+def test_a_runner_has_a_stack_where_the_kernels_build(force_kernels):
     net = tiny_model(scale=3.0, hidden=64).net
-    fastpath.apply(net)
-    assert net.stack is not None
-    fastpath.revert(net)
-    assert net.stack is None and not any(isinstance(m, fastpath.PackedLinear) for m in net.modules())
+    assert backends.runner(net, "kernels").stack is not None
     force_kernels("torch")  # as on a CPU without AVX2, or without a compiler: torch's ops
-    fastpath.apply(net)
-    assert net.stack is None
+    assert backends.runner(net, "kernels").stack is None
 
 
 def test_gradients_take_the_modules():
@@ -255,7 +237,7 @@ def test_gradients_take_the_modules():
     stack's outputs have none), with the modules' results."""
     net = arch_model(ARCHITECTURES["gemma3"])
     modules = without_stack(net)
-    calls = counted(net)
+    net, calls = counting_stack(net)
     cache, twin = net.new_cache(32), modules.new_cache(32)
     with torch.no_grad():
         net(PROMPT, cache)
@@ -269,8 +251,7 @@ def test_gradients_take_the_modules():
 def test_no_stack_where_a_layer_stays_on_torch():
     """bf16 layers (f32dot is float32 only) keep torch's kernels, so the modules run one by one."""
     net = tiny_model(scale=3.0, hidden=64).net.to(torch.bfloat16)
-    fastpath.apply(net)
-    assert net.stack is None
+    assert backends.runner(net, "kernels").stack is None
 
 
 def test_a_stack_refuses_float_panels_of_another_variant(force_kernels):
@@ -281,8 +262,8 @@ def test_a_stack_refuses_float_panels_of_another_variant(force_kernels):
         pytest.skip("this CPU runs no AVX-512 variant")
     force_kernels("avx2")
     net = tiny_model(scale=3.0, hidden=64).net
-    fastpath.apply(net)
-    assert net.stack.variant == "avx2"
+    run = backends.runner(net, "kernels")
+    assert run.stack.variant == "avx2"
     force_kernels(wide[-1])
     with pytest.raises(ValueError, match=f"float panels laid out for the avx2 kernels, not {wide[-1]}"):
-        fastpath.layer_stack(net)
+        fastpath.layer_stack(net, run.kernels)

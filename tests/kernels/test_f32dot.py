@@ -56,12 +56,10 @@ def test_every_variant_gives_the_same_bits(force_kernels):
 def test_the_fast_float_layer_hands_long_inputs_to_torch():
     g = torch.Generator().manual_seed(1)
     linear = torch.nn.Linear(40, 24, bias=False)
-    layer = fastpath.PackedLinear(linear.weight.detach())
-    assert "f32dot" in layer.kernel
+    layer = fastpath.FloatKernel(linear.weight.detach())
+    assert "f32dot" in layer.name
     x = torch.randn(1, ROW_BY_ROW_MAX + 3, 40, generator=g)
     with torch.no_grad():
         short, long = layer(x[:, :ROW_BY_ROW_MAX]), layer(x)
         torch.testing.assert_close(long, linear(x), rtol=1e-5, atol=1e-5)  # a prefill: torch's GEMM
-        assert torch.equal(short, f32dot.linear(x[:, :ROW_BY_ROW_MAX], layer.float_panels()))
-        copied = copy.deepcopy(layer)
-        assert copied.float_panels() is not layer.float_panels() and torch.equal(copied(x[:, :3]), short[:, :3])
+        assert torch.equal(short, f32dot.linear(x[:, :ROW_BY_ROW_MAX], layer.panels))

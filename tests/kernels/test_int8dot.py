@@ -127,27 +127,23 @@ def test_unpack_gives_back_what_was_packed(bits, group, offsets):
 
 @pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (3, True), (2, False), (2, True),
                                             (8, True)])
-def test_the_fast_path_switches_integer_layers_and_back(bits, symmetric):
+def test_the_fast_path_runs_integer_layers_on_int8dot_beside_their_torch_op(bits, symmetric):
     g = torch.Generator().manual_seed(bits)
     weight = torch.randn(48, 128, generator=g) * 0.05
     qw = quantize_rtn(weight, bits, 128 if bits == 8 else 64, symmetric)
     net = torch.nn.Sequential(make_quant_linear(qw, None, packed=True, dtype=torch.float32))
     x = torch.randn(5, 128, generator=g)
     torch_op = net(x)
-    assert fastpath.pack_linears(net) == 1
-    assert "int8dot" in net[0].kernel
-    assert net[0]._int8dot.bits == bits  # 2- and 3-bit codes at their own bits a code
-    fast = net(x)
+    table = fastpath.kernels(net)
+    assert list(table) == [net[0]] and "int8dot" in table[net[0]].name
+    assert table[net[0]].weight.bits == bits  # 2- and 3-bit codes at their own bits a code
+    fast = table[net[0]](x)
     exact = x @ qw.dequantize().float().T
     # both differ from the exact product only by the rounding of the activations (bf16 or int8)
     for y in (fast, torch_op):
         torch.testing.assert_close(y, exact, rtol=0.05, atol=0.05 * exact.abs().max().item())
     assert not torch.equal(fast, torch_op)  # a different kernel really ran
-    copied = copy.deepcopy(net)
-    del net[0]._int8dot  # the copy owns its own kernel tensors
-    assert torch.equal(copied(x), fast)
-    fastpath.unpack_linears(copied)
-    assert "int8dot" not in copied[0].kernel and torch.equal(copied(x), torch_op)
+    assert "int8dot" not in net[0].kernel and torch.equal(net(x), torch_op)  # the module is as it was
 
 
 def test_gguf_blocks_use_the_files_own_scales():
@@ -155,16 +151,17 @@ def test_gguf_blocks_use_the_files_own_scales():
     codes = torch.randint(0, 16, (32, 64), generator=g)
     d, m = torch.rand(32, 2, generator=g) * 0.01, -torch.rand(32, 2, generator=g) * 0.05
     layer = FileBlocks(int8dot.pack_int4(codes, d, m), "Q4_1")
-    assert layer.use_int8dot(True) and "Q4_1" in layer.kernel
+    kernel = fastpath.kernels(layer)[layer]
+    assert "Q4_1" in kernel.name
     x = torch.randn(3, 64, generator=g)
-    torch.testing.assert_close(layer(x).double(), reference(x, codes, d, m), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernel(x).double(), reference(x, codes, d, m), rtol=1e-5, atol=1e-5)
 
 
-def test_pack_linears_keeps_torch_ops_where_the_kernel_is_unavailable(monkeypatch):
+def test_torch_ops_run_where_the_kernel_is_unavailable(monkeypatch):
     qw = quantize_rtn(torch.randn(32, 64), 4, 64, False)
     net = torch.nn.Sequential(make_quant_linear(qw, None, packed=True, dtype=torch.float32))
     monkeypatch.setattr(int8dot, "available", lambda: False)
-    assert fastpath.pack_linears(net) == 0 and "_weight_int4pack_mm" in net[0].kernel
+    assert fastpath.kernels(net) == {} and "_weight_int4pack_mm" in net[0].kernel
 
 
 def test_the_kernels_compile_once_per_cache(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specq import backends
 from specq.backends import fastpath
 from specq.kernels import build, int8dot
 from specq.weights.quant import quantize_model
@@ -262,8 +263,8 @@ def test_a_stack_refuses_int8dot_weights_of_another_variant(force_kernels):
     force_kernels("avx2")
     model = tiny_model(scale=3.0, hidden=64)
     quantize_model(model.net, "int4-g32-rtn-head8", progress=False)
-    fastpath.apply(model.net)
-    assert model.net.stack.variant == "avx2"
+    run = backends.runner(model.net, "kernels")
+    assert run.stack.variant == "avx2"
     force_kernels(wide[-1])
     with pytest.raises(ValueError, match=f"int8dot weights laid out for the avx2 kernels, not {wide[-1]}"):
-        fastpath.layer_stack(model.net)
+        fastpath.layer_stack(model.net, run.kernels)

@@ -13,6 +13,7 @@ from specq.errors import SpecqError
 from specq.kernels import int8dot
 from specq.loading import file_spec, gguf_io, precision
 from specq.loading.file_spec import FileSpec
+from specq.model.llama import EAGER, Llama
 from specq.weights.narrow_head import NarrowHead
 from specq.weights.quant.modules import FileBlocks
 
@@ -57,7 +58,7 @@ def tiny_file(tmp_path, monkeypatch):
 def test_narrowed_head_rows_are_the_whole_heads_rows(tiny_file, fast, int4):
     """The kept tokens' logits are bit for bit the whole head's (the same Q8_0 blocks, or with int4
     the same 4-bit rows, on the same kernel), the others -inf."""
-    from specq.backends import fastpath
+    from specq import backends
 
     if fast and not int8dot.available():
         pytest.skip("needs AVX2 and a C compiler")
@@ -71,12 +72,10 @@ def test_narrowed_head_rows_are_the_whole_heads_rows(tiny_file, fast, int4):
     assert narrow.output.rows.bits == full.output.bits == (4 if int4 else 8)
     assert narrow.output.rows.kind == ("Q8_0 as int4" if int4 else "Q8_0")
     assert torch.equal(keep, torch.arange(VOCAB // 2, VOCAB))
-    for net in (full, narrow):
-        if fast:
-            fastpath.apply(net)
+    backend = "kernels" if fast else "eager"
     ids = torch.tensor([1, 5, 900, 2, 1500, 3])
     with torch.inference_mode():
-        a, b = full(ids), narrow(ids)
+        a, b = backends.runner(full, backend)(ids), backends.runner(narrow, backend)(ids)
     assert torch.equal(b[:, keep], a[:, keep]) and torch.isneginf(b[:, :VOCAB // 2]).all()
 
 
@@ -141,20 +140,21 @@ def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch)
 def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file, monkeypatch):
     """Greedy, the draft chooses among its head's kept rows alone (the whole-vocabulary row with -inf
     elsewhere only for a prompt's prefill), and the output is still the target's."""
-    from specq.backends import fastpath
+    from specq import backends
     from specq.loading.model import Model
 
     model, parsed, tok = tiny_file
     net, _ = gguf_io.load_at_file_precision(parsed)
     file_spec.apply(net, parsed, FileSpec(int4=True, head_tokens=1024), tok)
-    if int8dot.available():
-        fastpath.apply(net)
-    draft = Model(ref="tiny.gguf@gguf-int4-head1k", net=net, tokenizer=tok, eos_ids=frozenset(), source="tiny")
+    draft = Model(ref="tiny.gguf@gguf-int4-head1k", net=net, tokenizer=tok, eos_ids=frozenset(), source="tiny",
+                  runner=backends.runner(net, "kernels" if int8dot.available() else "eager"))
     target = perturbed(model, 0.02, ref="target")  # agrees with the draft on most tokens
     calls = {"whole": 0, "kept": 0}
-    whole = NarrowHead.forward
-    monkeypatch.setattr(NarrowHead, "forward", lambda self, x: calls.update(whole=calls["whole"] + 1) or whole(self, x))
-    net.output.rows.register_forward_hook(lambda *_: calls.update(kept=calls["kept"] + 1))
+    whole, stacked = NarrowHead.forward, Llama.stacked
+    monkeypatch.setattr(NarrowHead, "forward", lambda self, x, linear=None: calls.update(
+        whole=calls["whole"] + 1) or whole(self, x, linear))
+    monkeypatch.setattr(Llama, "stacked", lambda self, seqs, hidden, head=None, ex=EAGER: calls.update(
+        kept=calls["kept"] + (head is net.output.rows)) or stacked(self, seqs, hidden, head, ex))
     assert_speculative_is_plain(target, draft)
     assert calls["whole"] == 2 and calls["kept"] > 20  # the two prompts longer than one token
 
@@ -178,7 +178,7 @@ def test_kept_layers_keep_the_first_and_last_and_spread_the_dropped_ones():
 def test_a_draft_of_fewer_layers_runs_its_kept_layers_and_speculates_losslessly(tmp_path):
     """`keep{N}`: the kept layers' weights, in order, as many cache layers, and the target's own
     output with a draft that now agrees less (accepts and rejects asserted by the helper)."""
-    from specq.backends import fastpath
+    from specq import backends
     from specq.loading.model import Model
 
     model = tiny_model(vocab=VOCAB, layers=5, hidden=32, scale=3.0)
@@ -190,9 +190,8 @@ def test_a_draft_of_fewer_layers_runs_its_kept_layers_and_speculates_losslessly(
     assert len(net.layers) == net.config.num_layers == 3 and net.new_cache(8).k.shape[0] == 3
     for new, old in enumerate(file_spec.kept_layers(5, 3)):
         assert torch.equal(net.layers[new].ffn_norm.weight, full.layers[old].ffn_norm.weight)
-    if int8dot.available():
-        fastpath.apply(net)
-    draft = Model(ref="five.gguf@gguf-keep3", net=net, tokenizer=model.tokenizer, eos_ids=frozenset(), source="five")
+    draft = Model(ref="five.gguf@gguf-keep3", net=net, tokenizer=model.tokenizer, eos_ids=frozenset(), source="five",
+                  runner=backends.runner(net, "kernels" if int8dot.available() else "eager"))
     assert_speculative_is_plain(model, draft)
     with pytest.raises(SpecqError, match="keep5 needs 2 to 4 of its 5 layers"):
         file_spec.apply(full, parsed, file_spec.parse("gguf-keep5"), model.tokenizer)

@@ -100,7 +100,7 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
     """@gguf: eager, Q4_0 / Q4_1 blocks on torch's int4 kernel (the file's codes, only the scales
     rounded to its bf16) and Q8_0 in bf16; on the fast path, every type on the int8-activation
     kernel with the file's own codes and scales. Logits stay close to the dequantized model."""
-    from specq.backends import fastpath
+    from specq import backends
     from specq.kernels import int8dot
     from specq.weights.quant.modules import FileBlocks
 
@@ -115,14 +115,15 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
     assert notes == []
     for module in (net.layers[0].attention.wqkv, net.layers[1].feed_forward.w2):
         assert isinstance(module, FileBlocks) and module.bits == (8 if qtype == "Q8_0" else 4)
+    run = backends.runner(net, "kernels" if fast else "eager")
     if fast:
-        assert fastpath.pack_linears(net) == 2 * 4 + 1 and "int8dot" in net.output.kernel
+        assert len(run.kernels) == 2 * 4 + 1 and "int8dot" in run.kernels[net.output].name
 
     reference = parsed.float_state_dict()  # gguf's own dequantization, in the native layout
     for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w13", "output"):
         module = net.get_submodule(name)
         eye = torch.eye(module.in_features)
-        weight = module(eye).t()  # every column of the executed weight
+        weight = run.linear(module, eye).t()  # every column of the executed weight
         expected = reference[f"{name}.weight"]
         assert weight.shape == expected.shape
         if fast:  # one-hot rows quantize to int8 exactly: the file's own weights, up to float rounding
@@ -134,7 +135,7 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
     float_net = tiny_model(vocab=48, hidden=64).net
     float_net.load_state_dict(reference)
     with torch.inference_mode():
-        a, b = float_net(ids), net(ids)
+        a, b = float_net(ids), run(ids)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 5 / 6
 
 
@@ -175,7 +176,7 @@ def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
     model with gguf's dequantized embedding as an `nn.Embedding` (how it was loaded before)."""
     import copy
 
-    from specq.backends import fastpath
+    from specq import backends
     from specq.kernels import int8dot
     from specq.weights.embedding import FileEmbedding
     from specq.weights.quant.modules import FileBlocks
@@ -194,15 +195,13 @@ def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
     before = copy.deepcopy(net)
     before.tok_embeddings = torch.nn.Embedding.from_pretrained(parsed.float_tensor("token_embd.weight"))
     ids = torch.tensor([1, 5, 9, 2, 7, 3, 5])
-    for n in (net, before):
-        if fast:
-            fastpath.pack_linears(n)
+    backend = "kernels" if fast else "eager"
     with torch.inference_mode():
-        assert torch.equal(net(ids), before(ids))
+        assert torch.equal(backends.runner(net, backend)(ids), backends.runner(before, backend)(ids))
 
 
 def test_tied_file_greedy_speculative_equals_plain(tmp_path):
-    from specq.backends import fastpath
+    from specq import backends
     from specq.kernels import int8dot
     from specq.loading.model import Model
 
@@ -210,10 +209,8 @@ def test_tied_file_greedy_speculative_equals_plain(tmp_path):
 
     float_model = tied_gguf(tmp_path / "tied.gguf", "Q8_0")
     net, _ = gguf_io.load_at_file_precision(gguf_io.read(tmp_path / "tied.gguf"))
-    if int8dot.available():
-        fastpath.apply(net)
     target = Model(ref="tied.gguf@gguf", net=net, tokenizer=float_model.tokenizer, eos_ids=frozenset(),
-                   source="tied.gguf")
+                   source="tied.gguf", runner=backends.runner(net, "kernels" if int8dot.available() else "eager"))
     draft = perturbed(float_model, 0.3)
     assert_speculative_is_plain(target, draft)
 

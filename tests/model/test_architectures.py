@@ -27,7 +27,8 @@ from specq.loading import gguf_io
 from specq.model.architectures import ARCHITECTURES, unsupported
 from specq.model.llama import Llama, LlamaConfig
 
-from conftest import GGUF_TOKENS, PROMPTS, add_bpe_tokenizer, llama_cpp_permute, perturbed, verify_vs_steps
+from conftest import (GGUF_TOKENS, PROMPTS, add_bpe_tokenizer, counting_stack, llama_cpp_permute, perturbed,
+                      verify_vs_steps, without_stack)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -100,8 +101,8 @@ SEQUENCE = torch.randint(0, VOCAB, (90,), generator=torch.Generator().manual_see
 def check_logits(model, hf) -> None:
     """Uncached; and a prefill, one-token steps, a verify pass (row by row) and a pass longer than
     those (fused attention over a cache): each row within 1e-4 of transformers'."""
-    net = model.net
-    assert isinstance(net, Llama)  # native, not the transformers fallback
+    net = model.runner
+    assert isinstance(model.net, Llama)  # native, not the transformers fallback
     with torch.inference_mode():
         ref = hf(SEQUENCE[None]).logits[0].float()
         cache = net.new_cache(128)
@@ -140,8 +141,8 @@ def hf_greedy(hf, model, n: int) -> list[int]:
 def check_fast_rows(model) -> None:
     """On the kernels backend every layer runs in `decoder.Stack`'s one C call per cached pass, and
     a verify pass's rows equal one-token steps bit for bit."""
-    assert model.net.stack is not None
-    assert verify_vs_steps(model.net, SEQUENCE[:9], SEQUENCE[9:17]) == 0
+    assert model.runner.stack is not None
+    assert verify_vs_steps(model.runner, SEQUENCE[:9], SEQUENCE[9:17]) == 0
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
@@ -164,20 +165,20 @@ def test_quantized_fast_path(tmp_path, monkeypatch, name):
     directory = save_hf(hf_model(name), tmp_path / name)
     model = specq.load(f"{directory}@int8")
     with torch.inference_mode():
-        assert torch.equal(model.net(SEQUENCE), specq.load(f"{directory}@int8").net(SEQUENCE))
+        assert torch.equal(model.runner(SEQUENCE), specq.load(f"{directory}@int8").runner(SEQUENCE))
     check_fast_rows(model)
     check_speculative(model, perturbed(specq.load(str(directory), backend="eager"), 0.3))
 
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
-    """The server's batching (`Llama.forward_many`) on sliding-window layers: a step, chain and tree
+    """The server's batching (`Runner.forward_many`) on sliding-window layers: a step, chain and tree
     verify passes, a prefill and a long pass of several sequences, in as few passes as keep each
     bit-identical to its own pass on the fast path (the stack's rows apart from the modules')."""
     from specq.core.acceptance import verify_layout
     from specq.model.llama import Rows
 
-    net = specq.load(str(save_hf(hf_model(name), tmp_path / name))).net
+    net = specq.load(str(save_hf(hf_model(name), tmp_path / name))).runner
     assert net.stack is not None
     rng = torch.Generator().manual_seed(0)
 
@@ -218,12 +219,10 @@ def test_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, kernel
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     directory = save_hf(hf_model(name), tmp_path / name)
     model = specq.load(f"{directory}{spec}")
-    net = model.net
-    assert net.stack is not None and net.stack.variant == kernel_variant
-    modules = copy.deepcopy(net)
-    modules.stack = None
-    stack, calls = net.stack, []
-    net.stack = lambda *args: calls.append(1) or stack(*args)
+    assert model.runner.stack is not None and model.runner.stack.variant == kernel_variant
+    modules = without_stack(model.runner)
+    net, calls = counting_stack(model.runner)
+    model.runner = net
     parents = torch.tensor([-1, -1, 0, 2, 1])
     results = []
     with torch.no_grad():
@@ -255,7 +254,7 @@ def test_tree_rows_see_the_window_of_their_own_path(tmp_path, name, fast):
     path (bit for bit on the fast path)."""
     from specq.core.acceptance import verify_layout
 
-    net = specq.load(str(save_hf(hf_model(name), tmp_path / name)), backend="kernels" if fast else "eager").net
+    net = specq.load(str(save_hf(hf_model(name), tmp_path / name)), backend="kernels" if fast else "eager").runner
     assert (net.stack is not None) == fast
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, 4, -1])
     prefix, tokens = SEQUENCE[:9], SEQUENCE[30:39]  # the root, then one token per node

@@ -14,7 +14,7 @@ from specq.model.feature_draft import FeatureDraft, new_feature_draft, save
 from specq.training import distill
 from specq.training.distill import TeacherSet
 
-from conftest import PROMPTS, _exact_sequence_distribution, _feature_model, tiny_model
+from conftest import PROMPTS, _exact_sequence_distribution, _feature_model, counting_stack, tiny_model, without_stack
 
 VOCAB = 32
 
@@ -255,19 +255,14 @@ def test_a_draft_on_the_fast_path_runs_its_layer_in_one_call(trained, tmp_path):
     (a chain step, several rows, a tree's rows) go through `decoder.Stack` like a target's, and
     give the torch modules' logits, features and cache (relative RMS error: int8dot quantizes
     activations that the two round apart)."""
-    import copy
-
     from specq.core.acceptance import verify_layout
 
     target, draft, _, _ = trained
     save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
-    stacked = kinds.load(f"{tmp_path / 'fd'}@int8-head8").net.attach(target.net)
-    assert stacked.body.stack is not None
-    modules = copy.deepcopy(stacked).attach(target.net)
-    modules.body.stack = None
-    calls = []
-    stack = stacked.body.stack
-    stacked.body.stack = lambda *args: calls.append(1) or stack(*args)
+    stacked = kinds.load(f"{tmp_path / 'fd'}@int8-head8").runner.attach(target.net)
+    assert stacked.stack is not None
+    modules = without_stack(stacked)
+    stacked, calls = counting_stack(stacked)
     g = torch.Generator().manual_seed(0)
     ids, features = torch.randint(0, VOCAB, (12,), generator=g), torch.randn(12, target.net.config.hidden_size,
                                                                               generator=g)

@@ -36,9 +36,8 @@ def gguf_target(tmp_path_factory) -> Model:
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_tiny_gguf(path, tiny_model(vocab=VOCAB, hidden=HIDDEN, scale=3.0), "Q8_0")
     net, _ = gguf_io.load_at_file_precision(gguf_io.read(path))
-    backends.prepare(net.eval())
-    return Model(ref=str(path), net=net, tokenizer=tiny_tokenizer(VOCAB), eos_ids=frozenset(), source=str(path),
-                 precision="gguf")
+    return Model(ref=str(path), net=net.eval(), tokenizer=tiny_tokenizer(VOCAB), eos_ids=frozenset(),
+                 source=str(path), precision="gguf", runner=backends.runner(net))
 
 
 def test_the_native_teacher_is_chosen_for_a_files_blocks_only(gguf_target):
@@ -47,7 +46,7 @@ def test_the_native_teacher_is_chosen_for_a_files_blocks_only(gguf_target):
 
 
 def test_text_records_are_the_targets_own_pass(gguf_target):
-    net = gguf_target.net
+    net = gguf_target.runner
     windows = [torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(s)) for s in range(2)]
     data = native_teacher.on_text(net, windows, k=8)
     assert data.start == [0, 0] and [t.shape for t in data.top_ids] == [(12, 8)] * 2

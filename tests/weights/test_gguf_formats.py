@@ -12,6 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from specq import backends
 from specq.backends import fastpath
 from specq.kernels import build, gguf_repack, int8dot
 from specq.loading import gguf_io
@@ -19,7 +20,7 @@ from specq.loading.model import Model
 from specq.weights.gguf_formats import FORMATS, PACK, kernel_weight, stack_rows, to_float
 from specq.weights.quant.modules import FileBlocks
 
-from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer
+from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer, without_stack
 
 QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
              "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0", "TQ2_0", "MXFP4"]
@@ -460,8 +461,8 @@ def test_every_linear_runs_the_files_own_weights(formats_file):
         linear = net.get_submodule(name)
         assert type(linear) is torch.nn.Linear and torch.equal(linear.weight, reference[f"{name}.weight"]), name
     if int8dot.available():  # what --explain says: grid codes by name
-        fastpath.apply(net)
-        assert all(("16-value grid" in net.get_submodule(name).kernel) == (name in grids) for name in forms)
+        table = fastpath.kernels(net)
+        assert all(("16-value grid" in table[net.get_submodule(name)].name) == (name in grids) for name in forms)
 
 
 def test_unlisted_types_run_dequantized_with_one_note(tmp_path):
@@ -484,7 +485,7 @@ def test_each_layer_is_within_the_int8_activations_rounding(formats_file):
     if not int8dot.available():
         pytest.skip("needs AVX2 and a C compiler")
     net, _ = gguf_io.load_at_file_precision(formats_file)
-    fastpath.apply(net)
+    table = fastpath.kernels(net)
     reference = formats_file.float_state_dict()
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0)) * 2
     for name, module in net.named_modules():
@@ -492,7 +493,7 @@ def test_each_layer_is_within_the_int8_activations_rounding(formats_file):
             xs, w = x[:, :module.in_features], reference[f"{name}.weight"].double()
             step = xs.view(5, -1, 32).abs().amax(-1).repeat_interleave(32, -1).double() / 254
             bound = step @ w.abs().T * (1 + 1e-4) + 1e-6
-            error = (module(xs).double() - xs.double() @ w.T).abs()
+            error = (table[module](xs).double() - xs.double() @ w.T).abs()
             assert (error <= bound).all() and error.max() > 0, name
 
 
@@ -506,9 +507,10 @@ def test_logits_follow_the_float_weights_on_both_paths(formats_file):
         pytest.skip("needs AVX2 and a C compiler")
     exact = float_twin(formats_file).net
     eager, _ = gguf_io.load_at_file_precision(formats_file)
-    fast = copy.deepcopy(eager)
-    assert fastpath.apply(fast) >= 10 and fast.stack is not None
-    assert "int8dot" in fast.layers[0].attention.wqkv.kernel and "bf16" in eager.layers[0].attention.wqkv.kernel
+    fast = backends.runner(eager, "kernels")
+    assert len(fast.kernels) >= 10 and fast.stack is not None
+    assert "int8dot" in fast.kernels[eager.layers[0].attention.wqkv].name
+    assert "bf16" in eager.layers[0].attention.wqkv.kernel
     assert "int4 packed kernel" in eager.layers[1].attention.wqkv.kernel
     assert "int4 packed kernel" in eager.layers[5].attention.wqkv.kernel  # TQ2_0's 2-bit codes too
     ids = torch.tensor([1, 5, 9, 2, 7, 3, 30, 11])
@@ -529,10 +531,9 @@ def test_the_layer_stack_runs_every_format_as_the_modules_do(formats_file):
     activations that the two round apart), and verify rows equal one-token steps bit for bit."""
     if not int8dot.available():
         pytest.skip("needs AVX2 and a C compiler")
-    stacked, _ = gguf_io.load_at_file_precision(formats_file)
-    fastpath.apply(stacked)
-    modules = copy.deepcopy(stacked)
-    modules.stack = None
+    net, _ = gguf_io.load_at_file_precision(formats_file)
+    stacked = backends.runner(net, "kernels")
+    modules = without_stack(stacked)
     prompt, chain = torch.tensor([3, 1, 4, 1, 5, 9]), torch.tensor([2, 6, 5, 3, 5])
     out = []
     for net in (stacked, modules):
@@ -550,9 +551,8 @@ def test_greedy_speculative_equals_plain_on_the_file(formats_file):
     if not int8dot.available():
         pytest.skip("needs AVX2 and a C compiler")
     net, _ = gguf_io.load_at_file_precision(formats_file)
-    fastpath.apply(net)
     target = Model(ref="formats.gguf@gguf", net=net, tokenizer=tiny_tokenizer(VOCAB), eos_ids=frozenset(),
-                   source="formats.gguf")
+                   source="formats.gguf", runner=backends.runner(net, "kernels"))
     draft = perturbed(float_twin(formats_file), 0.3)
     assert_speculative_is_plain(target, draft)
 

@@ -1,24 +1,20 @@
-"""Execution backends: what a loaded model's layers run on, chosen once, at load, for the whole
-model, and never changed afterwards.
+"""Execution backends: what runs a loaded model's passes, chosen once, at load, as a `Runner`
+(`runner.py`) that never changes and never changes the model's modules.
 
 - `kernels` (the default): specq's CPU kernels where they take a layer (`fastpath`: float32
-  linears on f32dot panels, 4/6/8-bit weights on int8dot, and where every linear layer is on them,
-  whole cached passes, the work between the linear layers included, in one C call), torch's ops
-  for the rest;
-- `eager`: torch's ops only, the reference (training, quantization and saving read these modules);
-- `compiled`: torch.compile of padded fixed-shape chain steps (`compiled`), on torch's ops.
+  linears on f32dot panels, 2- to 8-bit weights on int8dot, and where every linear layer is on
+  them, whole cached passes, the work between the linear layers included, in one C call), torch's
+  ops for the rest;
+- `eager`: torch's ops only, the reference (training, quantization and saving read the modules);
+- `compiled`: torch.compile of padded fixed-shape chain steps, on torch's ops.
 
-Why one place: before, several switches on a shared model picked the kernel (packed linears, per
-module flags, the layer stack), and training flipped them back on the caller's model. Now
-`prepare` is the only writer, the loader its caller (and `specq distill`, which puts a GGUF
-target loaded without a backend on the kernels: its teacher runs the file's blocks), and whoever
-needs plain torch modules (training, calibration, a teacher) takes `plain_copy`, leaving the
-caller's model as it was.
+Why a runner beside the modules and not state in them: the same weights run on kernels (decoding),
+eagerly (training, a teacher, the reference in tests) and compiled, side by side, and nothing has to
+be undone before the modules are trained or saved.
 """
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,20 +23,35 @@ from torch import nn
 
 from ..errors import SpecqError
 from ..kernels import build
-from . import compiled, fastpath
+from ..model.feature_draft import FeatureDraft
+from ..model.llama import Llama
+from . import fastpath
+from .runner import CompiledRunner, FeatureRunner, ModuleRunner, Runner
 
 
 @dataclass(frozen=True)
 class Backend:
     name: str
-    prepare: Callable[[nn.Module], object]  # puts a network's layers on this backend, in place
+    make: Callable[[nn.Module], Runner]  # a runner of a native network on this backend
     about: str  # one line for --help
 
 
+def _kernels(net: nn.Module) -> Runner:
+    table = fastpath.kernels(net)
+    body = net.body if isinstance(net, FeatureDraft) else net
+    stack = fastpath.layer_stack(body, table)
+    cls = FeatureRunner if isinstance(net, FeatureDraft) else Runner
+    return cls(net, "kernels", table, stack)
+
+
+def _eager(net: nn.Module) -> Runner:
+    return (FeatureRunner if isinstance(net, FeatureDraft) else Runner)(net, "eager")
+
+
 BACKENDS = {b.name: b for b in (
-    Backend("kernels", fastpath.apply, "specq's CPU kernels where they take a layer, torch's ops elsewhere"),
-    Backend("eager", lambda net: None, "torch's ops only (the reference)"),
-    Backend("compiled", compiled.compile, "torch.compile of fixed-shape chain steps (a minute per new shape)"),
+    Backend("kernels", _kernels, "specq's CPU kernels where they take a layer, torch's ops elsewhere"),
+    Backend("eager", _eager, "torch's ops only (the reference)"),
+    Backend("compiled", CompiledRunner, "torch.compile of fixed-shape chain steps (a minute per new shape)"),
 )}
 DEFAULT = "kernels"
 
@@ -52,54 +63,34 @@ def check_name(name: str) -> str:
     return name
 
 
-def prepare(net: nn.Module, name: str = DEFAULT) -> str:
-    """Put `net` on backend `name`, once (again on the same one: nothing to do). Networks the native
-    decoder does not run (transformers' modules) stay on torch's ops whatever is asked: the
-    returned name says what it runs on."""
+def runner(net: nn.Module, name: str = DEFAULT) -> Runner:
+    """A runner of `net` on backend `name`; `net` is left as it is. Networks the native decoder
+    does not run (transformers' modules) run on torch's ops whatever is asked, and a feature draft
+    (one small layer fed the target's features) is not compiled: the runner's `backend` says what
+    it runs on."""
     backend = BACKENDS[check_name(name)]
     if not native(net):
-        backend = BACKENDS["eager"]
-    elif backend.name == "compiled" and not compiled.takes(net):
-        backend = BACKENDS["kernels"]  # a feature draft: one small layer fed the target's features
-    if getattr(net, "backend", None) is not None:
-        if net.backend != backend.name:
-            raise RuntimeError(f"this network already runs on the '{net.backend}' backend, not '{backend.name}'; "
-                               "load the model again")
-        return backend.name
-    backend.prepare(net)
-    net.backend = backend.name
-    return backend.name
+        return ModuleRunner(net, "eager")
+    if backend.name == "compiled" and not isinstance(net, Llama):
+        backend = BACKENDS["kernels"]
+    return backend.make(net)
 
 
 def native(net: nn.Module) -> bool:
     """Whether specq's own decoder (and so its kernels) runs this network: it is one, or wraps one
     (a feature draft's layers are a `Llama` body)."""
-    from ..model.llama import Llama
-
     return isinstance(net, Llama) or any(isinstance(child, Llama) for child in net.children())
 
 
-def plain_copy(net: nn.Module) -> nn.Module:
-    """A copy of `net` on torch's ops (trainable, readable weights), whatever `net` runs on; `net`
-    itself is left as it is."""
-    out = copy.deepcopy(net)
-    fastpath.revert(out)
-    if getattr(out, "compiled_step", None) is not None:
-        out.compiled_step = None
-    out.backend = None
-    return out
-
-
-def describe(net: nn.Module) -> dict:
-    """What each part of `net` runs on: the backend, the kernel build for this CPU (and the CPU's
+def describe(run: Runner) -> dict:
+    """What each part of a model runs on: the backend, the kernel build for this CPU (and the CPU's
     model name), how many linear layers run on which kernel, and whether cached passes run as one C
     call (`--explain`)."""
-    linears = Counter(getattr(m, "kernel", None) or _torch_kernel(m) for m in net.modules() if _is_linear(m))
-    stacks = [m.stack is not None for m in net.modules() if hasattr(m, "stack")]
-    return {"backend": getattr(net, "backend", None) or "eager",
-            "kernel_build": build.variant(), "cpu": build.cpu_model(),
+    linears = Counter(run.kernels[m].name if m in run.kernels else getattr(m, "kernel", None) or _torch_kernel(m)
+                      for m in run.net.modules() if _is_linear(m))
+    return {"backend": run.backend, "kernel_build": build.variant(), "cpu": build.cpu_model(),
             "linear_layers": dict(linears.most_common()),
-            "layer_stack": bool(stacks) and all(stacks)}
+            "layer_stack": native(run.net) and run.stack is not None}
 
 
 def _is_linear(m: nn.Module) -> bool:

@@ -83,7 +83,7 @@ class _Models:
         if ref not in self.loaded:
             model = self.load(ref)
             info = {"ref": ref, "precision": model.precision, "source": model.source, "sha256": model_hash(model)}
-            backends.prepare(model.net, self.backend)
+            model.runner = backends.runner(model.net, self.backend)
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
 
@@ -257,10 +257,10 @@ def answer_text(target: Model, token_ids: list[int]) -> str:
 def prefill_ms(model: Model | Draft, prompt_ids: list[int]) -> float:
     """One prompt forward of one model alone (the decode loop times both models' prefill together)."""
     ids = torch.tensor(prompt_ids, dtype=torch.long)
-    cache = model.net.new_cache(len(prompt_ids) + 1)
+    cache = model.runner.new_cache(len(prompt_ids) + 1)
     rows = kinds.kind_of(model).rows
     started = time.perf_counter()
-    rows(model.net, ids, cache)
+    rows(model.runner, ids, cache)
     return (time.perf_counter() - started) * 1000
 
 

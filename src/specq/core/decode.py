@@ -48,15 +48,15 @@ def run(sequence: Sequence) -> tuple[list[int], str, DecodeStats]:
 @torch.inference_mode()
 def step(sequences: list[Sequence], speculate: bool = True) -> None:
     """One verify pass for each sequence (all prefilled, none done, one target): each drafts, one
-    target forward verifies every proposal (rows stacked: `Llama.forward_many`), each accepts.
+    target forward verifies every proposal (rows stacked: `Runner.forward_many`), each accepts.
     `speculate=False`: every sequence takes a plain step this time (a server under load, where
     draft rows cost more than they save); lossless either way."""
-    net = sequences[0].target.net
-    if any(s.target.net is not net for s in sequences):
+    run = sequences[0].target.runner
+    if any(s.target.runner is not run for s in sequences):
         raise ValueError("sequences stepped together must share their target")
     rows = [s.propose(speculate) for s in sequences]
     started = time.perf_counter()
-    outputs = net.forward_many(rows, return_hidden=any(s.wants_features for s in sequences))
+    outputs = run.forward_many(rows, return_hidden=any(s.wants_features for s in sequences))
     verify_s = time.perf_counter() - started
     for sequence, (logits, features) in zip(sequences, outputs):
         sequence.accept(logits, features, verify_s)
@@ -109,10 +109,10 @@ class Sequence:
     def prefill(self) -> None:
         """Run the prompt through both models; the target's last logits give the first new token."""
         started = time.perf_counter()
-        self.cache = self.target.net.new_cache(self.capacity)
+        self.cache = self.target.runner.new_cache(self.capacity)
         prompt = torch.tensor(self.prompt_ids, dtype=torch.long)
-        [(logits, features)] = self.target.net.forward_many([Rows(prompt, self.cache, last_only=True)],
-                                                            return_hidden=self.wants_features)
+        [(logits, features)] = self.target.runner.forward_many([Rows(prompt, self.cache, last_only=True)],
+                                                               return_hidden=self.wants_features)
         first = int(logits.argmax(-1)) if self.sampling.greedy else \
             int(sample(probabilities(logits, self.sampling), self.generator))
         if self.drafter is not None:

@@ -30,7 +30,7 @@ class HierarchicalDrafter:
         if not isinstance(middle.net, Llama):
             raise ValueError("the intermediate level must run on specq's own Llama module")
         self.lower = lower
-        self.net = middle.net
+        self.net = middle.runner
         self.vocab = target_vocab_size
         self.needs_target_features = lower.needs_target_features
         self.cache = None

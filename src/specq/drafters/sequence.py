@@ -29,7 +29,7 @@ class SequenceDrafter:
 
     def __init__(self, draft: Model, target_vocab_size: int, min_confidence: float = 0.0,
                  tree: TreeShape | None = None, window: int | None = None):
-        self.net = draft.net
+        self.net = draft.runner
         self.vocab = target_vocab_size
         self.min_confidence = min_confidence
         self.tree = tree
@@ -41,7 +41,7 @@ class SequenceDrafter:
         # A narrowed head's kept rows, where a greedy chain may choose among them alone: the -inf
         # rest of a whole-vocabulary row changes no argmax, yet filling and reading it costs a step
         # of a small draft a measurable share (docs/drafts.md).
-        head = getattr(self.net, "output", None)
+        head = getattr(draft.net, "output", None)
         self.kept = head if isinstance(head, NarrowHead) and int(head.keep.max()) < target_vocab_size else None
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:

@@ -6,7 +6,7 @@ linearly per row at small row counts, and oneDNN's pre-packed GEMM (the fast pat
 before this one, and what inductor uses for frozen linears) read the weights of this model's
 layers more slowly than this loop does at 1-8 rows on an AVX2 machine (docs/fastpath.md). The
 loop also lets `decoder.Stack` run float layers from C. Beyond `rows.ROW_BY_ROW_MAX` rows (prefills)
-the layer goes back to torch's GEMM, which is compute-efficient there (`fastpath.PackedLinear`).
+the layer goes back to torch's GEMM, which is compute-efficient there (`fastpath.FloatKernel`).
 """
 
 from __future__ import annotations

@@ -30,11 +30,12 @@ def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
     optionally with `@spec`: a float precision (fp32, bf16, fp16), a quantization spec (`int8`,
     `int4-g128-gptq`, ...; see `specq.weights.quant.spec`) or `gguf` (a GGUF file's own blocks).
     Quantized weights are cached. The network goes on `backend` (`specq.backends`: kernels, eager,
-    compiled) for good; None leaves it on no backend yet, for code that quantizes, trains or saves
-    the weights, or puts it on one itself."""
+    compiled) for good, as its `runner`; None leaves it on torch's ops (an eager runner), for code
+    that quantizes, trains or saves the weights, or makes a runner itself."""
     model = _load(ref)
     if backend is not None:
-        model.info["backend"] = backends.prepare(model.net, backend)
+        model.runner = backends.runner(model.net, backend)
+        model.info["backend"] = model.runner.backend
     _return_freed_heap()
     return model
 

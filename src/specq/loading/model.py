@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .. import backends
+from ..backends.runner import Runner
 from ..core.gamma import GammaMemory
 
 
@@ -17,13 +19,18 @@ class Model:
     """A loaded model: the network, its tokenizer, and what the decoding loop needs to know."""
 
     ref: str
-    net: nn.Module  # llama.Llama or hf_backend.HFCausalLM: forward(ids, cache, last_only)
+    net: nn.Module  # llama.Llama or hf_backend.HFCausalLM: the torch modules, as loaded (never changed)
     tokenizer: object
     eos_ids: frozenset[int]
     source: str  # where the weights came from, for reports
     precision: str = "fp32"
     info: dict = field(default_factory=dict)
     gamma_memory: GammaMemory = field(default_factory=GammaMemory, repr=False, compare=False)  # gamma auto's, across runs
+    runner: Runner | None = field(default=None, repr=False, compare=False)  # what runs `net` (default: torch's ops)
+
+    def __post_init__(self):
+        if self.runner is None:
+            self.runner = backends.runner(self.net, "eager")
 
     @property
     def vocab_size(self) -> int:
@@ -44,8 +51,8 @@ class Kind:
     recognizes: Callable[[str], bool]  # a draft ref (its text, or the folder it names) is of this kind
     load: Callable[..., object]  # (ref, backend, target) -> the loaded draft
     drafter: Callable[..., object]  # (draft, target, min_confidence, tree, gamma) -> a `Drafter`
-    rows: Callable | None = None  # (net, ids [n], cache): the draft's network alone on n rows (timing)
-    next_token_logits: Callable | None = None  # (target net, draft net, ids [n]) -> (target, draft logits, next ids)
+    rows: Callable | None = None  # (runner, ids [n], cache): the draft's network alone on n rows (timing)
+    next_token_logits: Callable | None = None  # (target runner, draft runner, ids [n]) -> (target, draft logits, next ids)
     write: Callable | None = None  # (draft, folder, info): save it in its own format
     verifies: bool = False  # scores tokens on its own: it can be an intermediate level of a hierarchy
     transformers: bool = False  # transformers' assisted generation can run it (the bench's peer baseline)
@@ -62,6 +69,7 @@ class Draft:
 
     ref = property(lambda self: self.model.ref)
     net = property(lambda self: self.model.net)
+    runner = property(lambda self: self.model.runner)
     tokenizer = property(lambda self: self.model.tokenizer)
     eos_ids = property(lambda self: self.model.eos_ids)
     source = property(lambda self: self.model.source)

@@ -29,7 +29,7 @@ from .. import atomic
 from ..kernels import int8dot
 from ..errors import SpecqError
 from ..weights.quant.modules import FileBlocks
-from .llama import KVCache, Llama, LlamaConfig, Prior, Segment, visibility
+from .llama import EAGER, Execution, KVCache, Llama, LlamaConfig, Prior, Segment, visibility
 
 KIND = "specq-feature-draft"
 CONFIG_FILE = "feature_draft.json"
@@ -76,12 +76,12 @@ class FeatureDraft(nn.Module):
         return KVCache(self.config, capacity, self.dtype)
 
     def forward(self, ids: Tensor, features: Tensor, cache: KVCache | None = None, positions: Tensor | None = None,
-                mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                mask: Tensor | None = None, ex: Execution = EAGER) -> tuple[Tensor, Tensor]:
         """Rows (ids[i], features[i]) -> (head logits over the subset [.., n, V_sub] (float),
         predicted next features [.., n, hidden]). 1-D ids with a cache (decoding), or [B, n]
         without one (training, from position 0). `positions` and `mask`: a token tree's rows, as
-        in `Llama.forward`."""
-        x = self.fc(torch.cat([self.embed(ids), features.to(self.dtype)], dim=-1))
+        in `Llama.forward`. `ex`: how the pass runs (`Execution`; default torch's ops)."""
+        x = ex.linear(self.fc, torch.cat([self.embed(ids), features.to(self.dtype)], dim=-1))
         batched = x.dim() == 3
         x = x if batched else x.unsqueeze(0)
         n = x.shape[1]
@@ -91,11 +91,11 @@ class FeatureDraft(nn.Module):
         rope = slice(start, start + n) if positions is None else positions
         cos, sin = body.rope_cos[rope], body.rope_sin[rope]
         kv = None if cache is None else [Segment(cache, slice(0, n), visibility(cache, n, mask))]
-        x = body.decoder_pass(x, cos, sin, kv)
+        x = body.decoder_pass(x, cos, sin, kv, ex=ex)
         if cache is not None:
             cache.length = start + n
         hidden = body.norm(x)
-        logits = body.output(hidden).float()
+        logits = ex.linear(body.output, hidden).float()
         return (logits, hidden) if batched else (logits[0], hidden[0])
 
     def unrolled(self, ids: Tensor, features: Tensor, steps: int) -> list[Tensor]:

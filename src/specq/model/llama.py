@@ -10,8 +10,7 @@ and maps each architecture's checkpoint onto this layout).
 
 from __future__ import annotations
 
-import sys
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -23,12 +22,31 @@ from ..kernels import decoder
 from ..kernels.rows import ROW_BY_ROW_MAX
 from . import architectures, rope
 
-MAX_COMPILED_TOKENS = 16  # longer inputs (prefill) run eagerly
-# Several sequences' rows share one pass (`Llama.forward_many`, the server's batching) up to this
+# Several sequences' rows share one pass (`Runner.forward_many`, the server's batching) up to this
 # many rows in all: the linear layers run once over the stacked rows, attention per sequence. Each
 # sequence's result is bit-identical to its own pass only where every linear kernel computes a row
-# the same whatever rows are beside it; `Llama.stack_limit` probes that per model, up to this cap.
+# the same whatever rows are beside it; `Runner.stack_limit` probes that per model, up to this cap.
 MAX_STACKED_ROWS = 256
+
+
+def call(module: nn.Module, x: Tensor) -> Tensor:
+    """A linear layer on its own torch op (the eager execution's `linear`)."""
+    return module(x)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a pass runs the modules, which it never changes (`backends` builds one per loaded model):
+    `linear(module, x)` runs each linear layer (its kernel in the runner's table, or its torch op),
+    and `stack`, where set, runs every decoder layer of a cached float32 inference pass in one C
+    call (`kernels.decoder.Stack`), the final norm on its kernel too. Why passed in, not set on the
+    model: the same weights run eagerly (training, the reference) and on kernels side by side."""
+
+    linear: Callable[[nn.Module, Tensor], Tensor] = call
+    stack: decoder.Stack | None = None
+
+
+EAGER = Execution()
 
 
 @dataclass
@@ -209,10 +227,10 @@ class Attention(nn.Module):
         scalar = c.query_pre_attn_scalar
         self.scale = None if scalar is None or scalar == c.head_dim else scalar ** -0.5  # None: head_dim ** -0.5
 
-    def projected(self, x: Tensor) -> Tensor:
+    def projected(self, x: Tensor, linear=call) -> Tensor:
         """The q/k/v projection of x [b, n, hidden]: [b, n, (heads + 2 kv_heads) head_dim], biased and
         with q/k normalized per head where the architecture does so, not yet rotated."""
-        qkv = self.wqkv(x)
+        qkv = linear(self.wqkv, x)
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         if self.q_norm is None:
@@ -234,17 +252,17 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: list[Segment] | StaticView | Prior | None,
-                layer: int) -> Tensor:
+                layer: int, linear=call) -> Tensor:
         """`kv`: the `Segment` of each sequence whose rows x stacks (decoding), the static view of
         the compiled step, earlier passes' keys and values (`Prior`), or None (training: x [b, n]
-        sequences from position 0, no cache)."""
+        sequences from position 0, no cache). `linear` runs the linear layers (`Execution`)."""
         b, n = x.shape[:2]
-        qkv = self.projected(x)
+        qkv = self.projected(x, linear)
         if isinstance(kv, list):
             parts = [attend(*self.rotated(qkv[:, s.rows], cos[s.rows], sin[s.rows]), s, layer, self.window, self.scale)
                      for s in kv]
             out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-            return self.wo(out.transpose(1, 2).reshape(1, n, self.q_size))
+            return linear(self.wo, out.transpose(1, 2).reshape(1, n, self.q_size))
         q, k, v = self.rotated(qkv, cos, sin)
         if kv is None:
             mask = None if self.window is None else (
@@ -262,7 +280,7 @@ class Attention(nn.Module):
             mask = kv.mask if self.window is None else kv.mask & band(kv.positions, kv.mask.shape[1], self.window)
             out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=mask, scale=self.scale,
                                                  enable_gqa=True)
-        return self.wo(out.transpose(1, 2).reshape(b, n, self.q_size))
+        return linear(self.wo, out.transpose(1, 2).reshape(b, n, self.q_size))
 
 
 def by_rows(start: int, n: int) -> bool:
@@ -334,9 +352,9 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.w2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.w2(ACTIVATIONS[self.act](gate) * up)
+    def forward(self, x: Tensor, linear=call) -> Tensor:
+        gate, up = linear(self.w13, x).split(self.intermediate, dim=-1)
+        return linear(self.w2, ACTIVATIONS[self.act](gate) * up)
 
 
 class Block(nn.Module):
@@ -351,14 +369,19 @@ class Block(nn.Module):
         self.post_ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.post_norms else None
         self.local_rope = c.local_rope(layer)  # rotates by the sliding layers' own rope (`Llama.decoder_pass`)
 
-    def forward(self, x, cos, sin, kv, layer):
-        h = self.attention(self.attention_norm(x), cos, sin, kv, layer)
+    def forward(self, x, cos, sin, kv, layer, linear=call):
+        h = self.attention(self.attention_norm(x), cos, sin, kv, layer, linear)
         x = x + (h if self.post_attention_norm is None else self.post_attention_norm(h))
-        h = self.feed_forward(self.ffn_norm(x))
+        h = self.feed_forward(self.ffn_norm(x), linear)
         return x + (h if self.post_ffn_norm is None else self.post_ffn_norm(h))
 
 
 class Llama(nn.Module):
+    """The decoder's modules and the torch math of its passes. It holds no execution state: how a
+    pass runs its linear layers (specq's kernels, or the modules' torch ops) is the `Execution`
+    passed in by whoever runs it (`backends.Runner`), so the modules stay the reference, trainable
+    and savable as loaded."""
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
@@ -375,9 +398,6 @@ class Llama(nn.Module):
         return self.norm.weight.dtype
 
     def new_cache(self, capacity: int) -> KVCache:
-        if self.compiled_step is not None:  # few buffer shapes (powers of two), so compiled steps are reused
-            capacity = max(1 << (capacity + MAX_COMPILED_TOKENS - 1).bit_length(), self.compile_capacity)
-            self.compile_capacity = capacity
         self._ensure_rope(capacity)
         return KVCache(self.config, capacity, self.dtype)
 
@@ -406,7 +426,8 @@ class Llama(nn.Module):
 
     def forward(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
                 return_hidden: bool = False, positions: Tensor | None = None,
-                mask: Tensor | None = None, head: nn.Module | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                mask: Tensor | None = None, head: nn.Module | None = None,
+                ex: Execution = EAGER) -> Tensor | tuple[Tensor, Tensor]:
         """Run `ids` (1-D) at the end of `cache`; return float logits [n, vocab] ([1, vocab] if
         `last_only`). Without a cache the sequence is processed from position 0 (training).
         `return_hidden` also returns the final hidden states [n, hidden] of every row (the output
@@ -415,65 +436,24 @@ class Llama(nn.Module):
         (m >= n: the new rows and some cached ones) each row sees, every earlier key being seen
         (`visibility`). The default is a chain: consecutive positions, causal. `head`: another output
         layer for a cached pass's rows (a narrowed head's kept rows, `weights.narrow_head`); the
-        logits are then its outputs."""
+        logits are then its outputs. `ex`: how the pass runs (`Execution`; default torch's ops)."""
         if cache is None:
             n = ids.shape[-1]
             self._ensure_rope(n)
             rope = slice(0, n) if positions is None else positions
-            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope))
-            logits = self._head(x, last_only)
-            return (logits, self._final_norm(x)[0]) if return_hidden else logits
-        if (self.compiled_step is not None and ids.shape[0] <= MAX_COMPILED_TOKENS and not return_hidden
-                and mask is None and head is None):
-            logits = self._compiled_forward(ids, cache)
-            cache.length += ids.shape[0]
-            return logits[-1:] if last_only else logits
-        logits, hidden = self._stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden, head)[0]
+            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope), ex)
+            logits = self._head(x, last_only, ex)
+            return (logits, self.final_norm(x, ex)[0]) if return_hidden else logits
+        logits, hidden = self.stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden, head, ex)[0]
         return (logits, hidden) if return_hidden else logits
 
-    def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
-        """Several sequences' rows, each at the end of its own cache, in as few passes as exactness
-        allows: (logits, hidden states or None) per sequence, as `forward` returns them. Sequences
-        are stacked in order while their rows fit `stack_limit()` and the layer stack takes all of
-        them or none (`on_stack`): the linear layers then read each weight once for all of them,
-        each row attends to its own sequence only, and each sequence runs the kernels its own pass
-        runs, so every result is bit-identical to the sequence's own `forward`."""
-        if self.compiled_step is not None:  # compiled steps take one sequence at a time
-            return [self._one(s, return_hidden) for s in seqs]
-        if len(seqs) == 1:  # nothing to stack (and no probe: `specq generate` never pays for it)
-            return self._stacked(seqs, return_hidden)
-        out, group, rows, limit = [], [], 0, self.stack_limit()
-        for s in seqs:
-            if group and (rows + s.ids.shape[0] > limit or self.on_stack(s) != self.on_stack(group[0])):
-                out += self._stacked(group, return_hidden)
-                group, rows = [], 0
-            group.append(s)
-            rows += s.ids.shape[0]
-        return out + self._stacked(group, return_hidden) if group else out
-
-    def on_stack(self, s: Rows) -> bool:
-        """Whether the layer stack runs these rows in a float32 inference pass (`decoder_pass`)."""
-        return self.stack is not None and by_rows(s.cache.length, s.ids.shape[0])
-
-    def _one(self, s: Rows, return_hidden: bool) -> tuple[Tensor, Tensor | None]:
-        out = self(s.ids, s.cache, s.last_only, return_hidden, s.positions, s.mask)
-        return out if return_hidden else (out, None)
-
-    _stack_limit: int | None = None
-
-    def stack_limit(self) -> int:
-        """How many rows of different sequences one pass may stack: the most rows (up to
-        MAX_STACKED_ROWS) at which every linear layer computes each row exactly as alone, probed
-        once on random inputs (`invariant_rows`), after the model's kernels are in place;
-        1 where a kernel rounds a row by its neighbours (MKL's sgemm, the eager path)."""
-        if self._stack_limit is None:
-            self._stack_limit = invariant_rows(self, MAX_STACKED_ROWS, self.dtype)
-        return self._stack_limit
-
-    def _stacked(self, seqs: list[Rows], return_hidden: bool,
-                 head: nn.Module | None = None) -> list[tuple[Tensor, Tensor | None]]:
-        """One pass over the rows of `seqs` stacked in order (see `forward_many`), the logits from
-        `head` (default the model's output layer)."""
+    def stacked(self, seqs: list[Rows], return_hidden: bool, head: nn.Module | None = None,
+                ex: Execution = EAGER) -> list[tuple[Tensor, Tensor | None]]:
+        """One pass over the rows of `seqs` stacked in order, each at the end of its own cache:
+        (logits, hidden states or None) per sequence. The linear layers read each weight once for
+        all rows, each row attends to its own sequence only. The logits come from `head` (default
+        the model's output layer). Which sequences may share a pass exactly is the runner's call
+        (`Runner.forward_many`)."""
         segments, cos, sin, local, heads, at = [], [], [], [], [], 0
         self._ensure_rope(max(s.cache.length + s.ids.shape[0] for s in seqs))
         for s in seqs:
@@ -488,9 +468,9 @@ class Llama(nn.Module):
             heads.append(slice(at + n - 1 if s.last_only else at, at + n))
             at += n
         local = None if self.local_cos is None else tuple(_cat(list(t)) for t in zip(*local))
-        x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments, local)
-        hidden = self._final_norm(x)[0]
-        logits = (head or self.output)(_cat([hidden[rows] for rows in heads])).float()
+        x = self._layers(_cat([s.ids for s in seqs]), _cat(cos), _cat(sin), segments, local, ex)
+        hidden = self.final_norm(x, ex)[0]
+        logits = ex.linear(head or self.output, _cat([hidden[rows] for rows in heads])).float()
         out, at = [], 0
         for s, segment, rows in zip(seqs, segments, heads):
             s.cache.length += s.ids.shape[0]
@@ -499,85 +479,53 @@ class Llama(nn.Module):
             at += n
         return out
 
-    def hidden_states(self, ids: Tensor) -> Tensor:
+    def hidden_states(self, ids: Tensor, ex: Execution = EAGER) -> Tensor:
         """Final hidden states [n, hidden] of a whole sequence (no cache, no output head)."""
         self._ensure_rope(ids.shape[0])
         rope = slice(0, ids.shape[0])
-        return self._final_norm(self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope)))[0]
+        x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope), ex)
+        return self.final_norm(x, ex)[0]
 
-    # The kernels backend's C loop over every layer (`kernels/decoder.Stack`) where all linear layers
-    # run on int8dot or f32dot: one call per cached float32 inference pass whose every sequence
-    # attends row by row (`by_rows`), of one sequence or several stacked. Set by `fastpath.apply`;
-    # it computes the modules' math, rounded its own way but the same for a row whatever rows are
-    # beside it, so steps and verify passes, which both take it, agree bit for bit.
-    stack = None
-
-    def _layers(self, ids, cos, sin, kv, local=None) -> Tensor:
+    def _layers(self, ids, cos, sin, kv, local=None, ex: Execution = EAGER) -> Tensor:
         x = self.tok_embeddings(ids)
         if self.config.scale_embeddings:  # as transformers' Gemma: times sqrt(hidden) rounded to the dtype
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
-        return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv, local)
+        return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv, local, ex)
 
     def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv,
-                     local: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                     local: tuple[Tensor, Tensor] | None = None, ex: Execution = EAGER) -> Tensor:
         """x [B, n, hidden] through every decoder layer (no final norm): in one C call where the
-        stack takes the pass, else module by module. `kv` as `Attention.forward` takes it; cos, sin
-        [n, head_dim] of the rows' positions, `local` the same for layers with a rope of their own."""
-        if (self.stack is not None and isinstance(kv, list) and decoder.takes(x)
+        execution's stack takes the pass (a cached float32 inference pass whose every sequence
+        attends row by row, `by_rows`), else module by module. The stack computes the modules'
+        math, rounded its own way but the same for a row whatever rows are beside it, so steps and
+        verify passes, which both take it, agree bit for bit. `kv` as `Attention.forward` takes it;
+        cos, sin [n, head_dim] of the rows' positions, `local` the same for layers with a rope of
+        their own."""
+        if (ex.stack is not None and isinstance(kv, list) and decoder.takes(x)
                 and all(by_rows(s.cache.length, s.rows.stop - s.rows.start) for s in kv)):
-            return self.stack(x.contiguous(), cos, sin, kv, local)
+            return ex.stack(x.contiguous(), cos, sin, kv, local)
         for i, layer in enumerate(self.layers):
-            x = layer(x, *(local if layer.local_rope else (cos, sin)), kv, i)
+            x = layer(x, *(local if layer.local_rope else (cos, sin)), kv, i, ex.linear)
         return x
 
-    def _final_norm(self, x: Tensor) -> Tensor:
-        """The norm after the last layer: on the layer stack's kernel wherever the stack runs (float32
-        inference), so that every pass of a run, with or without a cache, normalizes alike; else the
-        module's torch op."""
-        if self.stack is not None and decoder.takes(x) and self.norm.weight.dtype == torch.float32:
+    def final_norm(self, x: Tensor, ex: Execution = EAGER) -> Tensor:
+        """The norm after the last layer: on the layer stack's kernel wherever the execution has a
+        stack (float32 inference), so that every pass of a run, with or without a cache, normalizes
+        alike; else the module's torch op."""
+        if ex.stack is not None and decoder.takes(x) and self.norm.weight.dtype == torch.float32:
             return decoder.rms_norm(x, self.norm.weight, self.norm.eps)
         return self.norm(x)
 
-    def _head(self, x: Tensor, last_only: bool) -> Tensor:
+    def _head(self, x: Tensor, last_only: bool, ex: Execution = EAGER) -> Tensor:
         if last_only:
             x = x[:, -1:]
-        return self.output(self._final_norm(x))[0].float()
+        return ex.linear(self.output, self.final_norm(x, ex))[0].float()
 
-    def _static_step(self, ids: Tensor, view: StaticView) -> Tensor:
+    def static_step(self, ids: Tensor, view: StaticView) -> Tensor:
+        """A cached chain step of fixed shapes on torch's ops, for torch.compile (`backends.compiled`):
+        attention over the whole cache buffer, the view's mask hiding slots past each query."""
         cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
         return self._head(self._layers(ids, cos, sin, view, self._local(view.positions)), False)
-
-    # ------------------------------------------------------------------ optional torch.compile
-    compiled_step = None
-    compile_s = 0.0  # time spent compiling new shapes so far (reported by the CLI)
-
-    def compile(self, backend: str = "inductor") -> None:
-        """Compile cached steps of up to MAX_COMPILED_TOKENS tokens with torch.compile. Inputs are
-        padded to 1, 2, 4, 8 or 16 tokens (padding lands past the cache length, where it is masked
-        and later overwritten), so few graphs exist; each costs a compilation (about a minute on 2
-        cores) on first use. Caches grow to the largest capacity asked so far, a power of two, so
-        graphs are reused. Call it on plain torch modules (`backends.prepare` does)."""
-        self.compiled_step = torch.compile(self._static_step, dynamic=False, backend=backend)
-        self.compile_capacity = 0
-        self._compiled_sizes: set[int] = set()
-
-    def _compiled_forward(self, ids: Tensor, cache: KVCache) -> Tensor:
-        n = ids.shape[0]
-        size = 1 << (n - 1).bit_length()
-        if cache.length + size > cache.capacity:
-            raise ValueError(f"KV cache full: {cache.length + size} positions needed, capacity {cache.capacity}")
-        self._ensure_rope(cache.length + size)
-        padded = torch.cat([ids, ids.new_zeros(size - n)]) if size > n else ids
-        positions = torch.arange(cache.length, cache.length + size)
-        if size not in self._compiled_sizes:
-            print(f"specq: compiling the {size}-token step of a {self.config.num_layers}-layer model (once per "
-                  "machine, cached on disk; up to a few minutes on 2 cores)", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        logits = self.compiled_step(padded, StaticView(cache.k, cache.v, positions, cache.causal[positions]))
-        if size not in self._compiled_sizes:
-            self._compiled_sizes.add(size)
-            self.compile_s += time.perf_counter() - started
-        return logits[:n]
 
 
 def _cat(tensors: list[Tensor]) -> Tensor:
@@ -601,24 +549,26 @@ PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256)
 
 
 @torch.inference_mode()
-def invariant_rows(net: nn.Module, limit: int, dtype: torch.dtype) -> int:
+def invariant_rows(net: nn.Module, limit: int, dtype: torch.dtype, linear=call, kernel=lambda m: m) -> int:
     """The most rows, up to `limit`, that every linear layer of `net` takes at once while computing
     each row bit for bit as it computes that row alone (`dtype` inputs); 1 if none. Why it matters:
     the server stacks rows of several sequences into one pass, and each sequence must get exactly
     what its own pass gives. Each distinct (kernel, shape) is probed on random rows at PROBE_ROWS (a
     kernel picks its code path by the row count, not by the values), comparing the first and the
-    last row of each count, the rows a blocked kernel's edge cases land on, with the row alone."""
+    last row of each count, the rows a blocked kernel's edge cases land on, with the row alone.
+    `linear` runs a layer as the execution being probed does (`Execution.linear`), `kernel(module)`
+    says what runs it (layers of one kernel type and shape are probed once)."""
     layers = {}
     for module in net.modules():
         if hasattr(module, "in_features") and hasattr(module, "out_features"):  # a linear layer, or wraps one
-            layers.setdefault((type(module), module.in_features, module.out_features), module)
+            layers.setdefault((type(kernel(module)), module.in_features, module.out_features), module)
     generator = torch.Generator().manual_seed(0)
     best = limit
     for layer in layers.values():
         x = torch.randn(limit, layer.in_features, generator=generator).to(dtype)
         for rows in (r for r in PROBE_ROWS + (limit,) if r <= best):
-            together = layer(x[:rows])
-            if not all(torch.equal(together[i], layer(x[i:i + 1])[0]) for i in (0, rows - 1)):
+            together = linear(layer, x[:rows])
+            if not all(torch.equal(together[i], linear(layer, x[i:i + 1])[0]) for i in (0, rows - 1)):
                 best = max([1] + [r for r in PROBE_ROWS if r < rows])
                 break
     return best

@@ -127,7 +127,8 @@ def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings
                                  progress=progress)
     del teacher
     if student_kind.reads_features:  # it learns from this target's own hidden states
-        train, held = train.with_features(target.net), held.with_features(target.net)
+        feats = target.runner or target.net
+        train, held = train.with_features(feats), held.with_features(feats)
     student = student_kind.from_base(draft, target, train, None)
     checkpoints = checkpoint_dir(out)  # an interrupted run resumes from here
     result = distill(student, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,

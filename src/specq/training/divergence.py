@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from .. import backends
 from ..core.stats import bootstrap_ci
 from ..errors import SpecqError
 from ..loading import kinds
@@ -46,10 +47,15 @@ def _nll(logits: Tensor, next_ids: Tensor) -> Tensor:
     return -torch.log_softmax(logits.double(), dim=-1).gather(-1, next_ids[:, None]).squeeze(-1)
 
 
+def _runner(model: Model | Draft):
+    """What runs the model's passes: its runner, or torch's ops where it was loaded without one."""
+    return model.runner or backends.runner(model.net, "eager")
+
+
 def _next_token_logits(a: Model, b: Model | Draft, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Both models' next-token logits at the same positions, and the tokens that follow, as B's
     kind scores them (a feature draft B reads A's hidden states)."""
-    return kinds.kind_of(b).next_token_logits(a.net, b.net, ids)
+    return kinds.kind_of(b).next_token_logits(_runner(a), _runner(b), ids)
 
 
 @torch.inference_mode()

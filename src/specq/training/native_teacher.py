@@ -63,5 +63,5 @@ def continuations(target: Model, prompts: list[str], *, max_new_tokens: int = 12
         for s in sequences:
             ids, _, _ = s.result()
             whole = torch.tensor(s.prompt_ids + ids)  # as distill.teacher_continuations: one per new token
-            data += _record(target.net, whole, len(s.prompt_ids) - 1, len(whole) - 1, k)
+            data += _record(target.runner, whole, len(s.prompt_ids) - 1, len(whole) - 1, k)
     return data

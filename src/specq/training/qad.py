@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import backends
 from ..errors import SpecqError
 from ..loading import precision
 from ..loading.model import Model
@@ -159,7 +158,7 @@ def student(quantized: Llama, reference: Llama | None, *, codes: bool = True, sc
     (its codes starting from `reference`'s float weight of the same name where given, and training
     only with `codes`; its scales training with `scales`), the float vectors trainable, embeddings
     and a float head frozen."""
-    net = backends.plain_copy(quantized)
+    net = copy.deepcopy(quantized)
     for p in net.parameters():
         p.requires_grad_(p.dim() == 1)
     floats = dict(reference.named_parameters()) if reference is not None and codes else {}

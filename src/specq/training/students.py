@@ -5,13 +5,13 @@ draft is."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
-from .. import backends
 from ..errors import SpecqError
 from ..loading import precision
 from ..loading.kinds import KINDS
@@ -111,7 +111,7 @@ def _check_feature_base(base, head_vocab: int | None) -> None:
 
 def _feature_from(base, target, train, head_vocab: int | None):
     """A feature draft trains on a plain copy of its network, bound to this target; its head may be narrowed."""
-    student = backends.plain_copy(base.net).float().attach(target.net)
+    student = copy.deepcopy(base.net).float().attach(target.net)  # the loaded draft stays as it is
     if head_vocab is not None:
         student = restrict_head(student, frequent_tokens(train.ids, head_vocab, target.vocab_size, target.eos_ids,
                                                          within=student.vocab_ids))

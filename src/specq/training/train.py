@@ -174,7 +174,7 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
 
     native = native_teacher.wanted(target.net)  # a file's own blocks: answered on specq's kernels
     tok, who = target.tokenizer, [split_ref(target.ref)[0], target.precision]
-    feats = target.net if features else None
+    feats = (target.runner or target.net) if features else None
 
     def answers(prompts: list[str], t: float = 0.0, seed: int = 0) -> TeacherSet:
         if native:
@@ -184,7 +184,7 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
                                      batch=settings.gen_batch, seed=seed)
 
     def on_text(windows: list) -> TeacherSet:
-        return native_teacher.on_text(target.net, windows) if native else teacher_on_text(model(), windows)
+        return native_teacher.on_text(target.runner, windows) if native else teacher_on_text(model(), windows)
 
     train, held = TeacherSet([], [], [], []), TeacherSet([], [], [], [])
     for source in settings.prompts:
@@ -219,7 +219,7 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
 
 def step_ms(model: Model | Draft, steps: int = 20) -> float:
     """Median latency of one cached decode step after a 128-token prefix (overhead included)."""
-    rows, net = kinds.kind_of(model).rows, model.net
+    rows, net = kinds.kind_of(model).rows, model.runner
     ids = torch.randint(0, model.vocab_size, (129,), generator=torch.Generator().manual_seed(0))
     cache = net.new_cache(256)
     times = []
@@ -293,8 +293,8 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
         raise SpecqError(f"a {kind.name} draft reads the target's hidden states: '{target.ref}' must be a Llama model")
     if base is None:
         students.check_arch(arch)
-    if native_teacher.wanted(target.net) and getattr(target.net, "backend", None) is None:
-        backends.prepare(target.net)  # a file's own blocks: the teacher answers on specq's kernels
+    if native_teacher.wanted(target.net) and "backend" not in target.info:  # loaded without one
+        target.runner = backends.runner(target.net)  # a file's own blocks: the teacher answers on specq's kernels
     started = time.perf_counter()
     budget = Budget(None if deadline is None else since + DATA_SHARE * settings.minutes * 60)
     train, held = teacher_data(target, settings, work, features=student_kind.reads_features, budget=budget)

@@ -15,11 +15,12 @@ and an optional float `bias`. Subclasses add the executed form:
   the int8-activation kernel 2- and 3-bit codes take their own bits a code (`int8dot.PACKS`).
 
 The packed kernels need bf16 activations (fp32 ones hit a slow path), so they cast the input
-to bf16 and the output back to the input's dtype. On the fast path (`fastpath.pack_linears`) the
-4-bit and per-channel 8-bit modules switch to specq's int8-activation kernel instead
-(`kernels/int8dot.py`, `use_int8dot`), whose cost grows far less with the number of rows. Their kernel tensors are plain attributes,
-not buffers, so `model.to(dtype)` cannot turn them into formats the kernels reject. They are
-CPU kernels: move the model before quantizing, not after.
+to bf16 and the output back to the input's dtype. These modules are what eager execution runs;
+the kernels backend runs the 2- to 8-bit ones on specq's int8-activation kernel instead, from the
+weight in that kernel's layout that `int8dot_weight` gives (`backends.fastpath`), leaving the
+module as it is. Their kernel tensors are plain attributes, not buffers, so `model.to(dtype)`
+cannot turn them into formats the kernels reject. They are CPU kernels: move the model before
+quantizing, not after.
 """
 
 from __future__ import annotations
@@ -43,29 +44,13 @@ def from_storage(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bits: in
     return QuantizedWeight(codes, scales.to(torch.bfloat16), zeros, bits, group_size)
 
 
-class Int8DotSwitch:
-    """The fast path's int8-activation kernel for a module that can also run a torch op: `_int8dot`
-    holds the weight in that kernel's layout while it is in use (None: the torch op runs)."""
-
-    _int8dot: int8dot.Int8DotWeight | None = None
+class Int8DotForm:
+    """A module whose weight specq's int8-activation kernel can also run (the kernels backend
+    does, from `int8dot_weight`; the module's own forward runs a torch op)."""
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
         """This weight in the int8-activation kernel's layout, or None when the kernel cannot take it."""
         raise NotImplementedError
-
-    def use_int8dot(self, on: bool) -> bool:
-        """Switch to (or off) the int8-activation kernel; returns whether it is now in use."""
-        self._int8dot = self.int8dot_weight() if on and int8dot.available() else None
-        return self._int8dot is not None
-
-    def _int8dot_forward(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        y = int8dot.linear(x, self._int8dot)
-        return y if bias is None else y + bias.to(y.dtype)
-
-    def _int8dot_kernel(self) -> str:
-        w = self._int8dot
-        codes = "4-bit codes of a 16-value grid" if w.grid is not None else f"int{w.bits} weights"
-        return f"{codes} x int8 activations (specq int8dot kernel, group {w.group_size})"
 
 
 class QuantLinear(nn.Module):
@@ -116,7 +101,7 @@ class DequantizedLinear(QuantLinear):
         return self.weight.nbytes + (0 if self.bias is None else self.bias.nbytes)
 
 
-class Int8Linear(Int8DotSwitch, QuantLinear):
+class Int8Linear(Int8DotForm, QuantLinear):
     def __init__(self, qw: QuantizedWeight, bias: Tensor | None):
         super().__init__(qw, bias)
         self._weight = self.qweight.view(torch.int8).view(self.out_features, self.in_features)
@@ -124,7 +109,7 @@ class Int8Linear(Int8DotSwitch, QuantLinear):
 
     @property
     def kernel(self) -> str:
-        return "int8 packed kernel (_weight_int8pack_mm)" if self._int8dot is None else self._int8dot_kernel()
+        return "int8 packed kernel (_weight_int8pack_mm)"
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
         if int8dot.shape_blocker(self.out_features, self.in_features, self.in_features):
@@ -132,8 +117,6 @@ class Int8Linear(Int8DotSwitch, QuantLinear):
         return int8dot.pack_int8(self._weight, self._scales.float().view(-1, 1))
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._int8dot is not None:
-            return self._int8dot_forward(x, self.bias)
         y = torch.ops.aten._weight_int8pack_mm(
             x.reshape(-1, self.in_features).to(torch.bfloat16), self._weight, self._scales)
         if self.bias is not None:
@@ -141,14 +124,14 @@ class Int8Linear(Int8DotSwitch, QuantLinear):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def executed_bytes(self) -> int:
-        return self.stored_bytes() if self._int8dot is None else self._int8dot.nbytes() + _nbytes(self.bias)
+        return self.stored_bytes()
 
 
 def _nbytes(t: Tensor | None) -> int:
     return 0 if t is None else t.nbytes
 
 
-class Int4Linear(Int8DotSwitch, QuantLinear):
+class Int4Linear(Int8DotForm, QuantLinear):
     def __init__(self, qw: QuantizedWeight, bias: Tensor | None):
         super().__init__(qw, bias)
         # The kernel computes w = (u - 8) * scale + zero with unsigned u in [0, 15]; codes of
@@ -163,8 +146,6 @@ class Int4Linear(Int8DotSwitch, QuantLinear):
     @property
     def kernel(self) -> str:
         codes = "" if self.bits == 4 else f"int{self.bits} codes on the "
-        if self._int8dot is not None:
-            return codes + self._int8dot_kernel()
         return f"{codes}int4 packed kernel (_weight_int4pack_mm_for_cpu, group {self.group_size})"
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
@@ -181,13 +162,9 @@ class Int4Linear(Int8DotSwitch, QuantLinear):
         return int8dot.PACKS[bits](unsigned, scale, m)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._int8dot is not None:
-            return self._int8dot_forward(x, self.bias)
         return int4_linear(x, self._weight, self.group_size, self._scales_zeros, self.bias, self.out_features)
 
     def executed_bytes(self) -> int:
-        if self._int8dot is not None:
-            return self._int8dot.nbytes() + _nbytes(self.bias)
         return self._weight.nbytes + self._scales_zeros.nbytes + _nbytes(self.bias)
 
 
@@ -210,14 +187,14 @@ def int4_linear(x: Tensor, weight: Tensor, group_size: int, scales_zeros: Tensor
     return y.view(*x.shape[:-1], out_features).to(x.dtype)
 
 
-class FileBlocks(Int8DotSwitch, nn.Module):
+class FileBlocks(Int8DotForm, nn.Module):
     """Quantized blocks from a file (GGUF, any format of `weights.gguf_formats`), run without
-    requantizing: on the fast path on the int8-activation kernel with the file's own codes and
-    float32 scales (the file's weights exactly), on the eager path on what torch offers: 4-bit codes
-    in groups its int4 kernel takes on that kernel (scales and offsets rounded to its bf16), anything
-    else dequantized to bf16. The kernel's tensors are the only copy of the codes; the eager form is
-    built from them on first use and dropped when the kernel takes over (no second copy of a large
-    model). The file is the storage, so these modules keep no buffers."""
+    requantizing: on the kernels backend on the int8-activation kernel with the file's own codes and
+    float32 scales (the file's weights exactly), on the eager path (this module's forward) on what
+    torch offers: 4-bit codes in groups its int4 kernel takes on that kernel (scales and offsets
+    rounded to its bf16), anything else dequantized to bf16. The kernel's tensors are the only copy
+    of the codes; the eager form is built from them on first eager use only (no second copy of a
+    large model on the kernels). The file is the storage, so these modules keep no buffers."""
 
     def __init__(self, blocks: int8dot.Int8DotWeight, kind: str):
         """`blocks`: the file's weights in the kernel's layout (`weights.gguf_formats.kernel_weight`);
@@ -230,20 +207,12 @@ class FileBlocks(Int8DotSwitch, nn.Module):
 
     @property
     def kernel(self) -> str:
-        if self._int8dot is not None:
-            return f"{self.kind} blocks, " + self._int8dot_kernel()
         if self._torch_int4():
             return f"{self.kind} blocks on the int4 packed kernel (group {self.group_size})"
         return f"{self.kind} blocks dequantized to bf16"
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
         return self._blocks
-
-    def use_int8dot(self, on: bool) -> bool:
-        used = super().use_int8dot(on)
-        if used:
-            self._eager = None
-        return used
 
     def _torch_int4(self) -> bool:
         """Whether torch's int4 kernel takes this weight (else the eager path runs bf16 weights)."""
@@ -261,8 +230,6 @@ class FileBlocks(Int8DotSwitch, nn.Module):
         return self._eager
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._int8dot is not None:
-            return self._int8dot_forward(x, None)
         if self._torch_int4():
             weight, scales_zeros = self._eager_form()
             return int4_linear(x, weight, self.group_size, scales_zeros, None, self.out_features)
@@ -274,8 +241,6 @@ class FileBlocks(Int8DotSwitch, nn.Module):
 
     def executed_bytes(self) -> int:
         """What forward reads, counted without building the eager form (a copy of the weight)."""
-        if self._int8dot is not None:
-            return self._blocks.nbytes()
         if self._torch_int4():  # two codes per byte, a bf16 scale and zero per group
             return self.out_features * self.in_features // 2 + 4 * self.out_features * (self.in_features // self.group_size)
         return 2 * self.out_features * self.in_features  # bf16 weights
