@@ -44,8 +44,10 @@ demo-coder: setup-coder
 	$(VENV)/bin/specq generate --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --chat "Write a Python function that returns the n-th Fibonacci number." --max-new-tokens 128
 	$(VENV)/bin/specq bench benchmarks/presets/coder.toml
 
+# This machine's cost of a decode step and of 2-16-row verify passes of the built-in target, and
+# its memory read rate (rows appended to docs/results/passes.jsonl, the machine in each row).
 bench: setup
-	$(PY) benchmarks/bench_generate.py
+	$(PY) benchmarks/bench_passes.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

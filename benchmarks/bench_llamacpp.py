@@ -1,48 +1,50 @@
-"""specq against llama.cpp on the same weights, in one process, interleaved round by round so both
-tools see the same machine (issue 14: "compare with the tools users would pick instead").
+"""specq against llama.cpp on the same GGUF files, in one process, interleaved round by round so
+both tools see the same machine: the peer comparison.
 
-    python benchmarks/bench_llamacpp.py [--threads 2] [--rounds 3] [--tokens 128] [--prompts 3]
-        [--calls 9] [--sizes 1,2,4,8,16] [--contexts 128] [--weights q4_1,f32] [--flash-attn auto|on|off]
-        [--out FILE] [--extra-drafts REF,...] [--quick]
+    python benchmarks/bench_llamacpp.py [--weights q4_1,f32] [--threads 2] [--rounds 3]
+        [--tokens 128] [--prompts 3] [--prompt-set chat] [--calls 9] [--sizes 1,2,4,8,16]
+        [--contexts 128] [--flash-attn auto|on|off] [--extra-drafts REF,...]
+        [--llama-cpp-bin DIR] [--openvino DIR] [--label NAME] [--out FILE] [--quick]
+    python benchmarks/bench_llamacpp.py --table docs/results/llamacpp.jsonl
+    python benchmarks/bench_llamacpp.py --export-openvino DIR   # once, for --openvino DIR
 
-Weights: the built-in target's own GGUF file (SmolLM2-135M-Instruct, Q4_1; specq runs its blocks
-with `smollm2-135m@gguf`), and the same weights dequantized to an F32 GGUF file written once into
-$SPECQ_CACHE/llamacpp (specq: `smollm2-135m`, the fp32 model converted from the same file).
+Results: one JSON row per (tool, weights, measurement, round) appended to `--out` (default
+docs/results/llamacpp.jsonl; with --quick nothing unless given); each row records the machine
+(`cpu`, `kernels`, `threads`, `read_gbps`, `loadavg_1min`). Prints the medians over rounds with
+the specq / llama.cpp ratio paired by round (`specq.bench.tools.llamacpp.summary`).
+
+Weights (`--weights`): q4_1, the built-in target's own GGUF file (SmolLM2-135M-Instruct, Q4_1;
+specq runs its blocks, `smollm2-135m@gguf`); f32, the same weights dequantized to an F32 GGUF
+file written once into $SPECQ_CACHE/llamacpp (specq: `smollm2-135m`, converted from the same
+file); qwen1.5b / qwen0.5b, the Qwen2.5-Coder pair's files; or the path of any GGUF file.
 Measurements, per weights and round:
-- `forward N`: one forward of N tokens at 128 tokens of context, logits for every row (what a
-  verify pass of N - 1 draft tokens costs; N = 1 is a decode step), median ms of `--calls` calls,
-  the KV cache cut back to 128 tokens after each; `forward N at C` the same at each other context
-  length C of `--contexts` (attention reads the whole cache, so a step's cost grows with it);
-- `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on the prompts of `--prompt-set` (default chat), the
-  same token ids fed to both tools; tokens/s end to end (prefill included, wall clock);
-- `generate gamma 2`, `generate gamma auto` (specq only): speculative decoding with the registry's
-  default draft; `generate gamma auto, draft REF` the same with each of `--extra-drafts` instead
-  (weights that have a registered draft only; any draft ref, `ngram[...]+MODEL` included), to weigh
-  another draft against the default;
-- `llama.cpp draft n-max N`, `llama.cpp ngram-simple`, `llama.cpp ngram-mod` (with `--llama-cpp-bin`,
-  weights whose file has a draft file: the 1.5B with the 0.5B): llama.cpp's own speculative decoding,
-  its `llama-speculative-simple` example run once per prompt on the same files, threads and prompt
-  ids (as text with its special tokens), greedy (`--temp 0`); tokens/s is its own encode + decode
-  time (load excluded), and it stops at EOS where the other rows ignore it.
-- `openvino plain`, `openvino draft 3` / `5`, `openvino prompt lookup` (with `--openvino DIR`, the
-  1.5B): OpenVINO GenAI on the same pair as its users would run it, exported by
-  benchmarks/export_openvino.py (the 1.5B re-quantized to int4 in groups of 64, the 0.5B draft to
-  int8: OpenVINO reads no GGUF K-quants), run in the same process on the same prompt ids, greedy, EOS
-  ignored, `INFERENCE_NUM_THREADS` = `--threads`; draft rows with 3 or 5 draft tokens, prompt lookup
-  with n-grams up to 3 and 5 tokens; tokens/s end to end, prefill its time to first token.
-Every generation row also has `decode_tokens_per_s` (prefill excluded); the table's `prefill` line is
-the prompt tokens per second of prefill in plain generation. Every row also has `read_gbps`, the
-machine's memory read rate just before it (torch's float32 sum of 1 GiB, median of 3): a one-token step
-reads every weight, and a shared VM's rate can move by half between minutes, so a ratio is read
-against the rate it ran at.
+- `forward N`: one forward of N tokens at 128 tokens of context, logits for every row (a verify
+  pass of N - 1 draft tokens; N = 1 is a decode step), median ms of `--calls` calls, the KV
+  cache cut back after each; `forward N at C` the same at each other context length of
+  `--contexts`;
+- `generate plain`: greedy decoding of `--tokens` new tokens (EOS ignored) on the prompts of
+  `--prompt-set`, the same token ids fed to both tools; tokens/s end to end (prefill included);
+- `generate gamma 2`, `generate gamma auto`, `generate ngram` (specq only): speculative decoding
+  with the registry's draft (weights that have one) or n-gram lookup; `generate gamma auto,
+  draft REF` the same with each of `--extra-drafts` (any draft ref);
+- `llama.cpp draft n-max N`, `llama.cpp ngram-simple`, `llama.cpp ngram-mod` (with
+  `--llama-cpp-bin`, weights whose file has a draft file: the 1.5B with the 0.5B): llama.cpp's
+  own `llama-speculative-simple` run once per prompt on the same files, threads and prompt ids,
+  greedy; tokens/s is its own encode + decode time, and it stops at EOS;
+- `openvino plain`, `openvino draft 3` / `5`, `openvino prompt lookup` (with `--openvino DIR`,
+  the 1.5B): OpenVINO GenAI on the pair as `--export-openvino` writes it (the 1.5B re-quantized
+  to int4 in groups of 64, the 0.5B to int8: OpenVINO reads no GGUF K-quants), greedy, EOS
+  ignored. The export needs OpenVINO's packages, not specq's: in a separate environment,
+      python -m venv /tmp/ov && /tmp/ov/bin/pip install torch==2.13.0 "optimum-intel[openvino]" \
+          openvino-genai nncf accelerate gguf && /tmp/ov/bin/pip install --no-deps -e .
+Every row also has `read_gbps`, the machine's memory read rate just before it (torch's float32
+sum of 1 GiB): a shared VM's rate can move by half between minutes, so a ratio is read against
+the rate it ran at.
 
-llama.cpp runs through its Python binding's C functions (`llama_decode` on a batch; a plain greedy
-loop with an argmax over the last logits), which is llama.cpp's own speed minus a few microseconds
-of ctypes per call. It needs `pip install llama-cpp-python==0.3.36`, built from source (see
-docs/fastpath.md, "Against llama.cpp"); specq itself never does.
-
-Writes one JSON row per (tool, weights, measurement, round) to `--out` and prints medians over
-rounds with the specq/llama.cpp ratio of each round, paired (medians of those ratios).
+llama.cpp runs through its Python binding's C functions (`llama_decode` on a batch, a plain
+greedy loop), which is llama.cpp's own speed minus a few microseconds of ctypes per call. It needs
+`pip install llama-cpp-python==0.3.36`, built from source (docs/fastpath.md, "Against
+llama.cpp"); specq itself never does.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import importlib.util
 import json
 import os
 import platform
-import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,6 +73,8 @@ import specq
 from specq import paths
 from specq.api import encode_prompt
 from specq.bench.prompts import load_set
+from specq.bench.tools.llamacpp import (LLAMA_CPP_SPECULATIVE, OPENVINO_MODES, SPECQ_REFS, binding,
+                                        check_weights, first_difference, speculative_log, summary)
 from specq.drafters import refs as draft_refs
 from specq.kernels import build
 from specq.loading import gguf_io, packaged
@@ -79,30 +83,18 @@ from specq.loading.drafts import default_draft_ref
 CONTEXT = 128
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = Path("docs/results/llamacpp.jsonl")
-SPECQ_REFS = {"q4_1": "smollm2-135m@gguf", "f32": "smollm2-135m",
-              "qwen1.5b": "qwen2.5-coder-1.5b", "qwen0.5b": "qwen2.5-coder-0.5b"}  # the coder pair at @gguf
 PACKAGED = {"qwen1.5b": packaged.QWEN_CODER_1_5B, "qwen0.5b": packaged.QWEN_CODER_0_5B}
-# specq's speculative modes: the registry's model draft (where the weights have one) and n-gram lookup
+# specq's speculative modes: the registry's model draft (where the weights have one), n-gram lookup
 SPECULATIVE = {"generate gamma 2": ("model", 2), "generate gamma auto": ("model", "auto"),
                "generate ngram": ("ngram", "auto")}
-# llama.cpp's speculative modes (`llama-speculative-simple` flags), for targets with a draft file
-LLAMA_CPP_SPECULATIVE = {
-    "llama.cpp draft n-max 2": ["--spec-type", "draft-simple", "--spec-draft-n-max", "2"],
-    "llama.cpp draft n-max 4": ["--spec-type", "draft-simple", "--spec-draft-n-max", "4"],
-    "llama.cpp draft n-max 8": ["--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--spec-draft-p-min", "0.6"],
-    "llama.cpp ngram-simple": ["--spec-type", "ngram-simple"],
-    "llama.cpp ngram-mod": ["--spec-type", "ngram-mod"],
-}
 DRAFT_FILE = {"qwen1.5b": "qwen0.5b"}  # weights -> the weights of its draft file
-# OpenVINO GenAI's modes: measurement -> (pipeline, GenerationConfig fields beyond greedy decoding)
-OPENVINO_MODES = {
-    "openvino plain": ("plain", {}),
-    "openvino draft 3": ("draft", {"num_assistant_tokens": 3}),
-    "openvino draft 5": ("draft", {"num_assistant_tokens": 5}),
-    "openvino prompt lookup": ("lookup", {"max_ngram_size": 3, "num_assistant_tokens": 5}),
+# weights -> (target, draft) folders in --openvino, and how --export-openvino writes them
+OPENVINO_EXPORTS = {"qwen1.5b": ("qwen1.5b-int4-g64", "qwen0.5b-int8")}
+EXPORT_OPTIONS = {
+    "qwen1.5b-int4-g64": (packaged.QWEN_CODER_1_5B,
+                          ["--weight-format", "int4", "--group-size", "64", "--ratio", "1.0"]),
+    "qwen0.5b-int8": (packaged.QWEN_CODER_0_5B, ["--weight-format", "int8"]),
 }
-OPENVINO_EXPORTS = {"qwen1.5b": ("qwen1.5b-int4-g64", "qwen0.5b-int8")}  # weights -> (target, draft) in --openvino
-INSTALL = "pip install llama-cpp-python==0.3.36 (build command: docs/fastpath.md, 'Against llama.cpp')"
 
 
 # ------------------------------------------------------------------------------- the weights
@@ -119,11 +111,18 @@ def q4_1_file() -> Path:
 def f32_file(src: Path) -> Path:
     """The same weights as an F32 GGUF file, written once into the cache: llama.cpp's side of the
     fp32 comparison (specq's fp32 model is converted from `src` by the same dequantization)."""
-    dst = paths.cache_dir() / "llamacpp" / f"{src.name.removesuffix('.gguf').rsplit('.', 1)[0]}.F32.gguf"
+    name = src.name.removesuffix(".gguf").rsplit(".", 1)[0]
+    dst = paths.cache_dir() / "llamacpp" / f"{name}.F32.gguf"
     if not dst.is_file():
         print(f"writing {dst} (the Q4_1 file's tensors dequantized to F32, once)", flush=True)
         gguf_io.write_float32(src, dst)
     return dst
+
+
+def specq_ref(weights: str) -> str:
+    """specq's model ref of a `--weights` entry: a named one's, or a GGUF file's path (at its own
+    precision)."""
+    return SPECQ_REFS.get(weights, weights)
 
 
 # ------------------------------------------------------------------------------- llama.cpp
@@ -156,7 +155,8 @@ class LlamaCpp:
         self.lib = lib = llama_cpp.llama_cpp
         _quiet_llama_cpp(lib)
         lib.llama_backend_init()
-        self.model = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
+        self.model = lib.llama_model_load_from_file(str(path).encode(),
+                                                    lib.llama_model_default_params())
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         params = lib.llama_context_default_params()
@@ -168,7 +168,8 @@ class LlamaCpp:
         self.ctx = lib.llama_init_from_model(self.model, params)
         if not self.ctx:
             raise RuntimeError(f"llama.cpp could not create a context for {path}")
-        self.flash_attn = next((line.split(":", 1)[1].strip() for line in _LOG if "Flash Attention" in line), flash_attn)
+        self.flash_attn = next((line.split(":", 1)[1].strip() for line in _LOG
+                                if "Flash Attention" in line), flash_attn)
         self.memory = lib.llama_get_memory(self.ctx)
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
         self.batch = lib.llama_batch_init(params.n_batch, 0, 1)
@@ -206,7 +207,8 @@ class LlamaCpp:
         self.lib.llama_memory_seq_rm(self.memory, 0, n, -1)
 
     def argmax_last(self) -> int:
-        logits = np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        logits = np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, -1),
+                                       shape=(self.n_vocab,))
         return int(logits.argmax())
 
     def timed_forward(self, ids: list[int], start: int) -> float:
@@ -234,9 +236,9 @@ class LlamaCpp:
 
 
 class LlamaCppSpeculative:
-    """llama.cpp's own speculative decoding: its `llama-speculative-simple` example, one process per
-    prompt (the binding has no speculative loop). Built from the binding's vendored source (see
-    docs/fastpath.md, "Against llama.cpp"); `bin_dir` holds the binary."""
+    """llama.cpp's own speculative decoding: its `llama-speculative-simple` example, one process
+    per prompt (the binding has no speculative loop). Built from the binding's vendored source
+    (docs/fastpath.md, "Against llama.cpp"); `bin_dir` holds the binary."""
 
     def __init__(self, bin_dir: Path, target: Path, draft: Path, threads: int, tokenizer):
         self.binary = bin_dir / "llama-speculative-simple"
@@ -244,32 +246,32 @@ class LlamaCppSpeculative:
             sys.exit(f"--llama-cpp-bin: no llama-speculative-simple in {bin_dir}")
         self.target, self.draft, self.threads, self.tokenizer = target, draft, threads, tokenizer
 
-    def generate(self, prompt: list[int], n: int, flags: list[str]) -> tuple[list[int], float, float, dict]:
-        """(placeholder ids of the new tokens, prefill s, total s, draft counts) as llama.cpp reports them."""
+    def generate(self, prompt: list[int], n: int,
+                 flags: list[str]) -> tuple[list[int], float, float, dict]:
+        """(placeholder ids of the new tokens, prefill s, total s, draft counts) as llama.cpp
+        reports them."""
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(self.tokenizer.decode(prompt))
-        command = [str(self.binary), "-m", str(self.target), "-md", str(self.draft), "-f", f.name, "-n", str(n),
-                   "--temp", "0", "-t", str(self.threads), "-td", str(self.threads), "-c", "2048",
-                   *flags]
+        threads = str(self.threads)
+        command = [str(self.binary), "-m", str(self.target), "-md", str(self.draft), "-f", f.name,
+                   "-n", str(n), "--temp", "0", "-t", threads, "-td", threads, "-c", "2048", *flags]
         done = subprocess.run(command, capture_output=True, text=True)
         Path(f.name).unlink()
         log = done.stdout + done.stderr
-        enc = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
-        dec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
-        if done.returncode or not enc or not dec:
-            raise RuntimeError(f"llama-speculative-simple failed ({done.returncode}):\n{log[-1500:]}")
-        counts = {k: int(m.group(1)) for k in ("n_drafted", "n_accept")
-                  if (m := re.search(rf"{k}\s+=\s+(\d+)", log))}
-        prefill = float(enc.group(2))
-        return [0] * int(dec.group(1)), prefill, prefill + float(dec.group(2)), counts
+        parsed = speculative_log(log)
+        if done.returncode or parsed is None:
+            raise RuntimeError(f"llama-speculative-simple failed ({done.returncode}):\n"
+                               f"{log[-1500:]}")
+        new, prefill, decode, counts = parsed
+        return [0] * new, prefill, prefill + decode, counts
 
 
 # ------------------------------------------------------------------------------- OpenVINO
 
 class OpenVino:
-    """OpenVINO GenAI on the pair as benchmarks/export_openvino.py wrote it into `folder`: one
-    pipeline per kind of mode (plain, the 0.5B draft, prompt lookup), each with `threads` inference
-    threads. Prompts go in as token ids, so every tool reads exactly the same tokens."""
+    """OpenVINO GenAI on the pair as `--export-openvino` wrote it into `folder`: one pipeline per
+    kind of mode (plain, the 0.5B draft, prompt lookup), each with `threads` inference threads.
+    Prompts go in as token ids, so every tool reads exactly the same tokens."""
 
     def __init__(self, folder: Path, weights: str, threads: int):
         import openvino_genai as genai
@@ -277,16 +279,18 @@ class OpenVino:
         target, draft = (folder / name for name in OPENVINO_EXPORTS[weights])
         for path in (target, draft):
             if not (path / "openvino_model.xml").is_file():
-                sys.exit(f"--openvino: no OpenVINO model in {path} (run benchmarks/export_openvino.py --out {folder})")
+                sys.exit(f"--openvino: no OpenVINO model in {path} "
+                         f"(run this script with --export-openvino {folder})")
         props = {"INFERENCE_NUM_THREADS": threads}
+        drafting = genai.draft_model(str(draft), "CPU", **props)
         self.pipelines = {
             "plain": genai.LLMPipeline(str(target), "CPU", **props),
-            "draft": genai.LLMPipeline(str(target), "CPU", draft_model=genai.draft_model(str(draft), "CPU", **props),
-                                       **props),
+            "draft": genai.LLMPipeline(str(target), "CPU", draft_model=drafting, **props),
             "lookup": genai.LLMPipeline(str(target), "CPU", prompt_lookup=True, **props),
         }
 
-    def generate(self, prompt: list[int], n: int, measurement: str) -> tuple[list[int], float, float]:
+    def generate(self, prompt: list[int], n: int,
+                 measurement: str) -> tuple[list[int], float, float]:
         """(n new token ids, prefill s (its time to first token), total s) of one greedy run."""
         import openvino as ov
         import openvino_genai as genai
@@ -304,15 +308,42 @@ class OpenVino:
         return list(result.tokens[0]), result.perf_metrics.get_ttft().mean / 1e3, total
 
 
+def export_openvino(out: Path) -> None:
+    """The coder pair as OpenVINO models, as OpenVINO's users would export them: each GGUF file
+    dequantized by transformers into a Hugging Face folder (the file's weights exactly, float32),
+    then `optimum-cli export openvino` with EXPORT_OPTIONS; written once into `out`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cli = Path(sys.executable).with_name("optimum-cli")
+    for name, (package, options) in EXPORT_OPTIONS.items():
+        target = out / name
+        if (target / "openvino_model.xml").is_file():
+            print(f"{target}: there already")
+            continue
+        gguf, hf = packaged.path(package), out / f"{name}.float"
+        print(f"{name}: dequantizing {gguf}", flush=True)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained otherwise
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(hf)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(hf)
+        subprocess.run([str(cli), "export", "openvino", "--model", str(hf),
+                        "--task", "text-generation-with-past", *options, str(target)], check=True)
+        shutil.rmtree(hf)
+        print(f"{name}: written to {target}", flush=True)
+
+
 # ------------------------------------------------------------------------------- specq
 
 class Specq:
     """The specq model on the same weights: forwards on its own KV cache, `specq.generate`."""
 
-    def __init__(self, ref: str, draft: specq.Model | None, extra_drafts: dict[str, specq.Model] | None = None):
+    def __init__(self, ref: str, draft: specq.Model | None,
+                 extra_drafts: dict[str, specq.Model] | None = None):
         self.model = specq.load(ref)
         self.draft = draft
-        self.extra_drafts = extra_drafts or {}  # ref -> draft, the modes `generate gamma auto, draft REF`
+        self.extra_drafts = extra_drafts or {}  # ref -> draft: `generate gamma auto, draft REF`
         self.cache = None
 
     def prefill_context(self, ids: list[int], capacity: int) -> None:
@@ -329,13 +360,15 @@ class Specq:
         self.cache.crop(start)
         return ms
 
-    def generate(self, prompt: list[int], n: int, mode: tuple[str, int | str] | None) -> tuple[list[int], float, float]:
-        """(n new token ids, prefill s, total s); mode None: plain decoding, else (draft, gamma) with
-        draft "model" (the registry's), "ngram" or a ref of `extra_drafts`."""
+    def generate(self, prompt: list[int], n: int,
+                 mode: tuple[str, int | str] | None) -> tuple[list[int], float, float]:
+        """(n new token ids, prefill s, total s); mode None: plain decoding, else (draft, gamma)
+        with draft "model" (the registry's), "ngram" or a ref of `extra_drafts`."""
         drafts = {"model": self.draft, "ngram": "ngram", **self.extra_drafts}
         draft, gamma = (None, 2) if mode is None else (drafts[mode[0]], mode[1])
         began = time.perf_counter()
-        out = specq.generate(self.model, prompt, draft, gamma=gamma, max_new_tokens=n, ignore_eos=True)
+        out = specq.generate(self.model, prompt, draft, gamma=gamma, max_new_tokens=n,
+                             ignore_eos=True)
         total = time.perf_counter() - began
         return out.token_ids, out.stats.prefill_s, total
 
@@ -356,7 +389,7 @@ class Settings:
     contexts: tuple[int, ...] = (CONTEXT,)  # tokens of context the forwards start from
     llama_cpp_bin: Path | None = None  # llama.cpp's built examples: its speculative modes
     extra_drafts: tuple[str, ...] = ()  # specq drafts timed beside the registry's (gamma auto)
-    openvino: Path | None = None  # OpenVINO exports of the pair (benchmarks/export_openvino.py): its rows
+    openvino: Path | None = None  # OpenVINO exports of the pair (--export-openvino): its rows
 
 
 class ReadRate:
@@ -378,8 +411,8 @@ class ReadRate:
 
 
 def forward_ms(tool, ids: list[int], context: int, calls: int) -> float:
-    """Median ms of `calls` forwards of `ids` at `context` tokens of context, after one untimed call
-    (the first call after the other tool ran pays for waking this tool's threads)."""
+    """Median ms of `calls` forwards of `ids` at `context` tokens of context, after one untimed
+    call (the first call after the other tool ran pays for waking this tool's threads)."""
     tool.timed_forward(ids, context)
     return statistics.median(tool.timed_forward(ids, context) for _ in range(calls))
 
@@ -388,50 +421,51 @@ def forward_name(n: int, context: int) -> str:
     return f"forward {n}" if context == CONTEXT else f"forward {n} at {context}"
 
 
-def generation(run: Callable[[list[int]], tuple[list[int], float, float]], prompts: list[list[int]]) -> dict:
+def generation(run: Callable[[list[int]], tuple], prompts: list[list[int]]) -> dict:
     """Tokens/s over all prompts (total new tokens / total wall time), with per-prompt details."""
     per_prompt, outputs = [], []
     for i, ids in enumerate(prompts):
         out, prefill_s, total_s, *extra = run(ids)  # extra: llama.cpp's draft counts
         outputs.append(out)
         per_prompt.append({"prompt": i, "prompt_tokens": len(ids), "new_tokens": len(out),
-                           "prefill_s": prefill_s, "total_s": total_s, **(extra[0] if extra else {})})
+                           "prefill_s": prefill_s, "total_s": total_s,
+                           **(extra[0] if extra else {})})
     tokens = sum(p["new_tokens"] for p in per_prompt)
     seconds = sum(p["total_s"] for p in per_prompt)
     decoding = sum(p["total_s"] - p["prefill_s"] for p in per_prompt)
-    return {"tokens_per_s": tokens / seconds, "decode_tokens_per_s": tokens / decoding, "per_prompt": per_prompt,
-            "outputs": outputs}
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where two greedy outputs part, or None when they agree."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    return {"tokens_per_s": tokens / seconds, "decode_tokens_per_s": tokens / decoding,
+            "per_prompt": per_prompt, "outputs": outputs}
 
 
 def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
-    """measurement -> a function of the prompt ids: llama.cpp decodes plainly, specq also speculatively."""
+    """measurement -> a function of the prompt ids: llama.cpp decodes plainly (and with its
+    speculative example where set up), OpenVINO in its modes, specq also speculatively."""
     if tool == "openvino":
         return {m: (lambda ids, m=m: runner.generate(ids, tokens, m)) for m in OPENVINO_MODES}
     if tool == "llama.cpp":
         runs = {"generate plain": lambda ids: runner.greedy(ids, tokens)}
         spec = getattr(runner, "speculative", None)
         return runs if spec is None else runs | {
-            m: (lambda ids, flags=flags: spec.generate(ids, tokens, flags)) for m, flags in LLAMA_CPP_SPECULATIVE.items()}
+            m: (lambda ids, flags=flags: spec.generate(ids, tokens, flags))
+            for m, flags in LLAMA_CPP_SPECULATIVE.items()}
     runs = {"generate plain": lambda ids: runner.generate(ids, tokens, None)}
-    modes = {m: mode for m, mode in SPECULATIVE.items() if mode[0] != "model" or runner.draft is not None}
+    modes = {m: mode for m, mode in SPECULATIVE.items()
+             if mode[0] != "model" or runner.draft is not None}
     modes |= {f"generate gamma auto, draft {ref}": (ref, "auto") for ref in runner.extra_drafts}
-    return runs | {m: (lambda ids, mode=mode: runner.generate(ids, tokens, mode)) for m, mode in modes.items()}
+    return runs | {m: (lambda ids, mode=mode: runner.generate(ids, tokens, mode))
+                   for m, mode in modes.items()}
 
 
-def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], context_ids: list[int],
-                  base: dict, read_rate: ReadRate) -> list[dict]:
+def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]],
+                  context_ids: list[int], base: dict, read_rate: ReadRate) -> list[dict]:
     """One round: every measurement of every weights, llama.cpp and specq back to back, the one
     that goes first alternating between rounds."""
     rows = []
     for weights in s.weights:
         pair = tools[weights]
-        order = list(pair)[r % len(pair):] + list(pair)[:r % len(pair)]  # who goes first turns round by round
-        forwarding = [tool for tool in order if tool != "openvino"]  # OpenVINO's rows are generations only
+        turn = r % len(pair)
+        order = list(pair)[turn:] + list(pair)[:turn]  # who goes first turns round by round
+        forwarding = [tool for tool in order if tool != "openvino"]  # OpenVINO: generations only
         for context in s.contexts:
             for tool in forwarding:  # generation (and the sanity check) used the caches since
                 pair[tool].prefill_context(context_ids[:context], context + max(s.sizes) + 1)
@@ -439,165 +473,32 @@ def measure_round(r: int, s: Settings, tools: dict, prompts: list[list[int]], co
                 ids = context_ids[context:context + n]
                 for tool in forwarding:
                     rate = read_rate()
-                    rows.append({**base, "tool": tool, "weights": weights, "measurement": forward_name(n, context),
-                                 "round": r, "ms": forward_ms(pair[tool], ids, context, s.calls), "calls": s.calls,
-                                 "read_gbps": rate,
-                                 "context": context, "loadavg_1min": os.getloadavg()[0]})
+                    rows.append({**base, "tool": tool, "weights": weights,
+                                 "measurement": forward_name(n, context), "round": r,
+                                 "ms": forward_ms(pair[tool], ids, context, s.calls),
+                                 "calls": s.calls, "read_gbps": rate, "context": context,
+                                 "loadavg_1min": os.getloadavg()[0]})
         outputs = {}
         for tool in order:
             for measurement, run in generation_runs(tool, pair[tool], s.tokens).items():
                 rate = read_rate()
                 result = generation(run, prompts)
                 outputs[(tool, measurement)] = result.pop("outputs")
-                rows.append({**base, "tool": tool, "weights": weights, "measurement": measurement, "round": r,
-                             "tokens": s.tokens, **result, "read_gbps": rate, "loadavg_1min": os.getloadavg()[0]})
+                rows.append({**base, "tool": tool, "weights": weights, "measurement": measurement,
+                             "round": r, "tokens": s.tokens, **result, "read_gbps": rate,
+                             "loadavg_1min": os.getloadavg()[0]})
         reference = outputs[("llama.cpp", "generate plain")]
         for row in rows:
-            if row["tool"] != "llama.cpp" and row["weights"] == weights and (row["tool"], row["measurement"]) in outputs:
-                row["parts_from_llama_cpp_at"] = [first_difference(a, b) for a, b in
-                                                  zip(outputs[(row["tool"], row["measurement"])], reference)]
+            key = (row["tool"], row["measurement"])
+            if row["tool"] != "llama.cpp" and row["weights"] == weights and key in outputs:
+                row["parts_from_llama_cpp_at"] = [first_difference(a, b)
+                                                  for a, b in zip(outputs[key], reference)]
         print(f"  round {r + 1}/{s.rounds}: {weights} done", flush=True)
     return rows
 
 
-# ------------------------------------------------------------------------------- reporting
-
-def summary(rows: list[dict]) -> str:
-    """Medians over rounds of each (weights, measurement), and the median of the per-round ratios
-    specq / llama.cpp (ms for forwards: below 1 means specq is faster; tokens/s for generation:
-    above 1 means specq is faster, every specq mode against llama.cpp's plain greedy decoding)."""
-    peer = "llama.cpp (OpenVINO in its rows)" if any(r["tool"] == "openvino" for r in rows) else "llama.cpp"
-    lines = [f"| weights | measurement | {peer} | specq | specq / llama.cpp (paired, median) |",
-             "|---|---|---|---|---|"]
-    keys = dict.fromkeys((r["weights"], r["measurement"]) for r in rows)
-    for weights, measurement in keys:
-        if measurement in OPENVINO_MODES:  # OpenVINO's modes, against llama.cpp's plain decoding and its own
-            theirs = _rates(rows, "openvino", weights, measurement)
-            plain = _rates(rows, "llama.cpp", weights, "generate plain")
-            own = _rates(rows, "openvino", weights, "openvino plain")
-            lines.append(f"| {weights} | {measurement} | {_median(theirs, ' tok/s')} | - | "
-                         f"{_paired(theirs, plain)} (OpenVINO vs llama.cpp plain; {_paired(theirs, own)} vs its plain) |")
-            continue
-        if measurement in LLAMA_CPP_SPECULATIVE:  # llama.cpp's own speculative modes, against its plain decoding
-            theirs = {r["round"]: r["tokens_per_s"] for r in rows if (r["tool"], r["weights"], r["measurement"]) ==
-                      ("llama.cpp", weights, measurement)}
-            plain = {r["round"]: r["tokens_per_s"] for r in rows if (r["tool"], r["weights"], r["measurement"]) ==
-                     ("llama.cpp", weights, "generate plain")}
-            ratios = [theirs[k] / plain[k] for k in theirs if k in plain]
-            lines.append(f"| {weights} | {measurement} | {_median(theirs, ' tok/s')} | - | "
-                         f"{statistics.median(ratios):.2f} (llama.cpp vs its plain) |")
-            continue
-        forward = measurement.startswith("forward")
-        value = "ms" if forward else "tokens_per_s"
-        ref_measurement = measurement if forward else "generate plain"
-        mine = {r["round"]: r[value] for r in rows if (r["tool"], r["weights"], r["measurement"]) == ("specq", weights, measurement)}
-        theirs = {r["round"]: r[value] for r in rows if (r["tool"], r["weights"], r["measurement"]) == ("llama.cpp", weights, ref_measurement)}
-        ratios = [mine[k] / theirs[k] for k in mine if k in theirs]
-        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
-        if measurement != ref_measurement:
-            ratio += " (vs llama.cpp plain)"
-        unit = " ms" if forward else " tok/s"
-        lines.append(f"| {weights} | {measurement} | {_median(theirs, unit) if measurement == ref_measurement else '-'} | "
-                     f"{_median(mine, unit)} | {ratio} |")
-        if measurement == "generate plain":
-            lines.append(prefill_line(rows, weights))
-    rates = [r["read_gbps"] for r in rows if "read_gbps" in r]
-    if rates:  # runs before the probe have none
-        lines.append(f"| all | memory read rate before each row | - | - | {statistics.median(rates):.1f} GB/s "
-                     f"[{min(rates):.1f}, {max(rates):.1f}] (median [min, max]) |")
-    return "\n".join(lines)
-
-
-SETUP_COLUMNS = [("llama.cpp", "generate plain"), ("specq", "generate plain"), ("specq", "generate gamma 2"),
-                 ("specq", "generate gamma auto")]
-
-
-def setups_summary(rows: list[dict]) -> str:
-    """One row per labelled run (`--label`, in file order) of the same measurements: tokens/s of
-    llama.cpp's plain decoding and specq's plain, gamma 2 and gamma auto decoding (medians over
-    rounds), each with the median of its rounds' ratios to llama.cpp's plain decoding."""
-    lines = ["| set-up | " + " | ".join(f"{tool} {m.removeprefix('generate ')}" for tool, m in SETUP_COLUMNS) + " |",
-             "|---|" + "---|" * len(SETUP_COLUMNS)]
-    for label in dict.fromkeys(r["label"] for r in rows):
-        mine = [r for r in rows if r["label"] == label]
-        [weights] = {r["weights"] for r in mine}
-        plain = _rates(mine, "llama.cpp", weights, "generate plain")
-        cells = [f"{_median(rates, ' tok/s')} ({_paired(rates, plain)}x)"
-                 for rates in (_rates(mine, tool, weights, m) for tool, m in SETUP_COLUMNS)]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-GOALS = {"best": 2.0, "peer": 1.6, "default": 1.5}  # the speculation goals on the coder pair (docs/fastpath.md)
-DEFAULT_MODE = "generate gamma auto"  # what `specq generate` does with no flags
-
-
-def goals_summary(runs: list[tuple[str, list[dict]]], weights: str = "qwen1.5b") -> str:
-    """The speculation goals, one line per (prompt kind, run): specq's fastest generation mode
-    against llama.cpp's plain decoding, against the fastest speculative mode of llama.cpp or
-    OpenVINO in the same run, and specq's default against llama.cpp's plain decoding. Each ratio is
-    the median of the rounds' ratios, "fastest" the highest such ratio to llama.cpp's plain
-    decoding (tokens/s: medians over rounds); each with its goal and whether the run met it."""
-    lines = [f"| prompts | specq's fastest mode | vs llama.cpp plain (goal {GOALS['best']}) | "
-             f"fastest peer speculative mode | specq's fastest vs it (goal {GOALS['peer']}) | "
-             f"specq's default vs llama.cpp plain (goal {GOALS['default']}) |",
-             "|---|---|---|---|---|---|"]
-
-    def verdict(ratio: str, goal: float) -> str:
-        return f"{ratio} ({'met' if ratio != '-' and float(ratio) >= goal else 'not met'})"
-
-    for kind, rows in runs:
-        recorded = {r["prompt_set"] for r in rows if "prompt_set" in r}
-        if recorded - {kind}:
-            raise ValueError(f"goals: a run of {', '.join(sorted(recorded))} prompts named {kind}")
-        plain = _rates(rows, "llama.cpp", weights, "generate plain")
-        mine = {m: _rates(rows, "specq", weights, m) for m in dict.fromkeys(
-            r["measurement"] for r in rows if r["tool"] == "specq" and r["measurement"].startswith("generate"))}
-        peers = {m: rates for tool, modes in (("llama.cpp", LLAMA_CPP_SPECULATIVE), ("openvino", OPENVINO_MODES))
-                 for m in modes if m != "openvino plain" and (rates := _rates(rows, tool, weights, m))}
-        best = max(mine, key=lambda m: _ratio(mine[m], plain))
-        peer = max(peers, key=lambda m: _ratio(peers[m], plain))
-        lines.append(f"| {kind} | {best.removeprefix('generate ')}, {_median(mine[best], ' tok/s')} | "
-                     f"{verdict(_paired(mine[best], plain), GOALS['best'])} | {peer}, {_median(peers[peer], ' tok/s')} | "
-                     f"{verdict(_paired(mine[best], peers[peer]), GOALS['peer'])} | "
-                     f"{verdict(_paired(mine[DEFAULT_MODE], plain), GOALS['default'])} |")
-    return "\n".join(lines)
-
-
-def prefill_line(rows: list[dict], weights: str) -> str:
-    """The prompts' prefill in plain generation, prompt tokens per second of prefill time: medians
-    over rounds, and of the rounds' specq / llama.cpp ratios (above 1: specq is faster)."""
-    rate = {tool: {r["round"]: sum(p["prompt_tokens"] for p in r["per_prompt"]) / sum(p["prefill_s"] for p in r["per_prompt"])
-                   for r in rows if (r["tool"], r["weights"], r["measurement"]) == (tool, weights, "generate plain")}
-            for tool in ("llama.cpp", "specq")}
-    ratios = [rate["specq"][k] / rate["llama.cpp"][k] for k in rate["specq"] if k in rate["llama.cpp"]]
-    return (f"| {weights} | prefill (of generate plain) | {_median(rate['llama.cpp'], ' tok/s')} | "
-            f"{_median(rate['specq'], ' tok/s')} | {statistics.median(ratios):.2f} |")
-
-
-def _rates(rows: list[dict], tool: str, weights: str, measurement: str) -> dict[int, float]:
-    """round -> tokens/s of one generation measurement."""
-    return {r["round"]: r["tokens_per_s"] for r in rows if (r["tool"], r["weights"], r["measurement"]) ==
-            (tool, weights, measurement)}
-
-
-def _ratio(mine: dict, theirs: dict) -> float:
-    """The median of the rounds' ratios mine / theirs (-inf where no round has both)."""
-    ratios = [mine[k] / theirs[k] for k in mine if k in theirs]
-    return statistics.median(ratios) if ratios else float("-inf")
-
-
-def _paired(mine: dict, theirs: dict) -> str:
-    """`_ratio` as the tables print it ("-" where no round has both)."""
-    ratio = _ratio(mine, theirs)
-    return f"{ratio:.2f}" if ratio > float("-inf") else "-"
-
-
-def _median(values: dict, unit: str) -> str:
-    return f"{statistics.median(values.values()):.1f}{unit}" if values else "-"
-
-
-def side_by_side(tokenizer, prompt: list[int], outputs: dict[str, list[int]], shown: int = 12) -> str:
+def side_by_side(tokenizer, prompt: list[int], outputs: dict[str, list[int]],
+                 shown: int = 12) -> str:
     """The first `shown` greedy tokens of each tool, token by token, and where they part."""
     names = list(outputs)
     lines = [f"prompt: {tokenizer.decode(prompt[-24:])!r} (last 24 tokens)"]
@@ -611,9 +512,10 @@ def side_by_side(tokenizer, prompt: list[int], outputs: dict[str, list[int]], sh
 
 def sanity_check(tools: dict, prompt: list[int], tokens: int) -> None:
     """Greedy outputs of both tools on one prompt, printed side by side. They may part: for Q4_1
-    weights llama.cpp quantizes activations to 8 bits in its dot products where specq's int4 kernel
-    takes bf16 activations (and the file's fp16 scales rounded to bf16); in F32 the two sum in
-    different orders and llama.cpp keeps its KV cache in f16. A near-tie can then flip a token."""
+    weights llama.cpp quantizes activations to 8 bits in its dot products where specq's int4
+    kernel takes bf16 activations (and the file's fp16 scales rounded to bf16); in F32 the two
+    sum in different orders and llama.cpp keeps its KV cache in f16. A near-tie can then flip a
+    token."""
     for weights, pair in tools.items():
         a, _, _ = pair["llama.cpp"].greedy(prompt, tokens)
         b, _, _ = pair["specq"].generate(prompt, tokens, None)
@@ -626,50 +528,24 @@ def sanity_check(tools: dict, prompt: list[int], tokens: int) -> None:
 
 def warn_if_busy(threads: int) -> None:
     """llama.cpp's threads spin at OpenMP barriers: with other work on the same cores its
-    multi-threaded step can slow down many times over, which would flatter specq. Say so up front."""
+    multi-threaded step can slow down many times over, which would flatter specq. Say so."""
     load = os.getloadavg()[0]
     if load > 0.5 or os.nice(0) > 0:
-        print(f"warning: load average {load:.1f}, nice {os.nice(0)}: llama.cpp's {threads} busy-waiting threads "
-              "lose badly to other work on these cores; time both tools on an idle machine, not under nice "
-              "(each row records the load average)", flush=True)
-
-
-def binding():
-    """llama.cpp's Python binding, or one line and exit: not installed, or installed without the
-    library it loads (a source build leaves it in the build folder)."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        sys.exit(f"llama.cpp's Python binding is not installed: {INSTALL}")
-    try:
-        import llama_cpp
-    except OSError as e:  # FileNotFoundError too
-        sys.exit(f"llama.cpp's Python binding cannot load its library ({e}): set LLAMA_CPP_LIB_PATH to the "
-                 f"folder holding libllama.so, or reinstall: {INSTALL}")
-    return llama_cpp
-
-
-def check_weights(weights: str) -> None:
-    """Each `--weights` entry is a named one or an existing GGUF file; else one line and exit 2."""
-    for w in weights.split(","):
-        if w not in SPECQ_REFS and not (w.endswith(".gguf") and Path(w).is_file()):
-            print(f"--weights: '{w}' is neither one of {', '.join(SPECQ_REFS)} nor a GGUF file", file=sys.stderr)
-            sys.exit(2)
+        print(f"warning: load average {load:.1f}, nice {os.nice(0)}: llama.cpp's {threads} "
+              "busy-waiting threads lose badly to other work on these cores; time both tools on "
+              "an idle machine, not under nice (each row records the load average)", flush=True)
 
 
 def settings(args: argparse.Namespace) -> Settings:
     extra = tuple(ref for ref in args.extra_drafts.split(",") if ref)
     contexts = tuple(int(n) for n in args.contexts.split(","))
+    weights = args.weights.split(",")
     if args.quick:
-        return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], args.weights.split(","), args.flash_attn, True,
+        return Settings(args.threads, args.rounds, 16, 1, 3, [1, 4], weights, args.flash_attn, True,
                         contexts, args.llama_cpp_bin, extra, args.openvino)
     return Settings(args.threads, args.rounds, args.tokens, args.prompts, args.calls,
-                    [int(n) for n in args.sizes.split(",")], args.weights.split(","), args.flash_attn, False,
+                    [int(n) for n in args.sizes.split(",")], weights, args.flash_attn, False,
                     contexts, args.llama_cpp_bin, extra, args.openvino)
-
-
-def specq_ref(weights: str) -> str:
-    """specq's model ref of `--weights` entry `weights`: a named one's, or a GGUF file's path (at its
-    own precision, `@gguf`)."""
-    return SPECQ_REFS.get(weights, weights)
 
 
 def load_tools(s: Settings, n_ctx: int) -> dict:
@@ -677,15 +553,20 @@ def load_tools(s: Settings, n_ctx: int) -> dict:
     smol = q4_1_file() if {"q4_1", "f32"} & set(s.weights) else None
     files = {"q4_1": smol, "f32": f32_file(smol) if "f32" in s.weights else None,
              **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
-    files.update({w: Path(w) for w in s.weights if w not in SPECQ_REFS})  # a GGUF file by its path
+    files.update({w: Path(w) for w in s.weights if w not in SPECQ_REFS})  # a GGUF file's path
     refs = {w: default_draft_ref(specq_ref(w)) for w in s.weights}
-    extra = {w: {ref: draft_refs.resolve(ref, specq_ref(w)) for ref in s.extra_drafts} for w in s.weights}
-    models = {*refs.values(), *(m for per in extra.values() for r in per.values() for m in draft_refs.model_refs(r))}
+    extra = {w: {ref: draft_refs.resolve(ref, specq_ref(w)) for ref in s.extra_drafts}
+             for w in s.weights}
+    models = {*refs.values(), *(m for per in extra.values() for r in per.values()
+                                for m in draft_refs.model_refs(r))}
     loaded = {ref: specq.load(ref) for ref in models if ref is not None}
+
+    def extra_drafts(w: str) -> dict | None:
+        return {ref: draft_refs.build(r, specq_ref(w), loaded.__getitem__)
+                for ref, r in extra[w].items()} if refs[w] else None
+
     tools = {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
-                 "specq": Specq(specq_ref(w), loaded.get(refs[w]),
-                                {ref: draft_refs.build(r, specq_ref(w), loaded.__getitem__) for ref, r in extra[w].items()}
-                                if refs[w] else None)}
+                 "specq": Specq(specq_ref(w), loaded.get(refs[w]), extra_drafts(w))}
              for w in s.weights}
     for w, pair in tools.items():
         if s.openvino is not None and w in OPENVINO_EXPORTS:
@@ -712,7 +593,7 @@ def _openvino_version() -> str:
     return openvino_genai.get_version()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
@@ -720,26 +601,50 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3, help="prompts of --prompt-set")
     ap.add_argument("--calls", type=int, default=9, help="forwards per size and round (median)")
     ap.add_argument("--sizes", default="1,2,4,8,16", help="tokens per forward")
-    ap.add_argument("--contexts", default=str(CONTEXT), help="tokens of context the forwards start from, e.g. 128,1024")
+    ap.add_argument("--contexts", default=str(CONTEXT),
+                    help="tokens of context the forwards start from, e.g. 128,1024")
     ap.add_argument("--weights", default="q4_1,f32",
-                    help="q4_1 (the built-in GGUF file), f32 (it dequantized), qwen1.5b / qwen0.5b (the coder pair's "
-                         "files), or the path of any GGUF file (specq runs it @gguf)")
-    ap.add_argument("--prompt-set", default="chat", help="the bench's prompt set: chat, code, edit, gsm8k")
+                    help="q4_1 (the built-in GGUF file), f32 (it dequantized), qwen1.5b / qwen0.5b "
+                         "(the coder pair's files), or the path of any GGUF file (specq runs it "
+                         "at its own precision)")
+    ap.add_argument("--prompt-set", default="chat",
+                    help="the bench's prompt set: chat, code, edit, gsm8k")
     ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="auto",
-                    help="llama.cpp's flash attention (default auto, llama.cpp's own default: on where the CPU backend has it)")
+                    help="llama.cpp's flash attention (default auto, llama.cpp's own default: on "
+                         "where the CPU backend has it)")
     ap.add_argument("--out", type=Path, default=None,
-                    help=f"append JSON rows here (default {DEFAULT_OUT}; with --quick, nothing unless given)")
+                    help=f"append JSON rows here (default {DEFAULT_OUT}; with --quick, nothing "
+                         "unless given)")
     ap.add_argument("--llama-cpp-bin", type=Path, default=None,
-                    help="a folder with llama.cpp's llama-speculative-simple: also time its speculative modes")
+                    help="a folder with llama.cpp's llama-speculative-simple: also time its "
+                         "speculative modes")
     ap.add_argument("--extra-drafts", default="",
-                    help="specq drafts to time beside the registry's (gamma auto), comma-separated refs")
+                    help="specq drafts to time beside the registry's (gamma auto), comma-separated")
     ap.add_argument("--openvino", type=Path, default=None,
-                    help="a folder of OpenVINO exports of the pair (benchmarks/export_openvino.py): also time OpenVINO GenAI")
-    ap.add_argument("--quick", action="store_true", help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
+                    help="a folder of OpenVINO exports of the pair (--export-openvino): also time "
+                         "OpenVINO GenAI")
+    ap.add_argument("--quick", action="store_true",
+                    help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
     ap.add_argument("--label", default=None,
-                    help="a name for this run's set-up, kept in every row (several set-ups in one file: "
-                         "doc_tables' llamacpp-setups)")
-    args = ap.parse_args()
+                    help="a name for this run's set-up, kept in every row (several set-ups in "
+                         "one file: doc_tables' llamacpp-setups)")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="print the summary of a results file and exit")
+    ap.add_argument("--export-openvino", type=Path, default=None, metavar="DIR",
+                    help="export the coder pair for --openvino into DIR and exit (needs "
+                         "OpenVINO's packages)")
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.table:
+        print(summary([json.loads(line) for line in args.table.read_text().splitlines()
+                       if line.strip()]))
+        return
+    if args.export_openvino:
+        export_openvino(args.export_openvino)
+        return
     check_weights(args.weights)
     llama_cpp = binding()
 
@@ -748,19 +653,20 @@ def main() -> None:
     torch.set_num_threads(s.threads)
     out = args.out or (None if s.quick else DEFAULT_OUT)
     tools = load_tools(s, n_ctx=max(1024, max(s.contexts) + max(s.sizes) + 1))
-    prompts = [encode_prompt(tools[s.weights[0]]["specq"].model, p.text, p.chat)
-               for p in load_set(args.prompt_set, s.prompts)]
+    first = tools[s.weights[0]]["specq"].model
+    prompts = [encode_prompt(first, p.text, p.chat) for p in load_set(args.prompt_set, s.prompts)]
     context_ids = torch.randint(100, 40000, (max(s.contexts) + max(s.sizes),),
                                 generator=torch.Generator().manual_seed(0)).tolist()
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": s.threads,
             "context": CONTEXT, "llama_cpp": llama_cpp.__version__, "flash_attn": s.flash_attn,
             "flash_attn_resolved": {w: pair["llama.cpp"].flash_attn for w, pair in tools.items()},
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "quick": s.quick,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine(), "quick": s.quick,
             "openvino": _openvino_version() if s.openvino else None, "label": args.label,
             "cpu": build.cpu_model(), "kernels": build.variant(), "prompt_set": args.prompt_set}
     flash = ", ".join(f"{w}: {v}" for w, v in base["flash_attn_resolved"].items())
-    print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
+    print(f"llama.cpp {llama_cpp.__version__}: "
+          f"{llama_cpp.llama_print_system_info().decode().strip()}")
     warm_up(tools, prompts[0])
     sanity_check(tools, prompts[0], min(s.tokens, 24))
     rows, read_rate = [], ReadRate()
@@ -770,9 +676,10 @@ def main() -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows if row["round"] == r)
-    print(f"\n{s.threads} thread(s); forwards at {', '.join(map(str, s.contexts))} tokens of context (median of {s.calls} calls, logits "
-          f"for every row); generation: {s.tokens} new tokens on {len(prompts)} {args.prompt_set} prompts, EOS ignored, "
-          f"prefill included; medians over {s.rounds} round(s); llama.cpp flash attention "
+    print(f"\n{s.threads} thread(s); forwards at {', '.join(map(str, s.contexts))} tokens of "
+          f"context (median of {s.calls} calls, logits for every row); generation: {s.tokens} "
+          f"new tokens on {len(prompts)} {args.prompt_set} prompts, EOS ignored, prefill "
+          f"included; medians over {s.rounds} round(s); llama.cpp flash attention "
           f"{s.flash_attn}: {flash}")
     print(summary(rows))
     if out:

@@ -1,17 +1,20 @@
-"""A cached load of the Qwen2.5-Coder pair's GGUF files at their own precision, and what it leaves
-resident (the goals: a cached load of the 1.5B file under 10 s, resident memory of the loaded 1.5B
-target at most 1.3x its file size).
+"""Load time and resident memory: a cached load of GGUF files at their own precision (by default
+the Qwen2.5-Coder pair's), and what it leaves resident (the goals: a cached load of the 1.5B file
+under 10 s, resident memory of the loaded 1.5B target at most 1.3x its file size).
 
     python benchmarks/bench_load.py [--refs qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--rounds 3]
         [--threads 2] [--out docs/results/load-time-memory.jsonl]
 
+Results: one JSON row per (ref, round) written to `--out` (replacing it; default
+docs/results/load-time-memory.jsonl), each with the machine (`cpu`, `cpus`, `loadavg_1min`);
+prints medians (`specq.bench.tools.load_time` makes the docs' tables of that file).
+
 Each load runs in a fresh process (`--child REF`), so its peak is its own: after one warm-up load
 per file (the file in the page cache, the kernels compiled, the tokenizer cached: what "cached"
-means), each round records the seconds of `specq.load(ref)` (the kernels backend, as users get it),
-the process's VmRSS and VmHWM after its imports and after the load, and the bytes of the packed
-weights (the int8dot tensors of every `FileBlocks`; the embedding stays the file's), each beside
-the file's size, and those bytes per file format and the kernel form it runs as. Writes one JSON row
-per (ref, round) to `--out` and prints medians.
+means), each round records the seconds of `specq.load(ref)` (the kernels backend, as users get
+it), the process's VmRSS and VmHWM after its imports and after the load, and the bytes of the
+packed weights (the int8dot tensors of every `FileBlocks`; the embedding stays the file's), each
+beside the file's size, and those bytes per file format and the kernel form it runs as.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -40,7 +42,8 @@ def memory() -> dict[str, int]:
 
 
 def child(ref: str, threads: int) -> dict:
-    """One load of `ref` in this process: seconds, memory and weight bytes."""
+    """One load of `ref` in this process: seconds, memory and weight bytes. specq is imported
+    here, timed, not at the top of the script."""
     import torch
 
     torch.set_num_threads(threads)
@@ -55,48 +58,21 @@ def child(ref: str, threads: int) -> dict:
     after = memory()
     blocks = [m for m in model.net.modules() if isinstance(m, FileBlocks)]
     packed = sum(m._blocks.nbytes() for m in blocks)
-    by_kind: dict[str, dict] = {}  # the file's format(s) and the kernel form they run as -> weights, bytes
+    by_kind: dict[str, dict] = {}  # the file's formats and the kernel form they run as
     for m in blocks:
         w = m._blocks
-        form = f"{w.bits}-bit codes, groups of {w.group_size}{', offsets' if w.m is not None else ''}" + (
-            ", two-level scales" if w.sub is not None else "")
+        form = (f"{w.bits}-bit codes, groups of {w.group_size}"
+                f"{', offsets' if w.m is not None else ''}"
+                f"{', two-level scales' if w.sub is not None else ''}")
         cell = by_kind.setdefault(f"{m.kind}: {form}", {"weights": 0, "bytes": 0})
         cell["weights"] += w.out_features * w.in_features
         cell["bytes"] += w.nbytes()
     size = Path(model.source).stat().st_size
     return {"ref": ref, "file_bytes": size, "import_s": imported, "load_s": load_s,
             "rss_after_import": before["VmRSS"], "rss": after["VmRSS"], "hwm": after["VmHWM"],
-            "packed_weight_bytes": packed, "rss_per_file": after["VmRSS"] / size, "hwm_per_file": after["VmHWM"] / size,
-            "weights_per_file": packed / size, "packed_by_kind": by_kind, "backend": model.info.get("backend"),
-            "threads": threads}
-
-
-def table(rows: list[dict]) -> str:
-    """Per file, medians over rounds: load seconds, resident and peak memory, what was resident
-    before the load (torch and specq imported) and the packed weights, each beside the file."""
-    lines = ["| model | file | load | resident after the load | peak | resident before it | packed weights |",
-             "|---|---|---|---|---|---|---|"]
-    for ref in dict.fromkeys(r["ref"] for r in rows):
-        mine = [r for r in rows if r["ref"] == ref]
-        size = mine[0]["file_bytes"]
-        med = {k: statistics.median(r[k] for r in mine) for k in ("load_s", "rss", "hwm", "rss_after_import",
-                                                                   "packed_weight_bytes")}
-        lines.append(f"| {ref} | {size / 2**20:.0f} MiB | {med['load_s']:.2f} s | {med['rss'] / 2**20:.0f} MiB "
-                     f"({med['rss'] / size:.2f}x) | {med['hwm'] / 2**20:.0f} MiB ({med['hwm'] / size:.2f}x) | "
-                     f"{med['rss_after_import'] / 2**20:.0f} MiB | {med['packed_weight_bytes'] / size:.3f}x |")
-    return "\n".join(lines)
-
-
-def forms_table(rows: list[dict]) -> str:
-    """Per file (its first round), its quantized tensors by format and the kernel form they run as:
-    weights, bytes and bits per weight."""
-    lines = ["| model | file format: kernel form | weights | packed bytes | bits per weight |", "|---|---|---|---|---|"]
-    for ref in dict.fromkeys(r["ref"] for r in rows):
-        first = next(r for r in rows if r["ref"] == ref)
-        for kind, cell in sorted(first["packed_by_kind"].items(), key=lambda kv: -kv[1]["bytes"]):
-            lines.append(f"| {ref} | {kind} | {cell['weights']:,} | {cell['bytes']:,} | "
-                         f"{8 * cell['bytes'] / cell['weights']:.2f} |")
-    return "\n".join(lines)
+            "packed_weight_bytes": packed, "rss_per_file": after["VmRSS"] / size,
+            "hwm_per_file": after["VmHWM"] / size, "weights_per_file": packed / size,
+            "packed_by_kind": by_kind, "backend": model.info.get("backend"), "threads": threads}
 
 
 def run_child(ref: str, threads: int) -> dict:
@@ -107,40 +83,44 @@ def run_child(ref: str, threads: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--refs", default=",".join(REFS))
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--refs", default=",".join(REFS),
+                    help="model refs or GGUF files, comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/results/load-time-memory.jsonl")
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.threads)))
         return
     if args.rounds < 1 or args.threads < 1:
         sys.exit("--rounds and --threads must be at least 1")
+    from specq.bench.tools.load_time import table
+    from specq.kernels import build
+
     refs = [r.strip() for r in args.refs.split(",") if r.strip()]
-    meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    meta = {"machine": platform.processor() or platform.machine(), "cpu": build.cpu_model(),
+            "cpus": os.cpu_count()}
     rows = []
     for ref in refs:
         run_child(ref, args.threads)  # warm-up: page cache, kernels, tokenizer cache
         for i in range(args.rounds):
-            row = {**run_child(ref, args.threads), "round": i, "loadavg_1min": os.getloadavg()[0], **meta}
+            row = {**run_child(ref, args.threads), "round": i,
+                   "loadavg_1min": os.getloadavg()[0], **meta}
             rows.append(row)
             print(f"{ref} round {i}: load {row['load_s']:.2f} s, RSS {row['rss_per_file']:.2f}x, "
-                  f"peak {row['hwm_per_file']:.2f}x, packed weights {row['weights_per_file']:.3f}x the file",
-                  flush=True)
+                  f"peak {row['hwm_per_file']:.2f}x, packed weights "
+                  f"{row['weights_per_file']:.3f}x the file", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for ref in refs:
-        mine = [r for r in rows if r["ref"] == ref]
-        med = {k: statistics.median(r[k] for r in mine) for k in ("load_s", "rss", "hwm", "packed_weight_bytes")}
-        size = mine[0]["file_bytes"]
-        print(f"{ref}: median load {med['load_s']:.2f} s; RSS {med['rss'] / 2**20:.0f} MiB ({med['rss'] / size:.2f}x "
-              f"the file), peak {med['hwm'] / 2**20:.0f} MiB ({med['hwm'] / size:.2f}x), packed weights "
-              f"{med['packed_weight_bytes'] / size:.3f}x")
+    print(table(rows))
     print(f"wrote {out}")
 
 

@@ -5,8 +5,6 @@ feature draft distilled for it that decodes losslessly."""
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +20,6 @@ from specq.training.train import DistillSettings, run
 from specq.weights.embedding import FileEmbedding
 
 from conftest import tiny_model, tiny_tokenizer, write_tiny_gguf
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import feature_replay  # noqa: E402
 
 VOCAB, HIDDEN = 64, 64
 pytestmark = pytest.mark.skipif(not int8dot.available(), reason="the file's blocks run on int8dot (AVX2)")
@@ -115,6 +110,23 @@ def test_distil_a_feature_draft_for_a_gguf_target(gguf_target, tmp_path):
         rejected += fast.stats.drafted - fast.stats.accepted
         one = specq.generate(gguf_target, prompt, draft, gamma=1, max_new_tokens=24, draft_confidence=0.0)
         # decoding reads the target's states as training does: a teacher-forced replay takes the same steps
-        assert feature_replay.replay(gguf_target, draft, prompt, one.token_ids)[:2] == (one.stats.accepted,
-                                                                                       one.stats.steps)
+        assert replay(gguf_target, draft, prompt, one.token_ids) == (one.stats.accepted,
+                                                                     one.stats.steps)
     assert accepted > 0 and rejected > 0
+
+
+@torch.inference_mode()
+def replay(target, draft, prompt_ids: list[int], new_ids: list[int]) -> tuple[int, int]:
+    """(accepted, steps) of a gamma-1 run replayed teacher-forced: the target's uncached pass over
+    the whole output gives the hidden states training reads, the draft predicts every position
+    from them, and the same steps are walked (one token proposed after each step, two emitted
+    when it is accepted)."""
+    ids = torch.tensor(prompt_ids + new_ids)
+    features = target.net.hidden_states(ids)
+    logits, _ = draft.net(ids[1:].unsqueeze(0), features[:-1].unsqueeze(0))
+    predicted = draft.net.vocab_ids[logits[0].argmax(-1)]  # row r: (x_{r+1}, f_r) -> x_{r+2}
+    at, steps, accepted = len(prompt_ids) + 1, 0, 0  # the first new token comes from the prefill
+    while at < len(ids):
+        hit = bool(predicted[at - 2] == ids[at])
+        steps, accepted, at = steps + 1, accepted + hit, at + (2 if hit else 1)
+    return accepted, steps

@@ -1,0 +1,10 @@
+"""What the maintained scripts in benchmarks/ share with the tests and the docs' tables: the checks
+each script makes before it measures, and the tables of each one's results file. Here, not in
+the scripts, so that a test or benchmarks/doc_tables.py imports a module, never a script.
+
+    llamacpp.py    bench_llamacpp.py: the weights it knows, its set-up checks, llama.cpp's log
+    versions.py    bench_versions.py: the configurations two commits run, the paired table
+    passes.py      bench_passes.py: a step's and verify passes' cost, the read rate
+    serve_load.py  bench_serve.py: the server load test's tables
+    load_time.py   bench_load.py: load time and resident memory
+"""
