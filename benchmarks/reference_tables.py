@@ -131,7 +131,8 @@ def bench_list(parser: argparse.ArgumentParser) -> str:
             scalar = "str" if defaults[key] is None else type(defaults[key]).__name__  # a path
             kind = f"list of {listed.__name__}" if listed else scalar
             kind += ' or "auto"' if key == "gamma" else ""
-            head = f"**`{key}`** / {_flags(a)} ({kind}{_default(defaults[key])})"
+            default = ", default off" if defaults[key] is False else _default(defaults[key])
+            head = f"**`{key}`** / {_flags(a)} ({kind}{default})"
         elif a.option_strings:
             head = f"{_flags(a)} (flag only)"
         else:
