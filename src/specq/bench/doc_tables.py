@@ -1,0 +1,211 @@
+"""The docs' tables, generated from their raw results files, so no table is typed by hand.
+
+A generated table sits between two markers in a Markdown file; the first names its results files
+(comma-separated, from the repository root), the kind of table and its options:
+
+    <!-- table: docs/results/llamacpp-coder.jsonl llamacpp -->
+    ...
+    <!-- /table -->
+
+`regenerate` rewrites every such block from its files; `benchmarks/doc_tables.py --check` fails
+when a doc's table is not what its files give. Every JSON-lines kind takes `machine=NAME` (the
+rows whose "machine" field is NAME); the kinds and their own options are in `KINDS`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from ..core.gamma import sort_key as gamma_order
+from ..loading.refs import split_window
+from . import peer_tables, result_tables, store
+from .aggregate import summarize
+
+BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@cache
+def _summarized(path: Path, by_set: bool) -> tuple[dict, ...]:
+    return tuple(summarize(store.read(path), by_set=by_set))
+
+
+def _ci(value, spec: str = ".2f") -> str:
+    if not value:
+        return "-"
+    mean, low, high = value
+    return f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]" if low != high else format(mean, spec)
+
+
+def draft_label(row: dict) -> str:
+    """A summary row's draft: its kind ('self', 'seq', 'feature' or its name), precision, window,
+    early stop and tree; a hierarchy's levels cheapest first."""
+    stop = f", stop {row['draft_confidence']}" if row.get("draft_confidence") else ""
+    tree = f", tree {row['tree']} k{row['tree_topk']}" if row.get("tree") else ""  # gamma: depth
+    levels = row["draft"].split(",")
+    if len(levels) > 1:
+        precisions = [split_window(level)[0].rpartition("@")[2] if "@" in level else None
+                      for level in levels]  # None: an n-gram lookup, no model
+    else:
+        precisions = [row["draft_precision"]]
+    target = row["target"].split("@")[0]
+    labels = (_level_label(level, p, target) for level, p in zip(levels, precisions))
+    return " > ".join(labels) + stop + tree
+
+
+KINDS_OF_DRAFTS = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn": "seq, int4-cal",
+                   "smollm2-135m-feature-draft": "feature"}
+
+
+def _level_label(level: str, precision: str | None, target: str) -> str:
+    model, window = split_window(level)
+    name = Path(model.split("@")[0]).name
+    kind = "self" if name == target else KINDS_OF_DRAFTS.get(name, name)
+    return kind + (f" @{precision}" if precision else "") + (f", window {window}" if window else "")
+
+
+def cells(rows: list[dict]) -> str:
+    """One row per configuration of a `specq bench` results file: the paired speedup with its CI,
+    the analytic prediction, tau, per-position acceptance and the draft's share of the time."""
+    width = max((len(r["U"]) for r in rows), default=0)
+    lines = ["| target | draft | gamma | tokens | speedup [95% CI] | predicted | tau | "
+             + ", ".join(f"U_{i + 1}" for i in range(width)) + " | draft share |", "|" + "---|" * 9]
+
+    def order(r: dict) -> tuple:
+        return r["target"], draft_label(r), gamma_order(r["gamma"]), r["max_new_tokens"]
+
+    for r in sorted(rows, key=order):
+        predicted = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}"
+        per_position = ", ".join(f"{v[0]:.2f}" for v in r["U"] if v)
+        lines.append(f"| {r['target_precision']} | {draft_label(r)} | {r['gamma']} | "
+                     f"{r['max_new_tokens']} | {_ci(r['speedup'])} | {predicted} | "
+                     f"{r['tau'][0]:.2f} | {per_position} | {r['draft_share'][0]:.2f} |")
+    return "\n".join(lines)
+
+
+BASELINE_KEY = ("target", "max_new_tokens", "set", "threads", "temperature")  # its own baseline
+
+
+def sets(rows: list[dict], baselines: list[dict]) -> str:
+    """One row per target, draft and prompt set of a `specq bench` results file: the target's
+    plain tokens/s, then per gamma the paired speedup with its CI (the row's best in bold) and
+    tau."""
+    plain = {tuple(b[k] for k in BASELINE_KEY): b["tokens_per_s"][0] for b in baselines}
+    gammas = sorted({r["gamma"] for r in rows}, key=gamma_order)
+    keyed: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["target"], draft_label(r), r["set"], tuple(r[k] for k in BASELINE_KEY))
+        keyed.setdefault(key, {})[r["gamma"]] = r
+    lines = ["| target | draft | prompts | plain tok/s | "
+             + " | ".join(f"gamma {g}" for g in gammas) + " | "
+             + " | ".join(f"tau, gamma {g}" for g in gammas) + " |",
+             "|" + "---|" * (4 + 2 * len(gammas))]
+    for (_, draft, prompt_set, key), by in sorted(keyed.items(), key=lambda kv: kv[0][:3]):
+        best = max(by, key=lambda g: by[g]["speedup"][0])
+        speedups = ["-" if g not in by else f"**{_ci(by[g]['speedup'])}**" if g == best
+                    else _ci(by[g]["speedup"]) for g in gammas]
+        taus = [f"{by[g]['tau'][0]:.2f}" if g in by else "-" for g in gammas]
+        base = plain.get(key)
+        lines.append(f"| {next(iter(by.values()))['target_precision']} | {draft} | {prompt_set} | "
+                     f"{'-' if base is None else f'{base:.1f}'} | " + " | ".join(speedups + taus)
+                     + " |")
+    return "\n".join(lines)
+
+
+def _bench(paths: list[Path], options: dict, by_set: bool) -> tuple[list[dict], list[dict]]:
+    """The speculative rows (`tokens=N`, `gamma=G` keep those) and the baselines of one results
+    store."""
+    [path] = paths
+    summary = _summarized(path, by_set)
+    rows = [r for r in summary if r["kind"] == "speculative"
+            and ("tokens" not in options or r["max_new_tokens"] == int(options["tokens"]))
+            and ("gamma" not in options or str(r["gamma"]) == options["gamma"])]
+    return rows, [r for r in summary if r["kind"] == "baseline"]
+
+
+def _rows(paths: list[Path], options: dict) -> list[dict]:
+    """The JSON-lines files' rows, one list, those of `machine=` alone when given."""
+    return [r for path in paths for r in _each(path, options)]
+
+
+def _each(path: Path, options: dict) -> list[dict]:
+    rows = jsonl(path)
+    if "machine" not in options:
+        return rows
+    return [r for r in rows if r.get("machine") == options["machine"]]
+
+
+def _clients(options: dict) -> set[int] | None:
+    """`clients=1,16`: the cells of those client counts."""
+    return {int(c) for c in options["clients"].split(",")} if "clients" in options else None
+
+
+def _files(paths: list[Path], options: dict) -> list[list[dict]]:
+    return [_each(path, options) for path in paths]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of table: how it is made from its files and options, and the options it takes."""
+
+    make: Callable[[list[Path], dict], str]
+    options: tuple[str, ...] = ()
+
+
+KINDS = {
+    # specq beside llama.cpp (bench_llamacpp.py): one run in full; runs of several files, one line
+    # each; pass costs by rows; set-ups of one file; step profiles (profile_step.py)
+    "llamacpp": Kind(lambda p, o: peer_tables.summary(_rows(p, o)), ("machine",)),
+    "peers": Kind(lambda p, o: peer_tables.peers(_files(p, o)), ("machine",)),
+    "passes": Kind(lambda p, o: peer_tables.passes(_files(p, o)), ("machine",)),
+    "llamacpp-setups": Kind(lambda p, o: peer_tables.setups(_rows(p, o)), ("machine",)),
+    "step-profile": Kind(lambda p, o: peer_tables.step_profile(_rows(p, o)), ("machine",)),
+    # `specq bench` results stores: every configuration; per prompt set against gamma
+    "cells": Kind(lambda p, o: cells(_bench(p, o, False)[0]), ("tokens", "gamma")),
+    "sets": Kind(lambda p, o: sets(*_bench(p, o, True)), ("tokens", "gamma")),
+    # the other scripts' rows and `specq compare --json`
+    "gamma-interleaved": Kind(lambda p, o: result_tables.gamma_interleaved(_rows(p, o)),
+                              ("machine",)),
+    "load": Kind(lambda p, o: result_tables.load(_rows(p, o)), ("machine",)),
+    "serve-batch": Kind(lambda p, o: result_tables.serve(_rows(p, o), _clients(o)),
+                        ("machine", "clients")),
+    "serve-modes": Kind(lambda p, o: result_tables.serve_modes(_rows(p, o), _clients(o)),
+                        ("machine", "clients")),
+    "compare": Kind(lambda p, o: result_tables.compare(_rows(p, o)), ("machine",)),
+    "verify": Kind(lambda p, o: result_tables.verify(_rows(p, o)), ("machine",)),
+    "qad": Kind(lambda p, o: result_tables.qad(_rows(p, o), o.get("part", "runs")), ("part",)),
+    "calibration": Kind(lambda p, o: result_tables.calibration(json.loads(p[0].read_text())["rows"],
+                                                               o["order"].split(",")), ("order",)),
+    "coder-drafts": Kind(lambda p, o: result_tables.coder_drafts(_rows(p, o))),
+    "tree-verify": Kind(lambda p, o: result_tables.tree_verify(_rows(p, o))),
+}
+
+
+def render(spec: str, root: Path) -> str:
+    """The table a marker's spec names: `FILES KIND [OPTION=VALUE ...]`."""
+    files, name, *args = spec.split()
+    kind = KINDS.get(name)
+    if kind is None:
+        raise SystemExit(f"table '{spec}': unknown kind {name!r} ({', '.join(KINDS)})")
+    options = dict(a.split("=", 1) for a in args)
+    unknown = set(options) - set(kind.options)
+    if unknown:
+        raise SystemExit(f"table '{spec}': kind {name!r} takes no option "
+                         f"{', '.join(sorted(unknown))}")
+    table = kind.make([root / f for f in files.split(",")], options)
+    if len(table.splitlines()) < 3:
+        raise SystemExit(f"table '{spec}': no rows")
+    return table
+
+
+def regenerate(text: str, root: Path) -> str:
+    """`text` with every table block rewritten from its results files."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("spec"), root) + "\n" + m.group(4), text)
