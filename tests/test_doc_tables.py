@@ -79,56 +79,7 @@ def _peer_rows(rates: dict, **fields) -> list[dict]:
             for (tool, m), values in rates.items() for r, v in enumerate(values)]
 
 
-def test_openvino_rows_are_paired_with_llama_cpps_plain_decoding_and_their_own():
-    """OpenVINO's rows: tokens/s in the peer column, the median over rounds of each round's ratio
-    to llama.cpp's plain decoding and to OpenVINO's own plain decoding."""
-    rates = {("llama.cpp", "generate plain"): [30.0, 20.0],
-             ("specq", "generate plain"): [45.0, 40.0],
-             ("openvino", "openvino plain"): [15.0, 10.0],
-             ("openvino", "openvino draft 3"): [30.0, 30.0]}
-    lines = peer_tables.summary(_peer_rows(rates)).splitlines()
-    assert "OpenVINO in its rows" in lines[0]
-    draft = next(line for line in lines if "openvino draft 3" in line)
-    # (1.0, 1.5); (2, 3)
-    assert "| 30.0 tok/s | - | 1.25 (OpenVINO vs llama.cpp plain; 2.50 vs its plain) |" in draft
-    specq = next(line for line in lines if "| generate plain |" in line)
-    assert "| 1.75 |" in specq  # (1.5, 2.0)
 
-
-def test_the_memory_read_rate_of_the_rows_is_one_line_only_where_rows_have_it():
-    """A one-token step reads every weight, so the table gives the machine's read rate the rows ran
-    at (median and range over rows); files from before the probe get no such line."""
-    prompt = [{"prompt_tokens": 10, "prefill_s": 0.1}]
-    rows = [{"tool": tool, "weights": "qwen1.5b", "measurement": "generate plain", "round": r,
-             "tokens_per_s": 30.0, "per_prompt": prompt, "read_gbps": rate}
-            for r, tool, rate in [(0, "llama.cpp", 30.0), (0, "specq", 50.0),
-                                  (1, "llama.cpp", 40.0), (1, "specq", 35.0)]]
-    line = peer_tables.summary(rows).splitlines()[-1]
-    assert line == ("| all | memory read rate before each row | - | - | 37.5 GB/s [30.0, 50.0] "
-                    "(median [min, max]) |")
-    stripped = [{k: v for k, v in row.items() if k != "read_gbps"} for row in rows]
-    assert "read rate" not in peer_tables.summary(stripped)
-
-
-def test_labelled_runs_are_one_line_each_paired_with_their_own_llama_cpp_plain_decoding():
-    """Runs of several set-ups in one file (`--label`): a line per label in file order, each
-    tool's median tokens/s and its rounds' median ratio to that set-up's llama.cpp."""
-    rates = {"one env": {("llama.cpp", "generate plain"): [30.0, 20.0],
-                         ("specq", "generate plain"): [45.0, 40.0],
-                         ("specq", "generate gamma 2"): [60.0, 60.0],
-                         ("specq", "generate gamma auto"): [90.0, 30.0]},
-             "other": {("llama.cpp", "generate plain"): [10.0, 10.0],
-                       ("specq", "generate plain"): [20.0, 20.0],
-                       ("specq", "generate gamma 2"): [20.0, 40.0],
-                       ("specq", "generate gamma auto"): [50.0, 50.0]}}
-    rows = [row for label, by in rates.items() for row in _peer_rows(by, label=label)]
-    lines = peer_tables.setups(rows).splitlines()
-    assert lines[0] == ("| set-up | llama.cpp plain | specq plain | specq gamma 2 | "
-                        "specq gamma auto |")
-    assert lines[2] == ("| one env | 25.0 tok/s (1.00x) | 42.5 tok/s (1.75x) | "
-                        "60.0 tok/s (2.50x) | 60.0 tok/s (2.25x) |")
-    assert lines[3] == ("| other | 10.0 tok/s (1.00x) | 20.0 tok/s (2.00x) | "
-                        "30.0 tok/s (3.00x) | 50.0 tok/s (5.00x) |")
 
 
 def test_peers_is_one_line_per_run_and_never_pools_the_rounds_of_two_files():
@@ -195,22 +146,3 @@ def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_ro
     lines = result_tables.gamma_interleaved(two).splitlines()
     assert "| auto/new | auto/old |" in lines[0]
     assert "| **2.00 [2.00, 2.00]** | 1.50 [1.50, 1.50] |" in lines[2]
-
-
-def test_coder_draft_runs_of_one_draft_under_two_labels_are_two_lines():
-    """Runs of one draft spec under two labels (e.g. the ranked list behind a narrowed head) are
-    pooled apart, each line with its own step time."""
-    def run(label, accepted):
-        return {"kind": "run", "draft": "gguf-int4-head32k", "set": "chat", "prompt": 0, "gamma": 3,
-                "label": label, "same_as_plain": True, "steps": 10, "emitted": 20, "drafted": 30,
-                "accepted": accepted}
-
-    step = {"kind": "step", "model": "qwen2.5-coder-0.5b@gguf-int4-head32k"}
-    rows = [run("old list", 12), run("", 21), dict(step, label="old list", ms=7.0),
-            dict(step, ms=6.0)]  # no label: older rows
-    lines = result_tables.coder_drafts(rows).splitlines()[2:]
-    assert len(lines) == 2
-    assert lines[0].startswith("| gguf-int4-head32k | 3 | chat | 1 | 2.00 | 0.700")
-    assert lines[0].endswith("| 6.0 |")
-    assert lines[1].startswith("| gguf-int4-head32k (old list) |") and "| 0.400 " in lines[1]
-    assert lines[1].endswith("| 7.0 |")

@@ -25,6 +25,7 @@ from ..core.gamma import sort_key as gamma_order
 from ..loading.refs import split_window
 from . import peer_tables, result_tables, store
 from .aggregate import summarize
+from .tools import llamacpp
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
@@ -163,10 +164,10 @@ class Kind:
 KINDS = {
     # specq beside llama.cpp (bench_llamacpp.py): one run in full; runs of several files, one line
     # each; pass costs by rows; set-ups of one file; step profiles (profile_step.py)
-    "llamacpp": Kind(lambda p, o: peer_tables.summary(_rows(p, o)), ("machine",)),
+    "llamacpp": Kind(lambda p, o: llamacpp.summary(_rows(p, o)), ("machine",)),
     "peers": Kind(lambda p, o: peer_tables.peers(_files(p, o)), ("machine",)),
     "passes": Kind(lambda p, o: peer_tables.passes(_files(p, o)), ("machine",)),
-    "llamacpp-setups": Kind(lambda p, o: peer_tables.setups(_rows(p, o)), ("machine",)),
+    "llamacpp-setups": Kind(lambda p, o: llamacpp.setups_summary(_rows(p, o)), ("machine",)),
     "step-profile": Kind(lambda p, o: peer_tables.step_profile(_rows(p, o)), ("machine",)),
     # `specq bench` results stores: every configuration; per prompt set against gamma
     "cells": Kind(lambda p, o: cells(_bench(p, o, False)[0]), ("tokens", "gamma")),
@@ -175,17 +176,10 @@ KINDS = {
     "gamma-interleaved": Kind(lambda p, o: result_tables.gamma_interleaved(_rows(p, o)),
                               ("machine",)),
     "load": Kind(lambda p, o: result_tables.load(_rows(p, o)), ("machine",)),
-    "serve-batch": Kind(lambda p, o: result_tables.serve(_rows(p, o), _clients(o)),
-                        ("machine", "clients")),
     "serve-modes": Kind(lambda p, o: result_tables.serve_modes(_rows(p, o), _clients(o)),
                         ("machine", "clients")),
     "compare": Kind(lambda p, o: result_tables.compare(_rows(p, o)), ("machine",)),
     "verify": Kind(lambda p, o: result_tables.verify(_rows(p, o)), ("machine",)),
-    "qad": Kind(lambda p, o: result_tables.qad(_rows(p, o), o.get("part", "runs")), ("part",)),
-    "calibration": Kind(lambda p, o: result_tables.calibration(json.loads(p[0].read_text())["rows"],
-                                                               o["order"].split(",")), ("order",)),
-    "coder-drafts": Kind(lambda p, o: result_tables.coder_drafts(_rows(p, o))),
-    "tree-verify": Kind(lambda p, o: result_tables.tree_verify(_rows(p, o))),
 }
 
 

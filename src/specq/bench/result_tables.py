@@ -1,11 +1,10 @@
 """Tables of the rows the benchmark scripts and `specq compare --json` write to docs/results
 (everything but `specq bench`'s results store and the llama.cpp comparison, `peer_tables.py`):
 interleaved gammas, load time and memory, the server under load, quality against a reference, and
-a few of the drafts' and trees' measurements. `doc_tables.py` puts them into the docs."""
+verify passes on the eager and the fast path. `doc_tables.py` puts them into the docs."""
 
 from __future__ import annotations
 
-import random
 import statistics
 from pathlib import Path
 
@@ -127,24 +126,6 @@ def _served(rows: list[dict]) -> dict[tuple, dict]:
     return out
 
 
-def serve(rows: list[dict], clients: set[int] | None = None) -> str:
-    """Per cell (precision, clients, mode; only `clients` when given) and --max-batch: tokens/s,
-    latency and TTFT percentiles, and tokens/s against --max-batch 1 in the same repeat (the mean
-    and the range over repeats)."""
-    lines = ["| precision | clients | mode | max batch | requests | errors | tokens/s | "
-             "vs max batch 1 (mean, min-max) | latency p50 / p95 (s) | TTFT p50 / p95 (s) |",
-             "|" + "---|" * 10]
-    for (precision, n, mode, batch), c in _served(rows).items():
-        if clients is not None and n not in clients:
-            continue
-        vs = c["vs_one"]
-        shown = f"{statistics.mean(vs):.2f}x ({min(vs):.2f}-{max(vs):.2f})" if vs else ""
-        lines.append(f"| {precision} | {n} | {mode} | {batch} | {c['requests']} | {c['errors']} | "
-                     f"{c['rate']:.1f} | {shown} | {c['latency'][0]:.2f} / {c['latency'][1]:.2f} | "
-                     f"{c['ttft'][0]:.2f} / {c['ttft'][1]:.2f} |")
-    return "\n".join(lines)
-
-
 def serve_modes(rows: list[dict], clients: set[int] | None = None) -> str:
     """The same rounds with the two modes side by side: per precision, clients and --max-batch,
     plain and speculative tokens/s, their ratio, and the median latency and TTFT of each."""
@@ -195,131 +176,4 @@ def verify(rows: list[dict]) -> str:
                for n in sizes}
         cells = [f"{med[n]:.1f} ({med[n] / med[sizes[0]]:.2f}x)" for n in sizes]
         lines.append(f"| {spec} | {path} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-QAD_HEADER = ("| {} | scales' lr | codes' lr | {} | steps | s / step | held-out KL | "
-              "held-out top-1 |")
-
-
-def qad(rows: list[dict], part: str) -> str:
-    """docs/results/qad.jsonl: `settings` (qad_settings.py's short trainings), `runs` (one row per
-    `specq qad` run: held-out KL and top-1 against the float teacher before and after), `compare`
-    (`specq compare` of the float target with quantized ones) or `acceptance` (qad_acceptance.py's
-    rows)."""
-
-    def moved(r: dict, key: str) -> str:
-        return f"{r['held_out_before'][key]:.3f} -> {r['held_out_after'][key]:.3f}"
-
-    def training(r: dict, name: str, lrs: dict, fourth, s_per_step: float) -> str:
-        return (f"| {name} | {lrs['lr']:g} | {lrs['code_lr']:g} | {fourth:g} | {r['steps']} | "
-                f"{s_per_step:.1f} | {moved(r, 'kl')} | {moved(r, 'top1')} |")
-
-    if part == "settings":
-        out = [QAD_HEADER.format("from", "norms' lr"), "|---|---|---|---|---|---|---|---|"]
-        for r in (r for r in rows if r["kind"] == "qad_setting"):
-            c = r["config"]
-            out.append(training(r, r["spec"], c, c.get("vec", 0.05 * max(c["lr"], c["code_lr"])),
-                                r["s_per_step"]))
-    elif part == "runs":
-        out = [QAD_HEADER.format("result", "threads"), "|---|---|---|---|---|---|---|---|"]
-        out += [training(r, r["result"], r["settings"], r["threads"],
-                         r["train_s"] / max(1, r["steps"]))
-                for r in rows if r["kind"] == "qad_run"]
-    elif part == "compare":
-        out = ["| B | ppl A (fp32) | ppl B | top-1 vs fp32 | KL(A, B) |", "|---|---|---|---|---|"]
-        out += [f"| {r['b']} | {_mean_ci(r['ppl_a'], 1)} | {_mean_ci(r['ppl_b'], 1)} | "
-                f"{_mean_ci(r['top1'], 3)} | {_mean_ci(r['kl_ab'], 3)} |"
-                for r in rows if r["kind"] == "compare"]
-    elif part == "acceptance":
-        out = ["| target | draft | acceptance rate | tau |", "|---|---|---|---|"]
-        for r in (r for r in rows if r["kind"] == "qad_acceptance"):
-            rate, tau = ({"mean": m, "low": lo, "high": hi}
-                         for m, lo, hi in (r["acceptance_rate"], r["tau"]))
-            out.append(f"| {r['target']} | {r['draft']} | {_mean_ci(rate, 3)} | "
-                       f"{_mean_ci(tau, 2)} |")
-    else:
-        raise SystemExit(f"qad table: unknown part {part!r} "
-                         "(settings, runs, compare or acceptance)")
-    return "\n".join(out)
-
-
-def _ci3(x) -> str:
-    mean, low, high = (x["mean"], x["low"], x["high"]) if isinstance(x, dict) else x
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
-
-
-def calibration(rows: dict, order: list[str]) -> str:
-    """The calibration experiment's JSON (`rows` by target spec), in `order`: per target its
-    distance from fp32, then per draft (distilled, calibrated) acceptance measured and predicted."""
-    lines = ["| target | JS vs fp32 | beta vs fp32 | draft | greedy acceptance | tau (greedy) | "
-             "top-1 (pred.) | T=1 acceptance | 1 - TV (pred.) | 1 - KL(q‖p) |", "|" + "---|" * 10]
-    for spec in order:
-        row = rows[spec]
-        for which in (w for w in ("distilled", "calibrated") if w in row):
-            r = row[which]
-            lines.append(f"| {spec} | {row['js_vs_fp32']['mean']:.4f} "
-                         f"| {row['beta_vs_fp32']['mean']:.3f} | {which} "
-                         f"| {_ci3(r['greedy_acceptance'])} | {_ci3(r['greedy_tau'])} "
-                         f"| {r['top1']['mean']:.3f} | {_ci3(r['sampling_acceptance'])} "
-                         f"| {r['one_minus_tv']['mean']:.3f} "
-                         f"| {1 - r['kl_draft_target']['mean']:.3f} |")
-    return "\n".join(lines)
-
-
-CODER_DRAFT = "qwen2.5-coder-0.5b"  # the model a bare precision in bench_coder_drafts' rows names
-
-
-def coder_drafts(rows: list[dict]) -> str:
-    """bench_coder_drafts.py's rows, per draft, gamma, prompt set and label: tau and acceptance
-    pooled over the runs (a 95% bootstrap interval over prompts), the draft's step, and whether
-    every output was the target's."""
-    steps = {(r["model"], r.get("label", "")): r for r in rows if r["kind"] == "step"}
-    runs = [r for r in rows if r["kind"] == "run"]
-
-    def key_of(r: dict) -> tuple:
-        return r["draft"], r["gamma"], r["set"], r.get("label", "")
-
-    lines = ["| draft | gamma | set | runs | tau | acceptance [95% CI] | same as plain | "
-             "draft step ms |", "|---|---|---|---|---|---|---|---|"]
-    for key in sorted({key_of(r) for r in runs}, key=lambda k: (k[1], k[2], k[0], k[3])):
-        group = [r for r in runs if key_of(r) == key]
-        tau = sum(r["emitted"] for r in group) / sum(r["steps"] for r in group)
-        rate, low, high = _pooled_ci(group)
-        model = key[0] if "@" in key[0] else f"{CODER_DRAFT}@{key[0]}"
-        step = steps.get((model, key[3]), {}).get("ms", float("nan"))
-        draft = f"{key[0]} ({key[3]})" if key[3] else key[0]
-        lines.append(f"| {draft} | {key[1]} | {key[2]} | {len(group)} | {tau:.2f} | "
-                     f"{rate:.3f} [{low:.3f}, {high:.3f}] | "
-                     f"{all(r['same_as_plain'] for r in group)} | {step:.1f} |")
-    return "\n".join(lines)
-
-
-def _pooled_ci(group: list[dict], rounds: int = 2000) -> tuple[float, float, float]:
-    """The acceptance rate pooled over the runs (accepted / drafted) and a 95% bootstrap interval
-    over the runs (prompts), seeded."""
-    rng = random.Random(0)
-
-    def rate(g: list[dict]) -> float:
-        return sum(r["accepted"] for r in g) / max(1, sum(r["drafted"] for r in g))
-
-    boot = sorted(rate([rng.choice(group) for _ in group]) for _ in range(rounds))
-    return rate(group), boot[int(0.025 * rounds)], boot[int(0.975 * rounds) - 1]
-
-
-def tree_verify(rows: list[dict]) -> str:
-    """bench_tree_verify.py's rows: a one-token step and a tree verify pass of N nodes per
-    precision (medians over rounds), with the pass in steps of the same round (median)."""
-    sizes = sorted({r["nodes"] for r in rows})
-    lines = ["| precision | 1-token step (ms) | " + " | ".join(f"{n} nodes" for n in sizes) + " |",
-             "|---|---|" + "---|" * len(sizes)]
-    for spec in dict.fromkeys(r["precision"] for r in rows):
-        mine = [r for r in rows if r["precision"] == spec]
-        cells = []
-        for n in sizes:
-            at = [r for r in mine if r["nodes"] == n]
-            cells.append(f"{statistics.median(r['tree_ms'] for r in at):.1f} "
-                         f"({statistics.median(r['tree_ms'] / r['step_ms'] for r in at):.2f}x)")
-        step = statistics.median(r["step_ms"] for r in mine)
-        lines.append(f"| {spec} | {step:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
