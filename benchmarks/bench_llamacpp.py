@@ -347,15 +347,15 @@ class Specq:
         self.cache = None
 
     def prefill_context(self, ids: list[int], capacity: int) -> None:
-        self.cache = self.model.net.new_cache(capacity)
+        self.cache = self.model.runner.new_cache(capacity)
         with torch.inference_mode():
-            self.model.net(torch.tensor(ids), self.cache)
+            self.model.runner(torch.tensor(ids), self.cache)
 
     def timed_forward(self, ids: list[int], start: int) -> float:
         x = torch.tensor(ids)
         with torch.inference_mode():
             began = time.perf_counter()
-            self.model.net(x, self.cache)
+            self.model.runner(x, self.cache)
             ms = (time.perf_counter() - began) * 1000
         self.cache.crop(start)
         return ms

@@ -43,6 +43,7 @@ import torch
 
 import specq
 from specq import backends
+from specq.backends.fastpath import Int8DotKernel
 from specq.bench.tools.passes import SUM, SUM_BYTES, table
 from specq.kernels import build, int8dot
 
@@ -76,20 +77,22 @@ class TimedStack:
         return out
 
 
-def packed(module: torch.nn.Module) -> list[int8dot.Int8DotWeight]:
-    """The packed int8dot weights under `module`."""
-    return [w for m in module.modules()
-            if (w := getattr(m, "int8dot_weight", lambda: None)()) is not None]
+def packed(run, module: torch.nn.Module) -> list[int8dot.Int8DotWeight]:
+    """The int8dot weights the runner `run` runs the linear layers under `module` on."""
+    kernels = [run.kernels.get(m) for m in module.modules()]
+    return [k.weight for k in kernels if isinstance(k, Int8DotKernel)]
 
 
 def measurements(ref: str, backend: str, rows: list[int],
                  contexts: list[int]) -> tuple[dict[tuple, Timed], dict]:
     """({(measurement, rows, context): a call to time}, the model's fields of every row)."""
-    net = specq.load(ref, backend=backend).net
-    weights, layer_weights = packed(net), packed(net.layers)
+    run = specq.load(ref, backend=backend).runner
+    weights, layer_weights = packed(run, run.net), packed(run, run.net.layers)
     stack = None
-    if getattr(net, "stack", None) is not None:
-        net.stack = stack = TimedStack(net.stack)
+    if run.stack is not None:  # the same kernels, the layer stack timed
+        stack = TimedStack(run.stack)
+        run = type(run)(run.net, run.backend, run.kernels, stack)
+    net = run
     ids = torch.randint(100, 20000, (max(contexts) + max(rows),),
                         generator=torch.Generator().manual_seed(0))
     caches = {}

@@ -88,7 +88,8 @@ torch.set_num_threads(int(sys.argv[1]))
 calls, passes = int(sys.argv[2]), json.loads(sys.argv[3])
 contexts, configs = json.loads(sys.argv[4]), json.loads(sys.argv[5])
 for name, target_ref, _ in configs:
-    net = specq.load(target_ref).net
+    model = specq.load(target_ref)
+    net = getattr(model, 'runner', None) or model.net  # a runner from 57868df on
     ids = torch.randint(100, 20000, (max(contexts) + max(passes),),
                         generator=torch.Generator().manual_seed(0))
     for context in contexts:
