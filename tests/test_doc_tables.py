@@ -3,6 +3,7 @@ and each kind renders what its rows say."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,19 +44,90 @@ def test_the_performance_page_is_generated_from_its_results():
 
 
 def test_the_readme_holds_one_generated_results_table():
-    """The README's one results table (specq beside llama.cpp on the coder pair) is a block of a
-    raw results file, regenerated and checked like the docs' tables: a hand-edited number is put
-    back."""
+    """The README's one results table (specq beside llama.cpp on the coder pair, a column per
+    prompt kind) is a block of raw results files, regenerated and checked like the docs' tables: a
+    hand-edited number is put back."""
     blocks = list(doc_tables.BLOCK.finditer((ROOT / "README.md").read_text()))
-    assert [m.group("spec").split()[1] for m in blocks] == ["llamacpp"]
+    assert [m.group("spec").split()[1] for m in blocks] == ["headline"]
     spec = blocks[0].group("spec")
     table = doc_tables.render(spec, ROOT)
-    row = table.splitlines()[2]  # the first measurement
+    assert table.splitlines()[0] == "| qwen1.5b | code | edit | chat |"
+    row = table.splitlines()[2]  # llama.cpp's plain decoding
     cells = row.split(" | ")
-    assert len(table.splitlines()) > 3 and len(cells) == 5
-    cells[3] = "999.9 ms"  # specq's figure
+    assert len(table.splitlines()) == 2 + len(doc_tables.HEADLINE_ROWS) and len(cells) == 4
+    cells[1] = "999.9 tok/s"  # its figure on code prompts
     edited = block(spec, table.replace(row, " | ".join(cells)))
     assert doc_tables.regenerate(edited, ROOT) == block(spec, table)
+
+
+def _headline_rows(rates: dict, **fields) -> list[dict]:
+    """bench_llamacpp rows of the 1.5B, tokens/s in round order, a 0.5B row and a forward beside."""
+    rows = [{"tool": tool, "weights": "qwen1.5b", "measurement": m, "round": r, "tokens_per_s": v,
+             **fields}
+            for (tool, m), values in rates.items() for r, v in enumerate(values)]
+    return rows + [dict(rows[0], weights="qwen0.5b", tokens_per_s=1000.0),
+                   dict(rows[0], measurement="forward 1", tokens_per_s=None, ms=1.0)]
+
+
+HEADLINE_CODE = {("llama.cpp", "generate plain"): [10.0, 20.0],
+                 ("llama.cpp", "llama.cpp ngram-mod"): [12.0, 16.0],
+                 ("llama.cpp", "llama.cpp draft n-max 2"): [14.0, 10.0],
+                 ("specq", "generate plain"): [15.0, 25.0],
+                 ("specq", "generate gamma auto"): [20.0, 28.0],
+                 ("specq", "generate gamma 2"): [24.0, 30.0],
+                 ("specq", "generate gamma auto, draft ngram+m"): [30.0, 20.0]}
+
+
+def test_the_headline_is_a_column_per_file_of_paired_ratios_and_named_fastest_modes():
+    """Each cell: the median over rounds and the median of the rounds' ratios to llama.cpp's plain
+    decoding; the fastest mode by that ratio, named as llama.cpp's mode or specq's flags; a file
+    without a measurement shows "-"; other weights' rows stay out."""
+    code = _headline_rows(HEADLINE_CODE, prompt_set="code")
+    chat = _headline_rows({("llama.cpp", "generate plain"): [10.0, 10.0],
+                           ("specq", "generate ngram"): [11.0, 13.0]}, prompt_set="chat")
+    lines = doc_tables.headline([code, chat]).splitlines()
+    # ngram-mod: ratios 1.2, 0.8 (median 1.0) beat draft n-max 2's 1.4, 0.5 (0.95); specq plain
+    # 1.5, 1.25; auto 2.0, 1.4; draft ngram+m's 3.0, 1.0 (2.0) beat gamma 2's 2.4, 1.5 (1.95):
+    # the ratios decide, not the tokens/s (25.0 against 27.0)
+    assert lines == [
+        "| qwen1.5b | code | chat |", "|---|---|---|",
+        "| llama.cpp, plain decoding | 15.0 tok/s | 10.0 tok/s |",
+        "| llama.cpp, its fastest speculative mode | 14.0 tok/s (1.00x), ngram-mod | - |",
+        "| specq, plain decoding (`--no-speculative`) | 20.0 tok/s (1.38x) | - |",
+        ("| specq's default (no flags: gamma `auto`, the registered draft) | 24.0 tok/s (1.70x) "
+         "| - |"),
+        ("| specq, its fastest mode | 25.0 tok/s (2.00x), `--draft ngram+m` "
+         "| 12.0 tok/s (1.20x), `--draft ngram` |")]
+
+
+def test_specq_modes_are_named_by_their_generate_flags():
+    assert doc_tables.specq_flags("generate gamma auto") == "no flags"
+    assert doc_tables.specq_flags("generate gamma 2") == "`--gamma 2`"
+    assert doc_tables.specq_flags("generate plain") == "`--no-speculative`"
+    flags = doc_tables.specq_flags("generate gamma auto, draft m:window=32")
+    assert flags == "`--draft m:window=32`"
+
+
+def test_the_headline_takes_its_machines_rows_and_refuses_two_runs_in_one_file(tmp_path):
+    """`machine=` drops the other machines' rows (else their rounds would pair with these); two
+    runs of one file on one machine are refused, their rounds not being one another's; files
+    without the 1.5B make no table."""
+    ours = _headline_rows(HEADLINE_CODE, prompt_set="code", machine="m", run="1")
+    theirs = _headline_rows({k: [v * 10 for v in vs] for k, vs in HEADLINE_CODE.items()},
+                            prompt_set="code", machine="other", run="2")
+    draft = [dict(r, weights="qwen0.5b") for r in ours]
+    for name, rows in [("ours.jsonl", ours), ("both.jsonl", ours + theirs),
+                       ("draft.jsonl", draft)]:
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    alone = doc_tables.render("ours.jsonl headline", tmp_path)
+    assert doc_tables.render("both.jsonl headline machine=m", tmp_path) == alone
+    assert "| 15.0 tok/s |" in alone
+    with pytest.raises(SystemExit, match="several runs"):
+        doc_tables.render("both.jsonl headline", tmp_path)
+    with pytest.raises(SystemExit, match="no rows"):
+        doc_tables.render("both.jsonl headline machine=none", tmp_path)
+    with pytest.raises(SystemExit, match="no rows"):  # the 1.5B's table, and no row of it
+        doc_tables.render("draft.jsonl headline", tmp_path)
 
 
 def test_a_table_takes_the_rows_of_its_machine_and_refuses_unknown_kinds_and_options():

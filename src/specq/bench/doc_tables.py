@@ -153,6 +153,64 @@ def _files(paths: list[Path], options: dict) -> list[list[dict]]:
     return [_each(path, options) for path in paths]
 
 
+SPECQ_FLAGS = {"plain": "--no-speculative", "ngram": "--draft ngram", "gamma auto": ""}
+HEADLINE_ROWS = ["llama.cpp, plain decoding", "llama.cpp, its fastest speculative mode",
+                 "specq, plain decoding (`--no-speculative`)",
+                 "specq's default (no flags: gamma `auto`, the registered draft)",
+                 "specq, its fastest mode"]
+
+
+def specq_flags(measurement: str) -> str:
+    """A specq mode of the peer comparison as `specq generate`'s flags: 'generate gamma 2' ->
+    `--gamma 2`, 'generate gamma auto, draft REF' -> `--draft REF`; the default: 'no flags'."""
+    parts = measurement.removeprefix("generate ").split(", ")
+    flags = " ".join(f for p in parts if (f := SPECQ_FLAGS.get(p, f"--{p}")))
+    return f"`{flags}`" if flags else "no flags"
+
+
+def headline(files: list[list[dict]], weights: str = "qwen1.5b") -> str:
+    """The README's table: one column per peer comparison file (a prompt kind), one row per
+    configuration, each cell tokens/s (the median over rounds) and the median of the rounds' ratios
+    to llama.cpp's plain decoding, as `llamacpp.summary` pairs them; the fastest modes by that
+    ratio, named."""
+    columns = [[r for r in rows if r["weights"] == weights] for rows in files]
+    for rows in columns:
+        if len({r.get("run") for r in rows}) > 1:  # their rounds are not one another's
+            raise SystemExit(f"headline: a file holds several runs of {weights}: name machine=")
+    names = [", ".join(sorted({r.get("prompt_set", "-") for r in rows})) or "-" for rows in columns]
+    lines = [f"| {weights} | " + " | ".join(names) + " |", "|---|" + "---|" * len(columns)]
+    if any(columns):
+        cells = [_headline_column(rows, weights) for rows in columns]
+        lines += [f"| {label} | " + " | ".join(c[i] for c in cells) + " |"
+                  for i, label in enumerate(HEADLINE_ROWS)]
+    return "\n".join(lines)
+
+
+def _headline_column(rows: list[dict], weights: str) -> list[str]:
+    """One file's cells of `headline`, in the order of HEADLINE_ROWS ("-": not measured)."""
+    plain = llamacpp._rates(rows, "llama.cpp", weights, "generate plain")
+
+    def cell(rates: dict) -> str:
+        ratio = llamacpp._paired(rates, plain)
+        return llamacpp._median(rates, " tok/s") + (f" ({ratio}x)" if ratio != "-" else "")
+
+    def fastest(tool: str, modes, name: Callable[[str], str]) -> str:
+        rates = {m: r for m in modes if (r := llamacpp._rates(rows, tool, weights, m))}
+        if not rates:
+            return "-"
+        best = max(rates, key=lambda m: llamacpp._ratio(rates[m], plain))
+        return f"{cell(rates[best])}, {name(best)}"
+
+    generations = [r["measurement"] for r in rows
+                   if r["tool"] == "specq" and r["measurement"].startswith("generate")]
+    return [llamacpp._median(plain, " tok/s"),
+            fastest("llama.cpp", llamacpp.LLAMA_CPP_SPECULATIVE,
+                    lambda m: m.removeprefix("llama.cpp ")),
+            cell(llamacpp._rates(rows, "specq", weights, "generate plain")),
+            cell(llamacpp._rates(rows, "specq", weights, llamacpp.DEFAULT_MODE)),
+            fastest("specq", dict.fromkeys(generations), specq_flags)]
+
+
 @dataclass(frozen=True)
 class Kind:
     """A kind of table: how it is made from its files and options, and the options it takes."""
@@ -162,9 +220,11 @@ class Kind:
 
 
 KINDS = {
-    # specq beside llama.cpp (bench_llamacpp.py): one run in full; runs of several files, one line
-    # each; pass costs by rows; set-ups of one file; step profiles (profile_step.py)
+    # specq beside llama.cpp (bench_llamacpp.py): one run in full; the README's, a column per file;
+    # runs of several files, one line each; pass costs by rows; set-ups of one file; step profiles
+    # (profile_step.py)
     "llamacpp": Kind(lambda p, o: llamacpp.summary(_rows(p, o)), ("machine",)),
+    "headline": Kind(lambda p, o: headline(_files(p, o)), ("machine",)),
     "peers": Kind(lambda p, o: peer_tables.peers(_files(p, o)), ("machine",)),
     "passes": Kind(lambda p, o: peer_tables.passes(_files(p, o)), ("machine",)),
     "llamacpp-setups": Kind(lambda p, o: llamacpp.setups_summary(_rows(p, o)), ("machine",)),
