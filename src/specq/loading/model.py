@@ -29,7 +29,7 @@ class Model:
     runner: Runner | None = field(default=None, repr=False, compare=False)  # what runs `net` (default: torch's ops)
 
     def __post_init__(self):
-        if self.runner is None:
+        if self.runner is None and self.net is not None:
             self.runner = backends.runner(self.net, "eager")
 
     @property
