@@ -69,7 +69,7 @@ class Draft:
 
     ref = property(lambda self: self.model.ref)
     net = property(lambda self: self.model.net)
-    runner = property(lambda self: self.model.runner)
+    runner = property(lambda self: self.model.runner, lambda self, run: setattr(self.model, "runner", run))
     tokenizer = property(lambda self: self.model.tokenizer)
     eos_ids = property(lambda self: self.model.eos_ids)
     source = property(lambda self: self.model.source)
