@@ -132,7 +132,7 @@ def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: 
     probs = {}
     for seq in itertools.product(range(v), repeat=n):
         with torch.no_grad():
-            logits = target.net(torch.tensor(prompt + list(seq)), None)[len(prompt) - 1:]
+            logits = target.runner(torch.tensor(prompt + list(seq)), None)[len(prompt) - 1:]
         p = probabilities(logits, cfg)
         probs[seq] = float(torch.prod(torch.stack([p[i, t] for i, t in enumerate(seq)])))
     return probs

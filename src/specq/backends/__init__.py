@@ -23,10 +23,9 @@ from torch import nn
 
 from ..errors import SpecqError
 from ..kernels import build
-from ..model.feature_draft import FeatureDraft
 from ..model.llama import Llama
 from . import fastpath
-from .runner import CompiledRunner, FeatureRunner, ModuleRunner, Runner
+from .runner import CompiledRunner, ModuleRunner, Runner
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,12 @@ class Backend:
 
 def _kernels(net: nn.Module) -> Runner:
     table = fastpath.kernels(net)
-    body = net.body if isinstance(net, FeatureDraft) else net
-    stack = fastpath.layer_stack(body, table)
-    cls = FeatureRunner if isinstance(net, FeatureDraft) else Runner
-    return cls(net, "kernels", table, stack)
-
-
-def _eager(net: nn.Module) -> Runner:
-    return (FeatureRunner if isinstance(net, FeatureDraft) else Runner)(net, "eager")
+    return Runner(net, "kernels", table, fastpath.layer_stack(decoder(net), table))
 
 
 BACKENDS = {b.name: b for b in (
     Backend("kernels", _kernels, "specq's CPU kernels where they take a layer, torch's ops elsewhere"),
-    Backend("eager", _eager, "torch's ops only (the reference)"),
+    Backend("eager", lambda net: Runner(net, "eager"), "torch's ops only (the reference)"),
     Backend("compiled", CompiledRunner, "torch.compile of fixed-shape chain steps (a minute per new shape)"),
 )}
 DEFAULT = "kernels"
@@ -79,7 +71,12 @@ def runner(net: nn.Module, name: str = DEFAULT) -> Runner:
 def native(net: nn.Module) -> bool:
     """Whether specq's own decoder (and so its kernels) runs this network: it is one, or wraps one
     (a feature draft's layers are a `Llama` body)."""
-    return isinstance(net, Llama) or any(isinstance(child, Llama) for child in net.children())
+    return decoder(net) is not None
+
+
+def decoder(net: nn.Module) -> Llama | None:
+    """The native decoder that runs `net`'s layers: `net` itself, or its `Llama` child; else None."""
+    return net if isinstance(net, Llama) else next((c for c in net.children() if isinstance(c, Llama)), None)
 
 
 def describe(run: Runner) -> dict:

@@ -25,9 +25,12 @@ from .fastpath import Kernel
 
 
 class Runner:
-    """Runs a native decoder's passes (`Llama`): `__call__` as `Llama.forward`, `forward_many` for
-    several sequences, `new_cache`. `kernels` maps a linear module to the kernel that runs it (the
-    others run their torch op); `stack`, where set, runs whole cached passes in one C call."""
+    """Runs a native network's passes (a `Llama`, or a module built on one, as a feature draft):
+    `__call__` as the module's forward, on this runner's execution; for a `Llama` also
+    `forward_many` for several sequences. `kernels` maps a linear module to the kernel that runs
+    it (the others run their torch op); `stack`, where set, runs whole cached passes of the
+    network's decoder in one C call. What is not about running (config, vocabulary, ...) is read
+    from the module."""
 
     def __init__(self, net: nn.Module, backend: str, kernels: dict[nn.Module, Kernel] | None = None,
                  stack=None):
@@ -59,14 +62,17 @@ class Runner:
             return module(x, self.linear)
         return module(x)
 
+    def __getattr__(self, name: str):  # the module's own attributes: vocab_ids, full_vocab, ...
+        if name.startswith("_") or name in ("net", "execution", "kernels", "backend"):
+            raise AttributeError(name)
+        return getattr(self.net, name)
+
     def new_cache(self, capacity: int) -> KVCache:
         return self.net.new_cache(capacity)
 
-    def __call__(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
-                 return_hidden: bool = False, positions: Tensor | None = None, mask: Tensor | None = None,
-                 head: nn.Module | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        """`Llama.forward` on this runner's kernels."""
-        return self.net(ids, cache, last_only, return_hidden, positions, mask, head, self.execution)
+    def __call__(self, *args, **kwargs):
+        """The module's forward (`Llama.forward`, a feature draft's) on this runner's kernels."""
+        return self.net(*args, **kwargs, ex=self.execution)
 
     def hidden_states(self, ids: Tensor) -> Tensor:
         return self.net.hidden_states(ids, self.execution)
@@ -102,28 +108,6 @@ class Runner:
             self._stack_limit = invariant_rows(self.net, MAX_STACKED_ROWS, self.dtype, self.linear,
                                                lambda m: self.kernels.get(m, m))
         return self._stack_limit
-
-
-class FeatureRunner(Runner):
-    """Runs a feature draft (`model.feature_draft.FeatureDraft`): its fc, decoder body and head on
-    this runner's kernels. Attributes of the draft that are not about running it are the module's."""
-
-    def __call__(self, ids: Tensor, features: Tensor, cache: KVCache | None = None,
-                 positions: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self.net(ids, features, cache, positions, mask, self.execution)
-
-    def attach(self, target: nn.Module) -> "FeatureRunner":
-        """Share the target's token embedding (`FeatureDraft.attach`)."""
-        self.net.attach(target)
-        return self
-
-    def __getattr__(self, name: str):  # vocab_ids, full_vocab, target_vocab_size, subset_index
-        if name.startswith("_") or name in ("net", "execution", "kernels", "backend"):
-            raise AttributeError(name)
-        return getattr(self.net, name)
-
-    def forward_many(self, seqs, return_hidden=False):
-        raise ValueError("a feature draft runs one sequence at a time")
 
 
 class ModuleRunner(Runner):
@@ -170,7 +154,7 @@ class CompiledRunner(Runner):
                  head: nn.Module | None = None):
         if (cache is None or ids.shape[0] > MAX_COMPILED_TOKENS or return_hidden or positions is not None
                 or mask is not None or head is not None):
-            return super().__call__(ids, cache, last_only, return_hidden, positions, mask, head)
+            return self.net(ids, cache, last_only, return_hidden, positions, mask, head)
         logits = self._compiled(ids, cache)
         cache.length += ids.shape[0]
         return logits[-1:] if last_only else logits

@@ -109,7 +109,8 @@ def _feature_drafter(draft: Draft, target: Model, min_confidence: float, tree: T
     _trees_need_a_native(target, tree)
     if not isinstance(target.net, Llama):
         raise SpecqError(f"feature draft '{draft.ref}' needs a Llama-architecture target, not '{target.ref}'")
-    return FeatureDrafter(draft.runner.attach(target.net), min_confidence, tree)
+    draft.net.attach(target.net)  # the target's token embedding, shared
+    return FeatureDrafter(draft.runner, min_confidence, tree)
 
 
 def _feature_rows(net, ids: Tensor, cache):
@@ -121,7 +122,8 @@ def _feature_logits(target_net, draft_net, ids: Tensor) -> tuple[Tensor, Tensor,
     """Row r (token r+1, the target's state at r) predicts the token after r+1, so it is scored
     from position 1 on (the first step of every proposal)."""
     logits, hidden = target_net(ids, None, return_hidden=True)
-    draft_logits, _ = draft_net.attach(target_net.net)(ids[1:-1], hidden[:-2])
+    draft_net.net.attach(target_net.net)
+    draft_logits, _ = draft_net(ids[1:-1], hidden[:-2])
     return logits[1:-1], draft_net.full_vocab(draft_logits), ids[2:]
 
 

@@ -29,7 +29,7 @@ class Model:
     runner: Runner | None = field(default=None, repr=False, compare=False)  # what runs `net` (default: torch's ops)
 
     def __post_init__(self):
-        if self.runner is None:
+        if self.runner is None and self.net is not None:
             self.runner = backends.runner(self.net, "eager")
 
     @property
@@ -69,7 +69,7 @@ class Draft:
 
     ref = property(lambda self: self.model.ref)
     net = property(lambda self: self.model.net)
-    runner = property(lambda self: self.model.runner)
+    runner = property(lambda self: self.model.runner, lambda self, run: setattr(self.model, "runner", run))
     tokenizer = property(lambda self: self.model.tokenizer)
     eos_ids = property(lambda self: self.model.eos_ids)
     source = property(lambda self: self.model.source)
