@@ -15,7 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from specq import backends
 from specq.core.sampling import SamplingConfig, probabilities
 from specq.loading.kinds import FEATURE
-from specq.loading.model import Draft, Model
+from specq.core.types import Draft, Model
 from specq.loading.precision import parse, quantize_net
 from specq.model.feature_draft import new_feature_draft
 from specq.model.hf_backend import HFCausalLM

@@ -14,14 +14,15 @@ import sys
 from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, arg_path, read_text
-from .core.gamma import AUTO, MAX_GAMMA
-from .drafters import ngram, refs
+from .core.gamma import AUTO, MAX_GAMMA, GammaMemory
+from .drafters import ngram
 from .drafters.base import DEFAULT_GAMMA, SAMPLING_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafts_cli import add_drafts_parser
 from .errors import SpecqError
 from .kernels import build as kernel_build
+from .loading import draft_refs as refs
 from .qad_cli import add_qad_parser
 
 LORA_MAX_RANK = 256  # `distill --lora`: an adapter of a higher rank is no longer small beside its base
@@ -243,7 +244,7 @@ def _precisions(text: str) -> tuple[str, ...]:
 def cmd_serve(args) -> int:
     import torch
 
-    from .serve import ServeConfig, bind, build_app, run
+    from .serve.server import ServeConfig, bind, build_app, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -287,7 +288,9 @@ def cmd_generate(args) -> int:
     backends.check_name(args.backend)
     for ref in [args.target, *(refs.model_refs(args.draft) if args.draft else [])]:
         check_ref(resolve_draft_ref(ref, args.target))
-    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args))
+    # the warm-up run's gamma auto estimates carry over to the run that counts
+    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args),
+                              gamma_memory=GammaMemory())
     target = load(args.target, args.backend)
     draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
     if args.no_speculative:

@@ -436,7 +436,7 @@ def test_a_gguf_files_own_precision_is_a_target_precision(tmp_path):
     """`target_quant = ["gguf"]` (a GGUF file at its own precision) is a precision like the others:
     accepted, crossed with every target, spelled as is; its cells skip the transformers peer
     (quantized blocks), and a typo is still a one-line error."""
-    from specq.loading.model import Model
+    from specq.core.types import Model
 
     model = tmp_path / "model.gguf"
     model.touch()  # the config stage checks only that the file exists

@@ -11,7 +11,8 @@ from specq import api
 from specq.cli import main
 from specq.core import acceptance
 from specq.core.sampling import SamplingConfig
-from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape, refs
+from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape
+from specq.loading import draft_refs as refs
 from specq.drafters.ngram import DEFAULT_K, NgramIndex, parse
 from specq.errors import SpecqError
 from specq.loading.kinds import for_pair

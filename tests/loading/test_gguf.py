@@ -156,7 +156,7 @@ def tied_gguf(path, qtype: str, seed: int = 0):
     returns the float model it was written from."""
     import dataclasses
 
-    from specq.loading.model import Model
+    from specq.core.types import Model
     from specq.model.llama import Llama
 
     model = tiny_model(vocab=48, hidden=64, scale=3.0, seed=seed)
@@ -204,7 +204,7 @@ def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
 def test_tied_file_greedy_speculative_equals_plain(tmp_path):
     from specq.backends import fastpath
     from specq.kernels import int8dot
-    from specq.loading.model import Model
+    from specq.core.types import Model
 
     from conftest import perturbed
 

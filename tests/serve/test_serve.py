@@ -28,7 +28,7 @@ import specq
 from specq.cli import main
 from specq.drafters import TreeShape
 from specq.loading.save import save_native
-from specq.serve import ServeConfig, bind, build_app
+from specq.serve.server import ServeConfig, bind, build_app
 from specq.serve import engine as engine_module
 
 from conftest import perturbed, tiny_model

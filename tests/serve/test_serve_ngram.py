@@ -4,7 +4,7 @@ import pytest
 from test_serve import client, dirs, models, name, post, server  # noqa: F401 (fixtures)
 
 import specq
-from specq.drafters import refs
+from specq.loading import draft_refs as refs
 from specq.serve.app import servable
 from specq.serve.errors import APIError
 

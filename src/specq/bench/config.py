@@ -19,12 +19,11 @@ from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
 from ..core.gamma import AUTO, AUTO_MAX_GAMMA, MAX_GAMMA
 from ..data import user_texts
 from ..drafters import ngram
-from ..drafters import refs as draft_refs
 from ..drafters.base import DEFAULT_GAMMA
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..errors import SpecqError
-from ..loading import precision
+from ..loading import draft_refs, precision
 from ..loading.builtins import BUILTINS
 from ..loading.drafts import default_draft_ref
 from ..loading.refs import SELF, WINDOW, check_ref, split_ref, split_window

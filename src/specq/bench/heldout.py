@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from ..loading.model import Model
+from ..core.types import Model
 from ..loading.refs import split_ref
 from ..training import divergence
 from . import store

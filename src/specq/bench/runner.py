@@ -26,11 +26,13 @@ from pathlib import Path
 import torch
 
 from .. import api, backends
-from ..drafters import refs as draft_refs
+from ..core.gamma import GammaMemory
+from ..core.prompt import encode_prompt
+from ..core.types import Draft, Model
 from ..errors import SpecqError
 from ..kernels import build
-from ..loading import kinds, precision
-from ..loading.model import Draft, Model
+from ..loading import draft_refs, kinds, precision
+from ..version import __version__
 from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
 from .prompts import Prompt, load_set
@@ -41,12 +43,10 @@ WARMUP_TOKENS = 8
 def environment() -> dict:
     import transformers
 
-    import specq
-
     return {"machine": platform.machine(), "processor": platform.processor(), "platform": platform.platform(),
             "cpu": build.cpu_model(), "kernels": build.variant(),
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "specq": specq.__version__}
+            "transformers": transformers.__version__, "specq": __version__}
 
 
 def model_hash(model: Model) -> str:
@@ -77,6 +77,7 @@ class _Models:
         self.load = load
         self.backend = backend
         self.loaded: dict[str, tuple[Model, dict]] = {}
+        self.memories: dict[str, GammaMemory] = {}  # gamma auto's, per loaded target, across its runs
         self.hf: dict[str, object] = {}
 
     def get(self, ref: str) -> tuple[Model, dict]:
@@ -87,9 +88,14 @@ class _Models:
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
 
+    def gamma_memory(self, ref: str) -> GammaMemory:
+        """What gamma auto learned in the runs of target `ref` so far (forgotten with the model)."""
+        return self.memories.setdefault(ref, GammaMemory())
+
     def keep_only(self, refs: set[str]) -> None:
         for ref in set(self.loaded) - refs:
             del self.loaded[ref]
+            self.memories.pop(ref, None)
         for ref in set(self.hf) - refs:
             del self.hf[ref]
 
@@ -207,7 +213,7 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             for _ in range(cell.n_prompts * cell.repeats):
                 advance()
             return {**record, "skipped": reason}
-    ids = [api.encode_prompt(target, p.text, p.chat) for p in prompts]
+    ids = [encode_prompt(target, p.text, p.chat) for p in prompts]
     if cell.kind == "peer":
         hf_target, hf_draft = pool.hf_model(target), pool.hf_model(draft)
 
@@ -217,11 +223,13 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
     else:
         shape = cell.tree_shape()  # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
         tree = {"tree": shape} if shape else {}
+        memory = pool.gamma_memory(cell.target)
 
         def one(prompt_ids: list[int], n: int, alone: bool = False):
             return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1, max_new_tokens=n,
                             temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos,
-                            draft_confidence=cell.draft_confidence or 0.0, **({} if alone else tree))
+                            draft_confidence=cell.draft_confidence or 0.0, gamma_memory=memory,
+                            **({} if alone else tree))
 
     pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))  # a tree's first pass warms up too
     if pair not in warmed:  # first calls pay for allocation and lazy init: never time them

@@ -22,9 +22,8 @@ from torch import Tensor
 from ..checks import integer
 from ..core.gamma import MAX_GAMMA
 from ..core.sampling import SamplingConfig
+from ..core.types import EMPTY, Draft, Model, Proposal
 from ..errors import SpecqError
-from ..loading.model import Draft, Model
-from .base import EMPTY, Proposal
 
 NAME = "ngram"
 # Shortest n-gram matched. A one-token match fires on most steps, after any token seen before,

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 from .. import atomic
+from ..core.types import Model
 from ..model.llama import Llama
 from ..paths import cache_dir, file_key
 from . import file_spec, gguf_io, precision
 from .adapter import Adapter
 from .hf import eos_set
-from .model import Model
 from .save import write_native
 
 

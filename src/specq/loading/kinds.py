@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import atomic, backends
+from ..core.types import Draft, Kind, Model
 from ..drafters import ngram
 from ..drafters.base import LONGEST_DEFAULT
 from ..drafters.fallback import FallbackDrafter
@@ -38,7 +39,6 @@ from ..weights.quant import quantize_model
 from . import folders, hf, loader, precision, validate
 from .builtins import local_path
 from .drafts import resolve_draft_ref
-from .model import Draft, Kind, Model
 from .refs import SELF, parts, split_ref, split_window
 from .save import write_native
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from .. import backends
+from ..core.types import Model
 from ..errors import SpecqError
 from ..model.llama import Llama
 from ..paths import cache_dir
 from . import adapter, file_spec, hf, precision
 from .builtins import BUILTINS
 from .gguf_load import load_at_file_precision
-from .model import Model
 from .refs import check_adapter_precision, gguf_file, parts, resolve
 
 

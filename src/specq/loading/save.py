@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from .. import atomic
+from ..core.types import Model
 from ..errors import SpecqError
 from ..model.llama import Llama, native_to_hf_state_dict
-from .model import Model
 
 
 def save_native(model: Model, out: Path | str) -> None:

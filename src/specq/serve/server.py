@@ -16,12 +16,12 @@ from .. import checks
 from ..drafters.ngram import draft_models, is_ngram, parse
 from ..errors import SpecqError
 from ..loading.drafts import known_drafts
-from ..loading.pool import ModelPool
 from ..loading.precision import canonical
 from ..loading.refs import check_ref
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics
+from .pool import ModelPool
 
 # On this project's 2-core CPU a batch of two fp32 requests still gained from speculating, while at
 # four and more requests plain steps gave more tokens/s on both measured targets (docs/serve.md).

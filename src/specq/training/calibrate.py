@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import checks
-from ..api import generate
+from ..core.decode import decode
+from ..core.prompt import check_context, encode_prompt
 from ..core.stats import bootstrap_ci
+from ..core.types import Draft, Model
 from ..data import chat_prompts
 from ..errors import SpecqError
 from ..loading import kinds, precision, registry
-from ..loading.model import Draft, Model
 from ..loading.refs import split_ref
 from ..loading.vocab import check_compatible
 from . import students
@@ -42,10 +43,13 @@ class CalibrationSettings:
 def acceptance(target: Model, draft: Model | Draft, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
     """Greedy speculative runs without an early draft stop (so every proposal is gamma tokens):
     per-prompt acceptance rate and tau, with bootstrap CIs."""
+    check_compatible(draft, target)
     rates, taus = [], []
     for prompt in prompts:
-        stats = generate(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                         chat=has_chat(target), draft_confidence=0.0).stats
+        ids = encode_prompt(target, prompt, chat=has_chat(target))
+        drafter = kinds.for_pair(draft, target, min_confidence=0.0, gamma=gamma)
+        check_context(target, drafter.nodes(gamma), max_new_tokens, len(ids))
+        stats = decode(target, ids, drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens)[2]
         rates.append(stats.acceptance_rate)
         taus.append(stats.tau)
     return {"acceptance_rate": bootstrap_ci(rates), "tau": bootstrap_ci(taus), "per_prompt": rates}

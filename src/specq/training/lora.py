@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..loading.model import Model
+from ..core.types import Model
 from ..loading.refs import split_ref
 from .distill import float_teacher, sequence_forward
 

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import backends
+from ..core.types import Model
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.model import Model
 from ..loading.refs import split_ref
 from ..model.llama import Llama
 from ..weights.quant.apply import quantized_layers

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from .. import atomic, backends, checks, data
+from ..core.types import Draft, Model
 from ..errors import SpecqError
 from ..loading import adapter, kinds, registry
-from ..loading.model import Draft, Model
 from ..loading.refs import split_ref
 from ..loading.vocab import check_compatible, check_target
 from ..model.llama import Llama

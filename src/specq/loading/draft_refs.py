@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from ..core.types import Model
+from ..drafters import ngram
 from ..errors import SpecqError
-from ..loading.drafts import resolve_draft_ref
-from ..loading.model import Model
-from . import ngram
+from .drafts import resolve_draft_ref
 
 
 def split(ref: str) -> list[str]:

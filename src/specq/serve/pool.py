@@ -6,7 +6,8 @@ and getting the draft calibrated for it.
 
 Models load on first use and stay loaded; the draft comes from the registries (exact precision,
 else the nearest, with a warning), as for `specq generate`, unless the pool is given one draft for
-every precision. Loading is thread-safe (`specq serve` runs one worker thread per precision).
+every precision. Loading is thread-safe (`specq serve` runs one worker thread per precision). Each
+target keeps gamma auto's estimates across its runs (`gamma_memory`; keyed inside by the draft).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import replace
 
 from .. import checks
 from ..api import Generation, generate
+from ..core.gamma import GammaMemory
+from ..core.types import Draft, Model
 from ..drafters import ngram
-from . import precision as precisions
-from .drafts import select_draft
-from .kinds import load
-from .model import Draft, Model
-from .refs import split_ref
+from ..loading import precision as precisions
+from ..loading.drafts import select_draft
+from ..loading.kinds import load
+from ..loading.refs import split_ref
 
 
 class ModelPool:
@@ -32,6 +34,7 @@ class ModelPool:
         self.draft = None if draft is None else checks.text("the draft", draft)  # None: the registry's
         self._lock = threading.RLock()
         self._targets: dict[str, Model] = {}
+        self._memories: dict[str, GammaMemory] = {}  # per target precision
         self._drafts: dict[tuple[str, str], Model] = {}
         self._pairs: dict[str, tuple[Model, Model | None, str | None]] = {}
 
@@ -41,6 +44,13 @@ class ModelPool:
             if spec not in self._targets:
                 self._targets[spec] = load(f"{self.target}@{spec}")
             return self._targets[spec]
+
+    def gamma_memory(self, precision: str = "fp32") -> GammaMemory:
+        """gamma auto's estimates for the target at `precision`, kept across its runs (each draft's
+        under its own key): the pool's `generate` and a server's engine start every run from them."""
+        spec = precisions.canonical(precision)
+        with self._lock:
+            return self._memories.setdefault(spec, GammaMemory())
 
     def draft_model(self, precision: str, ref: str) -> Model | Draft | ngram.NgramDraft:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
@@ -75,4 +85,4 @@ class ModelPool:
         target, draft, note = self.models(precision)
         if self.speculative and note and note.startswith("no draft"):  # none, or another precision's
             warnings.warn(note, stacklevel=2)
-        return generate(target, prompt, draft, **options)
+        return generate(target, prompt, draft, **{"gamma_memory": self.gamma_memory(precision)} | options)
