@@ -11,5 +11,5 @@ from .loading.vocab import check_compatible
 from .serve.pool import ModelPool
 from .version import __version__
 
-__all__ = ["Draft", "GammaMemory", "Generation", "Model", "ModelPool", "NgramDraft", "SamplingConfig", "SpecqError",
-           "__version__", "check_compatible", "generate", "load"]
+__all__ = ["Draft", "GammaMemory", "Generation", "Model", "ModelPool", "NgramDraft",
+           "SamplingConfig", "SpecqError", "__version__", "check_compatible", "generate", "load"]

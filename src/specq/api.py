@@ -30,6 +30,7 @@ from .drafters.base import DEFAULT_GAMMA, default_gamma
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .loading.kinds import for_levels
+from .loading.refs import ngram_ref
 from .loading.vocab import check_compatible, check_target
 
 # what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram draft (or its
@@ -108,8 +109,8 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, 
     (finish reason 'cancelled')."""
     sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
-                     draft_confidence=draft_confidence, drafter=drafter, tree=tree, on_tokens=on_tokens,
-                     gamma_memory=gamma_memory)
+                     draft_confidence=draft_confidence, drafter=drafter, tree=tree,
+                     on_tokens=on_tokens, gamma_memory=gamma_memory)
     run(sequence)
     return finish(sequence, _draft(draft))
 
@@ -121,21 +122,22 @@ def _draft(draft: DraftArg) -> DraftArg:
         return [_draft(level) for level in draft]
     if not isinstance(draft, str):
         return draft
-    if not ngram.is_ngram(draft):
+    lookup = ngram_ref(draft)
+    if lookup is None:
         raise SpecqError(f"a draft given as text is an n-gram draft ('{ngram.NAME}', '{ngram.NAME}:n=2-3:k=4'), "
                          f"not '{draft}': load a model draft with specq.load")
-    spec, fallback = ngram.parse(draft)
-    if fallback is not None:
+    if lookup.fallback is not None:
         raise SpecqError(f"give an n-gram draft's fallback as a loaded model: "
-                         f"specq.NgramDraft(..., fallback=specq.load('{fallback}'))")
-    return spec
+                         f"specq.NgramDraft(..., fallback=specq.load('{lookup.fallback.text}'))")
+    return lookup.draft
 
 
 def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
           gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
           top_p: float = 1.0, seed: int = 0, chat: bool = False, stop: list[str] | None = None,
           ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
-          tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None) -> Sequence:
+          tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
+          ) -> Sequence:
     """`generate` up to the decoding (options checked, prompt encoded, drafter built): a `Sequence`
     to prefill and step with `decode.step`, alone or beside others (the server's batching)."""
     check_target(target)
@@ -155,7 +157,8 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
             gamma = draft.longest(gamma)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
     # gamma auto starts from the earlier runs (of this target: the caller's memory) with the same
-    # draft, as configured and sampled (acceptance follows both), on as many threads (so do the costs)
+    # draft, as configured and sampled (acceptance follows both), on as many threads (so do the
+    # costs)
     memory_key = (f"{_refs(levels)} tree={tree} confidence={draft_confidence} {sampling} "
                   f"threads={torch.get_num_threads()}")
     return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,

@@ -20,7 +20,7 @@ from specq.cli import _Parser
 from specq.core.stats import bootstrap_ci
 from specq.errors import SpecqError
 from specq.kernels import build
-from specq.loading.save import save_native
+from specq.loading.formats.save import save_native
 
 from conftest import perturbed, tiny_model
 

@@ -167,8 +167,9 @@ def test_plain_steps_in_a_batch_keep_every_output():
         drafted[name] = [s.stats.drafted for s in together]
     fixed = [0, 2, 3]  # gamma auto drafts rarely here either way
     assert all(drafted["every third"][i] < drafted["always"][i] / 2 for i in fixed)
-    # a memory of its own: whatever a caller kept from earlier runs (this draft rarely pays) is not its
-    auto = api.start(target, [4, 9], draft, gamma="auto", max_new_tokens=8, gamma_memory=GammaMemory())
+    # a memory of its own: not what a caller kept from earlier runs (this draft rarely pays)
+    auto = api.start(target, [4, 9], draft, gamma="auto", max_new_tokens=8,
+                     gamma_memory=GammaMemory())
     auto.prefill()
     step([auto], speculate=False)
     assert auto.stats.drafted == 0 and auto.stats.steps == 1 and not auto.choosers  # nothing learned

@@ -185,14 +185,16 @@ def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():
     target, draft = at(base, "fp32", fast=True), at(perturbed(base, 0.5), "fp32", fast=True)
     memory = GammaMemory()
     generate(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30, gamma_memory=memory)
-    [(_, kept)] = [(k, c) for k, c in memory._kept.items() if f"threads={torch.get_num_threads()}" in k[0]]
+    threads = f"threads={torch.get_num_threads()}"
+    [(_, kept)] = [(k, c) for k, c in memory._kept.items() if threads in k[0]]
     assert kept.drafting_steps >= MIN_EVIDENCE
     alone = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
     alone.prefill()
     with torch.inference_mode():
         alone.propose()
     assert alone.chooser.draft_s is None
-    again = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30, gamma_memory=memory)
+    again = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30,
+                      gamma_memory=memory)
     again.prefill()
     with torch.inference_mode():
         again.propose()
@@ -202,7 +204,8 @@ def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
-        other = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30, gamma_memory=memory)
+        other = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30,
+                          gamma_memory=memory)
         other.prefill()
         with torch.inference_mode():
             other.propose()

@@ -11,7 +11,8 @@ import torch
 
 from specq.errors import SpecqError
 from specq.kernels import int8dot
-from specq.loading import file_spec, gguf_io, precision
+from specq.loading import file_spec, precision
+from specq.loading.formats import gguf_io
 from specq.loading.file_spec import FileSpec
 from specq.weights.narrow_head import NarrowHead
 from specq.weights.quant.modules import FileBlocks

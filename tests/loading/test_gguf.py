@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specq.errors import SpecqError
-from specq.loading import gguf_io
+from specq.loading.formats import gguf_io
 
 from conftest import assert_speculative_is_plain, tiny_model, write_tiny_gguf
 
@@ -235,7 +235,7 @@ TOKENIZER_TEXTS = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n -
 def assert_cached_tokenizer_is_the_files(path, monkeypatch) -> None:
     """`gguf_load.tokenizer` (built once from the file, saved, reloaded) against what transformers
     built from the file's metadata on the way (one build: tens of seconds for a large vocabulary)."""
-    from specq.loading import gguf_load
+    from specq.loading.formats import gguf_load
 
     built, build = [], gguf_io.tokenizer
     monkeypatch.setattr(gguf_io, "tokenizer", lambda p: built.append(build(p)) or built[-1])

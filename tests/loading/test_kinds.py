@@ -15,7 +15,7 @@ from specq.drafters.ngram import NgramDraft
 from specq.errors import SpecqError
 from specq.loading import kinds
 from specq.core.types import Draft, Model
-from specq.loading.save import save_native
+from specq.loading.formats.save import save_native
 from specq.model import feature_draft
 from specq.model.feature_draft import new_feature_draft
 

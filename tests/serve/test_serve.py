@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import specq
 from specq.cli import main
 from specq.drafters import TreeShape
-from specq.loading.save import save_native
+from specq.loading.formats.save import save_native
 from specq.serve.server import ServeConfig, bind, build_app
 from specq.serve import engine as engine_module
 

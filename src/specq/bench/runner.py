@@ -31,7 +31,8 @@ from ..core.prompt import encode_prompt
 from ..core.types import Draft, Model
 from ..errors import SpecqError
 from ..kernels import build
-from ..loading import draft_refs, kinds, precision
+from ..loading import kinds, precision
+from ..loading.refs import draft_ref
 from ..version import __version__
 from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
@@ -77,7 +78,7 @@ class _Models:
         self.load = load
         self.backend = backend
         self.loaded: dict[str, tuple[Model, dict]] = {}
-        self.memories: dict[str, GammaMemory] = {}  # gamma auto's, per loaded target, across its runs
+        self.memories: dict[str, GammaMemory] = {}  # gamma auto's, per loaded target
         self.hf: dict[str, object] = {}
 
     def get(self, ref: str) -> tuple[Model, dict]:
@@ -184,8 +185,9 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
-            later = {c.target for c in pending[i:]} | {ref for c in pending[i:] if c.draft
-                                                       for ref in draft_refs.model_refs(c.draft)}
+            later = {c.target for c in pending[i:]} | {
+                ref.text for c in pending[i:] if c.draft
+                for ref in draft_ref(c.draft).for_target(c.target).models}
             pool.keep_only(later)  # free models no later cell needs
             label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
             label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
@@ -199,8 +201,9 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
 def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set, advance) -> dict:
     torch.set_num_threads(cell.threads)
     target, target_info = pool.get(cell.target)
-    levels = [pool.get(ref) for ref in draft_refs.model_refs(cell.draft)] if cell.draft else []  # cheapest first
-    draft = draft_refs.build(cell.draft, cell.target, lambda ref: pool.get(ref)[0]) if cell.draft else None
+    parsed = draft_ref(cell.draft).for_target(cell.target) if cell.draft else None
+    levels = [pool.get(ref.text) for ref in parsed.models] if parsed else []  # cheapest first
+    draft = parsed.build(lambda ref: pool.get(ref)[0]) if parsed else None
     one_model = len(levels) == 1 and draft is levels[0][0]  # else a hierarchy or an n-gram draft (its models)
     draft_info = None if draft is None else levels[0][1] if one_model else {
         "ref": cell.draft, "precision": levels[0][1]["precision"] if levels else None, "levels": [i for _, i in levels]}

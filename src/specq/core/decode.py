@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..model.llama import Rows
 from .acceptance import accept_greedy, accept_sampling, depths, is_chain, verify_layout
-from .gamma import AUTO_MAX_GAMMA, CostAwareGamma, GammaMemory
+from .gamma import LONGEST_DEFAULT, CostAwareGamma, GammaMemory
 from .sampling import SamplingConfig, probabilities, sample
 from .stats import DecodeStats
 from .stopping import StopChecker
@@ -74,7 +74,7 @@ class Sequence:
     reason 'cancelled' (a client that went away)."""
 
     def __init__(self, target: Model, prompt_ids: list[int], *, drafter: Drafter | None = None,
-                 gamma: int = AUTO_MAX_GAMMA, adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(),
+                 gamma: int = LONGEST_DEFAULT, adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(),
                  max_new_tokens: int = 128, stop_strings: list[str] | None = None, ignore_eos: bool = False,
                  generator: torch.Generator | None = None, on_tokens: Callable[[list[int]], bool] | None = None,
                  memory: GammaMemory | None = None, memory_key: str = ""):

@@ -56,6 +56,7 @@ from ..errors import SpecqError
 
 AUTO = "auto"
 AUTO_MAX_GAMMA = 4  # the longest proposal "auto" considers
+LONGEST_DEFAULT = AUTO_MAX_GAMMA  # the longest proposal the default plans for
 MAX_GAMMA = 64  # the longest fixed proposal
 PROBE_EVERY = 8  # steps with one cap before trying one token more ...
 MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to this

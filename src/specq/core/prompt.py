@@ -51,5 +51,5 @@ def check_context(target: Model, proposal_nodes: int, max_new_tokens: int, promp
     """Prompt, new tokens and one proposal fit in the target's context."""
     limit = getattr(target.net.config, "max_position_embeddings", None)
     if limit and prompt_len + max_new_tokens + proposal_nodes + 1 > limit:
-        raise SpecqError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the target's context of {limit} tokens")
+        raise SpecqError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the target's context of {limit} tokens")

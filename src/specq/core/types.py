@@ -33,7 +33,7 @@ class Model:
 
     @property
     def vocab_size(self) -> int:
-        """The vocabulary the model reads and scores (a feature draft's head covers a subset of it)."""
+        """The vocabulary the model reads and scores (a feature draft's head covers a subset)."""
         return getattr(self.net, "target_vocab_size", None) or self.net.config.vocab_size
 
     def __repr__(self) -> str:
@@ -47,15 +47,16 @@ class Kind:
 
     name: str
     about: str  # one line: what it is, for errors and listings
-    recognizes: Callable[[str], bool]  # a draft ref (its text, or the folder it names) is of this kind
-    load: Callable[..., object]  # (ref, backend, target) -> the loaded draft
+    # a parsed draft ref (`loading.refs`: a model or n-gram ref) names this kind, or its folder does
+    recognizes: Callable[[object], bool]
+    load: Callable[..., object]  # (parsed ref, backend, target) -> the loaded draft
     drafter: Callable[..., object]  # (draft, target, min_confidence, tree, gamma) -> a `Drafter`
-    rows: Callable | None = None  # (net, ids [n], cache): the draft's network alone on n rows (timing)
+    rows: Callable | None = None  # (net, ids [n], cache): the draft's network alone on n rows
     # (target net, draft net, ids [n]) -> (target, draft logits, next ids)
     next_token_logits: Callable | None = None
     write: Callable | None = None  # (draft, folder, info): save it in its own format
-    verifies: bool = False  # scores tokens on its own: it can be an intermediate level of a hierarchy
-    transformers: bool = False  # transformers' assisted generation can run it (the bench's peer baseline)
+    verifies: bool = False  # scores tokens on its own: it can be a hierarchy's intermediate level
+    transformers: bool = False  # transformers' assisted generation runs it (the bench's peer)
     is_model: bool = False  # one loads as a plain `Model` (it can be a target too)
 
 
@@ -107,7 +108,7 @@ class Drafter(Protocol):
         """Prefill on the prompt ids; `features`: the target's hidden states of the prompt rows."""
 
     def nodes(self, gamma: int) -> int:
-        """The most nodes a proposal at most `gamma` deep can hold (verify rows are this plus one)."""
+        """The most nodes a proposal at most `gamma` deep can hold (verify rows: this plus one)."""
 
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:

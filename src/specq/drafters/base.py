@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.gamma import AUTO, AUTO_MAX_GAMMA
+from ..core.gamma import AUTO
 from ..core.sampling import SamplingConfig, probabilities, sample
 
 # Draft tokens per step when the caller does not say: "auto", each step's length (0, plain
@@ -17,7 +17,6 @@ from ..core.sampling import SamplingConfig, probabilities, sample
 # would no longer repeat its output. A tree's default is its own depth.
 DEFAULT_GAMMA = AUTO
 SAMPLING_GAMMA = 2  # the best fixed gamma measured with the shipped drafts (docs/benchmarks.md)
-LONGEST_DEFAULT = AUTO_MAX_GAMMA  # the longest proposal the default plans for
 
 
 def default_gamma(tree, greedy: bool) -> int | str:

@@ -102,8 +102,8 @@ class Engine:
         """Warm up (first calls pay for allocation and lazy initialisation, a batched step for
         probing which row counts the kernels stack exactly), then take requests."""
         hello = encode_prompt(self.target, "Hello")
-        warm = [api.start(self.target, hello, self.draft, max_new_tokens=4, gamma_memory=self.gamma_memory)
-                for _ in range(min(2, self.max_batch))]
+        warm = [api.start(self.target, hello, self.draft, max_new_tokens=4,
+                          gamma_memory=self.gamma_memory) for _ in range(min(2, self.max_batch))]
         for sequence in warm:
             sequence.prefill()
         while live := [s for s in warm if not s.done]:
@@ -251,7 +251,7 @@ class Engine:
         limit = getattr(self.target.net.config, "max_position_embeddings", None) or prompt_len + CHAT_MAX_TOKENS
         room = min(CHAT_MAX_TOKENS, limit - prompt_len - nodes - 1)
         if room < 1:
-            check_context(self.target, nodes, 1, prompt_len)  # raises: the prompt alone fills the context
+            check_context(self.target, nodes, 1, prompt_len)  # raises: the prompt fills the context
         return max(room, 1)
 
 

@@ -20,8 +20,9 @@ from ..core.stats import bootstrap_ci
 from ..core.types import Draft, Model
 from ..data import chat_prompts
 from ..errors import SpecqError
-from ..loading import kinds, precision, registry
-from ..loading.refs import split_ref
+from ..loading import kinds, precision
+from ..loading.drafts import registry
+from ..loading.refs import model_ref
 from ..loading.vocab import check_compatible
 from . import students
 from .distill import distill, float_teacher, teacher_continuations
@@ -61,13 +62,14 @@ def has_chat(model: Model) -> bool:
 
 def default_out(draft_ref: str, target_precision: str) -> Path:
     """Where a calibrated draft goes by default: the user's registry, named after draft and precision."""
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(split_ref(draft_ref)[0]).name)
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model_ref(draft_ref).name).name)
     return registry_dir() / f"{base}-for-{target_precision}"
 
 
 def ref_precision(target_ref: str) -> str:
     """The precision a target ref loads at, without loading it (a quantized folder's own spec)."""
-    name, spec = split_ref(target_ref)
+    ref = model_ref(target_ref)
+    name, spec = ref.name, ref.spec
     path = Path(name).expanduser()
     if precision.is_quantized_dir(path):
         from ..weights.quant import read_spec
@@ -143,7 +145,7 @@ def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings
     after = measured(tuned)
     kinds.save(tuned, out, {"base": draft.ref})
     shutil.rmtree(checkpoints, ignore_errors=True)
-    target_name = split_ref(target.ref)[0]
+    target_name = model_ref(target.ref).name
     report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,
               "draft": str(out), "settings": settings.__dict__, "before": before, "after": after,
               "held_out_teacher": result["held_out"], "train_positions": train.positions(), "registered": register}
