@@ -8,6 +8,8 @@
     out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))  # its own int8 weights
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
+    memory = specq.GammaMemory()  # gamma auto's estimates, carried from each run to the next
+    out = specq.generate(target, "...", draft=draft, gamma_memory=memory)
 """
 
 from __future__ import annotations

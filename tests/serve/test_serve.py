@@ -160,6 +160,18 @@ def test_greedy_equals_generate_token_for_token(server, dirs, models, precision)
     assert parts[-1].choices == [] and parts[-1].usage.completion_tokens == 20
 
 
+def test_gamma_auto_learns_across_requests(server, dirs):
+    """A served target keeps gamma auto's estimates across its requests (its engine's memory, the
+    pool's for that precision): each greedy request's run keeps what it learned for the next."""
+    port, app = server
+    engine = app.state.engines[name(dirs)]
+    assert engine.gamma_memory is engine.pool.gamma_memory("fp32")
+    before = dict(engine.gamma_memory._kept)  # the warm-up's
+    client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=8, temperature=0)
+    after = engine.gamma_memory._kept
+    assert after and any(before.get(key) is not chooser for key, chooser in after.items())
+
+
 def test_request_extensions_keep_the_output(server, dirs, models):
     port, _ = server
     c = client(port)
