@@ -16,7 +16,7 @@ from specq import backends
 from specq.backends.runner import Runner
 from specq.core.sampling import SamplingConfig, probabilities
 from specq.loading.kinds import FEATURE
-from specq.loading.model import Draft, Model
+from specq.core.types import Draft, Model
 from specq.loading.precision import parse, quantize_net
 from specq.model.feature_draft import new_feature_draft
 from specq.model.hf_backend import HFCausalLM
@@ -48,7 +48,7 @@ def tiny_config(vocab: int = 32, layers: int = 2, hidden: int = 32, **switches) 
 def training_files(tmp_path, monkeypatch, vocab: int, hidden: int, words: int, prompts: int, seed: int = 0):
     """A tiny saved target (`tmp_path/target`), a text file of 10 random documents of `words` words and
     `prompts` random prompts, and an empty $SPECQ_CACHE: what `specq distill` and `specq qad` read."""
-    from specq.loading.save import save_native
+    from specq.loading.formats.save import save_native
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     save_native(tiny_model(vocab=vocab, hidden=hidden, scale=3.0, seed=seed), tmp_path / "target")

@@ -13,7 +13,7 @@ import specq
 from specq.checks import MARKER
 from specq.cli import main
 from specq.errors import SpecqError
-from specq.loading.save import save_native
+from specq.loading.formats.save import save_native
 from specq.model import feature_draft
 from specq.model.feature_draft import new_feature_draft
 
@@ -234,7 +234,7 @@ def test_api_models_must_be_models(models):
 
 
 def test_calibrate_registers_in_the_user_registry(files, tmp_path, monkeypatch):
-    from specq.loading import registry
+    from specq.loading.drafts import registry
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "elsewhere" / "cal"

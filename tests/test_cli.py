@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from specq.cli import main
-from specq.loading.save import save_native
+from specq.loading.formats.save import save_native
 
 from conftest import tiny_model, tiny_tokenizer
 

@@ -14,8 +14,8 @@ import shutil
 import pytest
 
 from specq.cli import build_parser, main
-from specq.loading import registry
-from specq.loading.save import save_native
+from specq.loading.drafts import registry
+from specq.loading.formats.save import save_native
 
 from conftest import perturbed, tiny_model
 

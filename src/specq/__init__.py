@@ -1,14 +1,15 @@
 """specq: lossless speculative decoding with quantized models."""
 
 from .api import Generation, generate
+from .core.gamma import GammaMemory
 from .core.sampling import SamplingConfig
+from .core.types import Draft, Model
 from .drafters.ngram import NgramDraft
 from .errors import SpecqError
 from .loading.kinds import load
-from .loading.model import Draft, Model
-from .loading.pool import ModelPool
 from .loading.vocab import check_compatible
+from .serve.pool import ModelPool
+from .version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["Draft", "Generation", "Model", "ModelPool", "NgramDraft", "SamplingConfig", "SpecqError", "check_compatible", "generate",
-           "load"]
+__all__ = ["Draft", "GammaMemory", "Generation", "Model", "ModelPool", "NgramDraft",
+           "SamplingConfig", "SpecqError", "__version__", "check_compatible", "generate", "load"]

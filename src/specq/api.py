@@ -8,6 +8,8 @@
     out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))  # its own int8 weights
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
+    memory = specq.GammaMemory()  # gamma auto's estimates, carried from each run to the next
+    out = specq.generate(target, "...", draft=draft, gamma_memory=memory)
 """
 
 from __future__ import annotations
@@ -18,17 +20,19 @@ import torch
 
 from . import checks
 from .core.decode import Sequence, run
-from .core.gamma import MAX_GAMMA
+from .core.gamma import MAX_GAMMA, GammaMemory
 from .core.gamma import parse as parse_gamma
+from .core.prompt import check_context, encode_prompt, token_ids
 from .core.sampling import SamplingConfig
 from .core.stats import DecodeStats
 from .core.stopping import trim_at_stop
+from .core.types import Draft, Model
 from .drafters import TreeShape, ngram
 from .drafters.base import DEFAULT_GAMMA, default_gamma
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .loading.kinds import for_levels
-from .loading.model import Draft, Model
+from .loading.refs import ngram_ref
 from .loading.vocab import check_compatible, check_target
 
 # what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram draft (or its
@@ -49,20 +53,6 @@ class Generation:
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
                 "target": self.target, "draft": self.draft, "stats": self.stats.to_dict()}
-
-
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """A one-turn user prompt in the tokenizer's chat template, ready for the assistant's answer."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                        add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
-def answer_ids(tokenizer, prompt: str) -> list[int]:
-    """A prompt as a model is asked to answer it: in its chat template if it has one."""
-    if getattr(tokenizer, "chat_template", None):
-        return chat_ids(tokenizer, prompt)
-    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
 def check_options(gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
@@ -98,49 +88,19 @@ def _stop_strings(stop: list[str] | str | None) -> list[str] | None:
     return list(stop)
 
 
-def token_ids(model: Model, ids: list[int]) -> list[int]:
-    """A prompt given as token ids: a non-empty list of ints in the model's vocabulary."""
-    if not ids:
-        raise SpecqError("the prompt is empty")
-    for i in ids:
-        checks.integer("a prompt token id", i, 0, model.vocab_size - 1)
-    return list(ids)
-
-
-def encode_prompt(model: Model, prompt: str, chat: bool = False) -> list[int]:
-    checks.text("the prompt", prompt)
-    if not prompt.strip():
-        raise SpecqError("the prompt is empty")
-    tok = model.tokenizer
-    if chat:
-        if not getattr(tok, "chat_template", None):
-            raise SpecqError(f"model '{model.ref}' has no chat template; drop --chat")
-        ids = chat_ids(tok, prompt)
-    else:
-        ids = tok(prompt, add_special_tokens=True)["input_ids"]
-    if not ids:
-        raise SpecqError("the prompt encodes to no tokens")
-    return list(ids)
-
-
-def check_context(target: Model, proposal_nodes: int, max_new_tokens: int, prompt_len: int) -> None:
-    """Prompt, new tokens and one proposal fit in the target's context."""
-    limit = getattr(target.net.config, "max_position_embeddings", None)
-    if limit and prompt_len + max_new_tokens + proposal_nodes + 1 > limit:
-        raise SpecqError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the target's context of {limit} tokens")
-
-
 def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, gamma: int | str | None = None,
              max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, chat: bool = False, stop: list[str] | None = None,
              ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
-             tree: TreeShape | None = None, on_tokens=None) -> Generation:
+             tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
+             ) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
     The output is the target's own: token for token when greedy, in distribution when sampling.
     gamma "auto" (the default when greedy) chooses each step's draft length, 0 (plain) to 4, from
-    measured acceptance and costs: this run's, starting from the target's earlier runs with the same
-    draft. Sampling defaults to gamma 2, so that a seed repeats its output.
+    measured acceptance and costs: this run's, starting from what earlier runs of the same target
+    and draft kept in `gamma_memory` (a `GammaMemory` the caller keeps per target, across the runs
+    it makes; None: this run starts afresh). Sampling defaults to gamma 2, so that a seed repeats
+    its output.
     A list of drafts, cheapest first, is a hierarchy: each level verifies what the ones below
     proposed before the target sees it (`drafters/hierarchy.py`). An n-gram draft ("ngram",
     "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
@@ -151,7 +111,8 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, 
     (finish reason 'cancelled')."""
     sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
                      top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
-                     draft_confidence=draft_confidence, drafter=drafter, tree=tree, on_tokens=on_tokens)
+                     draft_confidence=draft_confidence, drafter=drafter, tree=tree,
+                     on_tokens=on_tokens, gamma_memory=gamma_memory)
     run(sequence)
     return finish(sequence, _draft(draft))
 
@@ -163,21 +124,22 @@ def _draft(draft: DraftArg) -> DraftArg:
         return [_draft(level) for level in draft]
     if not isinstance(draft, str):
         return draft
-    if not ngram.is_ngram(draft):
+    lookup = ngram_ref(draft)
+    if lookup is None:
         raise SpecqError(f"a draft given as text is an n-gram draft ('{ngram.NAME}', '{ngram.NAME}:n=2-3:k=4'), "
                          f"not '{draft}': load a model draft with specq.load")
-    spec, fallback = ngram.parse(draft)
-    if fallback is not None:
+    if lookup.fallback is not None:
         raise SpecqError(f"give an n-gram draft's fallback as a loaded model: "
-                         f"specq.NgramDraft(..., fallback=specq.load('{fallback}'))")
-    return spec
+                         f"specq.NgramDraft(..., fallback=specq.load('{lookup.fallback.text}'))")
+    return lookup.draft
 
 
 def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
           gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
           top_p: float = 1.0, seed: int = 0, chat: bool = False, stop: list[str] | None = None,
           ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
-          tree: TreeShape | None = None, on_tokens=None) -> Sequence:
+          tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
+          ) -> Sequence:
     """`generate` up to the decoding (options checked, prompt encoded, drafter built): a `Sequence`
     to prefill and step with `decode.step`, alone or beside others (the server's batching)."""
     check_target(target)
@@ -196,14 +158,15 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
         if isinstance(draft, ngram.NgramDraft):  # its k is the draft length (a fixed gamma its fallback's)
             gamma = draft.longest(gamma)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
-    # gamma auto starts from the target's earlier runs with the same draft, as configured and sampled
-    # (acceptance follows both), on as many threads (so do the costs)
+    # gamma auto starts from the earlier runs (of this target: the caller's memory) with the same
+    # draft, as configured and sampled (acceptance follows both), on as many threads (so do the
+    # costs)
     memory_key = (f"{_refs(levels)} tree={tree} confidence={draft_confidence} {sampling} "
                   f"threads={torch.get_num_threads()}")
     return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
                     max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
                     generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens,
-                    memory=target.gamma_memory if levels else None, memory_key=memory_key)
+                    memory=gamma_memory if levels else None, memory_key=memory_key)
 
 
 def finish(sequence: Sequence, draft: DraftArg) -> Generation:

@@ -14,14 +14,15 @@ import sys
 from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, arg_path, read_text
-from .core.gamma import AUTO, MAX_GAMMA
-from .drafters import ngram, refs
+from .core.gamma import AUTO, MAX_GAMMA, GammaMemory
+from .drafters import ngram
 from .drafters.base import DEFAULT_GAMMA, SAMPLING_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafts_cli import add_drafts_parser
 from .errors import SpecqError
 from .kernels import build as kernel_build
+from .loading.refs import DraftRef, check_ref, draft_ref, model_ref
 from .qad_cli import add_qad_parser
 
 LORA_MAX_RANK = 256  # `distill --lora`: an adapter of a higher rank is no longer small beside its base
@@ -243,7 +244,7 @@ def _precisions(text: str) -> tuple[str, ...]:
 def cmd_serve(args) -> int:
     import torch
 
-    from .serve import ServeConfig, bind, build_app, run
+    from .serve.server import ServeConfig, bind, build_app, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -271,9 +272,8 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api, backends
-    from .loading.drafts import resolve_draft_ref, select_draft
+    from .loading.drafts.select import select_draft
     from .loading.kinds import load
-    from .loading.refs import check_ref
     from .report import print_backends, print_generation
 
     if args.threads:
@@ -281,18 +281,25 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args.prompt)
     if not prompt.strip():
         raise SpecqError("the prompt is empty")
-    decoding = dict(gamma=_decode_gamma(args), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=args.seed, stop=args.stop, draft_confidence=args.draft_confidence)
+    given = draft_ref(args.draft) if args.draft else None  # checked before any model loads
+    used = None if args.no_speculative else given
+    decoding = dict(gamma=_decode_gamma(args, used), temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, seed=args.seed, stop=args.stop,
+                    draft_confidence=args.draft_confidence)
     api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
     backends.check_name(args.backend)
-    for ref in [args.target, *(refs.model_refs(args.draft) if args.draft else [])]:
-        check_ref(resolve_draft_ref(ref, args.target))
-    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args))
+    for ref in [args.target, *(given.for_target(args.target).models if given else [])]:
+        check_ref(ref)
+    # the warm-up run's gamma auto estimates carry over to the run that counts
+    options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args, used),
+                              gamma_memory=GammaMemory())
     target = load(args.target, args.backend)
-    draft_ref, note = (args.draft, None) if args.draft or args.no_speculative else select_draft(args.target)
-    if args.no_speculative:
-        draft_ref = None
-    draft = refs.build(draft_ref, args.target, lambda ref: load(ref, args.backend)) if draft_ref else None
+    note = None
+    if used is None and not args.no_speculative:
+        registered, note = select_draft(args.target)
+        used = draft_ref(registered) if registered else None
+    draft = None if used is None else \
+        used.for_target(args.target).build(lambda ref: load(ref, args.backend))
     models = [target, *ngram.draft_models(draft)]
     explained = {m.ref: backends.describe(m.runner) for m in models}
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
@@ -313,28 +320,22 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _tree(args) -> TreeShape | None:
-    levels = _draft_levels(args)
-    if args.tree and levels and refs.ngram_alone(levels[0]):  # the lowest level grows the trees
+def _tree(args, draft: DraftRef | None) -> TreeShape | None:
+    """--tree's shape; the lowest level of the `draft` used grows the trees."""
+    if args.tree and draft is not None and not draft.grows_trees:
         raise SpecqError(ngram.NO_TREES)
     return TreeShape(args.tree, args.tree_depth, args.tree_topk) if args.tree else None
 
 
-def _decode_gamma(args) -> int | str:
+def _decode_gamma(args, draft: DraftRef | None) -> int | str:
     """--gamma, or its default; with --tree a tree's depth is --tree-depth, with an n-gram draft alone
     its length is its k, and only 'auto' may be given with either."""
     if args.tree and args.gamma not in (None, AUTO):
         raise SpecqError(f"with --tree the depth is --tree-depth, not --gamma (only --gamma {AUTO} goes with --tree)")
-    levels = _draft_levels(args)
-    if len(levels) == 1 and refs.ngram_alone(levels[0]) and args.gamma not in (None, AUTO):
+    if draft is not None and draft.lookup_alone and args.gamma not in (None, AUTO):
         raise SpecqError(f"an n-gram draft's length is its k ({ngram.NAME}:k=N), not --gamma (only --gamma {AUTO} "
                          "goes with it)")
     return args.gamma  # None: the default (drafters.base.default_gamma)
-
-
-def _draft_levels(args) -> list[str]:
-    """--draft's levels, checked before any model loads ([] when no draft is given or used)."""
-    return refs.split(args.draft) if args.draft and not args.no_speculative else []
 
 
 def cmd_quantize(args) -> int:
@@ -342,7 +343,6 @@ def cmd_quantize(args) -> int:
 
     from .loading import precision
     from .loading.kinds import load
-    from .loading.refs import check_ref, split_ref
     from .weights.quant import weight_bytes
 
     if args.threads:
@@ -350,7 +350,7 @@ def cmd_quantize(args) -> int:
     spec = precision.parse(args.spec)
     if spec.is_float:
         raise SpecqError(f"'{args.spec}' is a float precision: nothing to quantize")
-    if split_ref(args.model)[1] != "fp32":
+    if model_ref(args.model).spec != "fp32":
         raise SpecqError("give the float model to quantize, without an @spec")
     checks.output(args.out, args.force, "--out")
     check_ref(args.model)
@@ -368,7 +368,6 @@ def cmd_compare(args) -> int:
 
     from . import backends
     from .loading.kinds import load
-    from .loading.refs import check_ref
     from .loading.vocab import check_compatible
     from .report import print_comparison
     from .training.divergence import compare, held_out_chunks
@@ -410,7 +409,6 @@ def _training_options(args) -> None:
 
 def cmd_calibrate(args) -> int:
     from .loading.kinds import load
-    from .loading.refs import check_ref
     from .training.calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
 
     _training_options(args)
@@ -459,7 +457,6 @@ def cmd_distill(args) -> int:
     import torch
 
     from .loading.kinds import load
-    from .loading.refs import check_ref
     from .training import students
     from .training.train import DistillSettings, check_run, check_sources, run
 

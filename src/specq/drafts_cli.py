@@ -19,10 +19,12 @@ from pathlib import Path
 
 from .checks import arg_path
 from .errors import SpecqError
-from .loading import folders, precision, registry, validate
+from .loading import precision
 from .loading.builtins import ASSETS, SHIPPED_DRAFTS
-from .loading.drafts import draft_dirs, select_draft
-from .loading.refs import split_ref
+from .loading.drafts import folders, registry
+from .loading.drafts.select import draft_dirs, select_draft
+from .loading.formats import validate
+from .loading.refs import model_ref
 
 SCOPES = ("shipped", "yours")  # the order of `draft_dirs()`
 
@@ -140,22 +142,23 @@ def _draft_folder(name: str) -> Path:
 
 
 def cmd_add(args) -> int:
-    name, spec = split_ref(args.draft)
-    draft_spec = precision.canonical(spec) if "@" in args.draft else ""  # none given: the draft as stored
-    folder = _draft_folder(name)
-    target, target_spec = split_ref(args.target)
-    entry = registry.register(target, precision.canonical(target_spec), folder, {"added": "specq drafts add"},
-                              draft_spec=draft_spec)
-    print(f"registered {entry.draft} for {target}@{entry.precision} in {registry.user_dir() / registry.MANIFEST}")
+    draft, target = model_ref(args.draft), model_ref(args.target)
+    # no spec given: the draft as stored
+    draft_spec = precision.canonical(draft.spec) if draft.has_spec else ""
+    folder = _draft_folder(draft.name)
+    entry = registry.register(target.name, precision.canonical(target.spec), folder,
+                              {"added": "specq drafts add"}, draft_spec=draft_spec)
+    print(f"registered {entry.draft} for {target.name}@{entry.precision} in "
+          f"{registry.user_dir() / registry.MANIFEST}")
     return 0
 
 
 def cmd_remove(args) -> int:
     found = _named(args.name)
     if args.target is not None:
-        target, spec = split_ref(args.target)
-        found = [r for r in found if r.entry.target == target
-                 and ("@" not in args.target or r.entry.precision == precision.canonical(spec))]
+        target = model_ref(args.target)
+        found = [r for r in found if r.entry.target == target.name
+                 and (not target.has_spec or r.entry.precision == precision.canonical(target.spec))]
         if not found:
             raise SpecqError(f"draft '{args.name}' has no entry for {args.target} "
                              f"(see `specq drafts show {args.name}`)")

@@ -63,8 +63,8 @@ def cmd_qad(args) -> int:
 
     from . import checks
     from .loading import precision
-    from .loading.loader import load
-    from .loading.refs import check_ref, split_ref
+    from .loading.kinds import load
+    from .loading.refs import check_ref, model_ref
     from .paths import cache_dir
     from .training import qad
     from .training.train import DistillSettings, check_run, check_sources
@@ -100,7 +100,7 @@ def cmd_qad(args) -> int:
         extra={"command": "specq " + shlex.join(args.argv)})
     started = time.monotonic()  # --minutes bounds the command from here, model loading included
     target = load(args.model, backend=None)  # the teacher
-    name = split_ref(args.model)[0]
+    name = model_ref(args.model).name
     if args.out is None:  # the cache entry `MODEL@SPEC-qad` loads from
         out = precision.cached_quantized_dir(cache_dir(), name, Path(target.source), spec)
         work = Path(args.work) if args.work else default_work

@@ -20,7 +20,7 @@ from specq.cli import _Parser
 from specq.core.stats import bootstrap_ci
 from specq.errors import SpecqError
 from specq.kernels import build
-from specq.loading.save import save_native
+from specq.loading.formats.save import save_native
 
 from conftest import perturbed, tiny_model
 
@@ -143,6 +143,20 @@ def test_resume_after_a_killed_run_matches_an_uninterrupted_run(pair, tmp_path):
     lines = path.read_text().count("\n")
     bench(sweep(path), pair, generate=counting)  # all done: nothing runs, nothing is appended
     assert counted == 0 and path.read_text().count("\n") == lines
+
+
+def test_gamma_auto_learns_across_a_targets_runs(pair, tmp_path):
+    """Every run on one loaded target gets the same memory (gamma auto's estimates carry from
+    prompt to prompt and cell to cell), kept by the sweep, not by the model."""
+    memories = []
+
+    def spying(target, prompt, draft=None, **kwargs):
+        memories.append(kwargs["gamma_memory"])
+        return api.generate(target, prompt, draft, **kwargs)
+
+    bench(sweep(tmp_path / "r.jsonl", gamma=["auto"]), pair, generate=spying)
+    assert len(memories) > 1 and all(m is memories[0] for m in memories)
+    assert memories[0]._kept  # the auto runs kept what they learned there
 
 
 def test_speedups_come_from_plain_runs_timed_next_to_each_speculative_run(pair, tmp_path):
@@ -427,7 +441,8 @@ def test_bench_and_generate_share_the_default_gamma():
     from specq.drafters.base import DEFAULT_GAMMA, default_gamma
 
     args = build_parser().parse_args(["generate", "hi"])
-    assert _decode_gamma(args) is None  # resolved by the API, which knows the tree and the temperature
+    # resolved by the API, which knows the tree and the temperature
+    assert _decode_gamma(args, None) is None
     assert BenchConfig().gamma == [default_gamma(None, greedy=True)] == [DEFAULT_GAMMA]
     assert BenchConfig().tree_topk == [args.tree_topk]
 
@@ -436,7 +451,7 @@ def test_a_gguf_files_own_precision_is_a_target_precision(tmp_path):
     """`target_quant = ["gguf"]` (a GGUF file at its own precision) is a precision like the others:
     accepted, crossed with every target, spelled as is; its cells skip the transformers peer
     (quantized blocks), and a typo is still a one-line error."""
-    from specq.loading.model import Model
+    from specq.core.types import Model
 
     model = tmp_path / "model.gguf"
     model.touch()  # the config stage checks only that the file exists

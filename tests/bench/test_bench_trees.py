@@ -238,7 +238,7 @@ def test_a_drafter_that_cannot_grow_trees_fails_its_cell_in_one_line(pair, tmp_p
     the sweep stops at that cell with its one-line message, and what finished stays stored."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from specq.loading.model import Model
+    from specq.core.types import Model
     from specq.model.hf_backend import HFCausalLM
 
     torch.manual_seed(0)

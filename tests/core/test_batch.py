@@ -169,8 +169,9 @@ def test_plain_steps_in_a_batch_keep_every_output():
         drafted[name] = [s.stats.drafted for s in together]
     fixed = [0, 2, 3]  # gamma auto drafts rarely here either way
     assert all(drafted["every third"][i] < drafted["always"][i] / 2 for i in fixed)
-    target.gamma_memory = GammaMemory()  # the runs above taught it that this draft rarely pays
-    auto = api.start(target, [4, 9], draft, gamma="auto", max_new_tokens=8)
+    # a memory of its own: not what a caller kept from earlier runs (this draft rarely pays)
+    auto = api.start(target, [4, 9], draft, gamma="auto", max_new_tokens=8,
+                     gamma_memory=GammaMemory())
     auto.prefill()
     step([auto], speculate=False)
     assert auto.stats.drafted == 0 and auto.stats.steps == 1 and not auto.choosers  # nothing learned

@@ -8,7 +8,7 @@ from specq import generate
 from specq.backends.runner import CompiledRunner
 from specq.core.decode import decode
 from specq.core.sampling import SamplingConfig
-from specq.drafters.base import Proposal
+from specq.core.types import Proposal
 
 from conftest import PROMPTS, _exact_sequence_distribution, chi_square_p, tiny_hf_qwen2, perturbed, tiny_model, tiny_tokenizer
 

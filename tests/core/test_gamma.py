@@ -178,14 +178,23 @@ def test_a_run_on_text_the_draft_suits_soon_outweighs_the_last_runs_acceptance()
 
 
 def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():
-    """`generate` with gamma auto keeps its choosers in the target's memory under the draft and the
-    thread count: the next run with the same draft starts from them, another thread count afresh."""
+    """`generate` with gamma auto keeps its choosers in the caller's memory of the target under the
+    draft and the thread count: the next run with the same draft starts from them, another thread
+    count afresh, and a run given no memory afresh too."""
     base = tiny_model(scale=3.0, hidden=64)
     target, draft = at(base, "fp32", fast=True), at(perturbed(base, 0.5), "fp32", fast=True)
-    generate(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
-    [(_, kept)] = [(k, c) for k, c in target.gamma_memory._kept.items() if f"threads={torch.get_num_threads()}" in k[0]]
+    memory = GammaMemory()
+    generate(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30, gamma_memory=memory)
+    threads = f"threads={torch.get_num_threads()}"
+    [(_, kept)] = [(k, c) for k, c in memory._kept.items() if threads in k[0]]
     assert kept.drafting_steps >= MIN_EVIDENCE
-    again = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
+    alone = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
+    alone.prefill()
+    with torch.inference_mode():
+        alone.propose()
+    assert alone.chooser.draft_s is None
+    again = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30,
+                      gamma_memory=memory)
     again.prefill()
     with torch.inference_mode():
         again.propose()
@@ -195,7 +204,8 @@ def test_generate_keeps_auto_s_estimates_per_target_draft_and_threads():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
-        other = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30)
+        other = api.start(target, [4, 9, 2], draft, gamma="auto", max_new_tokens=30,
+                          gamma_memory=memory)
         other.prefill()
         with torch.inference_mode():
             other.propose()

@@ -12,7 +12,7 @@ from specq import generate
 from specq.core.sampling import SamplingConfig
 from specq.drafters.sequence import SequenceDrafter
 from specq.errors import SpecqError
-from specq.loading.model import Model
+from specq.core.types import Model
 from specq.loading.vocab import check_target
 from specq.weights.narrow_head import NarrowHead, narrow_linear
 

@@ -11,11 +11,12 @@ from specq import api
 from specq.cli import main
 from specq.core import acceptance
 from specq.core.sampling import SamplingConfig
-from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape, refs
-from specq.drafters.ngram import DEFAULT_K, NgramIndex, parse
+from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape
+from specq.drafters.ngram import DEFAULT_K, NgramIndex
 from specq.errors import SpecqError
 from specq.loading.kinds import for_pair
-from specq.loading.save import save_native
+from specq.loading.refs import draft_ref, ngram_ref
+from specq.loading.formats.save import save_native
 
 from conftest import _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
 
@@ -111,15 +112,17 @@ def test_the_drafter_proposes_point_masses_up_to_its_cap():
 
 
 def test_spellings_and_their_canonical_form():
-    assert parse("ngram")[1] is None and parse("ngram")[0].ref == "ngram:n=2-3:k=4"
-    assert parse("ngram:n=5")[0].ref == "ngram:n=2-5:k=4"  # n=N: down to 2 ...
-    assert parse("ngram:n=1")[0].ref == "ngram:n=1-1:k=4"  # ... or to N where N is smaller
-    assert parse("ngram:k=6:n=1-4")[0].ref == "ngram:n=1-4:k=6"
-    spec, fallback = parse("ngram:k=3+self@int8")
-    assert (spec.k, fallback) == (3, "self@int8")
-    assert refs.resolve("ngram+self@int8", "tiny@fp32") == "ngram:n=2-3:k=4+tiny@int8"
-    assert refs.model_refs("ngram:k=3+a@bf16,b") == ["a@bf16", "b"]
-    assert refs.ngram_alone("ngram:k=2") and not refs.ngram_alone("ngram+a") and not refs.ngram_alone("ngram,a")
+    assert ngram_ref("ngram").fallback is None and ngram_ref("ngram").draft.ref == "ngram:n=2-3:k=4"
+    assert ngram_ref("ngram:n=5").draft.ref == "ngram:n=2-5:k=4"  # n=N: down to 2 ...
+    assert ngram_ref("ngram:n=1").draft.ref == "ngram:n=1-1:k=4"  # ... or to N where N is smaller
+    assert ngram_ref("ngram:k=6:n=1-4").draft.ref == "ngram:n=1-4:k=6"
+    lookup = ngram_ref("ngram:k=3+self@int8")
+    assert (lookup.draft.k, lookup.fallback.text) == (3, "self@int8")
+    assert ngram_ref("smollm2-135m") is None
+    assert draft_ref("ngram+self@int8").for_target("tiny@fp32").text == "ngram:n=2-3:k=4+tiny@int8"
+    assert [m.text for m in draft_ref("ngram:k=3+a@bf16,b").models] == ["a@bf16", "b"]
+    assert draft_ref("ngram:k=2").lookup_alone and not draft_ref("ngram+a").lookup_alone
+    assert not draft_ref("ngram,a").lookup_alone and not draft_ref("ngram,a").grows_trees
 
 
 BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"), ("ngram:n=65", "n must be between 1 and 64"),
@@ -133,13 +136,13 @@ BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"), ("ngram:n=65", "n must
 @pytest.mark.parametrize("ref,needle", BAD_SPECS)
 def test_a_bad_spelling_is_one_error(ref, needle):
     with pytest.raises(SpecqError) as error:
-        refs.split(ref)
+        draft_ref(ref)
     assert needle in str(error.value)
 
 
 def test_an_ngram_level_comes_first_in_a_hierarchy():
     with pytest.raises(SpecqError, match="only be the first"):
-        refs.split("a,ngram")
+        draft_ref("a,ngram")
     target = tiny_model()
     with pytest.raises(SpecqError, match="only be the first"):
         api.start(target, [1, 2], [perturbed(target, 0.1), NgramDraft()])

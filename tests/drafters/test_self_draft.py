@@ -5,15 +5,18 @@ import pytest
 
 from specq import generate
 from specq.drafters import TreeShape
-from specq.loading.drafts import resolve_draft_ref
+from specq.loading.refs import model_ref
 
 from conftest import _config, _exact_sequence_distribution, _self_draft, chi_square_p, sampled_outputs, tiny_model
 
 
 def test_self_refs_name_the_target_at_the_spec():
-    assert resolve_draft_ref("self@int4-g64-gptq", "smollm2-135m@fp32") == "smollm2-135m@int4-g64-gptq"
-    assert resolve_draft_ref("self@int8", "./my-model@bf16") == "./my-model@int8"
-    assert resolve_draft_ref("smollm2-135m-draft", "smollm2-135m") == "smollm2-135m-draft"
+    def resolved(draft: str, target: str) -> str:
+        return model_ref(draft).for_target(target).text
+
+    assert resolved("self@int4-g64-gptq", "smollm2-135m@fp32") == "smollm2-135m@int4-g64-gptq"
+    assert resolved("self@int8", "./my-model@bf16") == "./my-model@int8"
+    assert resolved("smollm2-135m-draft", "smollm2-135m") == "smollm2-135m-draft"
 
 
 @pytest.mark.parametrize("options", [dict(gamma=1), dict(gamma=4), dict(gamma="auto"), dict(tree=TreeShape(8, 3, 2))],

@@ -16,8 +16,8 @@ from specq.core.sampling import SamplingConfig
 from specq.drafters import SequenceDrafter
 from specq.errors import SpecqError
 from specq.loading import kinds
-from specq.loading.refs import split_window
-from specq.loading.save import save_native
+from specq.loading.refs import model_ref
+from specq.loading.formats.save import save_native
 
 from conftest import (_exact_sequence_distribution, assert_speculative_is_plain, chi_square_p, perturbed,
                       sampled_outputs, tiny_model)
@@ -75,10 +75,12 @@ def test_the_window_is_read_from_the_ref(tmp_path):
     save_native(tiny_model(), tmp_path / "draft")
     draft = kinds.load(f"{tmp_path / 'draft'}:window=16")
     assert draft.info["draft_window"] == 16 and draft.ref.endswith(":window=16")
-    assert split_window("smollm2-135m@int8") == ("smollm2-135m@int8", None)
+    assert model_ref("smollm2-135m@int8").window is None
+    windowed = model_ref("smollm2-135m@int8:window=16")
+    assert (windowed.base, windowed.window) == ("smollm2-135m@int8", 16)
     for bad in ("x:window=0", "x:window=-3", "x:window=abc", ":window=4"):
         with pytest.raises(SpecqError, match="window"):
-            split_window(bad)
+            model_ref(bad)
     with pytest.raises(SpecqError, match="applies to model drafts"):
         kinds.load("ngram:window=8")
 

@@ -13,8 +13,10 @@ from safetensors.torch import save_file
 import specq
 from specq.errors import SpecqError
 from specq.kernels import int8dot
-from specq.loading import adapter, file_spec, gguf_load, refs
-from specq.loading.save import save_native
+from specq.loading.drafts import adapter
+from specq.loading import file_spec, refs
+from specq.loading.formats import gguf_load
+from specq.loading.formats.save import save_native
 from specq.weights.quant.modules import FileBlocks
 
 from conftest import GGUF_TOKENS, add_bpe_tokenizer, assert_speculative_is_plain, tiny_model, write_tiny_gguf
@@ -141,7 +143,7 @@ def test_gguf_base_merges_into_its_requantized_4bit_body_once(files, monkeypatch
     assert refs.split_ref(path) == (path, "gguf-int4")
     first = specq.load(path)
     assert first.precision == "gguf-int4"
-    from specq.loading import gguf_io
+    from specq.loading.formats import gguf_io
 
     reference = gguf_io.read(tmp / "base.gguf").float_state_dict()
     native = native_deltas(path, model.net)

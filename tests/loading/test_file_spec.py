@@ -11,7 +11,8 @@ import torch
 
 from specq.errors import SpecqError
 from specq.kernels import int8dot
-from specq.loading import file_spec, gguf_io, precision
+from specq.loading import file_spec, precision
+from specq.loading.formats import gguf_io
 from specq.loading.file_spec import FileSpec
 from specq.model.llama import EAGER, Llama
 from specq.weights.narrow_head import NarrowHead
@@ -141,7 +142,7 @@ def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file, monkeypa
     """Greedy, the draft chooses among its head's kept rows alone (the whole-vocabulary row with -inf
     elsewhere only for a prompt's prefill), and the output is still the target's."""
     from specq import backends
-    from specq.loading.model import Model
+    from specq.core.types import Model
 
     model, parsed, tok = tiny_file
     net, _ = gguf_io.load_at_file_precision(parsed)
@@ -179,7 +180,7 @@ def test_a_draft_of_fewer_layers_runs_its_kept_layers_and_speculates_losslessly(
     """`keep{N}`: the kept layers' weights, in order, as many cache layers, and the target's own
     output with a draft that now agrees less (accepts and rejects asserted by the helper)."""
     from specq import backends
-    from specq.loading.model import Model
+    from specq.core.types import Model
 
     model = tiny_model(vocab=VOCAB, layers=5, hidden=32, scale=3.0)
     write_tiny_gguf(tmp_path / "five.gguf", model, "Q8_0")

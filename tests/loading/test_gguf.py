@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specq.errors import SpecqError
-from specq.loading import gguf_io
+from specq.loading.formats import gguf_io
 
 from conftest import assert_speculative_is_plain, tiny_model, write_tiny_gguf
 
@@ -157,7 +157,7 @@ def tied_gguf(path, qtype: str, seed: int = 0):
     returns the float model it was written from."""
     import dataclasses
 
-    from specq.loading.model import Model
+    from specq.core.types import Model
     from specq.model.llama import Llama
 
     model = tiny_model(vocab=48, hidden=64, scale=3.0, seed=seed)
@@ -203,7 +203,7 @@ def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
 def test_tied_file_greedy_speculative_equals_plain(tmp_path):
     from specq import backends
     from specq.kernels import int8dot
-    from specq.loading.model import Model
+    from specq.core.types import Model
 
     from conftest import perturbed
 
@@ -232,7 +232,7 @@ TOKENIZER_TEXTS = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n -
 def assert_cached_tokenizer_is_the_files(path, monkeypatch) -> None:
     """`gguf_load.tokenizer` (built once from the file, saved, reloaded) against what transformers
     built from the file's metadata on the way (one build: tens of seconds for a large vocabulary)."""
-    from specq.loading import gguf_load
+    from specq.loading.formats import gguf_load
 
     built, build = [], gguf_io.tokenizer
     monkeypatch.setattr(gguf_io, "tokenizer", lambda p: built.append(build(p)) or built[-1])

@@ -10,8 +10,8 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from specq.errors import SpecqError
-from specq.loading.gguf_io import _field
-from specq.loading.gguf_reader import SKIPPED, Header
+from specq.loading.formats.gguf_io import _field
+from specq.loading.formats.gguf_reader import SKIPPED, Header
 
 
 @pytest.fixture(scope="module")

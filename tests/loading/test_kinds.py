@@ -14,8 +14,8 @@ import specq
 from specq.drafters.ngram import NgramDraft
 from specq.errors import SpecqError
 from specq.loading import kinds
-from specq.loading.model import Draft, Model
-from specq.loading.save import save_native
+from specq.core.types import Draft, Model
+from specq.loading.formats.save import save_native
 from specq.model import feature_draft
 from specq.model.feature_draft import new_feature_draft
 
@@ -113,8 +113,8 @@ def test_sequence_and_ngram_drafts_load_through_specq_load(folders):
 
 
 # the only modules that may name the feature draft's class or module: its own code and the kinds tables
-FEATURE_CODE = {"model/feature_draft.py", "drafters/feature.py", "loading/kinds.py", "loading/folders.py",
-                "training/students.py"}
+FEATURE_CODE = {"model/feature_draft.py", "drafters/feature.py", "loading/kinds.py",
+                "loading/drafts/folders.py", "training/students.py"}
 ASKS = re.compile(r"\bFeatureDraft\b|\bis_feature_draft\b|\bfeature_draft\.(?!json\b)\w+|import feature_draft\b"
                   r"|\bmodel\.feature_draft\b")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specq.loading import builtins, loader
-from specq.loading.save import save_native
+from specq.loading import builtins, kinds
+from specq.loading.formats.save import save_native
 from specq.model.feature_draft import CONFIG_FILE, KIND
 
 from conftest import tiny_model
@@ -38,7 +38,7 @@ def test_written_model_loads_in_transformers(tmp_path):
 def test_shipped_sequence_drafts_are_standard_causal_lms():
     assert len(CAUSAL_LM_DRAFTS) == 2
     for name in CAUSAL_LM_DRAFTS:
-        _same_logits(SHIPPED / name, loader.load(name).net)
+        _same_logits(SHIPPED / name, kinds.load(name).net)
 
 
 @pytest.mark.parametrize("name", sorted(set(builtins.SHIPPED_DRAFTS) - set(CAUSAL_LM_DRAFTS)))

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from specq.errors import SpecqError
-from specq.loading import packaged
-from specq.loading.packaged import PackagedFile
+from specq.loading.formats import packaged
+from specq.loading.formats.packaged import PackagedFile
 
 PARTS = [b"first part,", b" second part,", b" last"]
 

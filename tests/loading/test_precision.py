@@ -5,7 +5,7 @@ import torch
 
 import specq
 from specq.cli import main
-from specq.loading.save import save_native
+from specq.loading.formats.save import save_native
 
 from conftest import perturbed, tiny_model
 

@@ -3,7 +3,7 @@
 import pytest
 
 import specq
-from specq.loading import registry
+from specq.loading.drafts import registry
 from specq.loading.builtins import ASSETS
 
 PROMPTS = [("The capital of France is", False),
@@ -31,7 +31,7 @@ def test_registry_picks_the_shipped_drafts(tmp_path):
 
 def test_shipped_drafts_are_chosen_by_their_builtin_names(tmp_path, monkeypatch):
     """A portable ref: bench cell keys and printed notes do not hold this checkout's path."""
-    from specq.loading.drafts import select_draft
+    from specq.loading.drafts.select import select_draft
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))  # no user-calibrated drafts
     assert select_draft("smollm2-135m")[0] == "smollm2-135m-feature-draft@int8-head8"

@@ -13,7 +13,7 @@ import torch
 import specq
 from specq import backends
 from specq.bench.coding import CODE_TASKS, EDIT_TASKS
-from specq.loading.drafts import select_draft
+from specq.loading.drafts.select import select_draft
 
 pytestmark = pytest.mark.real
 

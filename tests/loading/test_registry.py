@@ -4,7 +4,7 @@ user's draft at another precision; corrupt or missing manifests are clear errors
 import pytest
 
 from specq.errors import SpecqError
-from specq.loading import registry
+from specq.loading.drafts import registry
 
 
 def _draft(root, name):
@@ -76,7 +76,7 @@ def test_corrupt_or_missing_manifest(tmp_path):
 
 def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch):
     import specq
-    from specq.loading.save import save_native
+    from specq.loading.formats.save import save_native
 
     from conftest import perturbed, tiny_model
 
@@ -100,7 +100,7 @@ def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch)
 
 def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
     """`draft_spec` runs the selected draft at that precision: the selected ref carries it."""
-    from specq.loading.drafts import select_draft
+    from specq.loading.drafts.select import select_draft
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     drafts = tmp_path / "cache" / "drafts"
@@ -114,7 +114,7 @@ def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
 def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
     """The Qwen pair: the 1.5B file's default draft is the 0.5B built-in, a name with no folder, with
     a 4-bit body and its head narrowed (`file_spec`)."""
-    from specq.loading.drafts import known_drafts, select_draft
+    from specq.loading.drafts.select import known_drafts, select_draft
     from specq.loading.refs import check_ref
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
@@ -136,7 +136,7 @@ def test_a_gguf_file_of_a_builtin_model_gets_its_drafts(tmp_path, monkeypatch):
     it; a file of another shape or tokenizer, or with no built-in file on disk, gets none."""
     from conftest import tiny_model, write_tiny_gguf
 
-    from specq.loading import drafts
+    from specq.loading.drafts import select as drafts
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     model = tiny_model(vocab=32, hidden=64)

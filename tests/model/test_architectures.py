@@ -23,7 +23,7 @@ import specq
 from specq import generate
 from specq.drafters.tree import TreeShape
 from specq.errors import SpecqError
-from specq.loading import gguf_io
+from specq.loading.formats import gguf_io
 from specq.model.architectures import ARCHITECTURES, unsupported
 from specq.model.llama import Llama, LlamaConfig
 

@@ -9,7 +9,7 @@ from specq import generate
 from specq.core.decode import decode
 from specq.drafters import FeatureDrafter
 from specq.loading import kinds
-from specq.loading.model import Draft, Model
+from specq.core.types import Draft, Model
 from specq.model.feature_draft import FeatureDraft, new_feature_draft, save
 from specq.training import distill
 from specq.training.distill import TeacherSet

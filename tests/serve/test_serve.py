@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import specq
 from specq.cli import main
 from specq.drafters import TreeShape
-from specq.loading.save import save_native
-from specq.serve import ServeConfig, bind, build_app
+from specq.loading.formats.save import save_native
+from specq.serve.server import ServeConfig, bind, build_app
 from specq.serve import engine as engine_module
 
 from conftest import perturbed, tiny_model
@@ -158,6 +158,18 @@ def test_greedy_equals_generate_token_for_token(server, dirs, models, precision)
     assert parts[0].choices[0].delta.role == "assistant"
     assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == chat.text
     assert parts[-1].choices == [] and parts[-1].usage.completion_tokens == 20
+
+
+def test_gamma_auto_learns_across_requests(server, dirs):
+    """A served target keeps gamma auto's estimates across its requests (its engine's memory, the
+    pool's for that precision): each greedy request's run keeps what it learned for the next."""
+    port, app = server
+    engine = app.state.engines[name(dirs)]
+    assert engine.gamma_memory is engine.pool.gamma_memory("fp32")
+    before = dict(engine.gamma_memory._kept)  # the warm-up's
+    client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=8, temperature=0)
+    after = engine.gamma_memory._kept
+    assert after and any(before.get(key) is not chooser for key, chooser in after.items())
 
 
 def test_request_extensions_keep_the_output(server, dirs, models):

@@ -4,7 +4,7 @@ import pytest
 from test_serve import client, dirs, models, name, post, server  # noqa: F401 (fixtures)
 
 import specq
-from specq.drafters import refs
+from specq.loading.refs import draft_ref
 from specq.serve.app import servable
 from specq.serve.errors import APIError
 
@@ -16,7 +16,9 @@ def test_serve_takes_ngram_drafts_per_request(server, dirs, models):  # noqa: F8
         out = client(port).completions.create(model=name(dirs), prompt="t1 t2 t3 t1 t2 t3 t1", max_tokens=16,
                                               temperature=0, extra_body={"draft": draft})
         assert out.choices[0].text == want, draft
-        assert out.model_extra["specq"]["draft"] == refs.resolve(draft, "") and out.model_extra["specq"]["drafted"]
+        specq_extra = out.model_extra["specq"]
+        assert specq_extra["draft"] == draft_ref(draft).for_target("").text
+        assert specq_extra["drafted"]
     for draft, code in (("ngram:k=0", "invalid_value"), ("ngram+/etc", "draft_not_found")):
         status, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": "t1", "draft": draft})
         assert status == 400 and code == reply["error"]["code"] and reply["error"]["param"] == "draft"

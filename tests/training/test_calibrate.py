@@ -4,8 +4,8 @@ import pytest
 
 import specq
 from specq.errors import SpecqError
-from specq.loading import registry
-from specq.loading.save import save_native
+from specq.loading.drafts import registry
+from specq.loading.formats.save import save_native
 from specq.training.calibrate import CalibrationSettings, calibrate
 
 from conftest import perturbed, tiny_model, tiny_tokenizer
@@ -33,7 +33,7 @@ def test_calibrate_registers_draft_for_target_precision(dirs):
     assert (out / "config.json").is_file() and not list(out.parent.glob(".*ckpt"))
     path, entry, exact = registry.select(dirs / "none", out.parent, str(dirs / "target"), "int4-g32-rtn")
     assert exact and path == out
-    from specq.loading.drafts import select_draft
+    from specq.loading.drafts.select import select_draft
 
     ref, _ = select_draft(f"{dirs / 'target'}@int4-g32-rtn")  # what `specq generate` picks: loadable as is
     assert ref == str(out) and entry.draft_spec == "" and entry.info["base"] == draft.ref

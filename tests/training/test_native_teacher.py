@@ -12,8 +12,8 @@ import torch
 import specq
 from specq import backends
 from specq.kernels import int8dot
-from specq.loading import gguf_io
-from specq.loading.model import Model
+from specq.loading.formats import gguf_io
+from specq.core.types import Model
 from specq.model.feature_draft import FeatureDraft, head_rows, new_feature_draft
 from specq.training import distill, native_teacher
 from specq.training.train import DistillSettings, run

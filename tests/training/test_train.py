@@ -6,7 +6,7 @@ import pytest
 
 import specq
 from specq.cli import main
-from specq.loading import registry
+from specq.loading.drafts import registry
 
 from conftest import training_files
 

@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType, quants
 from specq import backends
 from specq.backends import fastpath
 from specq.kernels import build, gguf_repack, int8dot
-from specq.loading import gguf_io
-from specq.loading.model import Model
+from specq.loading.formats import gguf_io
+from specq.core.types import Model
 from specq.weights.gguf_formats import FORMATS, PACK, kernel_weight, stack_rows, to_float
 from specq.weights.quant.modules import FileBlocks
 

@@ -18,16 +18,14 @@ from pathlib import Path
 from ..checks import MAX_COUNT, MAX_SEED, MAX_THREADS, writable_parent
 from ..core.gamma import AUTO, AUTO_MAX_GAMMA, MAX_GAMMA
 from ..data import user_texts
-from ..drafters import ngram
-from ..drafters import refs as draft_refs
 from ..drafters.base import DEFAULT_GAMMA
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..errors import SpecqError
 from ..loading import precision
 from ..loading.builtins import BUILTINS
-from ..loading.drafts import default_draft_ref
-from ..loading.refs import SELF, WINDOW, check_ref, split_ref, split_window
+from ..loading.drafts.select import default_draft_ref
+from ..loading.refs import ModelRef, check_ref, draft_ref, model_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
@@ -124,32 +122,21 @@ LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": 
 
 def _cross(refs: list[str], specs: list[str]) -> list[str]:
     """Canonical refs `name@spec`: each ref at each spec (or at its own spec when none given). A
-    hierarchy (refs joined by commas) keeps each level's own spec."""
+    hierarchy (refs joined by commas) keeps each level's own spec; an n-gram draft has no precision
+    (its fallback model has)."""
     out = []
-    for ref in refs:
-        if "," in ref:
-            out.append(",".join(map(_canonical, ref.split(","))))
-            continue
-        if ref == REGISTRY:
+    for text in refs:
+        if text == REGISTRY:
             out += [REGISTRY if not specs else f"{REGISTRY}@{s}" for s in specs or [None]]
             continue
-        if ngram.is_ngram(ref) and ngram.parse(ref)[1] is None:  # no model: no precision to cross
-            out.append(_canonical(ref))
-            continue
-        for s in specs or [None]:
-            out.append(_canonical(ref, s))
+        ref = draft_ref(text)
+        if len(ref.levels) > 1:
+            out.append(",".join(level.canonical() for level in ref.levels))
+        elif ref.lookup_alone:  # no model: no precision to cross
+            out.append(ref.lookup.canonical())
+        else:
+            out += [ref.levels[0].canonical(s) for s in specs or [None]]
     return list(dict.fromkeys(out))
-
-
-def _canonical(level: str, spec: str | None = None) -> str:
-    """`name@spec`, at `spec` when given, else at its own, with its window if it has one; an n-gram
-    level as `NgramDraft.ref` (it has no precision), its fallback model's likewise."""
-    if ngram.is_ngram(level):
-        own, model = ngram.parse(level)
-        return own.ref + ("" if model is None else "+" + _canonical(model, spec))
-    model, window = split_window(level)
-    name, own_spec = split_ref(model)
-    return f"{name}@{precision.canonical(spec or own_spec)}" + ("" if window is None else f"{WINDOW}{window}")
 
 
 def load_config(path: str | None, overrides: dict | None = None) -> BenchConfig:
@@ -251,30 +238,33 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
             precision.canonical(spec)
         except SpecqError as e:
             raise SpecqError(f"bench config '{key[:-1]}_quant': {e}") from None
-    for ref in refs:
+    for text in refs:
         try:
-            for level in draft_refs.split(ref) if key == "drafts" else ref.split(","):
-                precision.canonical(split_ref(split_window(level)[0])[1])
+            ref = draft_ref(text)
+            for model in ref.models:
+                precision.canonical(model.spec)
         except SpecqError as e:
             raise SpecqError(f"bench config '{key}': {e}") from None
-        if specs and "," in ref:
-            raise SpecqError(f"bench config '{key}': the hierarchy '{ref}' sets each level's precision; drop "
+        if specs and len(ref.levels) > 1:
+            raise SpecqError(f"bench config '{key}': the hierarchy '{text}' sets each level's "
+                             f"precision; drop '{key[:-1]}_quant'")
+        if specs and any(model.has_spec for model in ref.models):
+            raise SpecqError(f"bench config '{key}': '{text}' has its own @spec; drop it or drop "
                              f"'{key[:-1]}_quant'")
-        if specs and "@" in ref:
-            raise SpecqError(f"bench config '{key}': '{ref}' has its own @spec; drop it or drop '{key[:-1]}_quant'")
 
 
 def check_models_exist(config: BenchConfig) -> None:
     """Local model paths exist and hold loadable folders (`check_ref`), and bare names are built-ins
     (hub ids are left to load), so a typo or a broken folder fails before the sweep starts rather
     than after its first stage."""
-    drafts = [model for ref in config.drafts for model in draft_refs.model_refs(ref)]
-    for key, refs in (("targets", config.targets), ("drafts", drafts)):
+    drafts = [model for ref in config.drafts for model in draft_ref(ref).models]
+    for key, refs in (("targets", [model_ref(ref) for ref in config.targets]), ("drafts", drafts)):
         for ref in refs:
-            name = split_ref(ref)[0]
+            name = ref.name
             path_like = name.startswith((".", "/", "~")) or name.endswith(".gguf")
             hub_id = "/" in name and not path_like
-            if (key == "drafts" and name in (REGISTRY, SELF)) or name in BUILTINS or hub_id:
+            named_later = key == "drafts" and (name == REGISTRY or ref.is_self)
+            if named_later or name in BUILTINS or hub_id:
                 continue
             if name and Path(name).expanduser().exists():
                 _checked(key, ref)
@@ -283,7 +273,7 @@ def check_models_exist(config: BenchConfig) -> None:
                              f"({', '.join(BUILTINS)}), an existing path or a hub id org/name)")
 
 
-def _checked(key: str, ref: str) -> None:
+def _checked(key: str, ref: ModelRef) -> None:
     try:
         check_ref(ref)
     except SpecqError as e:
@@ -373,11 +363,12 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
         cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, draft_confidence=None, **c)
                   for c in common]
         for draft in _drafts_for(target, config, registry, notes):
-            alone = draft_refs.ngram_alone(draft)  # its k is the draft length; it has no early stop
-            gammas = list(dict.fromkeys(g if g == AUTO else ngram.parse(draft)[0].k for g in config.gamma)) \
-                if alone else config.gamma
+            parsed = draft_ref(draft)
+            alone = parsed.lookup_alone  # its k is the draft length; it has no early stop
+            gammas = config.gamma if not alone else \
+                list(dict.fromkeys(g if g == AUTO else parsed.lookup.draft.k for g in config.gamma))
             if 0 in config.tree:  # chains
-                peer = config.peer and not ngram.is_ngram(draft)
+                peer = config.peer and parsed.lookup is None
                 for kind in ("speculative", "peer") if peer else ("speculative",):
                     for g in gammas:
                         for conf in [None] if alone else config.draft_confidence:
@@ -393,7 +384,7 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
         notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")
     if config.peer and AUTO in config.gamma:
         notes.append("peer baseline runs at fixed gammas only: none for gamma 'auto'")
-    if any(ngram.is_ngram(d) for d in config.drafts):
+    if any(draft_ref(d).lookup is not None for d in config.drafts):
         notes.append("n-gram drafts: an n-gram alone drafts k tokens (one cell per fixed gamma's k), grows no "
                      "trees and has no early stop" + "; no peer baseline for them" * config.peer)
     if any(config.tree):
@@ -407,18 +398,16 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
 def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) -> list[str]:
     out = []
     for entry in config.draft_entries():
-        if entry.split("@")[0] == SELF or "," in entry or ngram.is_ngram(entry):
-            out.append(draft_refs.resolve(entry, target))
+        ref = draft_ref(entry)
+        first = ref.levels[0]
+        if len(ref.levels) > 1 or ref.lookup is not None or first.name != REGISTRY:
+            out.append(ref.for_target(target).text)  # self resolved, n-gram spelled in full
             continue
-        if entry.split("@")[0] != REGISTRY:
-            out.append(entry)
-            continue
-        quant = entry.partition("@")[2]
+        quant = first.spec if first.has_spec else ""
         chosen = registry(target, bool(quant) and not precision.is_float(quant))
         if chosen is None:
             notes.append(f"the registry has no draft for {target}: its 'registry' cells are skipped")
             continue
         notes.append(f"registry draft for {target}: {chosen}")
-        name, spec = split_ref(chosen)
-        out.append(f"{name}@{precision.canonical(entry.partition('@')[2] or spec)}")
+        out.append(model_ref(chosen).canonical(quant or None))
     return list(dict.fromkeys(out))

@@ -12,8 +12,8 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from ..loading.model import Model
-from ..loading.refs import split_ref
+from ..core.types import Model
+from ..loading.refs import model_ref
 from ..training import divergence
 from . import store
 
@@ -22,7 +22,7 @@ CHUNK_LEN = 128  # tokens per held-out chunk
 
 def reference_ref(target_ref: str) -> str:
     """The full-precision model a target precision is compared with."""
-    return f"{split_ref(target_ref)[0]}@fp32"
+    return f"{model_ref(target_ref).name}@fp32"
 
 
 def shakespeare_chunks(model: Model, n: int) -> list[list[int]]:

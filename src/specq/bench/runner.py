@@ -26,11 +26,14 @@ from pathlib import Path
 import torch
 
 from .. import api, backends
-from ..drafters import refs as draft_refs
+from ..core.gamma import GammaMemory
+from ..core.prompt import encode_prompt
+from ..core.types import Draft, Model
 from ..errors import SpecqError
 from ..kernels import build
 from ..loading import kinds, precision
-from ..loading.model import Draft, Model
+from ..loading.refs import draft_ref
+from ..version import __version__
 from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
 from .prompts import Prompt, load_set
@@ -41,12 +44,10 @@ WARMUP_TOKENS = 8
 def environment() -> dict:
     import transformers
 
-    import specq
-
     return {"machine": platform.machine(), "processor": platform.processor(), "platform": platform.platform(),
             "cpu": build.cpu_model(), "kernels": build.variant(),
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "specq": specq.__version__}
+            "transformers": transformers.__version__, "specq": __version__}
 
 
 def model_hash(model: Model) -> str:
@@ -77,6 +78,7 @@ class _Models:
         self.load = load
         self.backend = backend
         self.loaded: dict[str, tuple[Model, dict]] = {}
+        self.memories: dict[str, GammaMemory] = {}  # gamma auto's, per loaded target
         self.hf: dict[str, object] = {}
 
     def get(self, ref: str) -> tuple[Model, dict]:
@@ -87,9 +89,14 @@ class _Models:
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
 
+    def gamma_memory(self, ref: str) -> GammaMemory:
+        """What gamma auto learned in the runs of target `ref` so far (forgotten with the model)."""
+        return self.memories.setdefault(ref, GammaMemory())
+
     def keep_only(self, refs: set[str]) -> None:
         for ref in set(self.loaded) - refs:
             del self.loaded[ref]
+            self.memories.pop(ref, None)
         for ref in set(self.hf) - refs:
             del self.hf[ref]
 
@@ -178,8 +185,9 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
-            later = {c.target for c in pending[i:]} | {ref for c in pending[i:] if c.draft
-                                                       for ref in draft_refs.model_refs(c.draft)}
+            later = {c.target for c in pending[i:]} | {
+                ref.text for c in pending[i:] if c.draft
+                for ref in draft_ref(c.draft).for_target(c.target).models}
             pool.keep_only(later)  # free models no later cell needs
             label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
             label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
@@ -193,8 +201,9 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
 def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set, advance) -> dict:
     torch.set_num_threads(cell.threads)
     target, target_info = pool.get(cell.target)
-    levels = [pool.get(ref) for ref in draft_refs.model_refs(cell.draft)] if cell.draft else []  # cheapest first
-    draft = draft_refs.build(cell.draft, cell.target, lambda ref: pool.get(ref)[0]) if cell.draft else None
+    parsed = draft_ref(cell.draft).for_target(cell.target) if cell.draft else None
+    levels = [pool.get(ref.text) for ref in parsed.models] if parsed else []  # cheapest first
+    draft = parsed.build(lambda ref: pool.get(ref)[0]) if parsed else None
     one_model = len(levels) == 1 and draft is levels[0][0]  # else a hierarchy or an n-gram draft (its models)
     draft_info = None if draft is None else levels[0][1] if one_model else {
         "ref": cell.draft, "precision": levels[0][1]["precision"] if levels else None, "levels": [i for _, i in levels]}
@@ -207,7 +216,7 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             for _ in range(cell.n_prompts * cell.repeats):
                 advance()
             return {**record, "skipped": reason}
-    ids = [api.encode_prompt(target, p.text, p.chat) for p in prompts]
+    ids = [encode_prompt(target, p.text, p.chat) for p in prompts]
     if cell.kind == "peer":
         hf_target, hf_draft = pool.hf_model(target), pool.hf_model(draft)
 
@@ -217,11 +226,13 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
     else:
         shape = cell.tree_shape()  # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
         tree = {"tree": shape} if shape else {}
+        memory = pool.gamma_memory(cell.target)
 
         def one(prompt_ids: list[int], n: int, alone: bool = False):
             return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1, max_new_tokens=n,
                             temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos,
-                            draft_confidence=cell.draft_confidence or 0.0, **({} if alone else tree))
+                            draft_confidence=cell.draft_confidence or 0.0, gamma_memory=memory,
+                            **({} if alone else tree))
 
     pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))  # a tree's first pass warms up too
     if pair not in warmed:  # first calls pay for allocation and lazy init: never time them

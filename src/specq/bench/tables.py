@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.gamma import AUTO_MAX_GAMMA
-from ..drafters import ngram
+from ..loading.refs import ModelRef, NgramRef, draft_ref, model_ref
 from .aggregate import MIN_STEPS
 
 TAU = "tau (bonus incl.)"
@@ -172,17 +172,24 @@ def short_draft(row: dict) -> str:
     'feature-draft'), with its precision unless fp32."""
     if not row["draft"]:
         return "(alone)"
-    if "," in row["draft"]:  # a hierarchy, cheapest level first
-        return " > ".join(short_draft({**row, "draft": level, "draft_precision": level.rpartition("@")[2]})
-                          for level in row["draft"].split(","))
-    if ngram.is_ngram(row["draft"]):  # its own spec, then its fallback model's short name
-        own, plus, model = row["draft"].partition("+")
-        return own + (plus + short_draft({**row, "draft": model}) if plus else "")
-    name = row["draft"].split("@")[0].rstrip("/").rsplit("/", 1)[-1]
-    base = row["target"].split("@")[0]
+    ref = draft_ref(row["draft"])
+    if len(ref.levels) > 1:  # a hierarchy, cheapest level first
+        return " > ".join(short_draft({**row, "draft": level.text,
+                                       "draft_precision": _precision(level)})
+                          for level in ref.levels)
+    if ref.lookup is not None:  # its own spec, then its fallback model's short name
+        fallback = ref.lookup.fallback
+        return ref.lookup.draft.ref + ("" if fallback is None else
+                                       "+" + short_draft({**row, "draft": fallback.text}))
+    name = ref.levels[0].name.rstrip("/").rsplit("/", 1)[-1]
+    base = model_ref(row["target"]).name
     name = "self" if name == base else name[len(base) + 1:] if name.startswith(base + "-") else name
     precision = row.get("draft_precision")
     return name + (f"@{precision}" if precision and precision != "fp32" else "")
+
+
+def _precision(level: ModelRef | NgramRef) -> str | None:
+    return level.spec if isinstance(level, ModelRef) else None  # an n-gram draft has none
 
 
 def per_position(rows: list[dict]) -> Table:

@@ -21,14 +21,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..drafters.base import EMPTY, LONGEST_DEFAULT, Drafter, Proposal, Routed
-from ..loading.model import Model
 from ..model.llama import Rows
 from .acceptance import accept_greedy, accept_sampling, depths, is_chain, verify_layout
-from .gamma import CostAwareGamma, GammaMemory
+from .gamma import LONGEST_DEFAULT, CostAwareGamma, GammaMemory
 from .sampling import SamplingConfig, probabilities, sample
 from .stats import DecodeStats
 from .stopping import StopChecker
+from .types import EMPTY, Drafter, Model, Proposal, Routed
 
 
 def decode(target: Model, prompt_ids: list[int], **options) -> tuple[list[int], str, DecodeStats]:
@@ -83,7 +82,7 @@ class Sequence:
         self.generator = generator or torch.Generator().manual_seed(0)
         self.gamma = gamma if drafter is not None else 0
         self.adaptive = adaptive and self.gamma > 0
-        self.choosers: dict[str, CostAwareGamma] = {}  # gamma auto's, per route (`drafters.base.Routed`)
+        self.choosers: dict[str, CostAwareGamma] = {}  # gamma auto's, per route (`types.Routed`)
         self.memory, self.memory_key = memory or GammaMemory(), memory_key
         self.chooser: CostAwareGamma | None = None  # this step's
         self.max_new_tokens, self.on_tokens = max_new_tokens, on_tokens

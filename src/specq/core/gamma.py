@@ -33,12 +33,13 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   PROBE_EVERY up to MAX_PROBE_EVERY steps, and a changed choice resets it.
 
 A drafter of several drafters (`ngram+MODEL`: a free lookup where the text repeats, a model
-elsewhere; `drafters.base.Routed`) gets one chooser per route: a lookup's cost and acceptance say
+elsewhere; `types.Routed`) gets one chooser per route: a lookup's cost and acceptance say
 nothing about the model's, and one mean of both would price the lookup too high and the model too
 low.
 
 `GammaMemory` carries a chooser from one run to the next of the same target and draft in a
-process (a server's requests, a bench's prompts): costs in full and acceptance at a quarter of its
+process (a server's requests, a bench's prompts; whoever runs them keeps one memory per target and
+passes it to each run): costs in full and acceptance at a quarter of its
 weight, so a run starts from them instead of from a warm-up and its own text soon outweighs the
 last one's; whether plain decoding beats drafting is decided again on each run's own text.
 
@@ -55,6 +56,7 @@ from ..errors import SpecqError
 
 AUTO = "auto"
 AUTO_MAX_GAMMA = 4  # the longest proposal "auto" considers
+LONGEST_DEFAULT = AUTO_MAX_GAMMA  # the longest proposal the default plans for
 MAX_GAMMA = 64  # the longest fixed proposal
 PROBE_EVERY = 8  # steps with one cap before trying one token more ...
 MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to this

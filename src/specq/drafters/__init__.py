@@ -12,7 +12,7 @@ New drafters plug in without touching the loop. Which drafter a loaded draft mak
 target is its kind's (`loading/kinds.py`: `for_pair`, `for_levels`).
 """
 
-from .base import Drafter, Proposal
+from ..core.types import Drafter, Proposal
 from .fallback import FallbackDrafter
 from .feature import FeatureDrafter
 from .hierarchy import HierarchicalDrafter

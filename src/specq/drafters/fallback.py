@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..core.sampling import SamplingConfig
-from .base import Drafter, Proposal
+from ..core.types import Drafter, Proposal
 from .ngram import NgramDrafter
 
 LOOKUP, MODEL = "lookup", "model"  # the routes (`base.Routed`)

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from ..core.sampling import SamplingConfig
+from ..core.types import Proposal
 from ..model.feature_draft import FeatureDraft
-from .base import Proposal, choose
+from .base import choose
 from .tree import TreeShape, grow
 
 

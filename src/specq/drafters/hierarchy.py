@@ -19,10 +19,9 @@ from torch import Tensor
 
 from ..core.acceptance import accept_greedy, accept_sampling, is_chain, verify_layout
 from ..core.sampling import SamplingConfig, probabilities
+from ..core.types import Drafter, Model, Proposal
 from ..kernels.rows import ROW_BY_ROW_MAX
-from ..loading.model import Model
 from ..model.llama import Llama
-from .base import Drafter, Proposal
 
 
 class HierarchicalDrafter:

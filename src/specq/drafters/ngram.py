@@ -6,9 +6,9 @@ so far; elsewhere nothing matches and the step is a plain one. The nodes are cho
 sampled, so each is a point mass (`Proposal.probs` None): sampling verifies them exactly
 (`acceptance.accept_sampling`).
 
-Spelled `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` wherever a draft is named: match the last N tokens
-first, then fewer down to MIN, propose up to K; `+MODEL`: that model draft proposes on the steps
-with no match (`fallback.py`).
+Spelled `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` wherever a draft is named (parsed by
+`loading/refs.py`): match the last N tokens first, then fewer down to MIN, propose up to K;
+`+MODEL`: that model draft proposes on the steps with no match (`fallback.py`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from torch import Tensor
 from ..checks import integer
 from ..core.gamma import MAX_GAMMA
 from ..core.sampling import SamplingConfig
+from ..core.types import EMPTY, Draft, Model, Proposal
 from ..errors import SpecqError
-from ..loading.model import Draft, Model
-from .base import EMPTY, Proposal
 
 NAME = "ngram"
 # Shortest n-gram matched. A one-token match fires on most steps, after any token seen before,
@@ -85,47 +84,6 @@ def draft_models(draft) -> list:
         elif level.fallback is not None:
             out.append(level.fallback)
     return out
-
-
-def is_ngram(ref: str) -> bool:
-    """Whether a draft ref names an n-gram draft (with or without options, precision or fallback)."""
-    return ref == NAME or ref.startswith((NAME + ":", NAME + "+", NAME + "@"))
-
-
-def parse(ref: str) -> tuple[NgramDraft, str | None]:
-    """`ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` -> (the n-gram draft, MODEL's ref or None). `n=N`
-    matches down to 2 tokens (N if smaller)."""
-    own, plus, fallback = ref.partition("+")
-    if plus and not fallback.strip():
-        raise SpecqError(f"draft '{ref}': give a model draft after '+' (ngram+MODEL)")
-    name, *options = own.split(":")
-    if name != NAME:
-        raise SpecqError(f"draft '{ref}': an n-gram draft has no precision; write {NAME}[:n=N][:k=K]")
-    values: dict[str, str] = {}
-    for option in options:
-        key, eq, value = option.partition("=")
-        if key not in ("n", "k") or not eq:
-            raise SpecqError(f"draft '{ref}': unknown option '{option}' (options: n=N or n=MIN-MAX, k=K)")
-        if key in values:
-            raise SpecqError(f"draft '{ref}': option '{key}' given twice")
-        values[key] = value
-    n_min, n_max = DEFAULT_N_MIN, DEFAULT_N_MAX
-    if "n" in values:
-        low, dash, high = values["n"].partition("-")
-        n_max = _whole(ref, "n", high if dash else low)
-        n_min = _whole(ref, "n", low) if dash else min(DEFAULT_N_MIN, n_max)
-    k = _whole(ref, "k", values["k"]) if "k" in values else DEFAULT_K
-    try:
-        return NgramDraft(n_max, n_min, k), fallback or None
-    except SpecqError as e:
-        raise SpecqError(f"draft '{ref}': {e}") from None
-
-
-def _whole(ref: str, key: str, text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
-        raise SpecqError(f"draft '{ref}': {key} must be a whole number" + " or MIN-MAX" * (key == "n") +
-                         f", got '{text}'")
-    return int(text)
 
 
 class NgramIndex:

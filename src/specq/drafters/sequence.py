@@ -6,9 +6,9 @@ import torch
 from torch import Tensor
 
 from ..core.sampling import SamplingConfig
-from ..loading.model import Model
+from ..core.types import Model, Proposal
 from ..weights.narrow_head import NarrowHead
-from .base import Proposal, choose
+from .base import choose
 from .tree import TreeShape, grow
 
 # The early stop used unless the caller picks one. transformers (assistant_confidence_threshold)

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .base import Proposal
+from ..core.types import Proposal
 
 
 @dataclass(frozen=True)

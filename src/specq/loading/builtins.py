@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import SpecqError
 from ..paths import cache_dir
-from . import gguf_load, packaged, registry
+from .drafts import registry
+from .formats import gguf_load, packaged
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ASSETS = Path(__file__).parents[1] / "assets"  # src/specq/assets

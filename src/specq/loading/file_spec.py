@@ -44,8 +44,8 @@ from ..weights.gguf_formats import FORMATS, kernel_weight
 from ..weights.narrow_head import NarrowHead
 from ..weights.quant.modules import FileBlocks
 from ..weights.quant.rtn import quantize_two_level
-from .adapter import Adapter, delta, merge_float, native_weights
-from .gguf_io import GGUFFile
+from .drafts.adapter import Adapter, delta, merge_float, native_weights
+from .formats.gguf_io import GGUFFile
 
 FILE_PRECISION = "gguf"
 FORM = "gguf[-int4][-head{N}k][-keep{N}] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k, gguf-int4-keep18)"

@@ -1,6 +1,6 @@
-"""Draft kinds: what a draft can be, keyed by what its ref or its folder says, and for each kind
-how it loads, the drafter it makes for a target, how its network runs alone, how it is scored
-against its target and how it is saved (training: `training/students.py`).
+"""Draft kinds: what a draft can be, keyed by what its ref (parsed: `refs.py`) or its folder says,
+and for each kind how it loads, the drafter it makes for a target, how its network runs alone, how
+it is scored against its target and how it is saved (training: `training/students.py`).
 
 | kind       | named by                                 | loads as                            | drafter           |
 |------------|------------------------------------------|-------------------------------------|-------------------|
@@ -24,8 +24,9 @@ import torch
 from torch import Tensor
 
 from .. import atomic, backends
+from ..core.gamma import LONGEST_DEFAULT
+from ..core.types import Draft, Kind, Model
 from ..drafters import ngram
-from ..drafters.base import LONGEST_DEFAULT
 from ..drafters.fallback import FallbackDrafter
 from ..drafters.feature import FeatureDrafter
 from ..drafters.hierarchy import HierarchicalDrafter
@@ -35,12 +36,13 @@ from ..errors import SpecqError
 from ..model import feature_draft
 from ..model.llama import Llama
 from ..weights.quant import quantize_model
-from . import folders, hf, loader, precision, validate
+from . import precision
 from .builtins import local_path
-from .drafts import resolve_draft_ref
-from .model import Draft, Kind, Model
-from .refs import SELF, parts, split_ref, split_window
-from .save import write_native
+from .drafts import folders
+from .formats import hf, validate
+from .formats.save import write_native
+from .models import load_model
+from .refs import NGRAM_ABOUT, WINDOW_APPLIES, Level, ModelRef, NgramRef, level
 
 
 def _trees_need_a_native(target: Model, tree: TreeShape | None) -> None:
@@ -66,25 +68,25 @@ def _sequence_logits(target_net, draft_net, ids: Tensor) -> tuple[Tensor, Tensor
     return target_net(ids, None)[:-1], draft_net(ids, None)[:-1], ids[1:]
 
 
-def _load_self(ref: str, backend: str | None, target) -> Draft:
+def _load_self(ref: ModelRef, backend: str | None, target) -> Draft:
     """`self@SPEC`: the target's own model at SPEC (QSPEC-style self-speculation: no draft to train
     or ship, the same tokenizer by construction)."""
     if target is None:
-        raise SpecqError(f"'{ref}' is the target's own weights at {split_ref(ref)[1]}: "
-                         f"load it with its target (specq.load('{ref}', target=...))")
-    return Draft(SELF_KIND, loader.load(resolve_draft_ref(ref, target if isinstance(target, str) else target.ref),
-                                        backend))
+        raise SpecqError(f"'{ref.base}' is the target's own weights at {ref.spec}: "
+                         f"load it with its target (specq.load('{ref.base}', target=...))")
+    target_ref = target if isinstance(target, str) else target.ref
+    return Draft(SELF_KIND, load_model(ref.for_target(target_ref), backend))
 
 
 # ------------------------------------------------------------------------------ feature
 
 
-def _load_feature(ref: str, backend: str | None, target=None) -> Draft:
+def _load_feature(ref: ModelRef, backend: str | None, target=None) -> Draft:
     """A feature draft at a float precision, or with RTN integer weights (one small layer and a
     head: quantized at load, in seconds, not cached)."""
     started = time.perf_counter()
-    name, spec_text = parts(ref)
-    spec = precision.parse(spec_text)
+    name = ref.name
+    spec = precision.parse(ref.spec)
     if not spec.is_float and spec.method != "rtn":
         raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16) or with RTN "
                          f"integer weights (e.g. int8-head8), not {spec}")
@@ -97,7 +99,8 @@ def _load_feature(ref: str, backend: str | None, target=None) -> Draft:
         quantize_model(net, spec, progress=False)
     tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
     eos = hf.generation_eos(source, None, local_only=True)  # no config.json: generation_config.json only
-    model = Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
+    model = Model(ref=ref.base, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok),
+                  source=str(source),
                   precision=str(spec), info={"load_s": time.perf_counter() - started})
     if backend is not None:
         model.runner = backends.runner(net, backend)
@@ -131,16 +134,17 @@ def _write_feature(draft: Draft, directory: Path, info: dict | None) -> None:
     feature_draft.write(draft.net, directory, draft.tokenizer, draft.eos_ids, info)
 
 
-def _is_feature(ref: str) -> bool:
-    return folders.of(local_path(split_ref(ref)[0])) is folders.FEATURE
+def _is_feature(ref: Level) -> bool:
+    return isinstance(ref, ModelRef) and folders.of(local_path(ref.name)) is folders.FEATURE
 
 
 # ------------------------------------------------------------------------------ ngram
 
 
-def _load_ngram(ref: str, backend: str | None, target) -> ngram.NgramDraft:
-    spec, fallback = ngram.parse(ref)
-    return spec if fallback is None else replace(spec, fallback=load(fallback, backend, target))
+def _load_ngram(ref: NgramRef, backend: str | None, target) -> ngram.NgramDraft:
+    if ref.fallback is None:
+        return ref.draft
+    return replace(ref.draft, fallback=_load(ref.fallback, backend, target))
 
 
 def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float, tree: TreeShape | None,
@@ -156,15 +160,19 @@ def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float
 
 # ------------------------------------------------------------------------------ the table
 
-NGRAM = Kind("ngram", "an n-gram draft (prompt lookup, no model)", ngram.is_ngram, _load_ngram, _ngram_drafter)
+NGRAM = Kind("ngram", NGRAM_ABOUT, lambda ref: isinstance(ref, NgramRef), _load_ngram,
+             _ngram_drafter)
 SELF_KIND = Kind("self", "a self draft (the target's own weights at another precision)",
-                 lambda ref: split_ref(ref)[0] == SELF, _load_self, _sequence_drafter, rows=_sequence_rows,
+                 lambda ref: isinstance(ref, ModelRef) and ref.is_self, _load_self,
+                 _sequence_drafter,
+                 rows=_sequence_rows,
                  next_token_logits=_sequence_logits, verifies=True)
 FEATURE = Kind("feature", "a feature draft (EAGLE style: it reads the target's hidden states)", _is_feature,
                _load_feature, _feature_drafter, rows=_feature_rows, next_token_logits=_feature_logits,
                write=_write_feature)
 SEQUENCE = Kind("sequence", "a sequence draft (a model of its own)", lambda ref: True,
-                lambda ref, backend, target=None: loader.load(ref, backend), _sequence_drafter, rows=_sequence_rows,
+                lambda ref, backend, target=None: load_model(ref, backend), _sequence_drafter,
+                rows=_sequence_rows,
                 next_token_logits=_sequence_logits, write=lambda draft, directory, info: write_native(draft, directory),
                 verifies=True, transformers=True, is_model=True)
 KINDS = {k.name: k for k in (NGRAM, SELF_KIND, FEATURE, SEQUENCE)}  # recognized in this order: sequence takes the rest
@@ -173,7 +181,10 @@ LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM}  # loaded drafts that are no
 
 def recognize(ref: str) -> Kind:
     """The kind of draft a ref names, from its text or the folder it names (nothing loads)."""
-    parts(ref)  # a string, not empty
+    return _recognized(level(ref))
+
+
+def _recognized(ref: Level) -> Kind:
     return next(kind for kind in KINDS.values() if kind.recognizes(ref))
 
 
@@ -196,17 +207,21 @@ def as_kind(kind: Kind, model: Model) -> Model | Draft:
 def load(ref: str, backend: str | None = backends.DEFAULT, target: Model | str | None = None):
     """Load any ref: a model (a target, or a sequence draft: a `Model`), or a draft of another kind
     (`self@SPEC` needs `target`: a loaded target or its ref; an n-gram draft loads its fallback
-    model only). `backend`: as `loader.load` (None: no backend yet, for code that trains or saves).
-    `MODEL:window=W` is MODEL drafting from the prompt's last W tokens (`refs.split_window`)."""
-    base, window = split_window(ref)
-    kind = recognize(base)
+    model only). `backend`: as `models.load_model` (None: no backend yet, for code that trains or
+    saves). `MODEL:window=W` is MODEL drafting from the prompt's last W tokens (`refs.ModelRef`)."""
+    return _load(level(ref), backend, target)
+
+
+def _load(ref: Level, backend: str | None, target):
+    kind = _recognized(ref)
+    window = ref.window if isinstance(ref, ModelRef) else None
     if window is not None and kind not in (SEQUENCE, SELF_KIND):
-        raise SpecqError(f"'{ref}': a window applies to model drafts (a model, self@SPEC), not to {kind.about}")
-    loaded = kind.load(base, backend, target)
+        raise SpecqError(f"'{ref.text}': " + WINDOW_APPLIES.format(kind.about))
+    loaded = kind.load(ref, backend, target)
     if window is None:
         return loaded
     model = loaded if kind.is_model else loaded.model
-    return as_kind(kind, replace(model, ref=ref, info={**model.info, "draft_window": window}))
+    return as_kind(kind, replace(model, ref=ref.text, info={**model.info, "draft_window": window}))
 
 
 def save(draft: Model | Draft, out: Path | str, info: dict | None = None) -> None:

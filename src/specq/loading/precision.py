@@ -22,7 +22,8 @@ from . import file_spec
 QUANT_CONFIG = "quant_config.json"
 
 
-FILE_PRECISION = file_spec.FILE_PRECISION  # `name@gguf`: a GGUF file's own quantized tensors (`loader.load`)
+# `name@gguf`: a GGUF file's own quantized tensors (`models.load_model`)
+FILE_PRECISION = file_spec.FILE_PRECISION
 CALIB_LEN = 512  # tokens per GPTQ/AWQ calibration window, unless the model's context is shorter
 
 

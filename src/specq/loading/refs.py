@@ -1,17 +1,248 @@
-"""Model references as users write them: `name@spec`, where name is a built-in, a local folder,
-a `.gguf` file or a hub id, checked before any weights load and resolved to where the weights are."""
+"""Refs as users write them, parsed once into the types the rest of specq asks.
+
+A model ref is `NAME[@SPEC][:window=W]`: NAME a built-in, a local folder, a `.gguf` file or a hub
+id (in a draft also `self`: the target's own weights at SPEC); SPEC a precision (`fp32`, `int8`,
+`int4-g64-gptq`, ...) or a GGUF file's own blocks with options (`gguf[-int4][-head32k]`,
+`file_spec`); a window W makes a model draft read only the prompt's last W tokens. A draft ref is
+one level or several joined by commas, cheapest first (a hierarchy): a level is a model ref or, as
+the first level only, an n-gram draft `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` (prompt lookup;
+`+MODEL`: a model draft on the steps with no match).
+
+Parsing reads the text (and, for an adapter folder, which precision it defaults to); `check_ref`
+also reads a local folder's files, so a bad ref fails before any model loads. `resolve` and
+`gguf_file` say where a model's weights are.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
+from ..drafters.ngram import DEFAULT_K, DEFAULT_N_MAX, DEFAULT_N_MIN, NAME, NgramDraft
 from ..errors import SpecqError
-from . import adapter, file_spec, precision, validate
+from . import file_spec, precision
 from .builtins import BUILTIN_GGUF, BUILTINS, PACKAGED_GGUF
-from .gguf_load import float_dir
+from .drafts import adapter
+from .formats import validate
+from .formats.gguf_load import float_dir
 
 FILE_PRECISION = precision.FILE_PRECISION  # `name@gguf`: run a GGUF file's own quantized tensors
 SELF = "self"  # the draft ref `self@SPEC`: the target's own weights at SPEC (self-speculation)
+WINDOW = ":window="  # MODEL:window=W, a model draft that reads only the prompt's last W tokens
+WINDOW_APPLIES = "a window applies to model drafts (a model, self@SPEC), not to {}"
+NGRAM_ABOUT = "an n-gram draft (prompt lookup, no model)"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as a ref names it. Why a window: a draft model pays for its own prefill of the whole
+    prompt, a cost plain decoding does not have; a draft that reads only the prompt's end drafts
+    from less context for a fraction of that cost, and since the target verifies every token the
+    output is the same."""
+
+    text: str  # as written: a loaded model's `ref`
+    name: str
+    spec: str  # the precision as written, else the name's own (`default_precision`)
+    window: int | None = None
+
+    @property
+    def is_self(self) -> bool:
+        return self.name == SELF
+
+    @property
+    def has_spec(self) -> bool:
+        """Whether the ref gives its precision (`@SPEC`) rather than taking the name's own."""
+        return "@" in self.base
+
+    @property
+    def base(self) -> str:
+        """The ref without its window (what loads)."""
+        return self.text if self.window is None else self.text.rpartition(WINDOW)[0]
+
+    @property
+    def precision(self):
+        """The spec parsed: a `file_spec.FileSpec` (a GGUF file's own blocks) or a quant spec."""
+        if file_spec.names_file(self.spec):
+            return file_spec.parse(self.spec)
+        return precision.parse(self.spec)
+
+    def for_target(self, target: str) -> ModelRef:
+        """`self@SPEC` as the target's own model at SPEC (QSPEC-style self-speculation: no draft to
+        train or ship, the same tokenizer by construction); any other ref as it is."""
+        if not self.is_self:
+            return self
+        name = split_ref(target)[0]
+        return ModelRef(f"{name}@{self.spec}{self._window}", name, self.spec, self.window)
+
+    def canonical(self, spec: str | None = None) -> str:
+        """`name@spec` at `spec` when given, else at its own, spelled canonically; its window."""
+        return f"{self.name}@{precision.canonical(spec or self.spec)}{self._window}"
+
+    @property
+    def _window(self) -> str:
+        return "" if self.window is None else f"{WINDOW}{self.window}"
+
+
+@dataclass(frozen=True)
+class NgramRef:
+    """An n-gram draft as a ref names it: its n and k (`draft`, no fallback yet) and the model
+    draft that proposes where nothing matches."""
+
+    text: str
+    draft: NgramDraft
+    fallback: ModelRef | None = None
+
+    def for_target(self, target: str) -> NgramRef:
+        """Spelled canonically (`ngram` -> `ngram:n=2-3:k=4`), a fallback `self@SPEC` resolved."""
+        fallback = None if self.fallback is None else self.fallback.for_target(target)
+        text = self.draft.ref + ("" if fallback is None else "+" + fallback.text)
+        return NgramRef(text, self.draft, fallback)
+
+    def canonical(self, spec: str | None = None) -> str:
+        """Spelled canonically, its fallback at `spec` when given (an n-gram has no precision)."""
+        fallback = self.fallback
+        return self.draft.ref + ("" if fallback is None else "+" + fallback.canonical(spec))
+
+
+Level = ModelRef | NgramRef
+
+
+@dataclass(frozen=True)
+class DraftRef:
+    """A draft as a ref names it: its levels, cheapest first (several: a hierarchy, each level
+    verifying what the ones below proposed; an n-gram level only first)."""
+
+    text: str
+    levels: tuple[Level, ...]
+
+    @property
+    def lookup(self) -> NgramRef | None:
+        """The n-gram level, or None."""
+        return self.levels[0] if isinstance(self.levels[0], NgramRef) else None
+
+    @property
+    def lookup_alone(self) -> bool:
+        """One n-gram draft without a model: its k is the draft length, it has no early stop."""
+        return len(self.levels) == 1 and self.lookup is not None and self.lookup.fallback is None
+
+    @property
+    def grows_trees(self) -> bool:
+        """Whether the lowest level has a model to grow token trees (a lookup proposes chains)."""
+        return self.lookup is None or self.lookup.fallback is not None
+
+    @property
+    def models(self) -> list[ModelRef]:
+        """The model refs among the levels, cheapest first (an n-gram level's fallback)."""
+        out = [level.fallback if isinstance(level, NgramRef) else level for level in self.levels]
+        return [model for model in out if model is not None]
+
+    def for_target(self, target: str) -> DraftRef:
+        """Each `self@SPEC` resolved for the target ref and each n-gram level spelled canonically:
+        one name per configuration."""
+        levels = tuple(level.for_target(target) for level in self.levels)
+        return DraftRef(",".join(level.text for level in levels), levels)
+
+    def build(self, load: Callable[[str], object]):
+        """What `generate` takes: a model, an `NgramDraft`, or a list of levels (a hierarchy);
+        `load` turns each model ref (its text) into a loaded model or draft."""
+        out = []
+        for level in self.levels:
+            if isinstance(level, ModelRef):
+                out.append(load(level.text))
+            else:
+                out.append(level.draft if level.fallback is None else
+                           replace(level.draft, fallback=load(level.fallback.text)))
+        return out[0] if len(out) == 1 else out
+
+
+def model_ref(text: str) -> ModelRef:
+    """A model ref's parts, checked as text (`check_ref` also reads a local folder)."""
+    if not isinstance(text, str):
+        raise SpecqError(f"a model reference is a string (a name, a path or a hub id), "
+                         f"got {type(text).__name__}")
+    base, sep, value = text.rpartition(WINDOW)
+    window = None
+    if sep:
+        if not (value.isascii() and value.isdigit() and int(value) > 0 and base.strip()):
+            raise SpecqError(f"draft '{text}': write MODEL{WINDOW}W with W a whole number of "
+                             "tokens above 0")
+        window = int(value)
+    else:
+        base = text
+    name, spec = split_ref(base.strip())
+    if not name:
+        raise SpecqError(f"empty model reference '{base}'")
+    return ModelRef(text, name, spec, window)
+
+
+def names_ngram(text: str) -> bool:
+    """Whether a level names an n-gram draft (with or without options, precision or fallback)."""
+    return text == NAME or text.startswith((NAME + ":", NAME + "+", NAME + "@"))
+
+
+def ngram_ref(text: str) -> NgramRef | None:
+    """`ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` parsed (`n=N` matches down to 2 tokens, N if
+    smaller), or None when the text names no n-gram draft."""
+    if not names_ngram(text):
+        return None
+    own, plus, fallback = text.partition("+")
+    if plus and not fallback.strip():
+        raise SpecqError(f"draft '{text}': give a model draft after '+' (ngram+MODEL)")
+    name, *options = own.split(":")
+    if name != NAME:
+        raise SpecqError(f"draft '{text}': an n-gram draft has no precision; "
+                         f"write {NAME}[:n=N][:k=K]")
+    values: dict[str, str] = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if f":{key}=" == WINDOW:
+            raise SpecqError(f"'{text}': " + WINDOW_APPLIES.format(NGRAM_ABOUT))
+        if key not in ("n", "k") or not eq:
+            raise SpecqError(f"draft '{text}': unknown option '{option}' "
+                             "(options: n=N or n=MIN-MAX, k=K)")
+        if key in values:
+            raise SpecqError(f"draft '{text}': option '{key}' given twice")
+        values[key] = value
+    n_min, n_max = DEFAULT_N_MIN, DEFAULT_N_MAX
+    if "n" in values:
+        low, dash, high = values["n"].partition("-")
+        n_max = _whole(text, "n", high if dash else low)
+        n_min = _whole(text, "n", low) if dash else min(DEFAULT_N_MIN, n_max)
+    k = _whole(text, "k", values["k"]) if "k" in values else DEFAULT_K
+    try:
+        draft = NgramDraft(n_max, n_min, k)
+    except SpecqError as e:
+        raise SpecqError(f"draft '{text}': {e}") from None
+    return NgramRef(text, draft, model_ref(fallback) if fallback else None)
+
+
+def _whole(text: str, key: str, value: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise SpecqError(f"draft '{text}': {key} must be a whole number"
+                         + " or MIN-MAX" * (key == "n") + f", got '{value}'")
+    return int(value)
+
+
+def level(text: str) -> Level:
+    """One level of a draft ref: an n-gram draft or a model ref."""
+    lookup = ngram_ref(text) if isinstance(text, str) else None
+    return model_ref(text) if lookup is None else lookup
+
+
+def draft_ref(text: str) -> DraftRef:
+    """A draft ref's levels, cheapest first, each checked as text."""
+    if not isinstance(text, str):
+        model_ref(text)  # raises: says what a ref is
+    levels = []
+    for i, part in enumerate(text.split(",")):
+        if not part.strip():
+            raise SpecqError(f"draft '{text}': an empty level")
+        levels.append(level(part))
+        if i and isinstance(levels[-1], NgramRef):
+            raise SpecqError(f"draft '{text}': an n-gram draft can only be the first (cheapest) "
+                             "level")
+    return DraftRef(text, tuple(levels))
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -34,44 +265,16 @@ def default_precision(name: str) -> str:
     return FILE_PRECISION if name in PACKAGED_GGUF or name.endswith(".gguf") else "fp32"
 
 
-def parts(ref: str) -> tuple[str, str]:
-    """(name, spec) of a ref that must be a non-empty string."""
-    if not isinstance(ref, str):
-        raise SpecqError(f"a model reference is a string (a name, a path or a hub id), got {type(ref).__name__}")
-    name, spec = split_ref(ref.strip())
-    if not name:
-        raise SpecqError(f"empty model reference '{ref}'")
-    return name, spec
-
-
-WINDOW = ":window="  # MODEL:window=W, a model draft that reads only the prompt's last W tokens
-
-
-def split_window(ref: str) -> tuple[str, int | None]:
-    """`MODEL:window=W` -> (MODEL, W); any other ref -> (ref, None). Why a window: a draft model
-    pays for its own prefill of the whole prompt, a cost plain decoding does not have; a draft that
-    reads only the prompt's end drafts from less context for a fraction of that cost, and since the
-    target verifies every token the output is the same."""
-    if not isinstance(ref, str):
-        return ref, None  # `parts` says what a ref must be
-    base, sep, value = ref.rpartition(WINDOW)
-    if not sep:
-        return ref, None
-    if not (value.isascii() and value.isdigit() and int(value) > 0) or not base.strip():
-        raise SpecqError(f"draft '{ref}': write MODEL{WINDOW}W with W a whole number of tokens above 0")
-    return base, int(value)
-
-
-def check_ref(ref: str) -> None:
-    """What `load` checks before reading any weights: the ref's form, its precision and a local
+def check_ref(ref: str | ModelRef) -> None:
+    """What loading checks before reading any weights: the ref's form, its precision and a local
     folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
-    name, spec = parts(split_window(ref)[0])
-    file_spec.parse(spec) if file_spec.names_file(spec) else precision.parse(spec)
-    path = Path(name).expanduser()
-    if name not in BUILTINS and name != SELF and path.is_dir():
+    ref = ref if isinstance(ref, ModelRef) else model_ref(ref)
+    ref.precision  # noqa: B018 (parsed: a bad spec is an error here)
+    path = Path(ref.name).expanduser()
+    if ref.name not in BUILTINS and not ref.is_self and path.is_dir():
         validate.check_dir(path)
         if adapter.is_adapter(path):  # its base is checked as a ref of its own
-            check_adapter_precision(name, spec)
+            check_adapter_precision(ref.name, ref.spec)
             check_ref(adapter.base_ref(path))
 
 

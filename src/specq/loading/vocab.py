@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import weakref
 
+from ..core.types import Draft, Model
 from ..errors import SpecqError
 from ..weights.narrow_head import NarrowHead
-from .model import Draft, Model
 
 
 def check_target(target: Model) -> None:

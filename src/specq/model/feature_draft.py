@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import atomic
-from ..kernels import int8dot
 from ..errors import SpecqError
+from ..kernels import int8dot
 from ..weights.quant.modules import FileBlocks
 from .llama import EAGER, Execution, KVCache, Llama, LlamaConfig, Prior, Segment, visibility
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from ..drafters import ngram
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.refs import split_ref
+from ..loading.refs import model_ref, ngram_ref
 from . import errors
 from .engine import Engine, Job
 from .errors import APIError
@@ -60,16 +60,16 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
     def engine_for(name: str) -> Engine:
         if name in engines:
             return engines[name]
-        base, spec = split_ref(name)
-        if base == target:
-            if "@" not in name:
-                return next(iter(engines.values()))
-            try:
-                canonical = f"{target}@{precision.canonical(spec)}"
-            except SpecqError:
-                canonical = None
-            if canonical in engines:
-                return engines[canonical]
+        try:
+            ref = model_ref(name)
+            if ref.name == target and ref.window is None:
+                if not ref.has_spec:
+                    return next(iter(engines.values()))
+                canonical = f"{target}@{precision.canonical(ref.spec)}"
+                if canonical in engines:
+                    return engines[canonical]
+        except SpecqError:  # not a ref, or not a precision: served by no engine
+            pass
         raise APIError(404, f"model '{name}' is not served here; served: {', '.join(engines)}", param="model",
                        code="model_not_found")
 
@@ -188,10 +188,10 @@ async def stream(job: Job, reply: Reply, request: Request) -> Response:
 def servable(draft: str, drafts: set[str]) -> bool:
     """Whether a request may name this draft: one of `drafts` (loaded or known to the registry), or
     an n-gram draft, which loads nothing, alone or falling back to one of them."""
-    if not ngram.is_ngram(draft):
-        return draft in drafts
     try:
-        fallback = ngram.parse(draft)[1]
+        lookup = ngram_ref(draft)
     except SpecqError as e:
         raise APIError(400, str(e), param="draft", code="invalid_value") from None
-    return fallback is None or fallback in drafts
+    if lookup is None:
+        return draft in drafts
+    return lookup.fallback is None or lookup.fallback.text in drafts

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from .. import api
 from ..core.decode import Sequence, step
 from ..core.gamma import parse as parse_gamma
+from ..core.prompt import check_context, encode_prompt, token_ids
+from ..core.types import Model
 from ..drafters.ngram import NgramDraft
 from ..errors import SpecqError
-from ..loading.model import Model
-from ..loading.pool import ModelPool
 from .errors import APIError, bad_request
 from .metrics import Metrics
 from .options import CHAT_MAX_TOKENS, REGISTRY, Plan
+from .pool import ModelPool
 from .text import TextStream
 
 log = logging.getLogger("specq.serve")
@@ -88,6 +89,7 @@ class Engine:
                  timeout_s: float, max_batch: int, spec_max_batch: int | None):
         self.name, self.pool, self.precision = name, pool, precision
         self.target, self.draft, self.note = pool.models(precision)
+        self.gamma_memory = pool.gamma_memory(precision)  # gamma auto's, across requests
         self.metrics, self.timeout_s, self.max_batch = metrics, timeout_s, max_batch
         self.spec_max_batch = spec_max_batch  # larger steps decode plainly; None: always speculate
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -99,8 +101,9 @@ class Engine:
     def start(self) -> None:
         """Warm up (first calls pay for allocation and lazy initialisation, a batched step for
         probing which row counts the kernels stack exactly), then take requests."""
-        hello = api.encode_prompt(self.target, "Hello")
-        warm = [api.start(self.target, hello, self.draft, max_new_tokens=4) for _ in range(min(2, self.max_batch))]
+        hello = encode_prompt(self.target, "Hello")
+        warm = [api.start(self.target, hello, self.draft, max_new_tokens=4,
+                          gamma_memory=self.gamma_memory) for _ in range(min(2, self.max_batch))]
         for sequence in warm:
             sequence.prefill()
         while live := [s for s in warm if not s.done]:
@@ -189,7 +192,7 @@ class Engine:
             return job.keep_going()
 
         sequence = api.start(self.target, ids, draft, max_new_tokens=max_tokens, on_tokens=on_tokens,
-                             **plan.options)
+                             gamma_memory=self.gamma_memory, **plan.options)
         running = Running(job, sequence, draft, text, time.monotonic())
         sequence.prefill()
         return running
@@ -235,8 +238,8 @@ class Engine:
     def _prompt_ids(self, plan: Plan) -> list[int]:
         if not plan.chat:
             prompt = plan.prompt
-            return api.token_ids(self.target, prompt) if isinstance(prompt, list) else \
-                api.encode_prompt(self.target, prompt)
+            return token_ids(self.target, prompt) if isinstance(prompt, list) else \
+                encode_prompt(self.target, prompt)
         tokenizer = self.target.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise APIError(400, f"model '{self.name}' has no chat template: use /v1/completions", param="model")
@@ -248,7 +251,7 @@ class Engine:
         limit = getattr(self.target.net.config, "max_position_embeddings", None) or prompt_len + CHAT_MAX_TOKENS
         room = min(CHAT_MAX_TOKENS, limit - prompt_len - nodes - 1)
         if room < 1:
-            api.check_context(self.target, nodes, 1, prompt_len)  # raises: the prompt alone fills the context
+            check_context(self.target, nodes, 1, prompt_len)  # raises: the prompt fills the context
         return max(room, 1)
 
 

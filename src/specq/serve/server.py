@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from .. import checks
-from ..drafters.ngram import draft_models, is_ngram, parse
+from ..drafters.ngram import draft_models
 from ..errors import SpecqError
-from ..loading.drafts import known_drafts
-from ..loading.pool import ModelPool
+from ..loading.drafts.select import known_drafts
 from ..loading.precision import canonical
-from ..loading.refs import check_ref
+from ..loading.refs import check_ref, draft_ref
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics
+from .pool import ModelPool
 
 # On this project's 2-core CPU a batch of two fp32 requests still gained from speculating, while at
 # four and more requests plain steps gave more tokens/s on both measured targets (docs/serve.md).
@@ -47,11 +47,10 @@ class ServeConfig:
             raise SpecqError("give at least one precision to serve")
         if len(set(specs)) != len(specs):
             raise SpecqError(f"a precision is listed twice: {', '.join(self.precisions)}")
-        for ref in (self.target, *([self.draft] if self.draft else [])):
-            check_ref(ref)  # a broken folder fails before the socket is bound and any model loads
+        check_ref(self.target)  # a broken folder fails before the socket is bound and a model loads
+        for ref in draft_ref(self.draft).models if self.draft is not None else []:
+            check_ref(ref)
         checks.integer("max_batch", self.max_batch, 1)
-        if self.draft is not None and is_ngram(self.draft):  # before any model loads
-            parse(self.draft)
         if self.spec_max_batch is not None:
             checks.integer("spec_max_batch", self.spec_max_batch, 0)
         object.__setattr__(self, "precisions", tuple(specs))

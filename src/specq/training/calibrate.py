@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import checks
-from ..api import generate
+from ..core.decode import decode
+from ..core.prompt import check_context, encode_prompt
 from ..core.stats import bootstrap_ci
+from ..core.types import Draft, Model
 from ..data import chat_prompts
 from ..errors import SpecqError
-from ..loading import kinds, precision, registry
-from ..loading.model import Draft, Model
-from ..loading.refs import split_ref
+from ..loading import kinds, precision
+from ..loading.drafts import registry
+from ..loading.refs import model_ref
 from ..loading.vocab import check_compatible
 from . import students
 from .distill import distill, float_teacher, teacher_continuations
@@ -42,10 +44,13 @@ class CalibrationSettings:
 def acceptance(target: Model, draft: Model | Draft, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
     """Greedy speculative runs without an early draft stop (so every proposal is gamma tokens):
     per-prompt acceptance rate and tau, with bootstrap CIs."""
+    check_compatible(draft, target)
     rates, taus = [], []
     for prompt in prompts:
-        stats = generate(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                         chat=has_chat(target), draft_confidence=0.0).stats
+        ids = encode_prompt(target, prompt, chat=has_chat(target))
+        drafter = kinds.for_pair(draft, target, min_confidence=0.0, gamma=gamma)
+        check_context(target, drafter.nodes(gamma), max_new_tokens, len(ids))
+        stats = decode(target, ids, drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens)[2]
         rates.append(stats.acceptance_rate)
         taus.append(stats.tau)
     return {"acceptance_rate": bootstrap_ci(rates), "tau": bootstrap_ci(taus), "per_prompt": rates}
@@ -57,13 +62,14 @@ def has_chat(model: Model) -> bool:
 
 def default_out(draft_ref: str, target_precision: str) -> Path:
     """Where a calibrated draft goes by default: the user's registry, named after draft and precision."""
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(split_ref(draft_ref)[0]).name)
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model_ref(draft_ref).name).name)
     return registry_dir() / f"{base}-for-{target_precision}"
 
 
 def ref_precision(target_ref: str) -> str:
     """The precision a target ref loads at, without loading it (a quantized folder's own spec)."""
-    name, spec = split_ref(target_ref)
+    ref = model_ref(target_ref)
+    name, spec = ref.name, ref.spec
     path = Path(name).expanduser()
     if precision.is_quantized_dir(path):
         from ..weights.quant import read_spec
@@ -140,7 +146,7 @@ def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings
     after = measured(tuned)
     kinds.save(tuned, out, {"base": draft.ref})
     shutil.rmtree(checkpoints, ignore_errors=True)
-    target_name = split_ref(target.ref)[0]
+    target_name = model_ref(target.ref).name
     report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,
               "draft": str(out), "settings": settings.__dict__, "before": before, "after": after,
               "held_out_teacher": result["held_out"], "train_positions": train.positions(), "registered": register}

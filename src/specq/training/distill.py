@@ -25,7 +25,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .. import atomic
-from ..api import answer_ids
+from ..core.prompt import answer_ids
 from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict, native_to_hf_state_dict
 
 TOP_K = 64

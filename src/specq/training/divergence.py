@@ -16,9 +16,9 @@ from torch import Tensor
 
 from .. import backends
 from ..core.stats import bootstrap_ci
+from ..core.types import Draft, Model
 from ..errors import SpecqError
 from ..loading import kinds
-from ..loading.model import Draft, Model
 
 METRICS = ("kl_ab", "kl_ba", "js", "tv", "top1", "beta")
 
@@ -87,7 +87,8 @@ def compare(a: Model, b: Model | Draft, chunks: list[list[int]], temperature: fl
 def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_tokens: int = 96) -> list[list[int]]:
     """Held-out Shakespeare chunks, plus held-out chat prompts with A's own greedy answers (the
     text a speculative run actually verifies)."""
-    from ..api import encode_prompt, generate
+    from ..core.decode import decode
+    from ..core.prompt import check_context, encode_prompt
     from ..data import chat_prompts, shakespeare_texts, split
 
     context = getattr(a.net.config, "max_position_embeddings", None)
@@ -106,5 +107,6 @@ def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_t
     chunks = chunks[:n_text]
     for prompt in chat_prompts("held_out")[:n_chat]:
         ids = encode_prompt(a, prompt, chat=True)
-        chunks.append(ids + generate(a, ids, max_new_tokens=answer_tokens).token_ids)
+        check_context(a, 0, answer_tokens, len(ids))
+        chunks.append(ids + decode(a, ids, max_new_tokens=answer_tokens)[0])
     return chunks

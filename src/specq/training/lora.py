@@ -4,7 +4,8 @@ Why: calibrating the 0.5B Qwen2.5-Coder draft to its 1.5B target by full fine-tu
 second 0.5B-parameter copy of the file to ship; an adapter of rank 8 on every linear layer of its
 blocks is a few MB, is saved in peft's own format (any peft tool reads it, and specq reads adapters
 that other tools trained), and is merged into the base's weights when the draft loads, before they
-are quantized (`loading/adapter.py`). The base's weights stay frozen: they are the file's values.
+are quantized (`loading/drafts/adapter.py`). The base's weights stay frozen: they are the file's
+values.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..loading.model import Model
-from ..loading.refs import split_ref
+from ..core.types import Model
+from ..loading.refs import model_ref
 from .distill import float_teacher, sequence_forward
 
 # Hugging Face module names of the linear layers in a block, as the architectures table writes them
@@ -48,7 +49,7 @@ def trainable(peft_model: nn.Module) -> int:
 def base_name(ref: str) -> str:
     """How an adapter names its base: a built-in by its name, a local file or folder by its
     absolute path (the adapter may be moved; its base stays where it is)."""
-    name = split_ref(ref)[0]
+    name = model_ref(ref).name
     path = Path(name).expanduser()
     return str(path.resolve()) if path.exists() else name
 

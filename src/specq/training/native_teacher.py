@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from ..api import answer_ids
 from ..core.decode import Sequence, step
+from ..core.prompt import answer_ids
 from ..core.sampling import SamplingConfig
-from ..loading.model import Model
+from ..core.types import Model
 from ..model.llama import Llama
 from ..weights.quant.modules import FileBlocks
 from .distill import TOP_K, TeacherSet, _topk

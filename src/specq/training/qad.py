@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.types import Model
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.model import Model
-from ..loading.refs import split_ref
+from ..loading.refs import model_ref
 from ..model.llama import Llama
 from ..weights.quant.apply import quantized_layers
 from ..weights.quant.modules import make_quant_linear
@@ -253,8 +253,8 @@ def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: 
                      forward=qad_forward,
                      groups=param_groups(net, code_lr / lr, settings.lr / lr, VECTOR_LR_SCALE))
     provenance = {
-        "method": "qad", "from": f"{split_ref(quantized.ref)[0]}@{quantized.precision}",
-        "teacher": f"{split_ref(target.ref)[0]}@{target.precision}",
+        "method": "qad", "from": f"{model_ref(quantized.ref).name}@{quantized.precision}",
+        "teacher": f"{model_ref(target.ref).name}@{target.precision}",
         "trained": " and ".join(name for name, on in (("group scales (bf16, straight-through)", settings.lr > 0),
                                                       ("codes (straight-through rounding)", code_lr > 0)) if on)
         + ", the float norms and biases",

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from torch import nn
 
+from ..core.types import Kind
 from ..errors import SpecqError
 from ..loading import precision
 from ..loading.kinds import KINDS
-from ..loading.model import Kind
 from ..model.feature_draft import frequent_tokens, new_feature_draft, restrict_head
 from ..model.llama import Llama, LlamaConfig
 from . import lora

@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 
 from .. import atomic, backends, checks, data
+from ..core.types import Draft, Model
 from ..errors import SpecqError
-from ..loading import adapter, kinds, registry
-from ..loading.model import Draft, Model
-from ..loading.refs import split_ref
+from ..loading import kinds
+from ..loading.drafts import adapter, registry
+from ..loading.refs import model_ref
 from ..loading.vocab import check_compatible, check_target
 from ..model.llama import Llama
 from . import lora, native_teacher, students
@@ -173,7 +174,7 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
         return teacher
 
     native = native_teacher.wanted(target.net)  # a file's own blocks: answered on specq's kernels
-    tok, who = target.tokenizer, [split_ref(target.ref)[0], target.precision]
+    tok, who = target.tokenizer, [model_ref(target.ref).name, target.precision]
     feats = (target.runner or target.net) if features else None
 
     def answers(prompts: list[str], t: float = 0.0, seed: int = 0) -> TeacherSet:
@@ -361,7 +362,7 @@ def run(target: Model, out: Path, work: Path, settings: DistillSettings, *, base
 
     atomic.write_dir(out, write)
     if register:
-        registry.register(split_ref(target.ref)[0], target.precision, out,
+        registry.register(model_ref(target.ref).name, target.precision, out,
                           {"base": report["base"], "held_out_beta": result["held_out"]["beta"]})
     report["registered"] = register
     shutil.rmtree(work / "ckpt", ignore_errors=True)  # finished: a later run in `work` starts afresh

@@ -19,14 +19,14 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from ..errors import SpecqError
-from ..model import architectures
-from ..model.llama import LlamaConfig
-from ..weights.gguf_formats import FORMATS, kernel_weight
+from ...errors import SpecqError
+from ...model import architectures
+from ...model.llama import LlamaConfig
+from ...weights.gguf_formats import FORMATS, kernel_weight
 from .gguf_reader import Header
 
 if TYPE_CHECKING:
-    from ..weights.quant.modules import FileBlocks
+    from ...weights.quant.modules import FileBlocks
 
 
 @dataclass
@@ -204,7 +204,7 @@ def _copy_metadata(reader, writer) -> None:
 def _kernel_weight(g: GGUFFile, parts: tuple[str, ...]) -> FileBlocks | None:
     """These (row-concatenated) tensors as one `FileBlocks`, or None when one of them is a float type
     or has no row in `gguf_formats`."""
-    from ..weights.quant.modules import FileBlocks
+    from ...weights.quant.modules import FileBlocks
 
     formats = [FORMATS.get(g.qtype(p)) for p in parts]
     if any(f is None or f.kernel is None for f in formats):
@@ -241,8 +241,8 @@ def load_at_file_precision(g: GGUFFile, given: dict[str, nn.Module] | None = Non
     `given` (module name -> module) takes the place of those modules' tensors, which are not read
     (a cached 4-bit body: `file_spec.cached_int4_body`).
     Returns (net, notes): a note for each quantized tensor type that runs dequantized to float32."""
-    from ..model.llama import Llama
-    from ..weights.embedding import FileEmbedding
+    from ...model.llama import Llama
+    from ...weights.embedding import FileEmbedding
 
     with torch.device("meta"), _NoInit():  # shapes only: every tensor below comes from the file
         net = Llama(g.config)

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SpecqError
-from ..model.architectures import unsupported
-from ..model.llama import Llama, LlamaConfig, native_to_hf_state_dict
-from . import adapter, folders, precision
+from ...errors import SpecqError
+from ...model.architectures import unsupported
+from ...model.llama import Llama, LlamaConfig, native_to_hf_state_dict
+from .. import precision
+from ..drafts import adapter, folders
 
 # a tokenizer transformers can build from the folder: a fast tokenizer's file, or a slow one's vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SpecqError
+from ...errors import SpecqError
 
 MAGIC = b"GGUF"
 # value type ids -> struct formats of the scalar types (8: string, 9: array)

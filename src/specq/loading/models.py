@@ -1,4 +1,4 @@
-"""`load`: a model reference -> a runnable `Model` and its tokenizer (any draft ref: `kinds.load`).
+"""A model ref -> a runnable `Model` and its tokenizer (`specq.load`, any ref: `kinds.load`).
 
 A reference is a built-in name (`smollm2-135m`), a local Hugging Face directory, a `.gguf`
 file, or a hub id (works only online). The architectures of `model/architectures.py`'s table run on
@@ -15,18 +15,20 @@ from pathlib import Path
 import torch
 
 from .. import backends
+from ..core.types import Model
 from ..errors import SpecqError
 from ..model.llama import Llama
 from ..paths import cache_dir
-from . import adapter, file_spec, hf, precision
+from . import file_spec, precision
 from .builtins import BUILTINS
-from .gguf_load import load_at_file_precision
-from .model import Model
-from .refs import check_adapter_precision, gguf_file, parts, resolve
+from .drafts import adapter
+from .formats import hf
+from .formats.gguf_load import model_at_file_precision
+from .refs import ModelRef, check_adapter_precision, gguf_file, model_ref, resolve
 
 
-def load(ref: str, backend: str | None = backends.DEFAULT) -> Model:
-    """Load a model reference: `smollm2-135m`, `./dir`, `file.gguf`, `org/name` (online), each
+def load_model(ref: ModelRef, backend: str | None = backends.DEFAULT) -> Model:
+    """Load a model ref: `smollm2-135m`, `./dir`, `file.gguf`, `org/name` (online), each
     optionally with `@spec`: a float precision (fp32, bf16, fp16), a quantization spec (`int8`,
     `int4-g128-gptq`, ...; see `specq.weights.quant.spec`) or `gguf` (a GGUF file's own blocks).
     Quantized weights are cached. The network goes on `backend` (`specq.backends`: kernels, eager,
@@ -50,12 +52,13 @@ def _return_freed_heap() -> None:
         pass
 
 
-def _load(ref: str) -> Model:
-    name, spec_text = parts(ref)
+def _load(ref: ModelRef) -> Model:
+    name, spec_text = ref.name, ref.spec
     if name not in BUILTINS and adapter.is_adapter(name):  # as `resolve`: a built-in name is never a folder
         return _load_adapter(ref, name, spec_text)
+    text = ref.base  # a draft's window is the draft's (`kinds.load`)
     if file_spec.names_file(spec_text):
-        return load_at_file_precision(ref, gguf_file(name), file_spec.parse(spec_text))
+        return model_at_file_precision(text, gguf_file(name), file_spec.parse(spec_text))
     spec = precision.parse(spec_text)
     started = time.perf_counter()
     source = resolve(name)
@@ -63,15 +66,17 @@ def _load(ref: str) -> Model:
         if not spec.is_float:
             raise SpecqError(f"quantize hub model '{name}' from a local copy (save it to a directory first)")
         net, tok, eos = hf.load_from_hub(name, spec.dtype)
-        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=f"hub:{name}",
-                     precision=str(spec), info={"load_s": time.perf_counter() - started})
+        return Model(ref=text, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok),
+                     source=f"hub:{name}", precision=str(spec),
+                     info={"load_s": time.perf_counter() - started})
     if precision.is_quantized_dir(source):
         net, saved_spec = precision.load_quantized_dir(source)
         if spec_text != "fp32" and str(spec) != saved_spec:
             raise SpecqError(f"'{name}' holds {saved_spec} weights, not {spec}")
         tok, eos = hf.tokenizer_and_eos(source)
-        return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
-                     precision=saved_spec, info={"load_s": time.perf_counter() - started})
+        return Model(ref=text, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok),
+                     source=str(source), precision=saved_spec,
+                     info={"load_s": time.perf_counter() - started})
     if spec.is_float:
         net, tok, eos = hf.load_dir(source, spec.dtype, local_only=True)
     else:
@@ -90,19 +95,20 @@ def _load(ref: str) -> Model:
             precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")
             precision.quantize_net(net, tok, spec)
             precision.save_quantized_dir(net, spec, tok, hf.eos_set(eos, tok), cached)
-    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
+    return Model(ref=text, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
                  precision=str(spec), info={"load_s": time.perf_counter() - started})
 
 
-def _load_adapter(ref: str, path: str, spec_text: str) -> Model:
+def _load_adapter(ref: ModelRef, path: str, spec_text: str) -> Model:
     """An adapter folder's base at `spec_text` with the adapter merged (`adapter.py`): on a GGUF
     file into its 4-bit body (made once and cached), at a float precision into the float weights."""
     check_adapter_precision(path, spec_text)
     merged = adapter.read(path)
     if file_spec.names_file(spec_text):
-        return load_at_file_precision(ref, gguf_file(merged.base), file_spec.parse(spec_text), merged)
-    model = _load(f"{merged.base}@{spec_text}")
+        return model_at_file_precision(ref.base, gguf_file(merged.base), file_spec.parse(spec_text),
+                                       merged)
+    model = _load(model_ref(f"{merged.base}@{spec_text}"))
     if not isinstance(model.net, Llama):
         raise SpecqError(f"adapter '{path}': its base '{merged.base}' does not run on specq's native decoder")
     adapter.merge_float(model.net, merged, adapter.native_weights(merged, model.net))
-    return replace(model, ref=ref, source=str(merged.path))
+    return replace(model, ref=ref.base, source=str(merged.path))

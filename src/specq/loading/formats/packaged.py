@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import atomic
-from ..errors import SpecqError
-from ..paths import cache_dir
+from ... import atomic
+from ...errors import SpecqError
+from ...paths import cache_dir
 
 CHUNK = 1 << 24  # bytes read at a time while copying and hashing
 

@@ -26,9 +26,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import atomic
-from ..errors import SpecqError
-from ..paths import cache_dir
+from ... import atomic
+from ...errors import SpecqError
+from ...paths import cache_dir
 from . import folders
 
 MANIFEST = "manifest.json"

@@ -7,13 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-from .. import atomic
-from ..model.llama import Llama
-from ..paths import cache_dir, file_key
-from . import file_spec, gguf_io, precision
-from .adapter import Adapter
+from ... import atomic
+from ...core.types import Model
+from ...model.llama import Llama
+from ...paths import cache_dir, file_key
+from .. import file_spec, precision
+from ..drafts.adapter import Adapter
+from . import gguf_io
 from .hf import eos_set
-from .model import Model
 from .save import write_native
 
 
@@ -39,7 +40,8 @@ def float_dir(gguf: Path) -> Path:
     return target
 
 
-def load_at_file_precision(ref: str, path: Path, spec: file_spec.FileSpec, merged: Adapter | None = None) -> Model:
+def model_at_file_precision(ref: str, path: Path, spec: file_spec.FileSpec,
+                            merged: Adapter | None = None) -> Model:
     """`x.gguf@gguf` or a built-in shipped as GGUF: the file's own blocks on the packed kernels,
     no float round trip and no second quantization (unless `spec` asks for a 4-bit body or a
     narrowed head: `file_spec`, or an adapter is `merged` into it); the tokenizer and chat template

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..errors import SpecqError
-from ..model.architectures import hf_tensor_names, part_rows
+from ...errors import SpecqError
+from ...model.architectures import hf_tensor_names, part_rows
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"

@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import SpecqError
-from ..model.architectures import unsupported
-from ..model.hf_backend import HFCausalLM
-from ..model.llama import Llama, LlamaConfig, hf_to_native_state_dict
-from . import precision, validate
+from ...errors import SpecqError
+from ...model.architectures import unsupported
+from ...model.hf_backend import HFCausalLM
+from ...model.llama import Llama, LlamaConfig, hf_to_native_state_dict
+from .. import precision
+from . import validate
 
 
 def load_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tuple[nn.Module, object, list[int]]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import atomic
-from ..errors import SpecqError
-from ..model.llama import Llama, native_to_hf_state_dict
-from .model import Model
+from ... import atomic
+from ...core.types import Model
+from ...errors import SpecqError
+from ...model.llama import Llama, native_to_hf_state_dict
 
 
 def save_native(model: Model, out: Path | str) -> None:

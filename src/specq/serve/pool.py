@@ -6,7 +6,8 @@ and getting the draft calibrated for it.
 
 Models load on first use and stay loaded; the draft comes from the registries (exact precision,
 else the nearest, with a warning), as for `specq generate`, unless the pool is given one draft for
-every precision. Loading is thread-safe (`specq serve` runs one worker thread per precision).
+every precision. Loading is thread-safe (`specq serve` runs one worker thread per precision). Each
+target keeps gamma auto's estimates across its runs (`gamma_memory`; keyed inside by the draft).
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ from dataclasses import replace
 
 from .. import checks
 from ..api import Generation, generate
+from ..core.gamma import GammaMemory
+from ..core.types import Draft, Model
 from ..drafters import ngram
-from . import precision as precisions
-from .drafts import select_draft
-from .kinds import load
-from .model import Draft, Model
-from .refs import split_ref
+from ..loading import precision as precisions
+from ..loading.drafts.select import select_draft
+from ..loading.kinds import load
+from ..loading.refs import model_ref, ngram_ref
 
 
 class ModelPool:
     def __init__(self, target: str, speculative: bool = True, draft: str | None = None):
-        self.target = split_ref(checks.text("the target", target))[0]
+        self.target = model_ref(checks.text("the target", target)).name
         self.speculative = speculative
         self.draft = None if draft is None else checks.text("the draft", draft)  # None: the registry's
         self._lock = threading.RLock()
         self._targets: dict[str, Model] = {}
+        self._memories: dict[str, GammaMemory] = {}  # per target precision
         self._drafts: dict[tuple[str, str], Model] = {}
         self._pairs: dict[str, tuple[Model, Model | None, str | None]] = {}
 
@@ -42,13 +45,22 @@ class ModelPool:
                 self._targets[spec] = load(f"{self.target}@{spec}")
             return self._targets[spec]
 
+    def gamma_memory(self, precision: str = "fp32") -> GammaMemory:
+        """gamma auto's estimates for the target at `precision`, kept across its runs (each draft's
+        under its own key): the pool's `generate` and a server's engine start each run from them."""
+        spec = precisions.canonical(precision)
+        with self._lock:
+            return self._memories.setdefault(spec, GammaMemory())
+
     def draft_model(self, precision: str, ref: str) -> Model | Draft | ngram.NgramDraft:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
         draft binds to its target's embedding, and precisions may decode at the same time. An
         n-gram draft loads nothing; its fallback model is loaded like any other draft."""
-        if ngram.is_ngram(ref):
-            spec, fallback = ngram.parse(ref)
-            return spec if fallback is None else replace(spec, fallback=self.draft_model(precision, fallback))
+        lookup = ngram_ref(ref)
+        if lookup is not None:
+            fallback = lookup.fallback
+            return lookup.draft if fallback is None else \
+                replace(lookup.draft, fallback=self.draft_model(precision, fallback.text))
         key = (precisions.canonical(precision), ref)
         with self._lock:
             if key not in self._drafts:
@@ -75,4 +87,5 @@ class ModelPool:
         target, draft, note = self.models(precision)
         if self.speculative and note and note.startswith("no draft"):  # none, or another precision's
             warnings.warn(note, stacklevel=2)
-        return generate(target, prompt, draft, **options)
+        memory = {"gamma_memory": self.gamma_memory(precision)}
+        return generate(target, prompt, draft, **memory | options)

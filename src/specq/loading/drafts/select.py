@@ -1,17 +1,17 @@
 """Which draft a target gets when none is named (the registries, `registry.select`; a GGUF file by
-its path, the drafts of the built-in it quantizes again), and draft refs that name the target's own
-weights (`self@SPEC`)."""
+its path, the drafts of the built-in it quantizes again)."""
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
 
-from ..errors import SpecqError
-from . import precision, registry
-from .builtins import ASSETS, SHIPPED_DRAFTS, gguf_files_present
-from .gguf_reader import Header
-from .refs import SELF, split_ref
+from ...errors import SpecqError
+from .. import precision
+from ..builtins import ASSETS, SHIPPED_DRAFTS, gguf_files_present
+from ..formats.gguf_reader import Header
+from ..refs import model_ref
+from . import registry
 
 # What a GGUF header says of its model apart from how the weights are quantized: the architecture's
 # shape (keys under the architecture's name) and the tokenizer's (the token list itself is not read)
@@ -30,8 +30,8 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     """(draft ref, note) for a target ref by `registry.select`'s rule: registered for the target's
     exact precision, else a shipped draft of the nearest precision (the note says so), else (None,
     note). `quantizable`: only drafts that can be quantized by every method (not feature drafts: RTN only)."""
-    name, spec = split_ref(target_ref)
-    spec = precision.canonical(spec)
+    target = model_ref(target_ref)
+    name, spec = target.name, precision.canonical(target.spec)
     found = registry.select(*draft_dirs(), name, spec, quantizable)
     twin = same_model(Path(name)) if found is None and name.endswith(".gguf") else None
     if twin is not None:
@@ -101,10 +101,3 @@ def _draft_ref(path: Path) -> str:
 def default_draft_ref(target_ref: str, quantizable: bool = False) -> str | None:
     """The registry's draft for this target ref, or None."""
     return select_draft(target_ref, quantizable)[0]
-
-
-def resolve_draft_ref(draft_ref: str, target_ref: str) -> str:
-    """`self@SPEC` -> the target's own model at SPEC (QSPEC-style self-speculation: no draft to train
-    or ship, the same tokenizer by construction); any other draft ref unchanged."""
-    name, spec = split_ref(draft_ref)
-    return f"{split_ref(target_ref)[0]}@{spec}" if name == SELF else draft_ref

@@ -1,14 +1,14 @@
 """What a draft folder holds, told by the file that marks it: a feature draft's own config, a LoRA
 adapter's (peft's format: a model once merged into its base, `adapter.py`), or a Hugging Face config
 (a model: a sequence draft, or a target). The registry, the folder checks and
-`specq drafts` read folders here, below the kinds table (`kinds.py`) that loads them."""
+`specq drafts` read folders here, below the kinds table (`loading/kinds.py`) that loads them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model import feature_draft
+from ...model import feature_draft
 from . import adapter
 
 
