@@ -75,10 +75,10 @@ from specq.api import encode_prompt
 from specq.bench.prompts import load_set
 from specq.bench.tools.llamacpp import (LLAMA_CPP_SPECULATIVE, OPENVINO_MODES, SPECQ_REFS, binding,
                                         check_weights, first_difference, speculative_log, summary)
-from specq.drafters import refs as draft_refs
 from specq.kernels import build
-from specq.loading import gguf_io, packaged
-from specq.loading.drafts import default_draft_ref
+from specq.loading.drafts.select import default_draft_ref
+from specq.loading.formats import gguf_io, packaged
+from specq.loading.refs import draft_ref
 
 CONTEXT = 128
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -555,14 +555,14 @@ def load_tools(s: Settings, n_ctx: int) -> dict:
              **{w: packaged.path(f) for w, f in PACKAGED.items() if w in s.weights}}
     files.update({w: Path(w) for w in s.weights if w not in SPECQ_REFS})  # a GGUF file's path
     refs = {w: default_draft_ref(specq_ref(w)) for w in s.weights}
-    extra = {w: {ref: draft_refs.resolve(ref, specq_ref(w)) for ref in s.extra_drafts}
+    extra = {w: {ref: draft_ref(ref).for_target(specq_ref(w)) for ref in s.extra_drafts}
              for w in s.weights}
-    models = {*refs.values(), *(m for per in extra.values() for r in per.values()
-                                for m in draft_refs.model_refs(r))}
+    models = {*refs.values(), *(m.text for per in extra.values() for r in per.values()
+                                for m in r.models)}
     loaded = {ref: specq.load(ref) for ref in models if ref is not None}
 
     def extra_drafts(w: str) -> dict | None:
-        return {ref: draft_refs.build(r, specq_ref(w), loaded.__getitem__)
+        return {ref: r.build(loaded.__getitem__)
                 for ref, r in extra[w].items()} if refs[w] else None
 
     tools = {w: {"llama.cpp": LlamaCpp(files[w], s.threads, n_ctx, s.flash_attn, max(s.sizes)),
