@@ -131,7 +131,7 @@ def verdict(case: Case, code, err: str, before: dict, scratch: Path) -> str | No
 
 def make_models(root: Path) -> None:
     """Tiny models on disk: target, draft, foreign vocabulary, small embedding, feature draft."""
-    from specq.loading.save import save_native
+    from specq.loading.formats.save import save_native
     from specq.model import feature_draft
     from specq.model.feature_draft import new_feature_draft
 
