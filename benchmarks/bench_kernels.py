@@ -3,11 +3,11 @@
 
     python benchmarks/bench_kernels.py int8dot [--variants avx2,avx512vnni] [--layers w13,head]
         [--forms q6-g16,q8-g16] [--cpu-time] [--threads 2] [--rounds 7]
-        [--out docs/results/kernels.jsonl]
+        [--out benchmarks/results/kernels.jsonl]
     python benchmarks/bench_kernels.py f32dot [--threads 2] [--rounds 20]
 
 Results: one JSON row per (kernel, layer, form or variant, rows) appended to `--out` (default
-docs/results/kernels.jsonl), each with the machine (`cpu`, `threads`) and the run's time; the
+benchmarks/results/kernels.jsonl), each with the machine (`cpu`, `threads`) and the run's time; the
 same numbers printed as a table.
 
 - `int8dot`: the int8dot kernel's variants side by side at the Qwen2.5-Coder-1.5B layer shapes,
@@ -198,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds per cell (default 7 for int8dot, 20 for f32dot)")
-    ap.add_argument("--out", type=Path, default=Path("docs/results/kernels.jsonl"),
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kernels.jsonl"),
                     help="append the rows here")
     g = ap.add_argument_group("int8dot")
     g.add_argument("--variants", default="avx2,avx512vnni",

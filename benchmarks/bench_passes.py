@@ -5,14 +5,14 @@ without fewer bytes.
 
     python benchmarks/bench_passes.py [--ref REF,... | --file PATH] [--rows 1,2,4,8,16]
         [--contexts 128,1024] [--backends kernels,eager] [--threads 2] [--rounds 5] [--calls 5]
-        [--out docs/results/passes.jsonl]
-    python benchmarks/bench_passes.py --table docs/results/passes.jsonl
+        [--out benchmarks/results/passes.jsonl]
+    python benchmarks/bench_passes.py --table benchmarks/results/passes.jsonl
 
 Results: one JSON row per (model, backend, measurement, rows, context, round), with the median
-ms of `--calls` calls, appended to `--out` (default docs/results/passes.jsonl); each row records
-the machine (`cpu`, `kernels`, `threads`), the model, the commit and the run's time. Prints one
-table per model and backend (`specq.bench.tools.passes.table`): medians over rounds, and each
-N-row pass over the 1-row step paired by round.
+ms of `--calls` calls, appended to `--out` (default benchmarks/results/passes.jsonl); each row
+records the machine (`cpu`, `kernels`, `threads`), the model, the commit and the run's time.
+Prints one table per model and backend (`specq.bench.tools.passes.table`): medians over rounds,
+and each N-row pass over the 1-row step paired by round.
 
 Measurements, each round interleaving all of them (a VM's memory speed drifts between runs):
 - `pass`: one cached forward of N rows after C tokens of context (`--contexts`), logits for
@@ -48,7 +48,7 @@ from specq.bench.tools.passes import SUM, SUM_BYTES, table
 from specq.kernels import build, int8dot
 
 DEFAULT_REF = "smollm2-135m@gguf"  # the built-in target's own GGUF file, installed with specq
-DEFAULT_OUT = Path("docs/results/passes.jsonl")
+DEFAULT_OUT = Path("benchmarks/results/passes.jsonl")
 Timed = Callable[[], float | None]
 
 

@@ -5,11 +5,11 @@ Checks that a change meant to leave behaviour alone (a refactor) left speed alon
 
     python benchmarks/bench_versions.py --old b5eb22f [--new HEAD] [--rounds 3] [--tokens 128]
         [--prompts 4] [--threads 2] [--configs "fp32 plain,gguf plain"] [--file PATH]
-        [--passes 1,8 --contexts 128,1024 --calls 9] [--out docs/results/versions-speed.jsonl]
-    python benchmarks/bench_versions.py --table docs/results/versions-speed.jsonl
+        [--passes 1,8 --contexts 128,1024 --calls 9] [--out benchmarks/results/versions-speed.jsonl]
+    python benchmarks/bench_versions.py --table benchmarks/results/versions-speed.jsonl
 
 Results: one JSON row per (commit, round, configuration) written to `--out` (replacing it;
-default docs/results/versions-speed.jsonl), each with the machine (`cpu`, `threads`), the
+default benchmarks/results/versions-speed.jsonl), each with the machine (`cpu`, `threads`), the
 command and the date; prints, per configuration, the median over rounds of new/old paired by
 round, end to end and for the prefill and decode times apart
 (`specq.bench.tools.versions.summary`).
@@ -160,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
                    help="with --passes: timed passes per measurement (median)")
     p.add_argument("--file", type=Path,
                    help='a GGUF file: adds the configurations "file plain" and "file draft"')
-    p.add_argument("--out", type=Path, default=ROOT / "docs/results/versions-speed.jsonl")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/versions-speed.jsonl")
     p.add_argument("--table", type=Path, default=None,
                    help="print the summary of a results file and exit")
     return p
