@@ -4,7 +4,8 @@ both tools see the same machine: the peer comparison.
     python benchmarks/bench_llamacpp.py [--weights q4_1,f32] [--threads 2] [--rounds 3]
         [--tokens 128] [--prompts 3] [--prompt-set chat] [--calls 9] [--sizes 1,2,4,8,16]
         [--contexts 128] [--flash-attn auto|on|off] [--extra-drafts REF,...]
-        [--llama-cpp-bin DIR] [--openvino DIR] [--label NAME] [--out FILE] [--quick]
+        [--llama-cpp-bin DIR] [--openvino DIR] [--label NAME] [--machine KIND] [--out FILE]
+        [--quick]
     python benchmarks/bench_llamacpp.py --table docs/results/llamacpp.jsonl
     python benchmarks/bench_llamacpp.py --export-openvino DIR   # once, for --openvino DIR
 
@@ -625,6 +626,9 @@ def parser() -> argparse.ArgumentParser:
                          "OpenVINO GenAI")
     ap.add_argument("--quick", action="store_true",
                     help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
+    ap.add_argument("--machine", default=platform.processor() or platform.machine(),
+                    help="the kind of machine, kept in each row's `machine` (docs/results' rows: "
+                         "epyc-zen4-avx512, xeon-avx512, epyc-avx2; default: the platform's name)")
     ap.add_argument("--label", default=None,
                     help="a name for this run's set-up, kept in every row (several set-ups in "
                          "one file: doc_tables' llamacpp-setups)")
@@ -661,7 +665,7 @@ def main() -> None:
             "context": CONTEXT, "llama_cpp": llama_cpp.__version__, "flash_attn": s.flash_attn,
             "flash_attn_resolved": {w: pair["llama.cpp"].flash_attn for w, pair in tools.items()},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
-            "machine": platform.processor() or platform.machine(), "quick": s.quick,
+            "machine": args.machine, "quick": s.quick,
             "openvino": _openvino_version() if s.openvino else None, "label": args.label,
             "cpu": build.cpu_model(), "kernels": build.variant(), "prompt_set": args.prompt_set}
     flash = ", ".join(f"{w}: {v}" for w, v in base["flash_attn_resolved"].items())

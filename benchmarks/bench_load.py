@@ -3,7 +3,7 @@ the Qwen2.5-Coder pair's), and what it leaves resident (the goals: a cached load
 under 10 s, resident memory of the loaded 1.5B target at most 1.3x its file size).
 
     python benchmarks/bench_load.py [--refs qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--rounds 3]
-        [--threads 2] [--out docs/results/load-time-memory.jsonl]
+        [--threads 2] [--machine KIND] [--out docs/results/load-time-memory.jsonl]
 
 Results: one JSON row per (ref, round) written to `--out` (replacing it; default
 docs/results/load-time-memory.jsonl), each with the machine (`cpu`, `cpus`, `loadavg_1min`);
@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/results/load-time-memory.jsonl")
+    ap.add_argument("--machine", default=platform.processor() or platform.machine(),
+                    help="the kind of machine, kept in each row's `machine` (docs/results' rows: "
+                         "epyc-zen4-avx512, xeon-avx512, epyc-avx2; default: the platform's name)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap
 
@@ -105,7 +108,7 @@ def main() -> None:
     from specq.kernels import build
 
     refs = [r.strip() for r in args.refs.split(",") if r.strip()]
-    meta = {"machine": platform.processor() or platform.machine(), "cpu": build.cpu_model(),
+    meta = {"machine": args.machine, "cpu": build.cpu_model(),
             "cpus": os.cpu_count()}
     rows = []
     for ref in refs:
