@@ -25,7 +25,8 @@ from specq.errors import SpecqError
 
 from conftest import perturbed, tiny_model, tiny_tokenizer
 
-ROOT = Path(__file__).parents[2]
+# cells of a `specq bench` run made before token trees (2026-12-01): fixed gammas and auto
+OLD_CHAINS = Path(__file__).parent / "data" / "chains-before-trees.jsonl"
 
 
 def prompt_sets() -> dict[str, list[Prompt]]:
@@ -136,7 +137,7 @@ def test_a_bad_tree_key_is_one_line_naming_the_key(text, needle, tmp_path):
 def test_stored_chain_cells_keep_their_keys():
     """Every cell of a results file written before token trees has the key it had then, and a chain
     cell's stored params hold no tree fields."""
-    records = [json.loads(line) for line in (ROOT / "docs/results/auto-fp32.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in OLD_CHAINS.read_text().splitlines()]
     cells = [r for r in records if r.get("type") == "cell"]
     assert cells
     for r in cells:
@@ -147,7 +148,7 @@ def test_stored_chain_cells_keep_their_keys():
 
 
 def test_old_results_aggregate_as_chains():
-    rows = aggregate.summarize(store.read(ROOT / "docs/results/auto-fp32.jsonl"), resamples=50)
+    rows = aggregate.summarize(store.read(OLD_CHAINS), resamples=50)
     assert rows and all(r["tree"] == 0 and r["tree_topk"] is None for r in rows)
     for table in (tables.summary(rows, 0.95), tables.brief(rows, 0.95), tables.per_position(rows),
                   tables.profile(rows)):
