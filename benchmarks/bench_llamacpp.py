@@ -44,8 +44,8 @@ the rate it ran at.
 
 llama.cpp runs through its Python binding's C functions (`llama_decode` on a batch, a plain
 greedy loop), which is llama.cpp's own speed minus a few microseconds of ctypes per call. It needs
-`pip install llama-cpp-python==0.3.36`, built from source (docs/fastpath.md, "Against
-llama.cpp"); specq itself never does.
+`pip install llama-cpp-python==0.3.36`, built from source (docs/performance.md,
+"Building llama.cpp for these runs"); specq itself never does.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ class LlamaCpp:
 class LlamaCppSpeculative:
     """llama.cpp's own speculative decoding: its `llama-speculative-simple` example, one process
     per prompt (the binding has no speculative loop). Built from the binding's vendored source
-    (docs/fastpath.md, "Against llama.cpp"); `bin_dir` holds the binary."""
+    (docs/performance.md, "Building llama.cpp for these runs"); `bin_dir` holds the binary."""
 
     def __init__(self, bin_dir: Path, target: Path, draft: Path, threads: int, tokenizer):
         self.binary = bin_dir / "llama-speculative-simple"

@@ -220,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 16; 1: one at a time)")
     s.add_argument("--spec-max-batch", type=arg_int(0, 256), default=None,
                    help="speculate only in steps of at most this many requests; a larger step decodes "
-                        "plainly, lossless either way (default 2, from the measurements in docs/serve.md; "
-                        "256: always speculate, 0: never)")
+                        "plainly, lossless either way (default 2, from the measurements in "
+                        "docs/performance.md; 256: always speculate, 0: never)")
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
                    help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")

@@ -58,8 +58,9 @@ def rows() -> list[Row]:
 
 def add_drafts_parser(sub) -> None:
     d = sub.add_parser("drafts", help="list, explain, add and remove the drafts the registry picks from",
-                       description="The drafts generate, bench and serve pick when none is named (docs/drafts.md, "
-                                   "'How a draft is chosen'). Only your registry ($SPECQ_CACHE/drafts) changes.")
+                       description="The drafts generate, bench and serve pick when none is named "
+                                   "(docs/reference.md, 'The draft registry'). Only your registry "
+                                   "($SPECQ_CACHE/drafts) changes.")
     actions = d.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("list", help="every registry entry, shipped and yours")
     ls.add_argument("--target", default=None, help="only this target's entries (a name, without @)")

@@ -1,7 +1,7 @@
 """specq bench: measure speculative decoding over a sweep, resumably, and report it.
 
     config.py     TOML + flags -> validated sweep -> cells
-    prompts.py    prompt sets (chat, GSM8K, corpus continuations, a user file)
+    prompts.py    prompt sets (chat, GSM8K, corpus continuations, a user file); coding.py: code, edit
     runner.py     stages (baseline, speculative, HF peer), warm-up, timing, the store
     store.py      the JSONL results store (atomic appends, torn-line tolerant, resumable)
     quality.py    GSM8K exact match, token-for-token lossless-ness
@@ -10,4 +10,6 @@
     tables.py     rows -> tables of strings (terminal.py prints them, report.py writes them)
     report.py     Markdown + self-contained HTML with plots
     cli.py        `specq bench` and `specq report`
+    doc_tables.py the docs' tables, regenerated from docs/results (peer_tables.py, result_tables.py)
+    tools/        what benchmarks/' scripts share with tests and the docs' tables
 """

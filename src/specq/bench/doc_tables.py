@@ -223,7 +223,7 @@ class Kind:
 KINDS = {
     # specq beside llama.cpp (bench_llamacpp.py): one run in full; the README's, a column per file;
     # runs of several files, one line each; pass costs by rows; set-ups of one file; step profiles
-    # (profile_step.py)
+    # (profile_step.py at 4a89039)
     "llamacpp": Kind(lambda p, o: llamacpp.summary(_rows(p, o)), ("machine",)),
     "headline": Kind(lambda p, o: headline(_files(p, o)), ("machine",)),
     "peers": Kind(lambda p, o: peer_tables.peers(_files(p, o)), ("machine",)),

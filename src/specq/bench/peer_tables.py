@@ -150,8 +150,9 @@ STEP_HEADER = ("| machine | model | commit | one-row step | 8-row pass | 8-row p
 
 
 def step_profile(rows: list[dict]) -> str:
-    """One line per machine and model (`profile_step.py`'s rows): a one-row step and an 8-row pass
-    after 128 tokens of context (medians over rounds), the 8-row pass in steps there and after 1024
+    """One line per machine and model (the rows of `profile_step.py` at 4a89039): a one-row step
+    and an 8-row pass after 128 tokens of context (medians over rounds), the 8-row pass in steps
+    there and after 1024
     tokens, the linear layers alone at 8 rows in their one-row time, and the read rates of the
     linear layers at one row and of torch's float32 sum of 1 GiB (paired ratios: medians of the
     rounds')."""

@@ -26,10 +26,10 @@ def _bold_ci(ci: tuple, best: bool) -> str:
 
 
 def gamma_interleaved(rows: list[dict]) -> str:
-    """`bench_gamma.py`'s rows, per target and prompt set: plain tokens/s (median), then per
-    configuration the mean of the runs' speedups over the plain run of the same prompt and round,
-    with its 95% bootstrap CI (the best in bold), and tau. An output that differs from its plain
-    run fails."""
+    """`benchmarks/bench_gamma.py`'s rows (the script at 4a89039), per target and prompt set: plain
+    tokens/s (median), then per configuration the mean of the runs' speedups over the plain run of
+    the same prompt and round, with its 95% bootstrap CI (the best in bold), and tau. An output that
+    differs from its plain run fails."""
     configs = sorted({r["config"] for r in rows if r["config"] != PLAIN}, key=_gamma_order)
     names = [f"gamma {c}" if _gamma_order(c)[0] == 0 else c for c in configs]
     lines = ["| target | prompts | plain tok/s | " + " | ".join(names) + " | "
@@ -165,8 +165,8 @@ def compare(rows: list[dict]) -> str:
 
 
 def verify(rows: list[dict]) -> str:
-    """`bench_verify.py`'s rows: ms of one forward of N tokens per precision and path (medians over
-    rounds), and its cost relative to a one-token step."""
+    """`benchmarks/bench_verify.py`'s rows (the script at 4a89039): ms of one forward of N tokens
+    per precision and path (medians over rounds), and its cost relative to a one-token step."""
     sizes = sorted({r["tokens"] for r in rows})
     lines = ["| precision | path | " + " | ".join(f"{n} tok" for n in sizes) + " |",
              "|---|---|" + "---|" * len(sizes)]

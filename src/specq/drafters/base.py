@@ -12,11 +12,12 @@ from ..core.sampling import SamplingConfig, probabilities, sample
 # Draft tokens per step when the caller does not say: "auto", each step's length (0, plain
 # decoding, up to AUTO_MAX_GAMMA) chosen from the run's measured acceptance and costs, so that
 # speculation is on where it pays and off where it does not: no fixed gamma is best for every
-# target, draft and text (docs/benchmarks.md, "The default"). Sampling keeps a fixed gamma: the
-# tokens a seed draws depend on the steps' lengths, and auto's follow timings, so a seeded request
-# would no longer repeat its output. A tree's default is its own depth.
+# target, draft and text (docs/performance.md, "The default draft and gamma `auto`"). Sampling keeps
+# a fixed gamma: the tokens a seed draws depend on the steps' lengths, and auto's follow timings, so
+# a seeded request would no longer repeat its output. A tree's default is its own depth.
 DEFAULT_GAMMA = AUTO
-SAMPLING_GAMMA = 2  # the best fixed gamma measured with the shipped drafts (docs/benchmarks.md)
+# the best fixed gamma measured with the shipped drafts (docs/benchmarks.md at 4a89039)
+SAMPLING_GAMMA = 2
 
 
 def default_gamma(tree, greedy: bool) -> int | str:

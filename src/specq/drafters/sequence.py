@@ -14,7 +14,8 @@ from .tree import TreeShape, grow
 # The early stop used unless the caller picks one. transformers (assistant_confidence_threshold)
 # and llama.cpp (--draft-p-min) stop early by default too: with a draft that is often wrong, every
 # low-confidence token drafted costs a draft step and a verify row and is rarely accepted (measured
-# in docs/benchmarks.md, section 2). 0 turns it off: every proposal is then exactly gamma tokens.
+# in docs/benchmarks.md at 4a89039, section 2). 0 turns it off: every proposal is then exactly
+# gamma tokens.
 DEFAULT_DRAFT_CONFIDENCE = 0.4
 
 
@@ -40,7 +41,7 @@ class SequenceDrafter:
         self.skipped = 0  # prompt tokens before the window: seq[i] sits at cache row i - skipped
         # A narrowed head's kept rows, where a greedy chain may choose among them alone: the -inf
         # rest of a whole-vocabulary row changes no argmax, yet filling and reading it costs a step
-        # of a small draft a measurable share (docs/drafts.md).
+        # of a small draft a measurable share (docs/drafts.md at 4a89039).
         head = getattr(draft.net, "output", None)
         self.kept = head if isinstance(head, NarrowHead) and int(head.keep.max()) < target_vocab_size else None
 

@@ -37,9 +37,9 @@ class TreeShape:
                 raise ValueError(f"tree {name} must be at least 1, got {getattr(self, name)}")
 
 
-# The best tree measured on the 2-core CPU this project runs on (docs/trees.md): small, because a
-# verify pass there costs more with every row. Chains measured faster still and stay the default;
-# `--tree N` sets the size.
+# The best tree measured on the 2-core CPU this project runs on (docs/trees.md at 4a89039): small,
+# because a verify pass there costs more with every row. Chains measured faster still and stay the
+# default; `--tree N` sets the size.
 DEFAULT_TREE = TreeShape(size=4, depth=3, topk=2)
 
 # Expand: (tokens [k] of the nodes to feed, their parents' fed rows [k] (-1: the root), depths [k],

@@ -5,7 +5,7 @@ the activations between the linear layers, for every architecture of the Llama f
 Why by hand: a decode step of a 135M model runs 30 thin layers, and in eager PyTorch the dozen
 small ops between the linear layers of each (norms, rotary embedding, cache writes, attention,
 activations) cost about as much as the linear layers themselves, nearly all of it per-op dispatch,
-not arithmetic (docs/fastpath.md). torch.compile removes that only per fixed shape, at about a
+not arithmetic (docs/design.md). torch.compile removes that only per fixed shape, at about a
 minute of compiling per shape on two cores, while a verify pass takes any of 1-65 rows, a tree mask,
 and a cache of any length; and speculative decoding needs each verify row to equal the one-token
 step at its position bit for bit, which a kernel compiled per row count does not promise. This

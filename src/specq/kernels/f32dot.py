@@ -4,7 +4,7 @@ Why by hand: a decode step of a float model reads every weight once for one row,
 memory bandwidth, and a verify pass of a few rows should cost little more. MKL's sgemm grows about
 linearly per row at small row counts, and oneDNN's pre-packed GEMM (the fast path's float kernel
 before this one, and what inductor uses for frozen linears) read the weights of this model's
-layers more slowly than this loop does at 1-8 rows on an AVX2 machine (docs/fastpath.md). The
+layers more slowly than this loop does at 1-8 rows on an AVX2 machine (docs/design.md). The
 loop also lets `decoder.Stack` run float layers from C. Beyond `rows.ROW_BY_ROW_MAX` rows (prefills)
 the layer goes back to torch's GEMM, which is compute-efficient there (`fastpath.FloatKernel`).
 """

@@ -2,7 +2,7 @@
 
 torch's packed CPU ops (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) turn the weights
 into floats and multiply in float, so on AVX2 their time grows with every row: a 4-token verify
-of an int4 target costs well over a one-token step (docs/fastpath.md), and speculative decoding
+of an int4 target costs well over a one-token step (docs/design.md), and speculative decoding
 cannot pay. No library op on x86 without AVX512-VNNI multiplies int8 activations by grouped int4
 weights, so specq carries this small kernel: activations are quantized per row and per block of
 32 to int8 (as llama.cpp does), each block is an exact integer dot product (vpmaddubsw, or
@@ -13,7 +13,7 @@ equal one-token steps bit for bit, and every kernel variant gives the same bits.
 
 This is a different rounding of the activations than the torch ops' bf16 cast, so a model on
 this kernel is not bit-identical to the same model on torch's ops; `specq compare` measures what
-it does to quality (docs/fastpath.md).
+it does to quality (docs/performance.md, "Quantization quality").
 """
 
 from __future__ import annotations

@@ -105,8 +105,9 @@ def ranked_tokens(tokenizer) -> np.ndarray:
     for meta in sorted(HEADS.glob("*.json")):
         if json.loads(meta.read_text()).get("vocabulary_sha256") == digest:
             return np.load(meta.with_suffix(".npy"))
-    raise SpecqError(f"no ranked token list for this file's vocabulary in {HEADS} (`-head{{N}}k` needs one; "
-                     "benchmarks/coder_head_tokens.py builds one)")
+    raise SpecqError(f"no ranked token list for this file's vocabulary in {HEADS} (`-head{{N}}k` "
+                     "needs one; benchmarks/coder_head_tokens.py at commit 4a89039 built the "
+                     "Qwen2.5-Coder list)")
 
 
 def kept_tokens(g: GGUFFile, tokenizer, count: int) -> torch.Tensor:

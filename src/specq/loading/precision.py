@@ -89,7 +89,7 @@ def check_plain(spec, name: str = "MODEL") -> None:
 
     if spec.qad:
         raise SpecqError(f"{name}@{spec} is not built: make it once with `specq qad {name} {without_qad(spec)}` "
-                         "(quantization-aware distillation, minutes on a CPU; docs/quantization.md)")
+                         "(quantization-aware distillation, minutes on a CPU; docs/guide.md)")
 
 
 def check_quantizable(net: Llama, spec) -> None:

@@ -1,9 +1,9 @@
 """A feature draft (EAGLE style): a small head that reads the target's own hidden states.
 
-Why: a standalone draft must learn language from scratch, and a small one agrees with its target
-on few tokens (docs/drafts.md). The target's final hidden state at position r (the input of
-its output head) already encodes what it expects next, so predicting the *next* hidden state
-from it is a far easier job for one decoder layer (Li et al. 2024, EAGLE).
+Why: a standalone draft must learn language from scratch, and a small one agrees with its target on
+few tokens (docs/drafts.md at 4a89039). The target's final hidden state at position r (the input of
+its output head) already encodes what it expects next, so predicting the *next* hidden state from it
+is a far easier job for one decoder layer (Li et al. 2024, EAGLE).
 
 Row r of the draft reads [embedding of token x_{r+1}, target feature f_r] and predicts f_{r+1};
 the output head turns that into the distribution of x_{r+2}. For a second draft token the

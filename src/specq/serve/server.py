@@ -24,7 +24,8 @@ from .metrics import Metrics
 from .pool import ModelPool
 
 # On this project's 2-core CPU a batch of two fp32 requests still gained from speculating, while at
-# four and more requests plain steps gave more tokens/s on both measured targets (docs/serve.md).
+# four and more requests plain steps gave more tokens/s on both measured targets (docs/serve.md at
+# 4a89039, "Speculation under load").
 SPEC_MAX_BATCH = 2
 
 
@@ -36,9 +37,9 @@ class ServeConfig:
     api_key: str | None = None
     queue: int = 16  # requests waiting per served model, beyond the running ones
     timeout_s: float = 600.0  # arrival to last token
-    max_batch: int = 16  # requests decoded together per served model (1: one at a time); docs/serve.md
+    max_batch: int = 16  # requests decoded together per served model (1: one at a time)
     # speculate only in steps of at most this many requests, larger steps decode plainly (None: always);
-    # the default follows docs/serve.md, "Speculation under load"
+    # the default follows docs/performance.md, "The server under load"
     spec_max_batch: int | None = SPEC_MAX_BATCH
 
     def __post_init__(self):

@@ -82,7 +82,7 @@ def ref_precision(target_ref: str) -> str:
 
 
 def registry_dir() -> Path:
-    """The user's draft registry (docs/drafts.md), where calibrated drafts go by default; they are
+    """The user's draft registry (docs/guide.md), where calibrated drafts go by default; they are
     registered there only when asked (`register`)."""
     return registry.user_dir()
 

@@ -11,9 +11,10 @@ to bf16 in the forward pass with a straight-through gradient (so the stored scal
 trained), and the float vectors (norms, biases). The codes can train too (`code_lr`): continuous
 "latent" codes, in units of the group's initial step (one rate fits every bit width), rounded in
 the forward pass with a straight-through gradient and clamped to the code range. Short runs on the
-built-in target (docs/quantization.md) chose scales: one number per group, moving smoothly, where Adam
-moving every latent flips codes by whole steps. Export rounds: the fake-quantized forward is the
-exported model's simulated forward, bit for bit (`tests/training/test_qad.py`).
+built-in target (docs/quantization.md at 4a89039) chose scales: one number per group, moving
+smoothly, where Adam moving every latent flips codes by whole steps. Export rounds: the
+fake-quantized forward is the exported model's simulated forward, bit for bit
+(`tests/training/test_qad.py`).
 """
 
 from __future__ import annotations

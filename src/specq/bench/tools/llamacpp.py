@@ -13,8 +13,8 @@ from pathlib import Path
 # --weights names -> specq's model ref of the same file (the coder pair at its own precision)
 SPECQ_REFS = {"q4_1": "smollm2-135m@gguf", "f32": "smollm2-135m",
               "qwen1.5b": "qwen2.5-coder-1.5b", "qwen0.5b": "qwen2.5-coder-0.5b"}
-INSTALL = ("pip install llama-cpp-python==0.3.36 (build command: docs/fastpath.md, "
-           "'Against llama.cpp')")
+INSTALL = ("pip install llama-cpp-python==0.3.36 (build command: docs/performance.md, "
+           "'Building llama.cpp for these runs')")
 # llama.cpp's speculative modes (`llama-speculative-simple` flags), for targets with a draft file
 LLAMA_CPP_SPECULATIVE = {
     "llama.cpp draft n-max 2": ["--spec-type", "draft-simple", "--spec-draft-n-max", "2"],
@@ -31,7 +31,7 @@ OPENVINO_MODES = {
     "openvino draft 5": ("draft", {"num_assistant_tokens": 5}),
     "openvino prompt lookup": ("lookup", {"max_ngram_size": 3, "num_assistant_tokens": 5}),
 }
-# the speculation goals on the coder pair (docs/fastpath.md)
+# the speculation goals on the coder pair (docs/fastpath.md at 4a89039)
 GOALS = {"best": 2.0, "peer": 1.6, "default": 1.5}
 DEFAULT_MODE = "generate gamma auto"  # what `specq generate` does with no flags
 SETUP_COLUMNS = [("llama.cpp", "generate plain"), ("specq", "generate plain"),

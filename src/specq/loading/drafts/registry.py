@@ -6,7 +6,7 @@ optionally the precision the draft itself runs at (`draft_spec`, e.g. a feature 
 `int8-head8`). specq reads two: the drafts shipped in the package, and the user's
 (`$SPECQ_CACHE/drafts`), which changes only when asked (`--register`, `specq drafts add|remove`).
 
-Selection (`select`; docs/drafts.md, "Registry and selection: how a draft is chosen"):
+Selection (`select`; docs/reference.md, "The draft registry"):
 1. an entry for the target's exact precision: the user's before the shipped ones, and within a
    manifest the later entry;
 2. else a *shipped* entry of the nearest precision, with a note: the shipped drafts' use at
