@@ -31,6 +31,8 @@ setup-coder: setup
 
 test: setup
 	$(PY) -m pytest -q -m "not real"
+	$(PY) benchmarks/doc_tables.py --check
+	$(PY) benchmarks/reference_tables.py --check
 
 # Tests on the large real model files (the Qwen pair, Gemma 3): minutes each, not part of `make test`.
 test-real: setup-coder
