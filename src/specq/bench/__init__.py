@@ -1,7 +1,7 @@
 """specq bench: measure speculative decoding over a sweep, resumably, and report it.
 
     config.py     TOML + flags -> validated sweep -> cells
-    prompts.py    prompt sets (chat, GSM8K, corpus continuations, a user file); coding.py: code, edit
+    prompts.py    prompt sets (chat, GSM8K, corpus passages, a user file; coding.py: code, edit)
     runner.py     stages (baseline, speculative, HF peer), warm-up, timing, the store
     store.py      the JSONL results store (atomic appends, torn-line tolerant, resumable)
     quality.py    GSM8K exact match, token-for-token lossless-ness
