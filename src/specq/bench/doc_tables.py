@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 from ..core.gamma import sort_key as gamma_order
-from ..loading.refs import split_window
+from ..loading.refs import model_ref
 from . import peer_tables, result_tables, store
 from .aggregate import summarize
 from .tools import llamacpp
@@ -53,7 +53,7 @@ def draft_label(row: dict) -> str:
     tree = f", tree {row['tree']} k{row['tree_topk']}" if row.get("tree") else ""  # gamma: depth
     levels = row["draft"].split(",")
     if len(levels) > 1:
-        precisions = [split_window(level)[0].rpartition("@")[2] if "@" in level else None
+        precisions = [model_ref(level).base.rpartition("@")[2] if "@" in level else None
                       for level in levels]  # None: an n-gram lookup, no model
     else:
         precisions = [row["draft_precision"]]
@@ -67,7 +67,8 @@ KINDS_OF_DRAFTS = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn
 
 
 def _level_label(level: str, precision: str | None, target: str) -> str:
-    model, window = split_window(level)
+    ref = model_ref(level)
+    model, window = ref.base, ref.window
     name = Path(model.split("@")[0]).name
     kind = "self" if name == target else KINDS_OF_DRAFTS.get(name, name)
     return kind + (f" @{precision}" if precision else "") + (f", window {window}" if window else "")
