@@ -47,7 +47,7 @@ demo-coder: setup-coder
 	$(VENV)/bin/specq bench benchmarks/presets/coder.toml
 
 # This machine's cost of a decode step and of 2-16-row verify passes of the built-in target, and
-# its memory read rate (rows appended to docs/results/passes.jsonl, the machine in each row).
+# its memory read rate (rows appended to benchmarks/results/passes.jsonl, the machine in each row).
 bench: setup
 	$(PY) benchmarks/bench_passes.py
 

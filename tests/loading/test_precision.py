@@ -63,3 +63,11 @@ def test_a_spec_the_model_cannot_take_is_one_line_before_any_announcement(tiny_d
     assert main(["generate", "t1", "--target", f"{tiny_dir}@int4-g7-rtn", "--no-speculative"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "group size" in err and "quantizing" not in err
+
+
+def test_a_precision_that_is_not_a_string_is_one_error(tiny_dir):
+    """`ModelPool.generate(..., precision=4)` (the API takes any object): a SpecqError, not a crash."""
+    from specq.errors import SpecqError
+
+    with pytest.raises(SpecqError, match="a precision is a string such as 'fp32'"):
+        specq.ModelPool(str(tiny_dir)).generate("t1", precision=4)

@@ -29,6 +29,8 @@ CALIB_LEN = 512  # tokens per GPTQ/AWQ calibration window, unless the model's co
 
 def canonical(spec_text: str) -> str:
     """The canonical spelling of a precision: the parsed spec's, or a GGUF file's (`file_spec`)."""
+    if not isinstance(spec_text, str):
+        raise SpecqError(f"a precision is a string such as 'fp32' or 'int4-g64-gptq', got {spec_text!r}")
     return str(file_spec.parse(spec_text) if file_spec.names_file(spec_text) else parse(spec_text))
 
 
