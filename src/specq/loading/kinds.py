@@ -100,8 +100,8 @@ def _load_feature(ref: ModelRef, backend: str | None, target=None) -> Draft:
     tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
     eos = hf.generation_eos(source, None, local_only=True)  # no config.json: generation_config.json only
     model = Model(ref=ref.base, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok),
-                  source=str(source),
-                  precision=str(spec), info={"load_s": time.perf_counter() - started})
+                  source=str(source), precision=str(spec),
+                  info={"load_s": time.perf_counter() - started})
     if backend is not None:
         model.runner = backends.runner(net, backend)
         model.info["backend"] = model.runner.backend
@@ -164,16 +164,15 @@ NGRAM = Kind("ngram", NGRAM_ABOUT, lambda ref: isinstance(ref, NgramRef), _load_
              _ngram_drafter)
 SELF_KIND = Kind("self", "a self draft (the target's own weights at another precision)",
                  lambda ref: isinstance(ref, ModelRef) and ref.is_self, _load_self,
-                 _sequence_drafter,
-                 rows=_sequence_rows,
-                 next_token_logits=_sequence_logits, verifies=True)
+                 _sequence_drafter, rows=_sequence_rows, next_token_logits=_sequence_logits,
+                 verifies=True)
 FEATURE = Kind("feature", "a feature draft (EAGLE style: it reads the target's hidden states)", _is_feature,
                _load_feature, _feature_drafter, rows=_feature_rows, next_token_logits=_feature_logits,
                write=_write_feature)
 SEQUENCE = Kind("sequence", "a sequence draft (a model of its own)", lambda ref: True,
                 lambda ref, backend, target=None: load_model(ref, backend), _sequence_drafter,
-                rows=_sequence_rows,
-                next_token_logits=_sequence_logits, write=lambda draft, directory, info: write_native(draft, directory),
+                rows=_sequence_rows, next_token_logits=_sequence_logits,
+                write=lambda draft, directory, info: write_native(draft, directory),
                 verifies=True, transformers=True, is_model=True)
 KINDS = {k.name: k for k in (NGRAM, SELF_KIND, FEATURE, SEQUENCE)}  # recognized in this order: sequence takes the rest
 LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM}  # loaded drafts that are not a `Draft`, by type

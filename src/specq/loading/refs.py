@@ -161,19 +161,22 @@ def model_ref(text: str) -> ModelRef:
     if not isinstance(text, str):
         raise SpecqError(f"a model reference is a string (a name, a path or a hub id), "
                          f"got {type(text).__name__}")
-    base, sep, value = text.rpartition(WINDOW)
-    window = None
-    if sep:
-        if not (value.isascii() and value.isdigit() and int(value) > 0 and base.strip()):
-            raise SpecqError(f"draft '{text}': write MODEL{WINDOW}W with W a whole number of "
-                             "tokens above 0")
-        window = int(value)
-    else:
-        base = text
+    base, window = split_window(text)
     name, spec = split_ref(base.strip())
     if not name:
         raise SpecqError(f"empty model reference '{base}'")
     return ModelRef(text, name, spec, window)
+
+
+def split_window(text: str) -> tuple[str, int | None]:
+    """`MODEL:window=W` -> (MODEL, W); any other text -> (text, None)."""
+    base, sep, value = text.rpartition(WINDOW)
+    if not sep:
+        return text, None
+    if not (value.isascii() and value.isdigit() and int(value) > 0 and base.strip()):
+        raise SpecqError(f"draft '{text}': write MODEL{WINDOW}W with W a whole number of tokens "
+                         "above 0")
+    return base, int(value)
 
 
 def names_ngram(text: str) -> bool:
