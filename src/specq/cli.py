@@ -248,7 +248,7 @@ def cmd_serve(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if "@" in checks.text("--target", args.target):
+    if model_ref(checks.text("--target", args.target)).has_spec:
         raise SpecqError("give the target without @spec; list precisions with --precisions")
     if args.api_key is not None and (not args.api_key.strip() or any(c.isspace() for c in args.api_key)):
         raise SpecqError("--api-key must be a non-empty string without spaces")
@@ -442,9 +442,9 @@ def _lora_base(ref: str) -> str:
     quantized precision is refused (before anything loads)."""
     from .loading import precision
 
-    if "@" not in ref:
+    if not model_ref(ref).has_spec:
         return f"{ref}@fp32"
-    if not precision.is_float(ref.rpartition("@")[2].strip().lower()):
+    if not precision.is_float(model_ref(ref).spec.strip().lower()):
         raise SpecqError(f"--lora trains on the float weights of its base: give --from without @, or @fp32 "
                          f"(not '{ref}')")
     return ref

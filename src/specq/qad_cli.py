@@ -75,7 +75,7 @@ def cmd_qad(args) -> int:
         torch.set_num_threads(args.threads)
     spec = qad.qad_spec(args.spec)
     plain = without_qad(spec)
-    if "@" in checks.text("the model", args.model):
+    if model_ref(checks.text("the model", args.model)).has_spec:
         raise SpecqError("give the float model without an @spec; the spec is the second argument")
     if args.minutes is not None and args.minutes <= 0:
         raise SpecqError(f"--minutes must be positive, got {args.minutes}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from ..core.gamma import parse as parse_gamma
 from ..core.gamma import sort_key as gamma_order
 from ..core.stats import DecodeStats, bootstrap_ci
+from ..loading.refs import model_ref
 from . import quality, store
 from .config import cell_key, related, tree_shape
 
@@ -272,7 +273,7 @@ def heldout_rows(records: list[dict]) -> list[dict]:
     for r in records:
         if r.get("type") == "quality":
             seen.setdefault(r["key"], r)
-    out = [{"target": r["target"]["ref"], "precision": r["target"]["ref"].rpartition("@")[2] or "fp32",
+    out = [{"target": r["target"]["ref"], "precision": model_ref(r["target"]["ref"]).spec,
             "reference": r["reference"]["ref"],
             "tokens": r["result"]["tokens"], "chunks": r["result"]["chunks"],
             "ppl": _triple(r["result"]["ppl_b"]), "top1": _triple(r["result"]["top1"]),

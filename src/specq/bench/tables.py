@@ -141,7 +141,7 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
     """The terminal's table: few, narrow columns, so it reads in an 80-column terminal (and in a
     log); the report has every column."""
     shown, hidden = _best_only(rows) if best_only else (rows, 0)
-    bases = {r["target"].split("@")[0] for r in rows}
+    bases = {model_ref(r["target"]).name for r in rows}
     lengths = {r["max_new_tokens"] for r in rows}
     trees = _trees(shown)
     headers = ["target", "draft", "gamma"] + ["tokens"] * (len(lengths) > 1)

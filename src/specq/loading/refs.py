@@ -61,7 +61,7 @@ class ModelRef:
         return self.text if self.window is None else self.text.rpartition(WINDOW)[0]
 
     @property
-    def precision(self):
+    def parsed_spec(self):
         """The spec parsed: a `file_spec.FileSpec` (a GGUF file's own blocks) or a quant spec."""
         if file_spec.names_file(self.spec):
             return file_spec.parse(self.spec)
@@ -118,7 +118,7 @@ class DraftRef:
 
     @property
     def lookup(self) -> NgramRef | None:
-        """The n-gram level, or None."""
+        """The n-gram level (always the first), or None."""
         return self.levels[0] if isinstance(self.levels[0], NgramRef) else None
 
     @property
@@ -272,7 +272,7 @@ def check_ref(ref: str | ModelRef) -> None:
     """What loading checks before reading any weights: the ref's form, its precision and a local
     folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
     ref = ref if isinstance(ref, ModelRef) else model_ref(ref)
-    ref.precision  # noqa: B018 (parsed: a bad spec is an error here)
+    ref.parsed_spec  # noqa: B018 (a bad spec is an error here)
     path = Path(ref.name).expanduser()
     if ref.name not in BUILTINS and not ref.is_self and path.is_dir():
         validate.check_dir(path)
