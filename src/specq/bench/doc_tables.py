@@ -25,7 +25,7 @@ from ..core.gamma import sort_key as gamma_order
 from ..loading.refs import model_ref
 from . import peer_tables, result_tables, store
 from .aggregate import summarize
-from .tools import llamacpp
+from .tools import llamacpp, versions
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
@@ -241,6 +241,7 @@ KINDS = {
                         ("machine", "clients")),
     "compare": Kind(lambda p, o: result_tables.compare(_rows(p, o)), ("machine",)),
     "verify": Kind(lambda p, o: result_tables.verify(_rows(p, o)), ("machine",)),
+    "versions": Kind(lambda p, o: versions.summary(_rows(p, o)), ("machine",)),
 }
 
 
