@@ -40,14 +40,17 @@ def tiny_tokenizer(vocab_size: int, prefix: str = "t"):
 
 def tiny_config(vocab: int = 32, layers: int = 2, hidden: int = 32, **switches) -> LlamaConfig:
     """`switches`: `LlamaConfig`'s architecture fields (qkv_bias=True for a Qwen2-like model)."""
-    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
-                       num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rope_theta=10000.0,
-                       tie_word_embeddings=False, max_position_embeddings=512, **switches)
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=hidden // 4,
+                       rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512,
+                       **switches)
 
 
-def training_files(tmp_path, monkeypatch, vocab: int, hidden: int, words: int, prompts: int, seed: int = 0):
-    """A tiny saved target (`tmp_path/target`), a text file of 10 random documents of `words` words and
-    `prompts` random prompts, and an empty $SPECQ_CACHE: what `specq distill` and `specq qad` read."""
+def training_files(tmp_path, monkeypatch, vocab: int, hidden: int, words: int, prompts: int,
+                   seed: int = 0):
+    """A tiny saved target (`tmp_path/target`), a text file of 10 random documents of `words` words
+    and `prompts` random prompts, and an empty $SPECQ_CACHE: what `specq distill` and `specq qad`
+    read."""
     from specq.loading.formats.save import save_native
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
@@ -55,13 +58,15 @@ def training_files(tmp_path, monkeypatch, vocab: int, hidden: int, words: int, p
     rng = random.Random(0)
     docs = [" ".join(f"t{rng.randrange(vocab)}" for _ in range(words)) for _ in range(10)]
     (tmp_path / "text.txt").write_text("\n\n".join(docs))
-    (tmp_path / "prompts.txt").write_text("\n".join(" ".join(f"t{rng.randrange(vocab)}" for _ in range(5))
-                                                     for _ in range(prompts)))
+    (tmp_path / "prompts.txt").write_text(
+        "\n".join(" ".join(f"t{rng.randrange(vocab)}" for _ in range(5))
+                  for _ in range(prompts)))
     return tmp_path
 
 
-def tiny_model(vocab: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0, scale: float = 1.0,
-               eos: tuple[int, ...] = (), ref: str = "tiny", **switches) -> Model:
+def tiny_model(vocab: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0,
+               scale: float = 1.0, eos: tuple[int, ...] = (), ref: str = "tiny",
+               **switches) -> Model:
     """A random Llama (of another architecture by `tiny_config`'s switches); `scale` sharpens its
     logits so greedy paths are not all ties."""
     torch.manual_seed(seed)
@@ -73,7 +78,8 @@ def tiny_model(vocab: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0
             if "norm" in name:
                 p.fill_(1.0)
         net.output.weight.mul_(scale)
-    return Model(ref=ref, net=net.eval(), tokenizer=tiny_tokenizer(vocab), eos_ids=frozenset(eos), source="random")
+    return Model(ref=ref, net=net.eval(), tokenizer=tiny_tokenizer(vocab), eos_ids=frozenset(eos),
+                 source="random")
 
 
 def perturbed(model: Model, noise: float, seed: int = 1, ref: str = "draft") -> Model:
@@ -83,7 +89,8 @@ def perturbed(model: Model, noise: float, seed: int = 1, ref: str = "draft") -> 
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn_like(p) * noise * p.std())
-    return Model(ref=ref, net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids, source="random")
+    return Model(ref=ref, net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
+                 source="random")
 
 
 def _kernel_variants() -> list:
@@ -126,7 +133,8 @@ def real_target():
     return specq.load("smollm2-135m")
 
 
-def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: SamplingConfig) -> dict:
+def _exact_sequence_distribution(target: Model, prompt: list[int], n: int,
+                                 cfg: SamplingConfig) -> dict:
     """P(t1..tn) under the target's processed distribution, by enumeration."""
     v = target.vocab_size
     probs = {}
@@ -138,15 +146,17 @@ def _exact_sequence_distribution(target: Model, prompt: list[int], n: int, cfg: 
     return probs
 
 
-def sampled_outputs(target: Model, draft, prompt: list[int], runs: int, **options) -> tuple[dict, int]:
+def sampled_outputs(target: Model, draft, prompt: list[int], runs: int,
+                    **options) -> tuple[dict, int]:
     """(how often each 3-token output came, drafts rejected) over `runs` seeded samplings at
     temperature 1 with gamma 2 and no early stop (`options` may add or override)."""
     from specq import generate
 
     counts, rejected = {}, 0
     for seed in range(runs):
-        out = generate(target, prompt, draft, **{"gamma": 2, "max_new_tokens": 3, "temperature": 1.0, "seed": seed,
-                                                 "draft_confidence": 0.0, **options})
+        out = generate(target, prompt, draft,
+                       **{"gamma": 2, "max_new_tokens": 3, "temperature": 1.0, "seed": seed,
+                          "draft_confidence": 0.0, **options})
         counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
         rejected += out.stats.drafted - out.stats.accepted
     return counts, rejected
@@ -169,15 +179,17 @@ def chi_square_p(counts: dict, exact: dict, runs: int) -> float:
 def _feature_model(target: Model, vocab_ids=None, seed: int = 0) -> Draft:
     ids = torch.arange(VOCAB) if vocab_ids is None else torch.tensor(vocab_ids)
     net = new_feature_draft(target.net, ids, seed=seed).eval()
-    return Draft(FEATURE, Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
-                                source="random"))
+    return Draft(FEATURE,
+                 Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
+                       source="random"))
 
 
 def at(model: Model, spec: str, fast: bool) -> Model:
     net = copy.deepcopy(model.net)
     quantize_model(net, spec, progress=False)
-    return Model(ref=f"{model.ref}@{spec}", net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
-                 source=model.source, precision=spec, runner=backends.runner(net, "kernels" if fast else "eager"))
+    return Model(ref=f"{model.ref}@{spec}", net=net, tokenizer=model.tokenizer,
+                 eos_ids=model.eos_ids, source=model.source, precision=spec,
+                 runner=backends.runner(net, "kernels" if fast else "eager"))
 
 
 def without_stack(run: Runner) -> Runner:
@@ -196,7 +208,8 @@ def counting_stack(run: Runner) -> tuple[Runner, list]:
 
 
 def verify_vs_steps(net, prompt: torch.Tensor, rows: torch.Tensor) -> float:
-    """Largest |logit| difference between one pass over `rows` and the same rows fed one at a time."""
+    """Largest |logit| difference between one pass over `rows` and the same
+    rows fed one at a time."""
     with torch.inference_mode():
         cache = net.new_cache(64)
         net(prompt, cache)
@@ -208,8 +221,8 @@ def verify_vs_steps(net, prompt: torch.Tensor, rows: torch.Tensor) -> float:
 
 def _self_draft(target: Model, spec: str = "int8") -> Model:
     net = quantize_net(copy.deepcopy(target.net), target.tokenizer, parse(spec), progress=False)
-    return Model(ref=f"self@{spec}", net=net.eval(), tokenizer=target.tokenizer, eos_ids=target.eos_ids,
-                 source="quantized copy", precision=spec)
+    return Model(ref=f"self@{spec}", net=net.eval(), tokenizer=target.tokenizer,
+                 eos_ids=target.eos_ids, source="quantized copy", precision=spec)
 
 
 def _config():
@@ -236,18 +249,20 @@ def assert_speculative_is_plain(target: Model, draft: Model,
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """The q/k row order llama.cpp's converter writes (convert_hf_to_gguf's LlamaModel.permute)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1,
+                                                                                2).reshape(w.shape)
 
 
-# VOCAB byte-level BPE tokens (one merge), with the special tokens Qwen2's and Gemma's tokenizer classes add
-# where a vocabulary lacks them.
-GGUF_TOKENS = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("X") + 1)] \
-    + list("0123456789") + ["ab", "<mask>", "<|endoftext|>", "<|im_end|>"]
+# VOCAB byte-level BPE tokens (one merge), with the special tokens Qwen2's and Gemma's tokenizer
+# classes add where a vocabulary lacks them.
+GGUF_TOKENS = ([chr(c) for c in range(ord("a"), ord("z") + 1)]
+               + [chr(c) for c in range(ord("A"), ord("X") + 1)]
+               + list("0123456789") + ["ab", "<mask>", "<|endoftext|>", "<|im_end|>"])
 
 
 def add_bpe_tokenizer(w) -> None:
-    """GGUF_TOKENS as a GGUF file's byte-level BPE tokenizer (as llama.cpp's converter writes Qwen2's),
-    the last token its EOS."""
+    """GGUF_TOKENS as a GGUF file's byte-level BPE tokenizer (as llama.cpp's converter writes
+    Qwen2's), the last token its EOS."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(GGUF_TOKENS)
@@ -288,8 +303,9 @@ def write_tiny_gguf(path, model, qtype: str = "F32", extra=None) -> None:
     add("output_norm.weight", hf["model.norm.weight"])
     if "lm_head.weight" in hf:
         add("output.weight", hf["lm_head.weight"])
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for i in range(c.num_layers):
         for hf_name, gguf_name in names.items():
@@ -306,12 +322,14 @@ def write_tiny_gguf(path, model, qtype: str = "F32", extra=None) -> None:
 
 
 def tiny_hf_qwen2(seed: int, hidden: int = 32, layers: int = 2) -> Model:
-    """A tiny random Qwen2 of transformers', with a sharpened head: a model specq runs on the HF backend."""
+    """A tiny random Qwen2 of transformers', with a sharpened head: a model specq
+    runs on the HF backend."""
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=32, hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = Qwen2Config(vocab_size=32, hidden_size=hidden, intermediate_size=64,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256)
     hf = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
         hf.lm_head.weight.mul_(30)
-    return Model(ref=f"qwen2-{seed}", net=HFCausalLM(hf), tokenizer=tiny_tokenizer(32), eos_ids=frozenset(),
-                 source="random")
+    return Model(ref=f"qwen2-{seed}", net=HFCausalLM(hf), tokenizer=tiny_tokenizer(32),
+                 eos_ids=frozenset(), source="random")

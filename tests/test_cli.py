@@ -70,9 +70,11 @@ def test_absurd_length_and_incompatible_vocab(tiny_dirs, capsys):
     t = str(tiny_dirs / "target")
     code, _, err = _run(["generate", "t1 t2", "--target", t, "--max-new-tokens", "100000"], capsys)
     assert code == 2 and "context" in err and err.count("\n") == 1
-    code, _, err = _run(["generate", "t1 t2", "--target", t, "--draft", str(tiny_dirs / "foreign")], capsys)
+    code, _, err = _run(["generate", "t1 t2", "--target", t, "--draft", str(tiny_dirs / "foreign")],
+                        capsys)
     assert code == 2 and "different vocabularies" in err and err.count("\n") == 1
-    code, _, err = _run(["generate", "t1", "--target", str(tiny_dirs)], capsys)  # a dir, not a model
+    # a dir, not a model
+    code, _, err = _run(["generate", "t1", "--target", str(tiny_dirs)], capsys)
     assert code == 2 and "config.json" in err
 
 
@@ -86,12 +88,13 @@ def test_generate_json_from_saved_dirs(tiny_dirs, capsys):
     result = json.loads(out)
     assert len(result["token_ids"]) == 12
     assert result["stats"]["acceptance_rate"] == 1.0  # the draft is the target itself
-    code, out2, _ = _run(["generate", "t1 t2", "--target", t, "--no-speculative", "--max-new-tokens", "12",
-                          "--json"], capsys)
+    code, out2, _ = _run(["generate", "t1 t2", "--target", t, "--no-speculative",
+                          "--max-new-tokens", "12", "--json"], capsys)
     assert json.loads(out2)["token_ids"] == result["token_ids"]
-    code, out3, _ = _run(["generate", "t1 t2", "--target", t, "--draft", t, "--gamma", "auto", "--max-new-tokens",
-                          "12", "--json"], capsys)
-    assert json.loads(out3)["token_ids"] == result["token_ids"] and json.loads(out3)["stats"]["gamma"] == 4
+    code, out3, _ = _run(["generate", "t1 t2", "--target", t, "--draft", t, "--gamma", "auto",
+                          "--max-new-tokens", "12", "--json"], capsys)
+    assert (json.loads(out3)["token_ids"] == result["token_ids"]
+            and json.loads(out3)["stats"]["gamma"] == 4)
 
 
 def test_real_exit_code_subprocess():
@@ -103,14 +106,16 @@ def test_real_exit_code_subprocess():
 def test_generate_with_a_tree_is_the_target_own_output(tiny_dirs, capsys):
     t = str(tiny_dirs / "target")
     outputs = []
-    for extra in (["--no-speculative"], ["--draft", t, "--tree", "8", "--tree-depth", "3", "--tree-topk", "2"],
+    for extra in (["--no-speculative"],
+                  ["--draft", t, "--tree", "8", "--tree-depth", "3", "--tree-topk", "2"],
                   ["--draft", t, "--tree", "8", "--gamma", "auto"]):
-        code, out, _ = _run(["generate", "t1 t2", "--target", t, "--max-new-tokens", "12", "--json", "--no-warmup",
-                             *extra], capsys)
+        code, out, _ = _run(["generate", "t1 t2", "--target", t, "--max-new-tokens", "12", "--json",
+                             "--no-warmup", *extra], capsys)
         assert code == 0
         outputs.append(json.loads(out))
     assert outputs[1]["token_ids"] == outputs[0]["token_ids"] == outputs[2]["token_ids"]
-    assert outputs[1]["stats"]["drafted"] > outputs[1]["stats"]["steps"]  # more than one node per pass
+    # more than one node per pass
+    assert outputs[1]["stats"]["drafted"] > outputs[1]["stats"]["steps"]
 
 
 def test_the_vocabulary_check_reads_each_tokenizer_once(monkeypatch):
@@ -126,7 +131,8 @@ def test_the_vocabulary_check_reads_each_tokenizer_once(monkeypatch):
     reads = []
     for model in (target, draft):
         real = model.tokenizer.get_vocab
-        monkeypatch.setattr(model.tokenizer, "get_vocab", lambda real=real: reads.append(1) or real())
+        monkeypatch.setattr(model.tokenizer, "get_vocab",
+                            lambda real=real: reads.append(1) or real())
     for _ in range(3):
         check_compatible(draft, target)
     assert len(reads) == 2

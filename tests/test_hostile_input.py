@@ -34,7 +34,8 @@ def _cut(path, keep):
 
 BROKEN = {  # name -> how a good folder is broken
     "only config.json": lambda d: [p.unlink() for p in d.iterdir() if p.name != "config.json"],
-    "no tokenizer": lambda d: [(d / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")],
+    "no tokenizer": lambda d: [(d / n).unlink()
+                               for n in ("tokenizer.json", "tokenizer_config.json")],
     "no weights": lambda d: (d / "model.safetensors").unlink(),
     "config null": lambda d: (d / "config.json").write_text("null"),
     "config a list": lambda d: (d / "config.json").write_text("[1, 2]"),
@@ -49,11 +50,16 @@ BROKEN = {  # name -> how a good folder is broken
     "tokenizer.json not a tokenizer": lambda d: (d / "tokenizer.json").write_text("{}"),
     "generation_config.json null": lambda d: (d / "generation_config.json").write_text("null"),
 }
-NEEDLES = {"only config.json": "no tokenizer", "no tokenizer": "no tokenizer", "no weights": "holds no weights",
-           "config null": "holds null, not a JSON object", "config a list": "holds a list, not a JSON object",
-           "truncated weights": "not a readable safetensors file", "empty weights": "not a readable safetensors",
-           "random weights": "not a readable safetensors file", "hidden size": "do not match its config.json",
-           "vocabulary": "the config says 40x32", "heads do not divide": "not a multiple of the number of attention",
+NEEDLES = {"only config.json": "no tokenizer", "no tokenizer": "no tokenizer",
+           "no weights": "holds no weights", "config null": "holds null, not a JSON object",
+           "config a list": "holds a list, not a JSON object", "truncated weights": "not a "
+                                                                                    "readable "
+                                                                                    "safetensors "
+                                                                                    "file",
+           "empty weights": "not a readable safetensors", "random weights": "not a readable "
+                                                                            "safetensors file",
+           "hidden size": "do not match its config.json", "vocabulary": "the config says 40x32",
+           "heads do not divide": "not a multiple of the number of attention",
            "zero layers": "num_hidden_layers must be a positive integer",
            "a BERT config": "does not hold the weights of its config's architecture",
            "tokenizer.json not a tokenizer": "is not a readable tokenizer",
@@ -71,7 +77,8 @@ def root(tmp_path_factory):
         breaks(root / name)
     (root / "prompts.txt").write_text("t1 t2\nt3 t4\n")
     rng = random.Random(0)
-    (root / "text.txt").write_text("\n\n".join(" ".join(f"t{rng.randrange(32)}" for _ in range(60)) for _ in range(10)))
+    (root / "text.txt").write_text("\n\n".join(" ".join(f"t{rng.randrange(32)}" for _ in range(60))
+                                               for _ in range(10)))
     return root
 
 
@@ -90,7 +97,7 @@ def _refused(args, capsys, needle: str) -> str:
     return err
 
 
-# ------------------------------------------------------------------ 1. broken local model folders
+# -------------------------------------------------------- 1. broken local model folders
 
 
 @pytest.mark.parametrize("broken", sorted(BROKEN))
@@ -103,8 +110,8 @@ COMMANDS = {  # each place a model folder is given; B is the broken folder, G a 
     "--target": ["generate", "t1", "--target", "B", *MODEL_ARGS],
     "--draft": ["generate", "t1", "--target", "G", "--draft", "B", *MODEL_ARGS],
     "quantize": ["quantize", "B", "int8", "--out", "{tmp}/q"],
-    "distill --from": ["distill", "--target", "G", "--from", "B", "--out", "{tmp}/d", "--prompts", "--texts",
-                       "{root}/prompts.txt"],
+    "distill --from": ["distill", "--target", "G", "--from", "B", "--out", "{tmp}/d", "--prompts",
+                       "--texts", "{root}/prompts.txt"],
     "calibrate": ["calibrate", "B", "--target", "G", "--out", "{tmp}/c"],
     "compare": ["compare", "G", "B"],
     "serve --target": ["serve", "--target", "B", "--port", "0"],
@@ -113,7 +120,8 @@ COMMANDS = {  # each place a model folder is given; B is the broken folder, G a 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("broken", ["truncated weights", "vocabulary", "config null"])
-def test_every_command_refuses_a_broken_folder_the_same_way(command, broken, root, tmp_path, cache, capsys):
+def test_every_command_refuses_a_broken_folder_the_same_way(command, broken, root, tmp_path,
+                                                            cache, capsys):
     names = {"B": str(root / broken), "G": str(root / "good")}
     args = [names.get(a, a.format(root=root, tmp=tmp_path)) for a in COMMANDS[command]]
     _refused(args, capsys, NEEDLES[broken])
@@ -130,37 +138,47 @@ def test_a_good_folder_of_another_architecture_still_loads(tmp_path, capsys):
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, attention_bias=True)
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         attention_bias=True)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "biased")
     tiny_tokenizer(32).save_pretrained(tmp_path / "biased")
     capsys.readouterr()
-    assert main(["generate", "t1 t2", "--target", str(tmp_path / "biased"), "--json", *MODEL_ARGS]) == 0
-    lines = capsys.readouterr().err.splitlines()  # the note that says why, and maybe that kernels were compiled
-    assert any(line.endswith("runs on transformers, without specq's kernels: attention biases beyond q/k/v "
-                              "(attention_bias)") for line in lines), lines
-    assert all("runs on transformers" in line or "compiling specq's CPU kernels" in line for line in lines), lines
+    assert (main(["generate", "t1 t2", "--target", str(tmp_path / "biased"), "--json", *MODEL_ARGS])
+            == 0)
+    # the note that says why, and maybe that kernels were compiled
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.endswith("runs on transformers, without specq's kernels: attention biases "
+                             "beyond q/k/v "
+                             "(attention_bias)") for line in lines), lines
+    assert all("runs on transformers" in line or "compiling specq's CPU kernels" in line
+               for line in lines), lines
 
 
-# ------------------------------------------------------------------ 2. bad input that was accepted
+# -------------------------------------------------------- 2. bad input that was accepted
 
 
 def test_bad_input_that_ran_with_exit_0_is_refused(root, tmp_path, cache, capsys):
-    _refused(["generate", "t1", "--target", f"{root / 'good'}@", *MODEL_ARGS], capsys, "no precision after it")
+    _refused(["generate", "t1", "--target", f"{root / 'good'}@", *MODEL_ARGS], capsys,
+             "no precision after it")
     _refused(["generate", "t1", "--target", root / "good", "--draft", "self@", *MODEL_ARGS], capsys,
              "'self@' ends in '@'")
     assert not cache.exists()
     # a BERT config over Llama weights: transformers would initialize BERT's weights at random
-    err = _refused(["generate", "t1", "--target", root / "a BERT config", *MODEL_ARGS], capsys, "weights missing")
+    err = _refused(["generate", "t1", "--target", root / "a BERT config", *MODEL_ARGS], capsys,
+                   "weights missing")
     assert "newly initialized" not in err
     # a feature draft's head larger than the vocabulary (32 tokens)
-    _refused(["distill", "--target", root / "good", "--arch", "feature", "--head-vocab", 1000, "--out", tmp_path / "f",
-              "--prompts", "--texts", root / "prompts.txt"], capsys, "more than the 32 tokens")
+    _refused(["distill", "--target", root / "good", "--arch", "feature", "--head-vocab", 1000,
+              "--out", tmp_path / "f", "--prompts", "--texts", root / "prompts.txt"], capsys,
+             "more than the 32 tokens")
     # --resume with nothing to resume
-    _refused(["distill", "--target", root / "good", "--out", tmp_path / "d", "--resume", "--prompts", "--texts",
-              root / "prompts.txt"], capsys, "nothing to resume")
-    _refused(["calibrate", root / "draft", "--target", root / "good", "--out", tmp_path / "c", "--resume"], capsys,
+    _refused(["distill", "--target", root / "good", "--out", tmp_path / "d", "--resume",
+              "--prompts", "--texts", root / "prompts.txt"], capsys, "nothing to resume")
+    _refused(["calibrate", root / "draft", "--target", root / "good", "--out", tmp_path / "c",
+              "--resume"], capsys,
              "no unfinished calibration")
-    # more prompts than the set holds, refused as `compare --chunks` refuses more chunks than there are
+    # more prompts than the set holds, refused as `compare --chunks` refuses more
+    # chunks than there are
     (tmp_path / "c.toml").write_text(f'targets = ["{root / "good"}"]\nprompts = 1000000000\n'
                                      f'results = "{tmp_path / "r.jsonl"}"\n')
     _refused(["bench", tmp_path / "c.toml"], capsys, "fewer than the 1000000000 asked for")
@@ -180,21 +198,23 @@ def test_report_refuses_rows_without_numbers_instead_of_claiming_failures(tmp_pa
     results = tmp_path / "r.jsonl"
     for broken in ({"token_ids": None}, {"token_ids": [None, None]}, {"stats": None},
                    {"stats": {**run["stats"], "decode_s": None}}):
-        results.write_text(json.dumps(head) + "\n" + json.dumps({**cell, "runs": [run | broken]}) + "\n")
+        results.write_text(json.dumps(head) + "\n" + json.dumps({**cell, "runs": [run | broken]})
+                           + "\n")
         _refused(["report", results, "--out", tmp_path / "x"], capsys, "a row without its data")
         assert not (tmp_path / "x.md").exists()
 
 
-# ------------------------------------------------------------------ 3. calibration windows over the context
+# -------------------------------------------------------- 3. calibration windows over the context
 
 
 def test_quantize_refuses_windows_longer_than_the_context(root, tmp_path, capsys):
-    _refused(["quantize", root / "good", "int4-g32-gptq", "--out", tmp_path / "q", "--calib-len", 100000], capsys,
+    _refused(["quantize", root / "good", "int4-g32-gptq", "--out", tmp_path / "q", "--calib-len",
+              100000], capsys,
              "do not fit the model's context of 512 tokens")
     assert not (tmp_path / "q").exists()
 
 
-# ------------------------------------------------------------------ 4. a refused results file is left alone
+# -------------------------------------------------------- 4. a refused results file is left alone
 
 
 @pytest.mark.parametrize("garbage", [os.urandom(3000), b"\x00not json, and no newline" * 40,
@@ -207,19 +227,22 @@ def test_bench_leaves_a_results_file_it_refuses_byte_identical(garbage, tmp_path
     assert results.read_bytes() == garbage
 
 
-# ------------------------------------------------------------------ 5. the registry changes only when asked
+# -------------------------------------------------------- 5. the registry changes only when asked
 
 
 def test_the_registry_changes_only_on_request_and_can_be_inspected(root, tmp_path, cache, capsys):
     target, draft = str(root / "good"), str(root / "draft")
-    tiny = ["--prompts", "2", "--held-out", "1", "--steps", "2", "--max-new-tokens", "4", "--threads", "1"]
-    assert main(["calibrate", draft, "--target", f"{target}@int8", "--out", str(tmp_path / "scratch"), *tiny]) == 0
+    tiny = ["--prompts", "2", "--held-out", "1", "--steps", "2", "--max-new-tokens", "4",
+            "--threads", "1"]
+    assert main(["calibrate", draft, "--target", f"{target}@int8", "--out",
+                 str(tmp_path / "scratch"), *tiny]) == 0
     assert "not registered" in capsys.readouterr().out
-    assert registry.read(registry.user_dir()) == []  # a scratch experiment changes nothing later runs pick
+    # a scratch experiment changes nothing later runs pick
+    assert registry.read(registry.user_dir()) == []
     assert main(["drafts", "which", f"{target}@int8"]) == 0
     assert capsys.readouterr().out.startswith("none (plain decoding)")
-    assert main(["calibrate", draft, "--target", f"{target}@int8", "--out", str(tmp_path / "kept"), "--register",
-                 *tiny]) == 0
+    assert main(["calibrate", draft, "--target", f"{target}@int8", "--out", str(tmp_path / "kept"),
+                 "--register", *tiny]) == 0
     assert main(["drafts", "which", f"{target}@int8"]) == 0
     assert capsys.readouterr().out.splitlines()[-2] == str((tmp_path / "kept").resolve())
     # registered for int8, it never stands in for another precision
@@ -227,9 +250,11 @@ def test_the_registry_changes_only_on_request_and_can_be_inspected(root, tmp_pat
     assert "used only at those precisions" in capsys.readouterr().out
     assert main(["drafts", "list", "--json"]) == 0
     mine = [r for r in json.loads(capsys.readouterr().out) if r["registry"] == "yours"]
-    assert [(r["target"], r["precision"], r["kind"]) for r in mine] == [(target, "int8", "sequence")]
+    assert ([(r["target"], r["precision"], r["kind"]) for r in mine]
+            == [(target, "int8", "sequence")])
     assert main(["drafts", "show", "kept"]) == 0 and "acceptance_after" in capsys.readouterr().out
-    assert main(["drafts", "add", str(tmp_path / "scratch"), "--target", f"{target}@int4-g32-rtn"]) == 0
+    assert (main(["drafts", "add", str(tmp_path / "scratch"), "--target", f"{target}@int4-g32-rtn"])
+            == 0)
     assert main(["drafts", "remove", "kept"]) == 0
     assert (tmp_path / "kept" / "config.json").is_file()  # the folder stays
     assert [(e.precision, e.draft) for e in registry.read(registry.user_dir())] == [
@@ -237,10 +262,11 @@ def test_the_registry_changes_only_on_request_and_can_be_inspected(root, tmp_pat
     capsys.readouterr()
     _refused(["drafts", "remove", "smollm2-135m-draft"], capsys, "shipped with specq")
     _refused(["drafts", "remove", "nothing-like-it"], capsys, "no draft 'nothing-like-it'")
-    _refused(["drafts", "add", root / "truncated weights", "--target", target], capsys, "not a readable safetensors")
+    _refused(["drafts", "add", root / "truncated weights", "--target", target], capsys,
+             "not a readable safetensors")
 
 
-# ------------------------------------------------------------------ 6. a time budget bounds the whole command
+# -------------------------------------------------------- 6. a time budget bounds the whole command
 
 
 def test_the_budget_stops_teacher_data_between_shards(tmp_path):
@@ -260,7 +286,8 @@ def test_the_budget_stops_teacher_data_between_shards(tmp_path):
     budget = Budget(time.monotonic() + 0.1)
     got = _sharded(tmp_path / "t", list(range(6)), 2, make, "test", budget=budget)
     assert len(got) == 2 and budget.skipped == 2  # the first shard started in time, the others not
-    again = _sharded(tmp_path / "t", list(range(6)), 2, make, "test", budget=Budget(time.monotonic() - 1))
+    again = _sharded(tmp_path / "t", list(range(6)), 2, make, "test",
+                     budget=Budget(time.monotonic() - 1))
     assert len(again) == 2  # cached shards are used whatever the budget
 
 
@@ -277,10 +304,10 @@ def test_distill_trains_on_the_data_the_budget_allowed(root, tmp_path, monkeypat
         return True
 
     monkeypatch.setattr(train.Budget, "allows", one_shard)
-    assert main(["distill", "--target", str(root / "good"), "--out", str(tmp_path / "d"), "--minutes", "5",
-                 "--arch", "1x32", "--steps", "2", "--prompts", str(root / "prompts.txt"), "--texts",
-                 str(root / "text.txt"), "--gen-batch", "1", "--new-tokens", "4", "--seq-len", "16",
-                 "--accept-prompts", "1", "--json"]) == 0
+    assert main(["distill", "--target", str(root / "good"), "--out", str(tmp_path / "d"),
+                 "--minutes", "5", "--arch", "1x32", "--steps", "2", "--prompts",
+                 str(root / "prompts.txt"), "--texts", str(root / "text.txt"), "--gen-batch", "1",
+                 "--new-tokens", "4", "--seq-len", "16", "--accept-prompts", "1", "--json"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["budget"]["teacher_shards_left_out"] == len(calls) - 1 > 0
@@ -288,7 +315,7 @@ def test_distill_trains_on_the_data_the_budget_allowed(root, tmp_path, monkeypat
     assert "the time budget stopped teacher data" in captured.err
 
 
-# ------------------------------------------------------------------ 7. the smaller ones
+# -------------------------------------------------------- 7. the smaller ones
 
 
 def test_the_smaller_ones(root, tmp_path, capsys):
@@ -299,8 +326,10 @@ def test_the_smaller_ones(root, tmp_path, capsys):
                  ["report", root / "prompts.txt", "--out", ""]):
         _refused(args, capsys, "expected a path, got an empty string")
     _refused(["generate", "@"], capsys, "a bare '@' names no prompt file")
-    _refused(["serve", "--precisions", "fp32,", "--port", 0], capsys, "an empty precision in 'fp32,'")
-    _refused(["report", root / "prompts.txt", "--confidence", 1], capsys, "in [0.5, 1)")  # as its help says
+    _refused(["serve", "--precisions", "fp32,", "--port", 0], capsys,
+             "an empty precision in 'fp32,'")
+    # as its help says
+    _refused(["report", root / "prompts.txt", "--confidence", 1], capsys, "in [0.5, 1)")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["report", "--help"])
     assert "[0.5, 1)" in " ".join(capsys.readouterr().out.split())

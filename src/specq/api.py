@@ -5,7 +5,8 @@
     draft = specq.load("path/to/draft")
     out = specq.generate(target, "The capital of France is", draft=draft, gamma=4)
     print(out.text, out.stats.tau)
-    out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))  # its own int8 weights
+    # its own int8 weights
+    out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
     memory = specq.GammaMemory()  # gamma auto's estimates, carried from each run to the next
@@ -55,8 +56,9 @@ class Generation:
                 "target": self.target, "draft": self.draft, "stats": self.stats.to_dict()}
 
 
-def check_options(gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
-                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: list[str] | str | None = None,
+def check_options(gamma: int | str | None = None, max_new_tokens: int = 128,
+                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                  stop: list[str] | str | None = None,
                   draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
                   ) -> tuple[tuple[int, bool], SamplingConfig, list[str] | None]:
     """The options of `generate` that need no model, checked (the CLI calls this before loading):
@@ -88,10 +90,11 @@ def _stop_strings(stop: list[str] | str | None) -> list[str] | None:
     return list(stop)
 
 
-def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, gamma: int | str | None = None,
-             max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int = 0, chat: bool = False, stop: list[str] | None = None,
-             ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
+def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
+             gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
+             stop: list[str] | None = None, ignore_eos: bool = False,
+             draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
              tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
              ) -> Generation:
     """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
@@ -104,15 +107,16 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *, 
     A list of drafts, cheapest first, is a hierarchy: each level verifies what the ones below
     proposed before the target sees it (`drafters/hierarchy.py`). An n-gram draft ("ngram",
     "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
-    prompt and the text so far; its k is then the draft length, and a fixed gamma only its fallback's.
-    `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the default
-    with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it.
+    prompt and the text so far; its k is then the draft length, and a fixed gamma
+    only its fallback's.
+    `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the
+    default with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it.
     `on_tokens`: called with each step's new token ids (streaming); returning False stops the run
     (finish reason 'cancelled')."""
-    sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-                     top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
-                     draft_confidence=draft_confidence, drafter=drafter, tree=tree,
-                     on_tokens=on_tokens, gamma_memory=gamma_memory)
+    sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
+                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
+                     stop=stop, ignore_eos=ignore_eos, draft_confidence=draft_confidence,
+                     drafter=drafter, tree=tree, on_tokens=on_tokens, gamma_memory=gamma_memory)
     run(sequence)
     return finish(sequence, _draft(draft))
 
@@ -126,8 +130,9 @@ def _draft(draft: DraftArg) -> DraftArg:
         return draft
     lookup = ngram_ref(draft)
     if lookup is None:
-        raise SpecqError(f"a draft given as text is an n-gram draft ('{ngram.NAME}', '{ngram.NAME}:n=2-3:k=4'), "
-                         f"not '{draft}': load a model draft with specq.load")
+        raise SpecqError(f"a draft given as text is an n-gram draft ('{ngram.NAME}', "
+                         f"'{ngram.NAME}:n=2-3:k=4'), not '{draft}': load a model draft with "
+                         "specq.load")
     if lookup.fallback is not None:
         raise SpecqError(f"give an n-gram draft's fallback as a loaded model: "
                          f"specq.NgramDraft(..., fallback=specq.load('{lookup.fallback.text}'))")
@@ -135,18 +140,20 @@ def _draft(draft: DraftArg) -> DraftArg:
 
 
 def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
-          gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-          top_p: float = 1.0, seed: int = 0, chat: bool = False, stop: list[str] | None = None,
-          ignore_eos: bool = False, draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
+          gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
+          top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
+          stop: list[str] | None = None, ignore_eos: bool = False,
+          draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
           tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
           ) -> Sequence:
     """`generate` up to the decoding (options checked, prompt encoded, drafter built): a `Sequence`
     to prefill and step with `decode.step`, alone or beside others (the server's batching)."""
     check_target(target)
     gamma = default_gamma(tree, greedy=temperature == 0) if gamma is None else gamma
-    (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                                      draft_confidence)
-    prompt_ids = token_ids(target, prompt) if isinstance(prompt, list) else encode_prompt(target, prompt, chat)
+    (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k,
+                                                      top_p, seed, stop, draft_confidence)
+    prompt_ids = (token_ids(target, prompt)
+                  if isinstance(prompt, list) else encode_prompt(target, prompt, chat))
     if tree is not None:
         gamma = min(gamma, tree.depth) if adaptive else tree.depth
     draft = _draft(draft)
@@ -155,18 +162,21 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
         for level in ngram.draft_models(levels):
             check_compatible(level, target)
         drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma)
-        if isinstance(draft, ngram.NgramDraft):  # its k is the draft length (a fixed gamma its fallback's)
+        # its k is the draft length (a fixed gamma its fallback's)
+        if isinstance(draft, ngram.NgramDraft):
             gamma = draft.longest(gamma)
-    check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens, len(prompt_ids))
+    check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens,
+                  len(prompt_ids))
     # gamma auto starts from the earlier runs (of this target: the caller's memory) with the same
     # draft, as configured and sampled (acceptance follows both), on as many threads (so do the
     # costs)
     memory_key = (f"{_refs(levels)} tree={tree} confidence={draft_confidence} {sampling} "
                   f"threads={torch.get_num_threads()}")
-    return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive, sampling=sampling,
-                    max_new_tokens=max_new_tokens, stop_strings=stop, ignore_eos=ignore_eos,
-                    generator=torch.Generator().manual_seed(seed), on_tokens=on_tokens,
-                    memory=gamma_memory if levels else None, memory_key=memory_key)
+    return Sequence(target, prompt_ids, drafter=drafter, gamma=gamma, adaptive=adaptive,
+                    sampling=sampling, max_new_tokens=max_new_tokens, stop_strings=stop,
+                    ignore_eos=ignore_eos, generator=torch.Generator().manual_seed(seed),
+                    on_tokens=on_tokens, memory=gamma_memory if levels else None,
+                    memory_key=memory_key)
 
 
 def finish(sequence: Sequence, draft: DraftArg) -> Generation:
@@ -175,8 +185,9 @@ def finish(sequence: Sequence, draft: DraftArg) -> Generation:
     text = sequence.target.tokenizer.decode(ids, skip_special_tokens=True)
     if reason == "stop":
         text = trim_at_stop(text, sequence.stopper.stop_strings)
-    return Generation(text=text, token_ids=ids, prompt_ids=sequence.prompt_ids, finish_reason=reason, stats=stats,
-                      target=sequence.target.ref, draft=_refs(_levels(draft)) or None)
+    return Generation(text=text, token_ids=ids, prompt_ids=sequence.prompt_ids,
+                      finish_reason=reason, stats=stats, target=sequence.target.ref,
+                      draft=_refs(_levels(draft)) or None)
 
 
 def _levels(draft: DraftArg) -> list:

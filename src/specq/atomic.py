@@ -51,7 +51,8 @@ def write_text(path: Path | str, text: str) -> None:
 
 def write_dir(target: Path | str, write: Callable[[Path], None]) -> None:
     """Call write(tmp_dir), then swap tmp_dir into place (replacing an existing target). The
-    folder gets the `checks.MARKER` file, so a later run knows specq wrote it (and may replace it)."""
+    folder gets the `checks.MARKER` file, so a later run knows specq wrote it
+    (and may replace it)."""
     from .checks import MARKER
 
     target = Path(target)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .errors import SpecqError
 
-MAX_SEED = 2 ** 63 - 1  # a signed 64-bit integer: torch.Generator.manual_seed and every RNG specq seeds
+# a signed 64-bit integer: torch.Generator.manual_seed and every RNG specq seeds
+MAX_SEED = 2 ** 63 - 1
 MAX_THREADS = 1024  # far above any CPU's cores; OpenMP crashes on much larger pools
 MAX_COUNT = 2 ** 31 - 1  # steps, prompts, tokens, ...: beyond it an int overflows a kernel's int32
 MARKER = ".specq-output"  # written into every folder specq publishes (`atomic.write_dir`)
@@ -61,7 +62,8 @@ def read_text(path: Path | str, what: str = "file") -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise SpecqError(f"{what} '{path}' line {line}: not valid UTF-8 (byte {data[e.start]:#04x})") from None
+        raise SpecqError(f"{what} '{path}' line {line}: not valid UTF-8 (byte "
+                         f"{data[e.start]:#04x})") from None
 
 
 def written_by_specq(path: Path) -> bool:
@@ -82,8 +84,8 @@ def output(path: Path | str, force: bool, what: str = "output", folder: bool = T
         if not force:
             raise SpecqError(f"{what} '{path}' exists: add --force to replace it")
         if folder and not written_by_specq(path):
-            raise SpecqError(f"{what} '{path}' is a folder specq did not write: it is never replaced; "
-                             "choose another path")
+            raise SpecqError(f"{what} '{path}' is a folder specq did not write: it is never "
+                             "replaced; choose another path")
     writable_parent(path, what)
     return path
 
@@ -98,7 +100,8 @@ def writable_parent(path: Path, what: str = "output") -> None:
     try:  # a real write: permission bits do not tell for root, read-only mounts or /proc
         tempfile.TemporaryFile(dir=parent).close()
     except OSError as e:
-        raise SpecqError(f"cannot write {what} '{path}': '{parent}' is not writable ({e.strerror or e})") from None
+        raise SpecqError(f"cannot write {what} '{path}': '{parent}' is not writable "
+                         f"({e.strerror or e})") from None
 
 
 def arg_int(minimum: int = 0, maximum: int = MAX_COUNT):
@@ -109,20 +112,24 @@ def arg_int(minimum: int = 0, maximum: int = MAX_COUNT):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got '{value}'") from None
         if not minimum <= number <= maximum:
-            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum}, got "
+                                             f"{value}")
         return number
     return parse
 
 
 def arg_float(minimum: float = -math.inf, maximum: float = math.inf, below_maximum: bool = False):
-    """An argparse type: a finite number in [minimum, maximum], or [minimum, maximum) with `below_maximum`."""
+    """An argparse type: a finite number in [minimum, maximum], or [minimum, maximum)
+    with `below_maximum`."""
     def parse(value: str) -> float:
         try:
             number = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got '{value}'") from None
-        if not math.isfinite(number) or not minimum <= number <= maximum or (below_maximum and number == maximum):
-            raise argparse.ArgumentTypeError(f"expected a finite number{_within(minimum, maximum, below_maximum)}, "
+        if (not math.isfinite(number) or not minimum <= number <= maximum
+            or (below_maximum and number == maximum)):
+            raise argparse.ArgumentTypeError("expected a finite "
+                                             f"number{_within(minimum, maximum, below_maximum)}, "
                                              f"got '{value}'")
         return number
     return parse

@@ -25,11 +25,14 @@ from .kernels import build as kernel_build
 from .loading.refs import DraftRef, check_ref, draft_ref, model_ref
 from .qad_cli import add_qad_parser
 
-LORA_MAX_RANK = 256  # `distill --lora`: an adapter of a higher rank is no longer small beside its base
+# `distill --lora`: an adapter of a higher rank is no longer small beside its base
+LORA_MAX_RANK = 256
 
-# The names of `specq.backends.BACKENDS` (importing it here would load torch for every `specq --help`)
-BACKEND_HELP = ("what the models run on: kernels (specq's CPU kernels, the default), eager (torch's ops, the "
-                "reference) or compiled (torch.compile of fixed-shape steps, a minute per new shape)")
+# The names of `specq.backends.BACKENDS` (importing it here would load torch for
+# every `specq --help`)
+BACKEND_HELP = ("what the models run on: kernels (specq's CPU kernels, the default), eager "
+                "(torch's ops, the reference) or compiled (torch.compile of fixed-shape steps, a "
+                "minute per new shape)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,11 +52,13 @@ def _gamma(text: str) -> int | str:
         return text
     if text.isdigit() and 1 <= int(text) <= MAX_GAMMA:
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected a whole number in [1, {MAX_GAMMA}] or '{AUTO}', got '{text}'")
+    raise argparse.ArgumentTypeError(f"expected a whole number in [1, {MAX_GAMMA}] or '{AUTO}', "
+                                     f"got '{text}'")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specq", description="Lossless speculative decoding with quantized models.")
+    parser = _Parser(prog="specq",
+                     description="Lossless speculative decoding with quantized models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text, speculatively when a draft is available")
@@ -62,58 +67,67 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None,
                    help="draft model ref (default: the registry's for the target's precision, see "
                         "`specq drafts which`); self@SPEC: the "
-                        "target's own weights at SPEC (e.g. self@int8-head8); REF:window=W: a model draft that "
-                        "reads only the prompt's last W tokens; refs joined by commas, cheapest "
-                        "first: a hierarchy, each level verifying the ones below; "
-                        f"{ngram.NAME}[:n=N|n=MIN-MAX][:k=K]: n-gram lookup in the prompt and the text so far, no "
-                        f"model (match the last N tokens, then fewer down to MIN, propose up to K; default "
-                        f"n={ngram.DEFAULT_N_MIN}-{ngram.DEFAULT_N_MAX}, k={ngram.DEFAULT_K}); {ngram.NAME}+REF: "
-                        "the model REF drafts where nothing matches")
+                        "target's own weights at SPEC (e.g. self@int8-head8); REF:window=W: a "
+                        "model draft that reads only the prompt's last W tokens; refs joined by "
+                        "commas, cheapest first: a hierarchy, each level verifying the ones below; "
+                        f"{ngram.NAME}[:n=N|n=MIN-MAX][:k=K]: n-gram lookup in the prompt and the "
+                        "text so far, no model (match the last N tokens, then fewer down to MIN, "
+                        f"propose up to K; default n={ngram.DEFAULT_N_MIN}-{ngram.DEFAULT_N_MAX}, "
+                        f"k={ngram.DEFAULT_K}); {ngram.NAME}+REF: the model REF drafts where "
+                        "nothing matches")
     g.add_argument("--gamma", type=_gamma, default=None,
-                   help=f"draft tokens per step, or '{DEFAULT_GAMMA}' (the default when greedy; sampling: "
-                        f"{SAMPLING_GAMMA}, so that a seed repeats its output; --tree: the tree's depth): each "
-                        "step's length (0 = plain, up to 4) chosen from measured acceptance and timings")
+                   help=f"draft tokens per step, or '{DEFAULT_GAMMA}' (the default when greedy; "
+                        f"sampling: {SAMPLING_GAMMA}, so that a seed repeats its output; --tree: "
+                        "the tree's depth): each step's length (0 = plain, up to 4) chosen from "
+                        "measured acceptance and timings")
     g.add_argument("--tree", type=arg_int(1, MAX_GAMMA), default=None, metavar="N",
                    help="propose dynamic token trees of up to N nodes (EAGLE-2) instead of chains")
     g.add_argument("--tree-depth", type=arg_int(1, MAX_GAMMA), default=DEFAULT_TREE.depth,
-                   help=f"with --tree: levels per tree (default {DEFAULT_TREE.depth}; --gamma auto chooses "
-                        "each step's depth up to it)")
+                   help=f"with --tree: levels per tree (default {DEFAULT_TREE.depth}; --gamma auto "
+                        "chooses each step's depth up to it)")
     g.add_argument("--tree-topk", type=arg_int(1, MAX_GAMMA), default=DEFAULT_TREE.topk,
                    help=f"with --tree: children per expanded node and nodes expanded per level "
                         f"(default {DEFAULT_TREE.topk})")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128)
     g.add_argument("--draft-confidence", type=_float, default=DEFAULT_DRAFT_CONFIDENCE,
-                   help=f"end a draft early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}, "
-                        "as transformers; 0 = always gamma tokens)")
+                   help="end a draft early below this draft probability (default "
+                        f"{DEFAULT_DRAFT_CONFIDENCE}, as transformers; 0 = always gamma tokens)")
     g.add_argument("--temperature", type=_float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=_nonnegative_int, default=0)
     g.add_argument("--top-p", type=_float, default=1.0)
     g.add_argument("--seed", type=_seed, default=0)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
-    g.add_argument("--no-speculative", action="store_true", help="plain decoding with the target only")
+    g.add_argument("--no-speculative", action="store_true",
+                   help="plain decoding with the target only")
     g.add_argument("--ignore-eos", action="store_true", help="run to --max-new-tokens (benchmarks)")
     g.add_argument("--no-warmup", action="store_true", help="time the first call too")
     g.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
     g.add_argument("--backend", default="kernels", help=BACKEND_HELP)
     g.add_argument("--explain", action="store_true",
-                   help="print what each model runs on (backend, kernel build, the kernel of its linear layers)")
+                   help="print what each model runs on (backend, kernel build, the kernel of its "
+                        "linear layers)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
-    q = sub.add_parser("quantize", help="quantize a model once and save it (safetensors + quant config)")
+    q = sub.add_parser("quantize",
+                       help="quantize a model once and save it (safetensors + quant config)")
     q.add_argument("model", help="model ref (float weights)")
     q.add_argument("spec", help="e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn")
-    q.add_argument("--out", type=arg_path, required=True, help="output directory (written atomically)")
-    q.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
-    q.add_argument("--calib-samples", type=_positive_int, default=32, help="GPTQ/AWQ calibration windows")
+    q.add_argument("--out", type=arg_path, required=True,
+                   help="output directory (written atomically)")
+    q.add_argument("--force", action="store_true",
+                   help="replace --out if it exists (only a folder specq wrote)")
+    q.add_argument("--calib-samples", type=_positive_int, default=32,
+                   help="GPTQ/AWQ calibration windows")
     q.add_argument("--calib-len", type=_positive_int, default=None,
-                   help="tokens per calibration window, at most the model's context (default 512, or the context "
-                        "if shorter)")
+                   help="tokens per calibration window, at most the model's context (default 512, "
+                        "or the context if shorter)")
     q.add_argument("--threads", type=_threads, default=None)
     q.set_defaults(func=cmd_quantize)
 
-    c = sub.add_parser("compare", help="divergence of model B from model A, and predicted acceptance")
+    c = sub.add_parser("compare",
+                       help="divergence of model B from model A, and predicted acceptance")
     c.add_argument("a", help="model ref A (e.g. the target: smollm2-135m)")
     c.add_argument("b", help="model ref B (e.g. smollm2-135m@int4-g128-gptq, or a draft)")
     c.add_argument("--chunks", type=_positive_int, default=16, help="held-out text chunks")
@@ -123,107 +137,142 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--temperature", type=_float, default=1.0)
     c.add_argument("--threads", type=_threads, default=None)
     c.add_argument("--backend", default="kernels",
-                   help=BACKEND_HELP + "; both models (what specq's kernels change: compare kernels with eager)")
+                   help=BACKEND_HELP + "; both models (what specq's kernels change: compare "
+                                       "kernels with eager)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)
 
     k = sub.add_parser("calibrate", help="fine-tune a draft on a (quantized) target's own outputs")
-    k.add_argument("draft", help="the draft to calibrate (a local model directory or built-in name)")
-    k.add_argument("--target", required=True, help="target ref with its precision, e.g. smollm2-135m@int4-g64-gptq")
-    k.add_argument("--prompts", type=_positive_int, default=48, help="training prompts the target answers")
-    k.add_argument("--held-out", type=_positive_int, default=8, help="held-out prompts for before/after acceptance")
+    k.add_argument("draft",
+                   help="the draft to calibrate (a local model directory or built-in name)")
+    k.add_argument("--target", required=True,
+                   help="target ref with its precision, e.g. smollm2-135m@int4-g64-gptq")
+    k.add_argument("--prompts", type=_positive_int, default=48,
+                   help="training prompts the target answers")
+    k.add_argument("--held-out", type=_positive_int, default=8,
+                   help="held-out prompts for before/after acceptance")
     k.add_argument("--steps", type=_positive_int, default=300, help="fine-tuning steps")
     k.add_argument("--max-new-tokens", type=_positive_int, default=128)
     k.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
     k.add_argument("--lr", type=_float, default=5e-4)
     k.add_argument("--gamma", type=arg_int(1, MAX_GAMMA), default=4)
-    k.add_argument("--out", type=arg_path, default=None, help="output directory (default: $SPECQ_CACHE/drafts/...)")
-    k.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
-    k.add_argument("--resume", action="store_true", help="continue the unfinished run for --out from its checkpoint")
+    k.add_argument("--out", type=arg_path, default=None,
+                   help="output directory (default: $SPECQ_CACHE/drafts/...)")
+    k.add_argument("--force", action="store_true",
+                   help="replace --out if it exists (only a folder specq wrote)")
+    k.add_argument("--resume", action="store_true",
+                   help="continue the unfinished run for --out from its checkpoint")
     k.add_argument("--register", action="store_true",
-                   help="add the result to your draft registry for the target's precision, so that generate, bench "
-                        "and serve use it there (default: only saved; see `specq drafts`)")
+                   help="add the result to your draft registry for the target's precision, so that "
+                        "generate, bench and serve use it there (default: only saved; see `specq "
+                        "drafts`)")
     k.add_argument("--threads", type=_threads, default=None)
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=cmd_calibrate)
 
-    d = sub.add_parser("distill", help="train a draft for a target (text + the target's own answers)")
-    d.add_argument("--target", default="smollm2-135m", help="target ref, any precision (default: smollm2-135m)")
+    d = sub.add_parser("distill",
+                       help="train a draft for a target (text + the target's own answers)")
+    d.add_argument("--target", default="smollm2-135m",
+                   help="target ref, any precision (default: smollm2-135m)")
     d.add_argument("--out", type=arg_path, required=True, help="output directory of the draft")
     d.add_argument("--register", action="store_true",
-                   help="add the draft to your draft registry for the target's precision, so that generate, bench "
-                        "and serve use it there (default: only saved; see `specq drafts`)")
-    d.add_argument("--force", action="store_true", help="replace --out if it exists (only a folder specq wrote)")
+                   help="add the draft to your draft registry for the target's precision, so that "
+                        "generate, bench and serve use it there (default: only saved; see `specq "
+                        "drafts`)")
+    d.add_argument("--force", action="store_true",
+                   help="replace --out if it exists (only a folder specq wrote)")
     start = d.add_mutually_exclusive_group()
-    start.add_argument("--from", dest="base", default=None, help="continue from this draft (a local directory)")
+    start.add_argument("--from", dest="base", default=None,
+                       help="continue from this draft (a local directory)")
     start.add_argument("--arch", default="small",
-                       help="shape of a new draft: small (6x256), tiny, LxWIDTH, or feature[:LAYERS] (a feature draft: "
-                            "reads the target's hidden states, EAGLE style)")
+                       help="shape of a new draft: small (6x256), tiny, LxWIDTH, or "
+                            "feature[:LAYERS] (a feature draft: reads the target's hidden states, "
+                            "EAGLE style)")
     d.add_argument("--head-vocab", type=_positive_int, default=None,
-                   help="feature drafts: tokens the output head covers, the most frequent in the training data "
-                        "(default 16384 for a new draft; with --from, narrows the base's head to that many)")
+                   help="feature drafts: tokens the output head covers, the most frequent in the "
+                        "training data (default 16384 for a new draft; with --from, narrows the "
+                        "base's head to that many)")
     d.add_argument("--lora", type=arg_int(1, LORA_MAX_RANK), default=None, metavar="RANK",
-                   help="train a LoRA adapter of this rank on --from (any model ref, e.g. a built-in GGUF draft: "
-                        "its float weights) and save the adapter alone, in peft's format; it loads as a draft, "
-                        "merged into its base (on a GGUF file: into its 4-bit body, gguf-int4)")
-    d.add_argument("--work", type=arg_path, default=None, help="cache and checkpoints (default: OUT.work beside OUT)")
+                   help="train a LoRA adapter of this rank on --from (any model ref, e.g. a "
+                        "built-in GGUF draft: its float weights) and save the adapter alone, in "
+                        "peft's format; it loads as a draft, merged into its base (on a GGUF file: "
+                        "into its 4-bit body, gguf-int4)")
+    d.add_argument("--work", type=arg_path, default=None,
+                   help="cache and checkpoints (default: OUT.work beside OUT)")
     d.add_argument("--resume", action="store_true", help="continue the unfinished run in --work")
     d.add_argument("--texts", nargs="*", default=["shakespeare"],
-                   help="text sources: shakespeare, or .txt / .jsonl files ('text' field); none: --texts")
+                   help="text sources: shakespeare, or .txt / .jsonl files ('text' field); none: "
+                        "--texts")
     d.add_argument("--prompts", nargs="*", default=["chat"],
-                   help="prompt sources the target answers: chat, synthetic:N (or synthetic:A-B, a later slice of "
-                        "the same list), or files (one per line / .jsonl 'prompt' field); none: --prompts")
+                   help="prompt sources the target answers: chat, synthetic:N (or synthetic:A-B, a "
+                        "later slice of the same list), or files (one per line / .jsonl 'prompt' "
+                        "field); none: --prompts")
     d.add_argument("--temperatures", nargs="+", type=arg_float(0, 100), default=[0.0],
                    help="one target answer per prompt per temperature (0 = greedy)")
-    d.add_argument("--new-tokens", type=_positive_int, default=128, help="length of the target's answers")
-    d.add_argument("--text-windows", type=_positive_int, default=160, help="training windows of text")
+    d.add_argument("--new-tokens", type=_positive_int, default=128,
+                   help="length of the target's answers")
+    d.add_argument("--text-windows", type=_positive_int, default=160,
+                   help="training windows of text")
     d.add_argument("--seq-len", type=arg_int(16), default=256, help="tokens per text window")
     d.add_argument("--steps", type=_nonnegative_int, default=2000,
-                   help="training steps (0: no training, e.g. only narrow a base's head, then measure and export)")
+                   help="training steps (0: no training, e.g. only narrow a base's head, then "
+                        "measure and export)")
     d.add_argument("--minutes", type=_float, default=None,
-                   help="time budget of the whole command: teacher data takes at most half of it (training uses the "
-                        "shards made by then), training the rest less the final measurements")
+                   help="time budget of the whole command: teacher data takes at most half of it "
+                        "(training uses the shards made by then), training the rest less the final "
+                        "measurements")
     d.add_argument("--loss", default="mix:0.5", help="kl, tv or mix:W ((1-W)*KL + W*TV)")
     d.add_argument("--lr", type=_float, default=2e-3)
     d.add_argument("--batch", type=_positive_int, default=8)
-    d.add_argument("--eval-every", type=_positive_int, default=100, help="steps between held-out evaluations")
+    d.add_argument("--eval-every", type=_positive_int, default=100,
+                   help="steps between held-out evaluations")
     d.add_argument("--checkpoint-every", type=_positive_int, default=50)
-    d.add_argument("--gen-batch", type=_positive_int, default=48, help="prompts answered at once (one shard)")
+    d.add_argument("--gen-batch", type=_positive_int, default=48,
+                   help="prompts answered at once (one shard)")
     d.add_argument("--accept-prompts", type=_nonnegative_int, default=10,
                    help="held-out chat prompts for the final speculative runs (0: skip)")
     d.add_argument("--gamma", type=arg_int(1, MAX_GAMMA), default=4)
-    d.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="dtype of the saved draft")
+    d.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="dtype of the saved draft")
     d.add_argument("--compute", choices=["fp32", "bf16"], default="fp32",
-                   help="training's matrix products: fp32, or bf16 under autocast (faster on CPUs with AVX-512 "
-                        "BF16, slower on others)")
+                   help="training's matrix products: fp32, or bf16 under autocast (faster on CPUs "
+                        "with AVX-512 BF16, slower on others)")
     d.add_argument("--seed", type=_seed, default=0)
     d.add_argument("--threads", type=_threads, default=None)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_distill)
 
-    s = sub.add_parser("serve", help="an OpenAI-compatible server: a target at several precisions, each with its draft")
-    s.add_argument("--target", default="smollm2-135m", help="model ref without @spec (default: smollm2-135m)")
+    s = sub.add_parser("serve", help="an OpenAI-compatible server: a target at several precisions, "
+                                     "each with its draft")
+    s.add_argument("--target", default="smollm2-135m",
+                   help="model ref without @spec (default: smollm2-135m)")
     s.add_argument("--precisions", type=_precisions, default=("fp32",),
-                   help="comma-separated precisions to serve, e.g. fp32,int4-g64-rtn-head8 (default: fp32); "
-                        "requests name one as model 'TARGET@PRECISION', the bare TARGET is the first")
+                   help="comma-separated precisions to serve, e.g. fp32,int4-g64-rtn-head8 "
+                        "(default: fp32); requests name one as model 'TARGET@PRECISION', the bare "
+                        "TARGET is the first")
     s.add_argument("--draft", default=None,
-                   help=f"one draft for every precision (default: the registry's for each); {ngram.NAME}[:n=N][:k=K] "
-                        f"or {ngram.NAME}+REF as for generate")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    s.add_argument("--port", type=arg_int(0, 65535), default=8000, help="port (default 8000; 0: any free port)")
+                   help="one draft for every precision (default: the registry's for each); "
+                        f"{ngram.NAME}[:n=N][:k=K] or {ngram.NAME}+REF as for generate")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default: 127.0.0.1, this machine only)")
+    s.add_argument("--port", type=arg_int(0, 65535), default=8000,
+                   help="port (default 8000; 0: any free port)")
     s.add_argument("--api-key", default=os.environ.get("SPECQ_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $SPECQ_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: "
+                        "$SPECQ_API_KEY, else none)")
     s.add_argument("--queue", type=arg_int(1, 100_000), default=16,
-                   help="requests waiting per served model beyond the running ones; more get 429 (default 16)")
+                   help="requests waiting per served model beyond the running ones; more get 429 "
+                        "(default 16)")
     s.add_argument("--max-batch", type=arg_int(1, 256), default=16,
-                   help="requests per served model decoded together, one target pass per step for all "
-                        "(default 16; 1: one at a time)")
+                   help="requests per served model decoded together, one target pass per step for "
+                        "all (default 16; 1: one at a time)")
     s.add_argument("--spec-max-batch", type=arg_int(0, 256), default=None,
-                   help="speculate only in steps of at most this many requests; a larger step decodes "
-                        "plainly, lossless either way (default 2, from the measurements in "
+                   help="speculate only in steps of at most this many requests; a larger step "
+                        "decodes plainly, lossless either way (default 2, from the measurements in "
                         "docs/performance.md; 256: always speculate, 0: never)")
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
-                   help="seconds from a request's arrival to its last token; later ones are cancelled (default 600)")
+                   help="seconds from a request's arrival to its last token; later ones are "
+                        "cancelled (default 600)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
     s.set_defaults(func=cmd_serve)
 
@@ -237,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _precisions(text: str) -> tuple[str, ...]:
     specs = tuple(p.strip() for p in text.split(","))
     if not all(specs):
-        raise argparse.ArgumentTypeError(f"an empty precision in '{text}' (give e.g. fp32,int4-g64-rtn-head8)")
+        raise argparse.ArgumentTypeError(f"an empty precision in '{text}' (give e.g. "
+                                         "fp32,int4-g64-rtn-head8)")
     return specs
 
 
@@ -250,11 +300,13 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(args.threads)
     if model_ref(checks.text("--target", args.target)).has_spec:
         raise SpecqError("give the target without @spec; list precisions with --precisions")
-    if args.api_key is not None and (not args.api_key.strip() or any(c.isspace() for c in args.api_key)):
+    if (args.api_key is not None
+        and (not args.api_key.strip() or any(c.isspace() for c in args.api_key))):
         raise SpecqError("--api-key must be a non-empty string without spaces")
     given = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
-    config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft, api_key=args.api_key,
-                         queue=args.queue, timeout_s=args.timeout, max_batch=args.max_batch, **given)
+    config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft,
+                         api_key=args.api_key, queue=args.queue, timeout_s=args.timeout,
+                         max_batch=args.max_batch, **given)
     sock = bind(args.host, args.port)  # before the models load
     run(build_app(config), sock)
     return 0
@@ -305,9 +357,11 @@ def cmd_generate(args) -> int:
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
         api.generate(target, prompt, draft, max_new_tokens=min(8, args.max_new_tokens), **options)
     out = api.generate(target, prompt, draft, max_new_tokens=args.max_new_tokens, **options)
-    compile_s = sum(getattr(m.runner, "compile_s", 0.0) for m in models) if args.backend == "compiled" else None
+    compile_s = (sum(getattr(m.runner, "compile_s", 0.0) for m in models)
+                 if args.backend == "compiled" else None)
     if args.json:
-        print(json.dumps(out.to_dict() | {"compile_s": compile_s, "draft_note": note, "backends": explained}))
+        print(json.dumps(out.to_dict() | {"compile_s": compile_s, "draft_note": note,
+                                          "backends": explained}))
     else:
         if args.explain:
             print_backends(explained)
@@ -315,7 +369,8 @@ def cmd_generate(args) -> int:
         if note:
             print(f"note: {note}")
         if compile_s is not None:
-            print(f"torch.compile: {compile_s:.1f} s compiling step shapes (excluded from the timings above"
+            print(f"torch.compile: {compile_s:.1f} s compiling step shapes (excluded from the "
+                  "timings above"
                   f"{'' if not args.no_warmup else ' only where the warm-up paid it'})")
     return 0
 
@@ -328,13 +383,14 @@ def _tree(args, draft: DraftRef | None) -> TreeShape | None:
 
 
 def _decode_gamma(args, draft: DraftRef | None) -> int | str:
-    """--gamma, or its default; with --tree a tree's depth is --tree-depth, with an n-gram draft alone
-    its length is its k, and only 'auto' may be given with either."""
+    """--gamma, or its default; with --tree a tree's depth is --tree-depth, with an n-gram draft
+    alone its length is its k, and only 'auto' may be given with either."""
     if args.tree and args.gamma not in (None, AUTO):
-        raise SpecqError(f"with --tree the depth is --tree-depth, not --gamma (only --gamma {AUTO} goes with --tree)")
+        raise SpecqError(f"with --tree the depth is --tree-depth, not --gamma (only --gamma {AUTO} "
+                         "goes with --tree)")
     if draft is not None and draft.lookup_alone and args.gamma not in (None, AUTO):
-        raise SpecqError(f"an n-gram draft's length is its k ({ngram.NAME}:k=N), not --gamma (only --gamma {AUTO} "
-                         "goes with it)")
+        raise SpecqError(f"an n-gram draft's length is its k ({ngram.NAME}:k=N), not --gamma (only "
+                         f"--gamma {AUTO} goes with it)")
     return args.gamma  # None: the default (drafters.base.default_gamma)
 
 
@@ -409,24 +465,29 @@ def _training_options(args) -> None:
 
 def cmd_calibrate(args) -> int:
     from .loading.kinds import load
-    from .training.calibrate import CalibrationSettings, calibrate, check_output, default_out, ref_precision
+    from .training.calibrate import (CalibrationSettings, calibrate, check_output, default_out,
+                                     ref_precision)
 
     _training_options(args)
-    settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out, max_new_tokens=args.max_new_tokens,
-                                   steps=args.steps, loss=args.loss, lr=args.lr, gamma=args.gamma)
+    settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out,
+                                   max_new_tokens=args.max_new_tokens, steps=args.steps,
+                                   loss=args.loss, lr=args.lr, gamma=args.gamma)
     out = args.out or default_out(args.draft, ref_precision(args.target))
     check_output(out, args.force, args.resume)  # before the models load
     check_ref(args.target)
     check_ref(args.draft)
-    target, draft = load(args.target, backend=None), load(args.draft, backend=None)  # the draft is trained
-    report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume, register=args.register)
+    # the draft is trained
+    target, draft = load(args.target, backend=None), load(args.draft, backend=None)
+    report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume,
+                       register=args.register)
     if args.json:
         print(json.dumps(report))
     else:
         for when in ("before", "after"):
             a, t = report[when]["acceptance_rate"], report[when]["tau"]
-            print(f"{when:6s} acceptance {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
-                  f"  (gamma {args.gamma}, greedy, {args.held_out} held-out prompts, 95% CI)")
+            print(f"{when:6s} acceptance {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} "
+                  f"[{t[1]:.2f}, {t[2]:.2f}]  (gamma {args.gamma}, greedy, {args.held_out} "
+                  "held-out prompts, 95% CI)")
         print(f"saved {report['draft']}; {_registration(report['registered'], report['target'])}")
     return 0
 
@@ -434,7 +495,8 @@ def cmd_calibrate(args) -> int:
 def _registration(registered: bool, target: str) -> str:
     if registered:
         return f"registered for {target} in your draft registry (`specq drafts list`)"
-    return f"not registered: add --register, or `specq drafts add DRAFT --target {target}`, to make it {target}'s draft"
+    return (f"not registered: add --register, or `specq drafts add DRAFT --target {target}`, to "
+            f"make it {target}'s draft")
 
 
 def _lora_base(ref: str) -> str:
@@ -445,8 +507,8 @@ def _lora_base(ref: str) -> str:
     if not model_ref(ref).has_spec:
         return f"{ref}@fp32"
     if not precision.is_float(model_ref(ref).spec.strip().lower()):
-        raise SpecqError(f"--lora trains on the float weights of its base: give --from without @, or @fp32 "
-                         f"(not '{ref}')")
+        raise SpecqError("--lora trains on the float weights of its base: give --from without @, "
+                         f"or @fp32 (not '{ref}')")
     return ref
 
 
@@ -470,11 +532,14 @@ def cmd_distill(args) -> int:
     if args.lora is not None and args.base is not None:
         _lora_base(args.base)
     if args.lora is not None and args.head_vocab is not None:
-        raise SpecqError("--head-vocab is for feature drafts, not --lora (narrow an adapter's base at load: @gguf-int4-head32k)")
+        raise SpecqError("--head-vocab is for feature drafts, not --lora (narrow an adapter's base "
+                         "at load: @gguf-int4-head32k)")
     if args.base is None:  # validate before loading anything
         students.check_arch(args.arch)
-        if args.head_vocab is not None and not students.of(students.arch_kind(args.arch)).head_vocab:
-            raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a feature draft)")
+        if (args.head_vocab is not None
+            and not students.of(students.arch_kind(args.arch)).head_vocab):
+            raise SpecqError("--head-vocab is for feature drafts (--arch feature, or --from a "
+                             "feature draft)")
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
     check_run(out, work, args.force, args.resume)
@@ -484,26 +549,30 @@ def cmd_distill(args) -> int:
         check_ref(args.base)
     settings = DistillSettings(
         texts=tuple(args.texts), prompts=tuple(args.prompts), temperatures=tuple(args.temperatures),
-        new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len, steps=args.steps,
-        minutes=args.minutes, loss=args.loss, lr=args.lr, batch=args.batch, eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, accept_prompts=args.accept_prompts,
-        gamma=args.gamma, compute=args.compute, head_vocab=args.head_vocab, lora_rank=args.lora, seed=args.seed,
+        new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len,
+        steps=args.steps, minutes=args.minutes, loss=args.loss, lr=args.lr, batch=args.batch,
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        gen_batch=args.gen_batch, accept_prompts=args.accept_prompts, gamma=args.gamma,
+        compute=args.compute, head_vocab=args.head_vocab, lora_rank=args.lora, seed=args.seed,
         extra={"command": "specq " + shlex.join(args.argv)})
     started = time.monotonic()  # --minutes bounds the command from here, model loading included
     target = load(args.target, backend=None)  # teacher passes read its weights
-    base = load(_lora_base(args.base) if args.lora else args.base, backend=None) if args.base else None
-    report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume, force=args.force,
-                 dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32, register=args.register,
-                 since=started)
+    base = (load(_lora_base(args.base) if args.lora else args.base, backend=None)
+            if args.base else None)
+    report = run(target, out, work, settings, base=base, arch=args.arch, resume=args.resume,
+                 force=args.force, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
+                 register=args.register, since=started)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "history"}))
         return 0
     h = report["held_out"]
-    print(f"held-out (teacher-forced): beta {h['beta']:.3f}  top-1 {h['top1']:.3f}  KL {h['kl']:.3f}")
+    print(f"held-out (teacher-forced): beta {h['beta']:.3f}  top-1 {h['top1']:.3f}  KL "
+          f"{h['kl']:.3f}")
     if report["speculative"]:
         a, t = report["speculative"]["acceptance_rate"], report["speculative"]["tau"]
-        print(f"speculative (greedy, gamma {args.gamma}, {args.accept_prompts} held-out chat prompts): acceptance "
-              f"{a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}] (bonus token included)")
+        print(f"speculative (greedy, gamma {args.gamma}, {args.accept_prompts} held-out chat "
+              f"prompts): acceptance {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}]  tau {t[0]:.2f} "
+              f"[{t[1]:.2f}, {t[2]:.2f}] (bonus token included)")
     c = report["step_ms"]
     print(f"step: draft {c['draft']:.1f} ms / target {c['target']:.1f} ms = {c['ratio']:.3f}")
     print(f"saved {out} ({report['parameters'] / 1e6:.1f}M parameters, {report['dtype']}); "

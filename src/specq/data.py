@@ -19,7 +19,8 @@ HELD_OUT_EVERY = 8  # item i is held out iff i % HELD_OUT_EVERY == 0
 
 def split(items: list, every: int = HELD_OUT_EVERY) -> tuple[list, list]:
     """(train, held_out): every `every`-th item (starting with the first) is held out."""
-    return ([x for i, x in enumerate(items) if i % every], [x for i, x in enumerate(items) if not i % every])
+    return ([x for i, x in enumerate(items) if i % every],
+            [x for i, x in enumerate(items) if not i % every])
 
 
 def _package_dir(name: str) -> Path:
@@ -55,8 +56,9 @@ def user_texts(path: Path | str, field: str = "text") -> list[str]:
     docs = jsonl_field(path, raw, field) if path.suffix == ".jsonl" else raw.split("\n\n")
     docs = [d for d in docs if d.strip()]
     if not docs:
-        raise SpecqError(f"'{path}' holds no text" + (f" (no non-empty '{field}' field)" if path.suffix == ".jsonl"
-                                                      else ""))
+        raise SpecqError(f"'{path}' holds no text"
+                         + (f" (no non-empty '{field}' field)" if path.suffix == ".jsonl"
+                            else ""))
     return docs
 
 
@@ -71,11 +73,13 @@ def jsonl_field(path: Path, raw: str, field: str) -> list[str]:
         except json.JSONDecodeError as e:
             raise SpecqError(f"{path} line {number}: not valid JSON ({e.msg})") from None
         if not isinstance(record, dict):
-            raise SpecqError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}")
+            raise SpecqError(f"{path} line {number}: expected a JSON object, got "
+                             f"{type(record).__name__}")
         if field not in record:
             raise SpecqError(f"{path} line {number}: no '{field}' field")
         if not isinstance(record[field], str):
-            raise SpecqError(f"{path} line {number}: '{field}' must be a string, got {type(record[field]).__name__}")
+            raise SpecqError(f"{path} line {number}: '{field}' must be a string, got "
+                             f"{type(record[field]).__name__}")
         out.append(record[field])
     return out
 
@@ -227,36 +231,52 @@ CHAT_PROMPTS: list[str] = [
     "Write a Python script that prints the multiplication table from 1 to 10.",
     "What does 'git commit' do?",
     # math word problems (GSM8K style, written for this list)
-    "Maria has 12 apples. She gives 3 to her brother and buys 5 more. How many apples does she have now?",
+    "Maria has 12 apples. She gives 3 to her brother and buys 5 more. How many apples does she "
+    "have now?",
     "A train travels 60 miles per hour for 3 hours. How far does it go?",
     "Tom buys 4 notebooks at $2.50 each and a pen for $1.20. How much does he spend?",
     "A baker makes 48 cookies and packs them into boxes of 6. How many boxes does he fill?",
     "Sara reads 15 pages a day. How many days does she need to finish a 240-page book?",
     "A garden is 8 meters long and 5 meters wide. What is its area?",
-    "Jake had $50. He spent a fifth of it on lunch and $12 on a movie ticket. How much money is left?",
+    "Jake had $50. He spent a fifth of it on lunch and $12 on a movie ticket. How much money is "
+    "left?",
     "There are 24 students in a class and 3/8 of them are boys. How many girls are there?",
     "A shirt costs $40 and is on sale for 25% off. What is the sale price?",
-    "Lena runs 3 kilometers every morning and 2 kilometers every evening. How far does she run in a week?",
-    "A farmer has 15 cows and each cow gives 9 liters of milk a day. How many liters does he get in 4 days?",
+    "Lena runs 3 kilometers every morning and 2 kilometers every evening. How far does she run in "
+    "a week?",
+    "A farmer has 15 cows and each cow gives 9 liters of milk a day. How many liters does he get "
+    "in 4 days?",
     "Ben is twice as old as his sister. His sister is 7. How old will Ben be in 5 years?",
     "A box holds 36 pencils. A teacher buys 5 boxes and gives out 97 pencils. How many are left?",
-    "A car uses 6 liters of fuel per 100 kilometers. How much fuel does it need for 350 kilometers?",
+    "A car uses 6 liters of fuel per 100 kilometers. How much fuel does it need for 350 "
+    "kilometers?",
     "Emma saves $8 a week. How many weeks does it take her to save $120?",
-    "A pizza is cut into 12 slices. Four friends each eat 2 slices. What fraction of the pizza is left?",
+    "A pizza is cut into 12 slices. Four friends each eat 2 slices. What fraction of the pizza is "
+    "left?",
     "A store sells pens in packs of 3 for $4. How much do 18 pens cost?",
-    "The temperature was 4 degrees in the morning and rose by 3 degrees every hour for 5 hours. What was the temperature then?",
-    "A school bus has 11 rows with 4 seats each. If 37 children are on the bus, how many seats are empty?",
-    "Mike earns $15 an hour and works 6 hours a day, 5 days a week. How much does he earn in a week?",
+    "The temperature was 4 degrees in the morning and rose by 3 degrees every hour for 5 hours. "
+    "What was the temperature then?",
+    "A school bus has 11 rows with 4 seats each. If 37 children are on the bus, how many seats are "
+    "empty?",
+    "Mike earns $15 an hour and works 6 hours a day, 5 days a week. How much does he earn in a "
+    "week?",
     "A rope is 45 meters long. It is cut into pieces of 2.5 meters. How many pieces are there?",
-    "Anna bought 3 kilograms of oranges at $1.80 per kilogram and paid with a $10 bill. How much change did she get?",
-    "A tank holds 200 liters and is filled at 8 liters per minute. How long does it take to fill it?",
-    "Chris has 3 times as many marbles as Dan. Together they have 64. How many marbles does Chris have?",
+    "Anna bought 3 kilograms of oranges at $1.80 per kilogram and paid with a $10 bill. How much "
+    "change did she get?",
+    "A tank holds 200 liters and is filled at 8 liters per minute. How long does it take to fill "
+    "it?",
+    "Chris has 3 times as many marbles as Dan. Together they have 64. How many marbles does Chris "
+    "have?",
     "A recipe needs 250 grams of flour for 10 pancakes. How much flour is needed for 24 pancakes?",
-    "A bookshelf has 5 shelves with 28 books each. Half of the books are novels. How many novels are there?",
-    "Paul walks 4,500 steps in the morning and 6,200 in the afternoon. How many more steps does he need to reach 15,000?",
+    "A bookshelf has 5 shelves with 28 books each. Half of the books are novels. How many novels "
+    "are there?",
+    "Paul walks 4,500 steps in the morning and 6,200 in the afternoon. How many more steps does he "
+    "need to reach 15,000?",
     "A movie starts at 7:45 pm and lasts 2 hours and 20 minutes. When does it end?",
-    "A class collects 320 cans in 4 weeks, the same number each week. How many cans would they collect in 9 weeks?",
-    "Nina's phone plan costs $25 a month plus $0.10 per text. She sends 140 texts. What is her bill?",
+    "A class collects 320 cans in 4 weeks, the same number each week. How many cans would they "
+    "collect in 9 weeks?",
+    "Nina's phone plan costs $25 a month plus $0.10 per text. She sends 140 texts. What is her "
+    "bill?",
     "A rectangle has a perimeter of 30 cm and a length of 9 cm. What is its width?",
     "Sam scored 82, 91 and 76 on three tests. What score does he need on the fourth to average 85?",
     # general knowledge and short answers
@@ -287,7 +307,8 @@ CHAT_PROMPTS: list[str] = [
     "Write a polite email declining a meeting invitation.",
     "Correct the grammar: 'She don't like apples and he have two cat.'",
     "Write a product description for a reusable water bottle.",
-    "Make this sentence shorter: 'In the event that it rains tomorrow, we will have to postpone the picnic until a later date.'",
+    "Make this sentence shorter: 'In the event that it rains tomorrow, we will have to postpone "
+    "the picnic until a later date.'",
     "Write a short speech for a friend's birthday.",
     "Explain the rules of chess in a few sentences.",
     "Write a recipe for a simple tomato pasta.",
@@ -316,7 +337,8 @@ def synthetic_chat_prompts(n: int, seed: int = 0) -> list[str]:
 
     rng = random.Random(seed)
     held_out = set(chat_prompts("held_out"))
-    makers = [_topic_prompt, _topic_prompt, _topic_prompt, _story_prompt, _code_prompt, _math_prompt, _rewrite_prompt]
+    makers = [_topic_prompt, _topic_prompt, _topic_prompt, _story_prompt, _code_prompt,
+              _math_prompt, _rewrite_prompt]
     out: dict[str, None] = {}
     while len(out) < n:
         prompt = rng.choice(makers)(rng)
@@ -326,7 +348,8 @@ def synthetic_chat_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 def _topic_prompt(rng) -> str:
-    return rng.choice(_TOPIC_TEMPLATES).format(topic=rng.choice(_TOPICS), n=rng.choice([3, 4, 5, 6, 7, 8, 10]),
+    return rng.choice(_TOPIC_TEMPLATES).format(topic=rng.choice(_TOPICS),
+                                               n=rng.choice([3, 4, 5, 6, 7, 8, 10]),
                                                who=rng.choice(_AUDIENCES))
 
 
@@ -336,116 +359,295 @@ def _story_prompt(rng) -> str:
 
 
 def _code_prompt(rng) -> str:
-    return rng.choice(_CODE_TEMPLATES).format(lang=rng.choice(["Python", "Python", "JavaScript", "Java", "C", "Go",
-                                                               "Rust", "TypeScript"]),
-                                              task=rng.choice(_CODE_TASKS))
+    return rng.choice(_CODE_TEMPLATES).format(
+        lang=rng.choice(["Python", "Python", "JavaScript", "Java", "C", "Go",
+                         "Rust", "TypeScript"]),
+        task=rng.choice(_CODE_TASKS))
 
 
 def _math_prompt(rng) -> str:
     a, b, c = rng.randint(2, 60), rng.randint(2, 25), rng.randint(2, 12)
-    name = rng.choice(["Ava", "Liam", "Noah", "Mia", "Omar", "Priya", "Jonas", "Kenji", "Rosa", "Ella", "Yusuf", "Leo"])
-    item = rng.choice(["stickers", "marbles", "books", "cupcakes", "stamps", "shells", "cards", "pencils", "tickets"])
-    return rng.choice(_MATH_TEMPLATES).format(name=name, item=item, a=a, b=b, c=c, price=round(rng.uniform(0.5, 20), 2))
+    name = rng.choice(["Ava", "Liam", "Noah", "Mia", "Omar", "Priya", "Jonas", "Kenji", "Rosa",
+                       "Ella", "Yusuf", "Leo"])
+    item = rng.choice(["stickers", "marbles", "books", "cupcakes", "stamps", "shells", "cards",
+                       "pencils", "tickets"])
+    return rng.choice(_MATH_TEMPLATES).format(name=name, item=item, a=a, b=b, c=c,
+                                              price=round(rng.uniform(0.5, 20), 2))
 
 
 def _rewrite_prompt(rng) -> str:
-    return rng.choice(_REWRITE_TEMPLATES).format(thing=rng.choice(_THINGS), topic=rng.choice(_TOPICS),
-                                                 who=rng.choice(_AUDIENCES), place=rng.choice(_PLACES))
+    return rng.choice(_REWRITE_TEMPLATES).format(thing=rng.choice(_THINGS),
+                                                 topic=rng.choice(_TOPICS),
+                                                 who=rng.choice(_AUDIENCES),
+                                                 place=rng.choice(_PLACES))
 
 
 _TOPICS = [
-    "photosynthesis", "black holes", "the water cycle", "volcanoes", "earthquakes", "the immune system", "vaccines",
-    "climate change", "renewable energy", "solar panels", "wind turbines", "electric cars", "the internet",
-    "machine learning", "neural networks", "cryptography", "blockchain", "compound interest", "inflation",
-    "supply and demand", "the stock market", "taxes", "the Roman Empire", "ancient Egypt", "the Renaissance",
-    "the Industrial Revolution", "the French Revolution", "the Cold War", "democracy", "the printing press",
-    "the human brain", "sleep", "nutrition", "exercise", "meditation", "stress", "time management",
-    "public speaking", "learning a language", "playing the piano", "chess", "gardening", "composting",
-    "baking bread", "coffee", "tea", "chocolate", "bees", "dolphins", "octopuses", "elephants", "penguins",
-    "rainforests", "deserts", "coral reefs", "the ocean tides", "the moon", "Mars", "the solar system",
-    "stars", "gravity", "magnets", "electricity", "light", "sound", "rainbows", "clouds", "snow", "lightning",
-    "bridges", "skyscrapers", "airplanes", "trains", "bicycles", "rockets", "satellites", "smartphones",
-    "batteries", "3D printing", "robots", "recycling", "plastic pollution", "honey", "the Olympic Games",
-    "football", "marathons", "friendship", "kindness", "job interviews", "writing a resume", "saving money",
-    "budgeting", "starting a small business", "remote work", "teamwork", "leadership", "negotiation",
-    "critical thinking", "the scientific method", "statistics", "probability", "fractions", "prime numbers",
-    "geometry", "algebra", "calculus", "DNA", "evolution", "dinosaurs", "fossils", "mushrooms", "trees",
-    "the human heart", "the lungs", "bones", "vitamins", "allergies", "dogs as pets", "cats as pets",
-    "birds migrating", "maps", "time zones", "calendars", "money", "banks", "libraries", "museums",
-    "photography", "painting", "poetry", "novels", "movies", "music theory", "jazz", "opera", "video games",
-    "social media", "online privacy", "passwords", "email etiquette", "open source software", "databases",
-    "operating systems", "computer memory", "cloud computing", "the history of computers", "the telephone",
-    "Shakespeare's plays", "Greek mythology", "the pyramids", "castles", "knights", "pirates", "explorers",
+    "photosynthesis",
+    "black holes",
+    "the water cycle",
+    "volcanoes",
+    "earthquakes",
+    "the immune system",
+    "vaccines",
+    "climate change",
+    "renewable energy",
+    "solar panels",
+    "wind turbines",
+    "electric cars",
+    "the internet",
+    "machine learning",
+    "neural networks",
+    "cryptography",
+    "blockchain",
+    "compound interest",
+    "inflation",
+    "supply and demand",
+    "the stock market",
+    "taxes",
+    "the Roman Empire",
+    "ancient Egypt",
+    "the Renaissance",
+    "the Industrial Revolution",
+    "the French Revolution",
+    "the Cold War",
+    "democracy",
+    "the printing press",
+    "the human brain",
+    "sleep",
+    "nutrition",
+    "exercise",
+    "meditation",
+    "stress",
+    "time management",
+    "public speaking",
+    "learning a language",
+    "playing the piano",
+    "chess",
+    "gardening",
+    "composting",
+    "baking bread",
+    "coffee",
+    "tea",
+    "chocolate",
+    "bees",
+    "dolphins",
+    "octopuses",
+    "elephants",
+    "penguins",
+    "rainforests",
+    "deserts",
+    "coral reefs",
+    "the ocean tides",
+    "the moon",
+    "Mars",
+    "the solar system",
+    "stars",
+    "gravity",
+    "magnets",
+    "electricity",
+    "light",
+    "sound",
+    "rainbows",
+    "clouds",
+    "snow",
+    "lightning",
+    "bridges",
+    "skyscrapers",
+    "airplanes",
+    "trains",
+    "bicycles",
+    "rockets",
+    "satellites",
+    "smartphones",
+    "batteries",
+    "3D printing",
+    "robots",
+    "recycling",
+    "plastic pollution",
+    "honey",
+    "the Olympic Games",
+    "football",
+    "marathons",
+    "friendship",
+    "kindness",
+    "job interviews",
+    "writing a resume",
+    "saving money",
+    "budgeting",
+    "starting a small business",
+    "remote work",
+    "teamwork",
+    "leadership",
+    "negotiation",
+    "critical thinking",
+    "the scientific method",
+    "statistics",
+    "probability",
+    "fractions",
+    "prime numbers",
+    "geometry",
+    "algebra",
+    "calculus",
+    "DNA",
+    "evolution",
+    "dinosaurs",
+    "fossils",
+    "mushrooms",
+    "trees",
+    "the human heart",
+    "the lungs",
+    "bones",
+    "vitamins",
+    "allergies",
+    "dogs as pets",
+    "cats as pets",
+    "birds migrating",
+    "maps",
+    "time zones",
+    "calendars",
+    "money",
+    "banks",
+    "libraries",
+    "museums",
+    "photography",
+    "painting",
+    "poetry",
+    "novels",
+    "movies",
+    "music theory",
+    "jazz",
+    "opera",
+    "video games",
+    "social media",
+    "online privacy",
+    "passwords",
+    "email etiquette",
+    "open source software",
+    "databases",
+    "operating systems",
+    "computer memory",
+    "cloud computing",
+    "the history of computers",
+    "the telephone",
+    "Shakespeare's plays",
+    "Greek mythology",
+    "the pyramids",
+    "castles",
+    "knights",
+    "pirates",
+    "explorers",
 ]
-_AUDIENCES = ["a child", "a beginner", "a high school student", "a busy parent", "a retired teacher",
-              "someone who has never heard of it", "a new employee", "a curious teenager"]
+_AUDIENCES = ["a child", "a beginner", "a high school student", "a busy parent",
+              "a retired teacher", "someone who has never heard of it", "a new employee",
+              "a curious teenager"]
 _TOPIC_TEMPLATES = [
     "Explain {topic} in simple terms.", "What is {topic}?", "Explain {topic} to {who}.",
     "Give me {n} interesting facts about {topic}.", "What are the main ideas behind {topic}?",
     "Write a short paragraph about {topic}.", "List {n} common misconceptions about {topic}.",
-    "Why is {topic} important?", "What are the pros and cons of {topic}?", "How would you teach {topic} to {who}?",
-    "Summarize the history of {topic} in a few sentences.", "What questions do people often ask about {topic}?",
-    "Write {n} quiz questions about {topic}, with answers.", "Tell me something surprising about {topic}.",
-    "How does {topic} affect everyday life?", "Describe {topic} in three sentences.",
-    "What should {who} know about {topic}?", "Give me a step-by-step introduction to {topic}.",
+    "Why is {topic} important?", "What are the pros and cons of {topic}?",
+    "How would you teach {topic} to {who}?", "Summarize the history of {topic} in a few sentences.",
+    "What questions do people often ask about {topic}?",
+    "Write {n} quiz questions about {topic}, with answers.",
+    "Tell me something surprising about {topic}.", "How does {topic} affect everyday life?",
+    "Describe {topic} in three sentences.", "What should {who} know about {topic}?", "Give me a "
+                                                                                     "step-by-step "
+                                                                                     "introduction "
+                                                                                     "to {topic}.",
     "Write a short blog post about {topic}.", "Compare {topic} with something from everyday life.",
-    "What are {n} key terms related to {topic}? Define each briefly.", "Write an outline for a talk about {topic}.",
+    "What are {n} key terms related to {topic}? Define each briefly.",
+    "Write an outline for a talk about {topic}.",
 ]
-_HEROES = ["a robot", "a young witch", "an old fisherman", "a talking fox", "a lonely astronaut", "a shy dragon",
-           "a detective", "a baker", "a lighthouse keeper", "a clever girl", "a lost puppy", "a knight",
-           "a grandmother", "a time traveler", "a street musician", "a little cloud", "a pirate captain",
-           "a school teacher", "a mermaid", "an inventor"]
-_PLACES = ["a small village", "a busy city", "the desert", "a snowy mountain", "an island", "a space station",
-           "an old library", "a forest", "a train station", "the bottom of the sea", "a castle", "a farm",
-           "a night market", "a school", "a hospital", "a museum", "a circus", "a bakery"]
-_THINGS = ["a magic map", "a golden key", "a broken clock", "a mysterious letter", "a red umbrella", "a tiny door",
-           "a music box", "a strange seed", "a silver coin", "an old photograph", "a paper boat", "a lantern",
-           "a lost shoe", "a secret recipe", "a talking mirror"]
+_HEROES = ["a robot", "a young witch", "an old fisherman", "a talking fox", "a lonely astronaut",
+           "a shy dragon", "a detective", "a baker", "a lighthouse keeper", "a clever girl",
+           "a lost puppy", "a knight", "a grandmother", "a time traveler", "a street musician",
+           "a little cloud", "a pirate captain", "a school teacher", "a mermaid", "an inventor"]
+_PLACES = ["a small village", "a busy city", "the desert", "a snowy mountain", "an island",
+           "a space station", "an old library", "a forest", "a train station",
+           "the bottom of the sea", "a castle", "a farm", "a night market", "a school",
+           "a hospital", "a museum", "a circus", "a bakery"]
+_THINGS = ["a magic map", "a golden key", "a broken clock", "a mysterious letter", "a red umbrella",
+           "a tiny door", "a music box", "a strange seed", "a silver coin", "an old photograph",
+           "a paper boat", "a lantern", "a lost shoe", "a secret recipe", "a talking mirror"]
 _MOODS = ["funny", "sad", "hopeful", "spooky", "exciting", "gentle", "surprising", "heartwarming"]
 _STORY_TEMPLATES = [
-    "Write a short story about {hero} in {place}.", "Write a {mood} story about {hero} who finds {thing}.",
-    "Tell me a bedtime story about {hero}.", "Write a poem about {hero} and {thing}.",
-    "Describe {place} at night.", "Write the opening paragraph of a {mood} novel set in {place}.",
-    "Write a short dialogue between {hero} and a stranger in {place}.", "Write a haiku about {place}.",
-    "Write a {mood} poem about {place}.", "Write a fable about {hero}, with a moral at the end.",
-    "Write a diary entry by {hero} who just found {thing}.", "Write a short scene where {hero} loses {thing}.",
-    "Write a limerick about {hero}.", "Describe {thing} as if it were alive.",
+    "Write a short story about {hero} in {place}.",
+    "Write a {mood} story about {hero} who finds {thing}.", "Tell me a bedtime story about {hero}.",
+    "Write a poem about {hero} and {thing}.", "Describe {place} at night.",
+    "Write the opening paragraph of a {mood} novel set in {place}.", "Write a short dialogue "
+                                                                     "between {hero} and a "
+                                                                     "stranger in {place}.",
+    "Write a haiku about {place}.", "Write a {mood} poem about {place}.",
+    "Write a fable about {hero}, with a moral at the end.", "Write a diary entry by {hero} who "
+                                                            "just found {thing}.",
+    "Write a short scene where {hero} loses {thing}.", "Write a limerick about {hero}.",
+    "Describe {thing} as if it were alive.",
 ]
 _CODE_TASKS = [
-    "reverses a string", "checks whether a number is even", "counts the vowels in a string",
-    "returns the factorial of n", "merges two sorted lists", "finds the second largest number in a list",
-    "removes all spaces from a string", "computes the average of a list of numbers", "checks whether a year is a leap year",
-    "converts kilometers to miles", "finds the most common word in a text", "flattens a nested list",
-    "checks whether two strings are anagrams", "returns the greatest common divisor of two numbers",
-    "prints a triangle of stars", "validates an email address", "sums the digits of a number",
-    "rotates a list by k positions", "counts the lines in a file", "implements binary search",
-    "implements bubble sort", "converts a number to binary", "capitalizes every word in a sentence",
-    "finds all even numbers in a list", "returns the n-th prime number", "parses a date string",
+    "reverses a string",
+    "checks whether a number is even",
+    "counts the vowels in a string",
+    "returns the factorial of n",
+    "merges two sorted lists",
+    "finds the second largest number in a list",
+    "removes all spaces from a string",
+    "computes the average of a list of numbers",
+    "checks whether a year is a leap year",
+    "converts kilometers to miles",
+    "finds the most common word in a text",
+    "flattens a nested list",
+    "checks whether two strings are anagrams",
+    "returns the greatest common divisor of two numbers",
+    "prints a triangle of stars",
+    "validates an email address",
+    "sums the digits of a number",
+    "rotates a list by k positions",
+    "counts the lines in a file",
+    "implements binary search",
+    "implements bubble sort",
+    "converts a number to binary",
+    "capitalizes every word in a sentence",
+    "finds all even numbers in a list",
+    "returns the n-th prime number",
+    "parses a date string",
 ]
 _CODE_TEMPLATES = [
     "Write a {lang} function that {task}.", "How do I write code in {lang} that {task}?",
-    "Write a {lang} program that {task}, and explain how it works.", "Show me a simple {lang} example that {task}.",
-    "Write a function that {task}. Use {lang}.", "Explain, step by step, a {lang} function that {task}.",
+    "Write a {lang} program that {task}, and explain how it works.",
+    "Show me a simple {lang} example that {task}.", "Write a function that {task}. Use {lang}.",
+    "Explain, step by step, a {lang} function that {task}.",
 ]
 _MATH_TEMPLATES = [
-    "{name} has {a} {item}. She gives away {b} and then buys {c} more. How many {item} does she have now?",
+    "{name} has {a} {item}. She gives away {b} and then buys {c} more. How many {item} does she "
+    "have now?",
     "{name} buys {c} packs of {item} at ${price} each. How much does {name} spend?",
     "{name} collects {b} {item} every day. How many {item} does {name} have after {c} days?",
-    "There are {a} {item} shared equally among {c} children. How many does each child get, and how many are left?",
-    "{name} had {a} {item}, lost {b}, and then doubled what was left. How many {item} does {name} have?",
+    "There are {a} {item} shared equally among {c} children. How many does each child get, and how "
+    "many are left?",
+    "{name} had {a} {item}, lost {b}, and then doubled what was left. How many {item} does {name} "
+    "have?",
     "A box holds {c} {item}. How many boxes are needed for {a} {item}?",
     "{name} reads {b} pages a day. How many days does it take to read a book of {a}0 pages?",
-    "A shop sells {item} for ${price} each. {name} pays with a $50 bill for {c} of them. What is the change?",
+    "A shop sells {item} for ${price} each. {name} pays with a $50 bill for {c} of them. What is "
+    "the change?",
     "A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
-    "{name} is {c} years old. Her mother is {b} years older than three times her age. How old is her mother?",
-    "What is {a} percent of {b}00?", "A train travels at {a} km per hour for {c} hours. How far does it go?",
+    "{name} is {c} years old. Her mother is {b} years older than three times her age. How old is "
+    "her mother?",
+    "What is {a} percent of {b}00?",
+    "A train travels at {a} km per hour for {c} hours. How far does it go?",
 ]
 _REWRITE_TEMPLATES = [
-    "Write a polite email asking a neighbor to return {thing}.", "Write a product description for {thing}.",
-    "Write an advertisement for a tour of {place}.", "Write a short speech about {topic} for {who}.",
-    "Write a tweet about {topic}.", "Write a formal letter complaining about a broken {thing}.",
-    "Write a thank-you note to {who} who helped you learn about {topic}.",
-    "Write a to-do list for a weekend trip to {place}.", "Summarize the benefits of {topic} in one paragraph.",
-    "Write a job advertisement for a guide at {place}.", "Give me step-by-step instructions for visiting {place}.",
-    "Write a short review of a book about {topic}.", "Write three catchy titles for an article about {topic}.",
+    "Write a polite email asking a neighbor to return {thing}.",
+    "Write a product description for {thing}.", "Write an advertisement for a tour of {place}.",
+    "Write a short speech about {topic} for {who}.", "Write a tweet about {topic}.",
+    "Write a formal letter complaining about a broken {thing}.",
+    "Write a thank-you note to {who} who helped you learn about {topic}.", "Write a to-do list for "
+                                                                           "a weekend trip to "
+                                                                           "{place}.",
+    "Summarize the benefits of {topic} in one paragraph.",
+    "Write a job advertisement for a guide at {place}.", "Give me step-by-step instructions for "
+                                                         "visiting {place}.", "Write a short "
+                                                                              "review of a book "
+                                                                              "about {topic}.",
+    "Write three catchy titles for an article about {topic}.",
 ]

@@ -3,7 +3,8 @@ main parser by `specq.cli` (`add_drafts_parser(sub)`):
 
     specq drafts list [--target NAME]          every entry, shipped and yours
     specq drafts show NAME                     one draft's entries and what they record
-    specq drafts which TARGET[@PRECISION]      the draft generate, bench and serve would pick, and why
+    specq drafts which TARGET[@PRECISION]      the draft generate, bench and
+                                               serve would pick, and why
     specq drafts add DRAFT[@SPEC] --target TARGET[@PRECISION]
     specq drafts remove NAME [--target TARGET[@PRECISION]]
 
@@ -41,23 +42,26 @@ class Row:
 
     def matches(self, name: str) -> bool:
         """NAME as `specq drafts list` prints it, the folder's name, or any path to the folder."""
-        return name in (self.entry.draft, self.path.name) or Path(name).expanduser().resolve() == self.path.resolve()
+        return (name in (self.entry.draft, self.path.name)
+                or Path(name).expanduser().resolve() == self.path.resolve())
 
     def to_dict(self) -> dict:
         folder = folders.of(self.path)
         kind = "built-in" if self.entry.builtin else folder.kind if folder else "missing"
-        return {"registry": self.scope, "target": self.entry.target, "precision": self.entry.precision,
-                "draft": self.entry.draft, "runs_at": self.entry.draft_spec or None, "folder": str(self.path),
-                "kind": kind,
+        return {"registry": self.scope, "target": self.entry.target,
+                "precision": self.entry.precision, "draft": self.entry.draft,
+                "runs_at": self.entry.draft_spec or None, "folder": str(self.path), "kind": kind,
                 "info": self.entry.info}
 
 
 def rows() -> list[Row]:
-    return [Row(scope, Path(d), e) for scope, d in zip(SCOPES, draft_dirs()) for e in registry.read(d)]
+    return [Row(scope, Path(d), e) for scope, d in zip(SCOPES, draft_dirs())
+            for e in registry.read(d)]
 
 
 def add_drafts_parser(sub) -> None:
-    d = sub.add_parser("drafts", help="list, explain, add and remove the drafts the registry picks from",
+    d = sub.add_parser("drafts",
+                       help="list, explain, add and remove the drafts the registry picks from",
                        description="The drafts generate, bench and serve pick when none is named "
                                    "(docs/reference.md, 'The draft registry'). Only your registry "
                                    "($SPECQ_CACHE/drafts) changes.")
@@ -70,19 +74,25 @@ def add_drafts_parser(sub) -> None:
     show.add_argument("name", help="the draft as `specq drafts list` prints it, or its folder")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_show)
-    which = actions.add_parser("which", help="the draft generate, bench and serve pick for a target, and why")
+    which = actions.add_parser("which", help="the draft generate, bench and serve pick for a "
+                                             "target, and why")
     which.add_argument("target", help="TARGET@PRECISION, e.g. smollm2-135m@int4-g64-rtn-head8")
     which.add_argument("--quantizable", action="store_true",
-                       help="as for a draft that is to be quantized (bench's draft_quant): no feature drafts")
+                       help="as for a draft that is to be quantized (bench's draft_quant): no "
+                            "feature drafts")
     which.set_defaults(func=cmd_which)
-    add = actions.add_parser("add", help="register a draft folder for a target precision in your registry")
-    add.add_argument("draft", type=arg_path, help="a draft folder or shipped draft, optionally @SPEC: the precision "
-                                                  "it runs at (e.g. ./my-feature-draft@int8-head8)")
+    add = actions.add_parser("add",
+                             help="register a draft folder for a target precision in your registry")
+    add.add_argument("draft", type=arg_path,
+                     help="a draft folder or shipped draft, optionally @SPEC: the precision "
+                          "it runs at (e.g. ./my-feature-draft@int8-head8)")
     add.add_argument("--target", required=True, help="TARGET@PRECISION it is for (no @: fp32)")
     add.set_defaults(func=cmd_add)
-    rm = actions.add_parser("remove", help="remove a draft's entries from your registry (the folder stays)")
+    rm = actions.add_parser("remove",
+                            help="remove a draft's entries from your registry (the folder stays)")
     rm.add_argument("name", help="the draft as `specq drafts list` prints it, or its folder")
-    rm.add_argument("--target", default=None, help="only its entry for TARGET (or TARGET@PRECISION)")
+    rm.add_argument("--target", default=None,
+                    help="only its entry for TARGET (or TARGET@PRECISION)")
     rm.set_defaults(func=cmd_remove)
 
 
@@ -94,8 +104,8 @@ def cmd_list(args) -> int:
     for scope, directory in zip(SCOPES, draft_dirs()):
         print(f"{scope}: {Path(directory) / registry.MANIFEST}")
     table = [("registry", "target", "precision", "draft", "runs at", "kind")]
-    table += [(r.scope, r.entry.target, r.entry.precision, r.entry.draft, r.entry.draft_spec or "as stored",
-               r.to_dict()["kind"]) for r in found]
+    table += [(r.scope, r.entry.target, r.entry.precision, r.entry.draft,
+               r.entry.draft_spec or "as stored", r.to_dict()["kind"]) for r in found]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -117,8 +127,8 @@ def cmd_show(args) -> int:
         print(json.dumps(found))
         return 0
     for r in found:
-        print(f"{r['draft']} ({r['kind']} draft, {r['registry']} registry): for {r['target']}@{r['precision']}, "
-              f"runs at {r['runs_at'] or 'its stored precision'}")
+        print(f"{r['draft']} ({r['kind']} draft, {r['registry']} registry): for "
+              f"{r['target']}@{r['precision']}, runs at {r['runs_at'] or 'its stored precision'}")
         print(f"  folder: {r['folder']}")
         for key, value in r["info"].items():
             print(f"  {key}: {value}")
@@ -137,7 +147,8 @@ def _draft_folder(name: str) -> Path:
         return ASSETS / "drafts" / name
     path = Path(name).expanduser()
     if not path.is_dir():
-        raise SpecqError(f"draft '{name}' is not a folder (nor a shipped draft: {', '.join(SHIPPED_DRAFTS)})")
+        raise SpecqError(f"draft '{name}' is not a folder (nor a shipped draft: "
+                         f"{', '.join(SHIPPED_DRAFTS)})")
     validate.check_dir(path)
     return path
 
@@ -165,9 +176,10 @@ def cmd_remove(args) -> int:
                              f"(see `specq drafts show {args.name}`)")
     yours = [r for r in found if r.scope == SCOPES[1]]
     if not yours:
-        raise SpecqError(f"'{args.name}' is shipped with specq and cannot be removed; a draft you register for "
-                         "the same precision comes before it (`specq drafts add`)")
+        raise SpecqError(f"'{args.name}' is shipped with specq and cannot be removed; a draft you "
+                         "register for the same precision comes before it (`specq drafts add`)")
     registry.remove(yours[0].directory, [r.entry for r in yours])
     for r in yours:
-        print(f"removed {r.entry.draft} for {r.entry.target}@{r.entry.precision} (the folder {r.path} stays)")
+        print(f"removed {r.entry.draft} for {r.entry.target}@{r.entry.precision} (the folder "
+              f"{r.path} stays)")
     return 0

@@ -21,38 +21,49 @@ LR, CODE_LR = 0.002, 0.0
 
 
 def add_qad_parser(sub) -> None:
-    p = sub.add_parser("qad", help="recover a quantized model's quality by distilling its float self into it "
-                                   "(same format; loads as MODEL@SPEC-qad)")
+    p = sub.add_parser("qad", help="recover a quantized model's quality by distilling its float "
+                                   "self into it (same format; loads as MODEL@SPEC-qad)")
     p.add_argument("model", help="float model ref, without @spec (e.g. smollm2-135m)")
-    p.add_argument("spec", help="the quantization to recover, e.g. int4-g64-rtn, int3-g64-gptq, int2-g64-awq")
+    p.add_argument("spec", help="the quantization to recover, e.g. int4-g64-rtn, int3-g64-gptq, "
+                                "int2-g64-awq")
     p.add_argument("--out", type=arg_path, default=None,
-                   help="output directory (default: the quantization cache, where MODEL@SPEC-qad finds it)")
-    p.add_argument("--force", action="store_true", help="replace the output if it exists (only a folder specq wrote)")
+                   help="output directory (default: the quantization cache, where MODEL@SPEC-qad "
+                        "finds it)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the output if it exists (only a folder specq wrote)")
     p.add_argument("--work", type=arg_path, default=None,
-                   help="teacher data and checkpoints (default: OUT.work beside --out, else $SPECQ_CACHE/qad/MODEL; "
-                        "teacher data is shared by every spec of a model)")
-    p.add_argument("--resume", action="store_true", help="continue the unfinished run of this spec in --work")
+                   help="teacher data and checkpoints (default: OUT.work beside --out, else "
+                        "$SPECQ_CACHE/qad/MODEL; teacher data is shared by every spec of a model)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the unfinished run of this spec in --work")
     p.add_argument("--texts", nargs="*", default=["shakespeare"],
-                   help="text sources: shakespeare, or .txt / .jsonl files ('text' field); none: --texts")
+                   help="text sources: shakespeare, or .txt / .jsonl files ('text' field); none: "
+                        "--texts")
     p.add_argument("--prompts", nargs="*", default=["chat"],
-                   help="prompt sources the float model answers: chat, synthetic:N, or files; none: --prompts")
+                   help="prompt sources the float model answers: chat, synthetic:N, or files; "
+                        "none: --prompts")
     p.add_argument("--temperatures", nargs="+", type=arg_float(0, 100), default=[0.0],
                    help="one answer per prompt per temperature (0 = greedy)")
-    p.add_argument("--new-tokens", type=_positive, default=128, help="length of the float model's answers")
+    p.add_argument("--new-tokens", type=_positive, default=128,
+                   help="length of the float model's answers")
     p.add_argument("--text-windows", type=_positive, default=160, help="training windows of text")
     p.add_argument("--seq-len", type=arg_int(16), default=256, help="tokens per text window")
-    p.add_argument("--steps", type=arg_int(0), default=2000, help="training steps (the time budget may stop sooner)")
+    p.add_argument("--steps", type=arg_int(0), default=2000,
+                   help="training steps (the time budget may stop sooner)")
     p.add_argument("--minutes", type=arg_float(), default=None,
-                   help="time budget of the whole command: teacher data takes at most half, training the rest")
+                   help="time budget of the whole command: teacher data takes at most half, "
+                        "training the rest")
     p.add_argument("--lr", type=arg_float(), default=LR,
-                   help="peak learning rate of the group scales (their log: relative change per update; 0: they "
-                        "stay); the norms train at 1/20 of it")
+                   help="peak learning rate of the group scales (their log: relative change per "
+                        "update; 0: they stay); the norms train at 1/20 of it")
     p.add_argument("--code-lr", type=arg_float(), default=CODE_LR,
                    help="peak learning rate of the codes, in grid steps per update (0: they stay)")
     p.add_argument("--batch", type=_positive, default=4)
-    p.add_argument("--eval-every", type=_positive, default=100, help="steps between held-out evaluations")
+    p.add_argument("--eval-every", type=_positive, default=100,
+                   help="steps between held-out evaluations")
     p.add_argument("--checkpoint-every", type=_positive, default=10)
-    p.add_argument("--gen-batch", type=_positive, default=48, help="prompts answered at once (one shard)")
+    p.add_argument("--gen-batch", type=_positive, default=48,
+                   help="prompts answered at once (one shard)")
     p.add_argument("--seed", type=arg_int(0, MAX_SEED), default=0)
     p.add_argument("--threads", type=arg_int(1, MAX_THREADS), default=None)
     p.add_argument("--json", action="store_true")
@@ -95,9 +106,10 @@ def cmd_qad(args) -> int:
     check_ref(args.model)
     settings = DistillSettings(
         texts=tuple(args.texts), prompts=tuple(args.prompts), temperatures=tuple(args.temperatures),
-        new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len, steps=args.steps,
-        minutes=args.minutes, loss="kl", lr=args.lr, batch=args.batch, eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every, gen_batch=args.gen_batch, seed=args.seed,
+        new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len,
+        steps=args.steps, minutes=args.minutes, loss="kl", lr=args.lr, batch=args.batch,
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        gen_batch=args.gen_batch, seed=args.seed,
         extra={"command": "specq " + shlex.join(args.argv)})
     started = time.monotonic()  # --minutes bounds the command from here, model loading included
     target = load(args.model, backend=None)  # the teacher
@@ -107,13 +119,14 @@ def cmd_qad(args) -> int:
         work = Path(args.work) if args.work else default_work
         check_run(out, work, args.force, args.resume, qad.checkpoint_name(spec))
     quantized = load(f"{name}@{plain}", backend=None)  # quantized once and cached, as any @spec
-    report = qad.run(target, quantized, spec, out, work, settings, code_lr=args.code_lr, resume=args.resume,
-                     force=args.force, since=started)
+    report = qad.run(target, quantized, spec, out, work, settings, code_lr=args.code_lr,
+                     resume=args.resume, force=args.force, since=started)
     if args.json:
         print(json.dumps(report))
         return 0
     b, a = report["held_out_before"], report["held_out_after"]
-    print(f"held-out vs {report['teacher']}: KL {b['kl']:.4f} -> {a['kl']:.4f}, top-1 {b['top1']:.3f} -> "
-          f"{a['top1']:.3f} ({report['steps']} steps, {report['train_s'] / 60:.1f} min of training)")
+    print(f"held-out vs {report['teacher']}: KL {b['kl']:.4f} -> {a['kl']:.4f}, top-1 "
+          f"{b['top1']:.3f} -> {a['top1']:.3f} ({report['steps']} steps, "
+          f"{report['train_s'] / 60:.1f} min of training)")
     print(f"saved {name}@{spec} to {out}" + ("" if args.out else f" (loads as {name}@{spec})"))
     return 0

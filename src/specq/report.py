@@ -19,7 +19,8 @@ def print_backends(explained: dict[str, dict], console: Console | None = None) -
                       f"whole cached passes in one C call: {'yes' if d['layer_stack'] else 'no'}",
                       markup=False, highlight=False)
         for kernel, count in d["linear_layers"].items():
-            console.print(f"  {count:4d} linear layer{'s' * (count != 1)}: {kernel}", markup=False, highlight=False)
+            console.print(f"  {count:4d} linear layer{'s' * (count != 1)}: {kernel}", markup=False,
+                          highlight=False)
 
 
 def print_generation(out, console: Console | None = None) -> None:
@@ -34,7 +35,8 @@ def print_generation(out, console: Console | None = None) -> None:
         ("draft", out.draft or "none (plain decoding)"),
         ("prompt / new tokens", f"{s.prompt_tokens} / {s.new_tokens} ({out.finish_reason})"),
         ("prefill / decode", f"{s.prefill_s * 1000:.0f} ms / {s.decode_s * 1000:.0f} ms"),
-        ("draft / verify / other", f"{s.draft_s * 1000:.0f} / {s.verify_s * 1000:.0f} / {s.other_s * 1000:.0f} ms"),
+        ("draft / verify / other",
+         f"{s.draft_s * 1000:.0f} / {s.verify_s * 1000:.0f} / {s.other_s * 1000:.0f} ms"),
         ("tokens/s (end to end)", _fmt(s.tokens_per_s, ".1f")),
         ("target passes (steps)", str(s.steps)),
     ]
@@ -45,8 +47,10 @@ def print_generation(out, console: Console | None = None) -> None:
             ("drafted / accepted", f"{s.drafted} / {s.accepted}"),
             ("acceptance rate", _fmt(s.acceptance_rate)),
             ("tau (mean accepted length, bonus incl.)", _fmt(s.tau, ".2f")),
-            ("per-position U_i (unconditional)", " ".join(_fmt(x, ".2f") for x in s.per_position_unconditional)),
-            ("per-position a_i (conditional)", " ".join(_fmt(x, ".2f") for x in s.per_position_conditional)),
+            ("per-position U_i (unconditional)",
+             " ".join(_fmt(x, ".2f") for x in s.per_position_unconditional)),
+            ("per-position a_i (conditional)",
+             " ".join(_fmt(x, ".2f") for x in s.per_position_conditional)),
             ("draft cost share", _fmt(s.draft_share, ".2f")),
         ]
     for k, v in rows:
@@ -60,9 +64,10 @@ def print_comparison(result: dict, console: Console | None = None) -> None:
                         f"{result['chunks']} chunks, T={result['temperature']})")
     for col in ("metric", "mean", "95% CI"):
         table.add_column(col)
-    names = {"kl_ab": "KL(A||B)", "kl_ba": "KL(B||A)", "js": "Jensen-Shannon", "tv": "total variation",
-             "top1": "top-1 agreement (greedy acceptance)", "beta": "beta = sum min(p,q) = 1 - TV",
-             "ppl_a": "perplexity A", "ppl_b": "perplexity B"}
+    names = {"kl_ab": "KL(A||B)", "kl_ba": "KL(B||A)", "js": "Jensen-Shannon",
+             "tv": "total variation", "top1": "top-1 agreement (greedy acceptance)",
+             "beta": "beta = sum min(p,q) = 1 - TV", "ppl_a": "perplexity A",
+             "ppl_b": "perplexity B"}
     for key, label in names.items():
         r = result[key]
         table.add_row(label, f"{r['mean']:.4f}", f"[{r['low']:.4f}, {r['high']:.4f}]")

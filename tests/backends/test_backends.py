@@ -1,4 +1,5 @@
-"""One runner per loaded model: chosen once, never changed, visible, leaving the modules as loaded."""
+"""One runner per loaded model: chosen once, never changed, visible, leaving
+the modules as loaded."""
 
 from __future__ import annotations
 
@@ -34,19 +35,23 @@ def test_a_runner_leaves_the_modules_as_they_were():
 
 
 def test_unknown_backend_is_one_line():
-    with pytest.raises(SpecqError, match=r"unknown backend 'fast' \(valid: kernels, eager, compiled\)"):
+    with pytest.raises(SpecqError,
+                       match=r"unknown backend 'fast' \(valid: kernels, eager, compiled\)"):
         backends.check_name("fast")
 
 
 @pytest.mark.skipif(not decoder.available(), reason="needs AVX2 and a C compiler")
 def test_describe_says_what_each_layer_runs_on():
     net = tiny_model(hidden=64).net
-    plain, kernels = (backends.describe(backends.runner(net, name)) for name in ("eager", "kernels"))
+    plain, kernels = (backends.describe(backends.runner(net, name))
+                      for name in ("eager", "kernels"))
     assert plain["backend"] == "eager" and not plain["layer_stack"]
-    assert plain["linear_layers"] == {"torch F.linear (float32)": 2 * 4 + 1}  # 4 per layer, the head
+    # 4 per layer, the head
+    assert plain["linear_layers"] == {"torch F.linear (float32)": 2 * 4 + 1}
     assert kernels["backend"] == "kernels" and kernels["layer_stack"]
     assert kernels["kernel_build"] == build.variant() and kernels["cpu"] == build.cpu_model()
-    assert sum(kernels["linear_layers"].values()) == 9 and all("f32dot" in k for k in kernels["linear_layers"])
+    assert (sum(kernels["linear_layers"].values()) == 9
+            and all("f32dot" in k for k in kernels["linear_layers"]))
 
 
 def test_the_cli_help_names_every_backend():
@@ -60,10 +65,12 @@ def test_explain_names_the_kernel_build_and_the_cpu():
 
     from specq.report import print_backends
 
-    described = {"backend": "kernels", "kernel_build": "avx2", "linear_layers": {"int8dot": 3, "f32dot": 1},
-                 "layer_stack": True}
-    for cpu, shown in (("Some CPU @ 2.0GHz", "kernel build avx2 for Some CPU @ 2.0GHz, "), (None, "kernel build avx2, ")):
+    described = {"backend": "kernels", "kernel_build": "avx2",
+                 "linear_layers": {"int8dot": 3, "f32dot": 1}, "layer_stack": True}
+    for cpu, shown in (("Some CPU @ 2.0GHz", "kernel build avx2 for Some CPU @ 2.0GHz, "),
+                       (None, "kernel build avx2, ")):
         console = Console(record=True, width=200)
         print_backends({"m": dict(described, cpu=cpu)}, console)
         text = console.export_text()
-        assert shown in text and "3 linear layers: int8dot" in text and "1 linear layer: f32dot" in text
+        assert (shown in text and "3 linear layers: int8dot" in text
+                and "1 linear layer: f32dot" in text)

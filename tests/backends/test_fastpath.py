@@ -33,7 +33,8 @@ def test_packed_linears_compute_the_same_layer(dtype):
         x = torch.randn(5, module.in_features, dtype=dtype)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(table[module](x), module(x), rtol=tol, atol=tol)
-    assert all(type(m) is torch.nn.Linear for m in table)  # the modules themselves stay as they were
+    # the modules themselves stay as they were
+    assert all(type(m) is torch.nn.Linear for m in table)
 
 
 @pytest.mark.parametrize("spec", PRECISIONS)
@@ -45,7 +46,8 @@ def test_greedy_equality_on_the_fast_path(spec, gamma):
     accepted = rejected = 0
     for prompt in ([1, 2, 3], [7, 7, 7, 7, 8, 9, 10, 11]):
         plain = generate(target, prompt, max_new_tokens=40)
-        spec_out = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40, draft_confidence=0.0)
+        spec_out = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40,
+                            draft_confidence=0.0)
         assert spec_out.token_ids == plain.token_ids
         s = spec_out.stats
         accepted += s.accepted
@@ -61,7 +63,8 @@ def test_greedy_trees_on_the_fast_path_at_every_precision(spec, shape):
     target's own output (each tree row attends to exactly its own path's keys)."""
     base = tiny_model(scale=3.0, hidden=64)
     target = at(base, spec, fast=True)
-    drafts = [at(perturbed(base, 0.5), "fp32", fast=True), _feature_model(target, vocab_ids=list(range(32)))]
+    drafts = [at(perturbed(base, 0.5), "fp32", fast=True),
+              _feature_model(target, vocab_ids=list(range(32)))]
     for draft in drafts:
         rejected = 0
         for prompt in ([1, 2, 3], [7, 7, 7, 7, 8, 9, 10, 11]):
@@ -98,7 +101,8 @@ def test_the_compiled_backend_stays_lossless():
     base = generate(model, [1, 2, 3], max_new_tokens=12)
     compiled = copy.copy(model)
     compiled.runner = backends.runner(model.net, "compiled")
-    assert compiled.runner.backend == "compiled" and compiled.runner.kernels == {} and compiled.runner.stack is None
+    assert (compiled.runner.backend == "compiled" and compiled.runner.kernels == {}
+            and compiled.runner.stack is None)
     draft = at(perturbed(tiny_model(scale=3.0, hidden=64), 0.5), "fp32", fast=True)
     out = generate(compiled, [1, 2, 3], draft, gamma=3, max_new_tokens=12, draft_confidence=0.0)
     assert out.token_ids == base.token_ids and out.stats.accepted < out.stats.drafted

@@ -40,9 +40,9 @@ def prompt_sets() -> dict[str, list[Prompt]]:
 
 
 def sweep(path: Path, **extra):
-    return validate({"targets": ["tiny"], "drafts": ["draft"], "gamma": [1, 3], "max_new_tokens": [12],
-                     "prompt_sets": ["chat", "gsm8k"], "threads": [1], "results": str(path), "resamples": 200,
-                     **extra})
+    return validate({"targets": ["tiny"], "drafts": ["draft"], "gamma": [1, 3],
+                     "max_new_tokens": [12], "prompt_sets": ["chat", "gsm8k"], "threads": [1],
+                     "results": str(path), "resamples": 200, **extra})
 
 
 def held_out(model, n: int) -> list[list[int]]:
@@ -60,7 +60,8 @@ def summary(records) -> list[dict]:
     return aggregate.summarize(records, resamples=200)
 
 
-TIMING = ("tokens_per_s", "speedup", "predicted_speedup", "draft_share", "profile", "peer_tokens_per_s", "vs_peer",
+TIMING = ("tokens_per_s", "speedup", "predicted_speedup", "draft_share", "profile",
+          "peer_tokens_per_s", "vs_peer",
           "best_gamma")  # the best gamma is the fastest one
 
 
@@ -69,7 +70,7 @@ def deterministic(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-# ---------------------------------------------------------------------------------- statistics
+# --------------------------------------------------------------------------------- statistics
 
 
 def test_bootstrap_ci_covers_the_true_mean_at_about_the_nominal_rate():
@@ -80,7 +81,8 @@ def test_bootstrap_ci_covers_the_true_mean_at_about_the_nominal_rate():
         _, low, high = bootstrap_ci(data, confidence=0.9, resamples=400, seed=i)
         hits += low <= 2.0 <= high
     assert 0.82 <= hits / trials <= 0.96  # percentile bootstrap at n=30 runs a little under nominal
-    assert bootstrap_ci([1.0, 2.0, 4.0], resamples=300, seed=5) == bootstrap_ci([1.0, 2.0, 4.0], resamples=300, seed=5)
+    assert (bootstrap_ci([1.0, 2.0, 4.0], resamples=300, seed=5)
+            == bootstrap_ci([1.0, 2.0, 4.0], resamples=300, seed=5))
 
 
 def test_summary_cis_follow_the_configured_confidence(pair, tmp_path):
@@ -89,7 +91,8 @@ def test_summary_cis_follow_the_configured_confidence(pair, tmp_path):
     wide = aggregate.summarize(records, confidence=0.99, resamples=300)
     for a, b in zip(narrow, wide):
         m, lo, hi = a["tokens_per_s"]
-        assert b["tokens_per_s"][0] == m and b["tokens_per_s"][1] <= lo and b["tokens_per_s"][2] >= hi
+        assert (b["tokens_per_s"][0] == m and b["tokens_per_s"][1] <= lo
+                and b["tokens_per_s"][2] >= hi)
 
 
 def test_analytic_prediction_from_measured_parts():
@@ -103,7 +106,7 @@ def test_analytic_prediction_from_measured_parts():
     assert aggregate.predict(spec, base) == pytest.approx(2 / 1.2)
 
 
-# ---------------------------------------------------------------------------------- store and resume
+# --------------------------------------------------------------------------------- store and resume
 
 
 def test_resume_after_a_killed_run_matches_an_uninterrupted_run(pair, tmp_path):
@@ -162,10 +165,12 @@ def test_gamma_auto_learns_across_a_targets_runs(pair, tmp_path):
 def test_speedups_come_from_plain_runs_timed_next_to_each_speculative_run(pair, tmp_path):
     records = bench(sweep(tmp_path / "paired.jsonl"), pair)
     spec = [c for c in store.cells(records).values() if c["cell"]["kind"] == "speculative"]
-    assert all("paired_stats" in r and r["paired_stats"]["drafted"] == 0 for c in spec for r in c["runs"])
+    assert all("paired_stats" in r and r["paired_stats"]["drafted"] == 0 for c in spec
+               for r in c["runs"])
     rows = [r for r in summary(records) if r["kind"] == "speculative"]
     assert rows and all(r["speedup_paired"] and r["speedup"] for r in rows)
-    unpaired = bench(sweep(tmp_path / "unpaired.jsonl", paired=False), pair)  # from the baseline cell instead
+    # from the baseline cell instead
+    unpaired = bench(sweep(tmp_path / "unpaired.jsonl", paired=False), pair)
     rows = [r for r in summary(unpaired) if r["kind"] == "speculative"]
     assert rows and all(not r["speedup_paired"] and r["speedup"] for r in rows)
 
@@ -183,7 +188,7 @@ def test_store_ignores_a_torn_last_line_only(tmp_path):
         store.read(path)
 
 
-# ---------------------------------------------------------------------------------- correctness
+# --------------------------------------------------------------------------------- correctness
 
 
 def test_a_corrupted_speculative_output_is_a_reported_correctness_failure(pair, tmp_path):
@@ -202,7 +207,8 @@ def test_a_corrupted_speculative_output_is_a_reported_correctness_failure(pair, 
 
     failures = aggregate.failures(rows)
     assert len(failures) == 5 and "differs from the baseline at token 10" in failures[0]
-    table = tables.brief(rows, 0.95, best_only=True)  # a failing gamma is shown even when not the best
+    # a failing gamma is shown even when not the best
+    table = tables.brief(rows, 0.95, best_only=True)
     shown = [cells for cells, failed in zip(table.rows, table.failed) if failed]
     assert len(shown) == 1 and "FAIL 5" in shown[0]
     report = tables.summary(rows, 0.95)
@@ -230,7 +236,7 @@ def test_gsm8k_answers_are_extracted_and_normalised():
     assert quality.first_mismatch([1, 2], [1, 2, 3]) == 2
 
 
-# ---------------------------------------------------------------------------------- config
+# --------------------------------------------------------------------------------- config
 
 
 BAD_CONFIGS = [
@@ -264,7 +270,8 @@ def test_missing_config_file_and_flag_overrides(tmp_path):
     with pytest.raises(SpecqError, match="not found"):
         load_config(str(tmp_path / "none.toml"))
     path = tmp_path / "ok.toml"
-    path.write_text("gamma = [2, 4]\nmax_new_tokens = 32\ntarget_quant = ['fp32', 'int4-g64-rtn']\n")
+    path.write_text("gamma = [2, 4]\nmax_new_tokens = 32\ntarget_quant = ['fp32', "
+                    "'int4-g64-rtn']\n")
     config = load_config(str(path), {"gamma": [3], "repeats": None})
     assert config.gamma == [3] and config.max_new_tokens == [32] and config.repeats == 1
     assert config.target_refs() == ["smollm2-135m@fp32", "smollm2-135m@int4-g64-rtn"]
@@ -273,12 +280,16 @@ def test_missing_config_file_and_flag_overrides(tmp_path):
 
 def test_plan_resolves_the_registry_and_dedupes_drafts():
     sets = {"chat": prompt_sets()["chat"]}
-    config = validate({"drafts": ["smollm2-135m-draft", "registry"], "peer": True, "temperature": [0, 0.7], "gamma": [2]})
-    cells, notes = plan(config, sets, registry=lambda target, quantizable=False: "smollm2-135m-draft")
+    config = validate({"drafts": ["smollm2-135m-draft", "registry"], "peer": True,
+                       "temperature": [0, 0.7], "gamma": [2]})
+    cells, notes = plan(config, sets,
+                        registry=lambda target, quantizable=False: "smollm2-135m-draft")
     kinds = [c.kind for c in cells]
-    assert kinds.count("baseline") == 2 and kinds.count("speculative") == 2 and kinds.count("peer") == 1
+    assert (kinds.count("baseline") == 2 and kinds.count("speculative") == 2
+            and kinds.count("peer") == 1)
     assert len({c.key for c in cells}) == len(cells)
-    cells, notes = plan(config, sets, registry=lambda target, quantizable=False: None)  # no shipped draft yet
+    # no shipped draft yet
+    cells, notes = plan(config, sets, registry=lambda target, quantizable=False: None)
     assert {c.draft for c in cells} == {None, "smollm2-135m-draft@fp32"}
     assert any("registry has no draft" in n for n in notes)
 
@@ -286,25 +297,33 @@ def test_plan_resolves_the_registry_and_dedupes_drafts():
 def test_registry_cells_with_a_quantized_draft_ask_for_a_quantizable_draft():
     sets = {"chat": prompt_sets()["chat"]}
     config = validate({"drafts": ["registry"], "draft_quant": ["fp32", "int8"]})
-    cells, _ = plan(config, sets, registry=lambda target, quantizable=False: "seq" if quantizable else "feat")
+    cells, _ = plan(config, sets, registry=lambda target, quantizable=False: "seq"
+                    if quantizable else "feat")
     assert {c.draft for c in cells if c.kind == "speculative"} == {"feat@fp32", "seq@int8"}
 
 
 def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
     sets = {"chat": prompt_sets()["chat"]}
-    config = validate({"drafts": ["smollm2-135m-draft"], "peer": True, "draft_confidence": [0, 0.4], "gamma": [2]})
+    config = validate({"drafts": ["smollm2-135m-draft"], "peer": True, "draft_confidence": [0, 0.4],
+                       "gamma": [2]})
     cells, _ = plan(config, sets)
-    by_kind = {k: [c.draft_confidence for c in cells if c.kind == k] for k in ("baseline", "speculative", "peer")}
+    by_kind = {k: [c.draft_confidence for c in cells if c.kind == k]
+               for k in ("baseline", "speculative", "peer")}
     assert by_kind == {"baseline": [None], "speculative": [0.0, 0.4], "peer": [0.0, 0.4]}
 
 
 @pytest.mark.parametrize("name,expected", [
-    ("demo", 2 * 2 * (1 + 1 + 1)),  # 2 targets x 2 sets x (baseline + speculative + peer), drafts deduped
-    ("full", 5 * 3 * 3 * (1 + 3 * 8 * 2)),  # 5 targets x 3 lengths x 3 sets x (baseline + 3 drafts x 8 gammas x 2)
+    # 2 targets x 2 sets x (baseline + speculative + peer), drafts deduped
+    ("demo", 2 * 2 * (1 + 1 + 1)),
+    # 5 targets x 3 lengths x 3 sets x (baseline + 3 drafts x 8 gammas x 2)
+    ("full", 5 * 3 * 3 * (1 + 3 * 8 * 2)),
 
-    ("sweep-gamma", 1 * 2 * (1 + 3 * 8 * 2)),  # fp32 target x 2 sets x (baseline + 3 drafts x 8 gammas x 2)
-    ("sweep-gamma-quantized", 4 * 2 * (1 + 3 * 6)),  # 4 targets x 2 sets x (baseline + 3 drafts x 6 gammas), no peer
-    ("sweep-length", 5 * 2 * 2 * (1 + 3 * 2)),  # 5 targets x 2 lengths x 2 sets x (baseline + 3 drafts x 2)
+    # fp32 target x 2 sets x (baseline + 3 drafts x 8 gammas x 2)
+    ("sweep-gamma", 1 * 2 * (1 + 3 * 8 * 2)),
+    # 4 targets x 2 sets x (baseline + 3 drafts x 6 gammas), no peer
+    ("sweep-gamma-quantized", 4 * 2 * (1 + 3 * 6)),
+    # 5 targets x 2 lengths x 2 sets x (baseline + 3 drafts x 2)
+    ("sweep-length", 5 * 2 * 2 * (1 + 3 * 2)),
 ])
 def test_presets_are_valid(name, expected):
     config = load_config(str(PRESETS / f"{name}.toml"))
@@ -313,7 +332,7 @@ def test_presets_are_valid(name, expected):
     assert len(cells) == expected
 
 
-# ---------------------------------------------------------------------------------- report and CLI
+# --------------------------------------------------------------------------------- report and CLI
 
 
 def test_report_is_markdown_and_self_contained_html(pair, tmp_path):
@@ -322,8 +341,10 @@ def test_report_is_markdown_and_self_contained_html(pair, tmp_path):
     text, page = md.read_text(), html.read_text()
     assert "tau (bonus incl.)" in text and "U_i (unconditional)" in text and "sha256" in text
     assert f"kernels {build.variant()}" in text  # which machine and kernels the speeds are of
-    assert page.count("data:image/png;base64,") >= 4  # per position, vs gamma, vs length, per precision
-    assert "<script" not in page and "<link" not in page and "src='http" not in page and 'src="http' not in page
+    # per position, vs gamma, vs length, per precision
+    assert page.count("data:image/png;base64,") >= 4
+    assert ("<script" not in page and "<link" not in page and "src='http" not in page
+            and 'src="http' not in page)
     with pytest.raises(SpecqError, match="not found"):
         write_report(tmp_path / "none.jsonl")
 
@@ -334,7 +355,8 @@ def test_gamma_auto_cells_are_lossless_and_reported(pair, tmp_path):
     drafted, and show up in the tables and the report."""
     rows = summary(bench(sweep(tmp_path / "r.jsonl", gamma=[2, "auto"]), pair))
     auto = [r for r in rows if r["gamma"] == "auto"]
-    assert len(auto) == 1 and all(not r["mismatches"] and r["predicted_speedup"] > 0 and len(r["U"]) == 4
+    assert len(auto) == 1 and all(not r["mismatches"] and r["predicted_speedup"] > 0
+                                  and len(r["U"]) == 4
                                   for r in auto)
     assert any(cells[2].startswith("auto") for cells in tables.summary(rows, 0.95).rows)
     md, _ = write_report(tmp_path / "r.jsonl")
@@ -358,12 +380,15 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     save_native(target, tmp_path / "target")
     save_native(perturbed(target, 0.05), tmp_path / "draft")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"text": f"t{i} t{i + 1} t{i + 2}"}) + "\n" for i in range(1, 4)))
+    prompts.write_text("".join(json.dumps({"text": f"t{i} t{i + 1} t{i + 2}"}) + "\n"
+                               for i in range(1, 4)))
     results = tmp_path / "out.jsonl"
-    argv = ["bench", "--targets", str(tmp_path / "target"), "--drafts", str(tmp_path / "draft"), "--gamma", "2",
-            "--max-new-tokens", "10", "--prompt-sets", "file", "--prompt-file", str(prompts),
-            "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile", "--resamples", "100",
-            "--draft-confidence", "0.3", "--results", str(results), "--prompts", "3"]  # all the file holds
+    argv = ["bench", "--targets", str(tmp_path / "target"), "--drafts", str(tmp_path / "draft"),
+            "--gamma", "2", "--max-new-tokens", "10", "--prompt-sets", "file", "--prompt-file",
+            str(prompts), "--no-prompt-file-chat", "--threads", "1", "--peer", "--profile",
+            "--resamples", "100",
+            # all the file holds
+            "--draft-confidence", "0.3", "--results", str(results), "--prompts", "3"]
     assert _cli(argv) == 0
     out = capsys.readouterr().out
     assert "speedup [95% CI]" in out and "profile" in out and "3/3" in out
@@ -373,7 +398,8 @@ def test_cli_bench_with_peer_baseline_then_report(tmp_path, capsys, monkeypatch)
     assert peer[0]["cell"]["draft_confidence"] == 0.3  # transformers gets the same stop as specq
     run = aggregate.run_records(records)[0]
     assert run["config"]["gamma"] == [2] and run["environment"]["torch"]
-    assert run["environment"]["kernels"] == build.variant() and run["environment"]["cpu"] == build.cpu_model()
+    assert (run["environment"]["kernels"] == build.variant()
+            and run["environment"]["cpu"] == build.cpu_model())
     assert all(len(c["target"]["sha256"]) == 16 for c in store.cells(records).values())
 
     assert _cli(argv) == 0  # a re-run resumes: nothing left to do
@@ -391,7 +417,8 @@ def test_terminal_table_reads_at_80_columns(pair, tmp_path):
     than the terminal (the full table with every column is the report's)."""
     import io
 
-    rows = summary(bench(sweep(tmp_path / "r.jsonl", draft_confidence=[0.0, 0.4], max_new_tokens=[8, 12]), pair))
+    rows = summary(bench(sweep(tmp_path / "r.jsonl", draft_confidence=[0.0, 0.4],
+                               max_new_tokens=[8, 12]), pair))
     for r in rows:
         r["target"] = "smollm2-135m@int4-g64-rtn"
         r["draft"] = r["draft"] and "/work/drafts/smollm2-135m-draft-int4-g64-rtn@int8"
@@ -459,8 +486,8 @@ def test_a_gguf_files_own_precision_is_a_target_precision(tmp_path):
     path.write_text(f'targets = ["{model}"]\ntarget_quant = ["gguf", "int8"]\n')
     config = load_config(str(path))
     assert config.target_refs() == [f"{model}@gguf", f"{model}@int8"]
-    gguf_target = Model(ref=f"{model}@gguf", net=None, tokenizer=None, eos_ids=frozenset(), source=str(model),
-                        precision="gguf")
+    gguf_target = Model(ref=f"{model}@gguf", net=None, tokenizer=None, eos_ids=frozenset(),
+                        source=str(model), precision="gguf")
     assert "quantized" in runner.peer_skip_reason(gguf_target)
     path.write_text(f'targets = ["{model}"]\ntarget_quant = ["ggfu"]\n')
     with pytest.raises(SpecqError, match="target_quant"):

@@ -1,4 +1,5 @@
-"""N-gram drafts in bench sweeps: one cell per k, no trees or peer cells for a lookup alone, lossless."""
+"""N-gram drafts in bench sweeps: one cell per k, no trees or peer cells for a
+lookup alone, lossless."""
 
 import pytest
 from test_bench import bench, prompt_sets, summary
@@ -11,9 +12,10 @@ from conftest import perturbed, tiny_model
 
 
 def test_bench_plans_ngram_cells():
-    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram:k=6+draft", "draft"], "gamma": [1, 2, "auto"],
-                       "draft_quant": ["fp32"], "tree": [0, 4], "draft_confidence": [0.0, 0.4], "peer": True,
-                       "threads": [1], "prompt_sets": ["chat"]})
+    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram:k=6+draft", "draft"],
+                       "gamma": [1, 2, "auto"], "draft_quant": ["fp32"], "tree": [0, 4],
+                       "draft_confidence": [0.0, 0.4], "peer": True, "threads": [1],
+                       "prompt_sets": ["chat"]})
     cells, notes = plan(config, prompt_sets())
     spec = [c for c in cells if c.kind == "speculative"]
     alone = [c for c in spec if c.draft == "ngram:n=2-3:k=4"]
@@ -29,8 +31,10 @@ def test_bench_plans_ngram_cells():
 
 
 def test_bench_plans_windowed_drafts_alone_and_as_fallbacks():
-    """`MODEL:window=W` in a sweep keeps its window through the precision, alone and after ngram+."""
-    config = validate({"targets": ["tiny"], "drafts": ["draft@fp32:window=8", "ngram+draft:window=16", "draft"],
+    """`MODEL:window=W` in a sweep keeps its window through the precision,
+    alone and after ngram+."""
+    config = validate({"targets": ["tiny"],
+                       "drafts": ["draft@fp32:window=8", "ngram+draft:window=16", "draft"],
                        "gamma": [2], "threads": [1], "prompt_sets": ["chat"]})
     drafts = {c.draft for c in plan(config, prompt_sets())[0] if c.kind == "speculative"}
     assert drafts == {"draft@fp32:window=8", "ngram:n=2-3:k=4+draft@fp32:window=16", "draft@fp32"}
@@ -41,9 +45,9 @@ def test_bench_plans_windowed_drafts_alone_and_as_fallbacks():
 
 
 def test_bench_runs_ngram_cells_losslessly(pair, tmp_path):
-    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram+draft"], "gamma": [2], "max_new_tokens": [12],
-                       "prompt_sets": ["chat"], "threads": [1], "results": str(tmp_path / "r.jsonl"),
-                       "resamples": 200})
+    config = validate({"targets": ["tiny"], "drafts": ["ngram", "ngram+draft"], "gamma": [2],
+                       "max_new_tokens": [12], "prompt_sets": ["chat"], "threads": [1],
+                       "results": str(tmp_path / "r.jsonl"), "resamples": 200})
     records = bench(config, pair)
     rows = [r for r in summary(records) if r["kind"] == "speculative"]
     assert {r["draft"] for r in rows} == {"ngram:n=2-3:k=4", "ngram:n=2-3:k=4+draft@fp32"}

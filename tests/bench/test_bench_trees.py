@@ -37,9 +37,9 @@ def prompt_sets() -> dict[str, list[Prompt]]:
 
 def sweep(path: Path, **extra):
     return validate({"targets": ["tiny"], "drafts": ["draft"], "gamma": [2, "auto"], "tree": [0, 6],
-                     "tree_topk": [2], "max_new_tokens": [12], "prompt_sets": ["chat", "gsm8k"], "threads": [1],
-                     "results": str(path), "resamples": 200, "quality_chunks": 0, "draft_confidence": [0.0],
-                     **extra})
+                     "tree_topk": [2], "max_new_tokens": [12], "prompt_sets": ["chat", "gsm8k"],
+                     "threads": [1], "results": str(path), "resamples": 200, "quality_chunks": 0,
+                     "draft_confidence": [0.0], **extra})
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +49,11 @@ def pair():
 
 
 def bench(config, models, **kwargs):
-    return runner.run(config, load=lambda ref: models[ref], prompt_sets=prompt_sets(), progress=False,
-                      console=Console(quiet=True), **kwargs)
+    return runner.run(config, load=lambda ref: models[ref], prompt_sets=prompt_sets(),
+                      progress=False, console=Console(quiet=True), **kwargs)
 
 
-# ---------------------------------------------------------------------------------- config
+# --------------------------------------------------------------------------------- config
 
 
 def test_tree_keys_default_to_chains_only():
@@ -74,12 +74,13 @@ def test_a_tree_cells_gamma_is_its_depth():
     assert all(c.draft_confidence is None for c in spec)
     assert any("ignore draft_confidence" in n for n in notes)
     baseline = [c for c in cells if c.kind == "baseline"]
-    assert len(baseline) == 1 and baseline[0].tree_shape() is None and "tree" not in baseline[0].params()
+    assert (len(baseline) == 1 and baseline[0].tree_shape() is None
+            and "tree" not in baseline[0].params())
 
 
 def test_chain_and_tree_cells_side_by_side_and_no_peer_for_trees():
-    config = validate({"drafts": ["d"], "gamma": [2, 3], "tree": [0, 16], "tree_topk": [2, 4], "peer": True,
-                       "draft_confidence": [0.0, 0.4]})
+    config = validate({"drafts": ["d"], "gamma": [2, 3], "tree": [0, 16], "tree_topk": [2, 4],
+                       "peer": True, "draft_confidence": [0.0, 0.4]})
     cells, notes = plan(config, {"chat": prompt_sets()["chat"]})
     kinds = {k: [c for c in cells if c.kind == k] for k in ("baseline", "speculative", "peer")}
     chains = [c for c in kinds["speculative"] if not c.tree]
@@ -104,7 +105,8 @@ def test_tree_keys_from_toml_and_flags(tmp_path):
     config = load_config(args.config, {k: getattr(args, k) for k in KEYS})
     assert config.tree == [8] and config.tree_topk == [3, 5]  # flags win
     with pytest.raises(SpecqError, match="'tree'"):
-        load_config(None, {k: getattr(parser.parse_args(["bench", "--tree", "65"]), k) for k in KEYS})
+        load_config(None,
+                    {k: getattr(parser.parse_args(["bench", "--tree", "65"]), k) for k in KEYS})
 
 
 BAD_TREES = [
@@ -131,7 +133,7 @@ def test_a_bad_tree_key_is_one_line_naming_the_key(text, needle, tmp_path):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-# ---------------------------------------------------------------------------------- chains as before
+# --------------------------------------------------------------------------------- chains as before
 
 
 def test_stored_chain_cells_keep_their_keys():
@@ -143,7 +145,8 @@ def test_stored_chain_cells_keep_their_keys():
     for r in cells:
         cell = Cell(**r["cell"])
         assert cell.params() == r["cell"] and cell.key == r["key"]
-    tree = Cell(**{**cells[0]["cell"], "kind": "speculative", "draft": "d", "gamma": 2, "tree": 16, "tree_topk": 4})
+    tree = Cell(**{**cells[0]["cell"], "kind": "speculative", "draft": "d", "gamma": 2, "tree": 16,
+                   "tree_topk": 4})
     assert tree.params()["tree"] == 16 and tree.key != Cell(**{**tree.params(), "tree": 0}).key
 
 
@@ -156,7 +159,7 @@ def test_old_results_aggregate_as_chains():
         assert "tree" not in text and "nodes per pass" not in text
 
 
-# ---------------------------------------------------------------------------------- end to end
+# --------------------------------------------------------------------------------- end to end
 
 
 def test_tree_cells_run_losslessly_and_show_up_labelled(pair, tmp_path, monkeypatch):
@@ -174,7 +177,8 @@ def test_tree_cells_run_losslessly_and_show_up_labelled(pair, tmp_path, monkeypa
 
     # the stored greedy outputs of every tree cell are the baseline's, token for token
     cells = list(store.cells(records).values())
-    base = {(r["set"], r["prompt"]): r["token_ids"] for c in cells if c["cell"]["kind"] == "baseline"
+    base = {(r["set"], r["prompt"]): r["token_ids"] for c in cells
+            if c["cell"]["kind"] == "baseline"
             for r in c["runs"]}
     tree_cells = [c for c in cells if c["cell"].get("tree")]
     assert len(tree_cells) == 2 * 2 and len(base) == 5  # 2 depths x 2 sets
@@ -187,22 +191,26 @@ def test_tree_cells_run_losslessly_and_show_up_labelled(pair, tmp_path, monkeypa
     trees = [r for r in rows if r["tree"]]
     assert [(r["gamma"], r["tree"], r["tree_topk"]) for r in trees] == [(2, 6, 2), ("auto", 6, 2)]
     for r in trees:
-        assert not r["mismatches"] and r["unchecked"] == 0 and tables.exactness(r) == "5/5 identical"
+        assert (not r["mismatches"] and r["unchecked"] == 0
+                and tables.exactness(r) == "5/5 identical")
         assert len(r["U"]) == len(r["a"]) == (2 if r["gamma"] == 2 else 4)  # per depth
-    assert trees[0]["nodes_per_pass"][0] > 2.5  # a depth-2 tree of 6 nodes, topk 2: more than a chain's 2 per pass
+    # a depth-2 tree of 6 nodes, topk 2: more than a chain's 2 per pass
+    assert trees[0]["nodes_per_pass"][0] > 2.5
     chains = [r for r in rows if r["kind"] == "speculative" and not r["tree"]]
     assert len(chains) == 2 and all(r["nodes_per_pass"][0] <= 4 for r in chains)
 
     summary = tables.summary(rows, 0.95)
     assert summary.headers[2] == "gamma / tree" and "nodes per pass" in summary.headers
     labels = [cells[2] for cells in summary.rows]
-    assert "tree 6 (d2, k2)" in labels and "tree 6 (d auto, k2)" in labels and "2" in labels and "auto" in labels
+    assert ("tree 6 (d2, k2)" in labels and "tree 6 (d auto, k2)" in labels and "2" in labels
+            and "auto" in labels)
     per_position = tables.per_position(rows)
     assert sum(cells[2] == "tree 6 (d2, k2)" for cells in per_position.rows) == 2  # U_i and a_i
     assert "depth" in per_position.caption
 
     brief = tables.brief(rows, 0.95, best_only=False)
-    assert [cells[2] for cells in brief.rows if cells[2].startswith("tree")] == ["tree 6 d2 k2", "tree 6 d auto k2"]
+    assert ([cells[2] for cells in brief.rows if cells[2].startswith("tree")]
+            == ["tree 6 d2 k2", "tree 6 d auto k2"])
     console = Console(width=80, record=True, file=io.StringIO())
     terminal.print_table(brief, console)
     text = console.export_text()
@@ -216,7 +224,8 @@ def test_tree_cells_run_losslessly_and_show_up_labelled(pair, tmp_path, monkeypa
 
     titles = [title for title, _ in plots(rows)]
     assert "Tau and speedup vs tree size" in titles
-    assert "Tau and speedup vs tree size" not in [t for t, _ in plots([r for r in rows if not r["tree"]])]
+    assert ("Tau and speedup vs tree size"
+            not in [t for t, _ in plots([r for r in rows if not r["tree"]])])
 
 
 def test_a_corrupted_tree_output_is_a_correctness_failure_of_its_row(pair, tmp_path):
@@ -226,7 +235,8 @@ def test_a_corrupted_tree_output_is_a_correctness_failure_of_its_row(pair, tmp_p
             out.token_ids[3] = (out.token_ids[3] + 1) % target.vocab_size
         return out
 
-    rows = aggregate.summarize(bench(sweep(tmp_path / "r.jsonl", gamma=[2]), pair, generate=corrupting),
+    rows = aggregate.summarize(bench(sweep(tmp_path / "r.jsonl", gamma=[2]), pair,
+                                     generate=corrupting),
                                resamples=100)
     bad = [r for r in rows if r["mismatches"]]
     assert [(r["tree"], r["gamma"]) for r in bad] == [(6, 2)] and len(bad[0]["mismatches"]) == 5
@@ -245,13 +255,14 @@ def test_a_drafter_that_cannot_grow_trees_fails_its_cell_in_one_line(pair, tmp_p
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    hf = Model(ref="qwen@fp32", net=HFCausalLM(Qwen2ForCausalLM(cfg).eval()), tokenizer=tiny_tokenizer(32),
-               eos_ids=frozenset(), source="random")
+    hf = Model(ref="qwen@fp32", net=HFCausalLM(Qwen2ForCausalLM(cfg).eval()),
+               tokenizer=tiny_tokenizer(32), eos_ids=frozenset(), source="random")
     path = tmp_path / "r.jsonl"
     config = sweep(path, drafts=["qwen"], gamma=[2], tree=[4])
     with pytest.raises(SpecqError) as e:
         bench(config, {"tiny@fp32": pair["tiny@fp32"], "qwen@fp32": hf})
-    assert "token trees need a Llama-architecture draft" in str(e.value) and "\n" not in str(e.value)
+    assert ("token trees need a Llama-architecture draft" in str(e.value)
+            and "\n" not in str(e.value))
     kinds = [c["cell"]["kind"] for c in store.cells(store.read(path)).values()]
     assert kinds == ["baseline", "baseline"]  # both sets' baselines ran before the tree cell
 

@@ -29,6 +29,7 @@ def test_a_long_edit_prompt_holds_a_whole_standard_library_module():
     assert prompts[2].text.endswith(f"```\n{inspect.getsource(shlex)}```")
     for p in prompts:
         instruction, _, block = p.text.partition("```\n")
-        assert instruction.startswith("Rename the function") and "Return the whole file" in instruction
+        assert (instruction.startswith("Rename the function")
+                and "Return the whole file" in instruction)
         name = instruction.split("`")[1]
         assert f"def {name}(" in block and len(block) > 3000

@@ -1,4 +1,5 @@
-"""Tree acceptance: greedy follows the target's argmax, sampling emits what the target alone would."""
+"""Tree acceptance: greedy follows the target's argmax, sampling emits what
+the target alone would."""
 
 import bisect
 import itertools
@@ -10,7 +11,8 @@ from scipy.stats import chisquare
 from torch import Tensor
 
 from specq.core import acceptance
-from specq.core.acceptance import accept_greedy, accept_sampling, chain_parents, depths, is_chain, tree_mask
+from specq.core.acceptance import (accept_greedy, accept_sampling, chain_parents, depths, is_chain,
+                                   tree_mask)
 from specq.core.sampling import acceptance_probability, residual, sample
 
 V = 4  # small, so each of the V ** LENGTH emitted sequences is expected often enough to test
@@ -158,7 +160,8 @@ def test_sampling_empty_residual_falls_back_to_the_target():
 def test_sampling_duplicate_deterministic_siblings():
     p = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
     outcomes = {tuple(accept_sampling(torch.tensor([1, 1]), torch.tensor([-1, -1]), None, p,
-                                      torch.Generator().manual_seed(seed))[0]) for seed in range(100)}
+                                      torch.Generator().manual_seed(seed))[0])
+                for seed in range(100)}
     assert outcomes == {(), (0,)}  # once 1 is rejected the target has no mass left for its twin
 
 

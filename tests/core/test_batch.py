@@ -20,7 +20,8 @@ from specq.model.llama import MAX_STACKED_ROWS, Rows, invariant_rows
 
 from conftest import _feature_model, at, perturbed, tiny_model
 
-FAST = ["fp32", "int4-g32-rtn", "int4-g32-rtn-head8"]  # oneDNN's packed GEMM; int4 kernel + fp32 / int8 head
+# oneDNN's packed GEMM; int4 kernel + fp32 / int8 head
+FAST = ["fp32", "int4-g32-rtn", "int4-g32-rtn-head8"]
 
 
 def prefilled(net, prompt: list[int], capacity: int = 400):
@@ -53,7 +54,8 @@ def assert_same_as_alone(net, seqs: list[Rows]) -> None:
         logits, hidden = net(s.ids, cache, s.last_only, True, s.positions, s.mask)
         alone.append((logits, hidden, cache))
     together = net.forward_many(seqs, return_hidden=True)
-    for i, (s, (logits, hidden), (want_logits, want_hidden, cache)) in enumerate(zip(seqs, together, alone)):
+    for i, (s, (logits, hidden),
+            (want_logits, want_hidden, cache)) in enumerate(zip(seqs, together, alone)):
         assert torch.equal(logits, want_logits), i
         assert torch.equal(hidden, want_hidden), i
         assert s.cache.length == cache.length
@@ -64,14 +66,16 @@ def assert_same_as_alone(net, seqs: list[Rows]) -> None:
 @torch.inference_mode()
 def test_stacked_rows_equal_each_sequence_alone(spec):
     net = at(tiny_model(scale=3.0, hidden=64), spec, fast=True).runner
-    # every kernel row-invariant up to the cap; float layers (fp32, and the fp32 head of int4-g32-rtn)
-    # only up to f32dot's rows: beyond them torch's GEMM takes over and rounds differently
+    # every kernel row-invariant up to the cap; float layers (fp32, and the fp32 head of
+    # int4-g32-rtn) only up to f32dot's rows: beyond them torch's GEMM takes over
+    # and rounds differently
     floats = spec != "int4-g32-rtn-head8" and f32dot.available()
     assert net.stack_limit() == (ROW_BY_ROW_MAX if floats else MAX_STACKED_ROWS)
     rng = torch.Generator().manual_seed(0)
     assert_same_as_alone(net, passes(net, rng))
     # the cap full: 16 sequences of 16 rows, and beyond it (split into several passes)
-    many = [Rows(torch.randint(0, 32, (16,), generator=rng), prefilled(net, [1, 2, 3 + i])) for i in range(20)]
+    many = [Rows(torch.randint(0, 32, (16,), generator=rng), prefilled(net, [1, 2, 3 + i]))
+            for i in range(20)]
     assert_same_as_alone(net, many)
 
 
@@ -86,7 +90,8 @@ class Neighbourly(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.inner(x)
-        return y + 1e-3 * y.mean(dim=-2, keepdim=True) if x.reshape(-1, self.in_features).shape[0] >= self.rows else y
+        return (y + 1e-3 * y.mean(dim=-2, keepdim=True)
+                if x.reshape(-1, self.in_features).shape[0] >= self.rows else y)
 
 
 @torch.inference_mode()
@@ -95,19 +100,23 @@ def test_a_kernel_that_rounds_by_its_neighbours_caps_the_stack():
     stacks no more rows than that: every sequence still gets its own pass's result."""
     net = at(tiny_model(scale=3.0, hidden=64), "fp32", fast=True).runner
     w2 = net.net.layers[1].feed_forward.w2
-    net.kernels[w2] = Neighbourly(net.kernels.get(w2, w2), rows=9)  # its kernel, rounding by neighbours
-    assert invariant_rows(net.net, MAX_STACKED_ROWS, net.dtype, net.linear, lambda m: net.kernels.get(m, m)) == 8
+    # its kernel, rounding by neighbours
+    net.kernels[w2] = Neighbourly(net.kernels.get(w2, w2), rows=9)
+    assert invariant_rows(net.net, MAX_STACKED_ROWS, net.dtype, net.linear,
+                          lambda m: net.kernels.get(m, m)) == 8
     assert net.stack_limit() == 8
     calls = []
     stacked = net.net.stacked
-    net.net.stacked = lambda seqs, *rest, **kw: calls.append(sum(s.ids.shape[0] for s in seqs)) or stacked(
+    net.net.stacked = lambda seqs, *rest, **kw: calls.append(sum(s.ids.shape[0]
+                                                                 for s in seqs)) or stacked(
         seqs, *rest, **kw)
     seqs = [Rows(torch.tensor([5, 6, 7]), prefilled(net, [1, 2, 3 + i])) for i in range(5)]
     assert_same_as_alone(net, seqs)
     assert calls[-3:] == [6, 6, 3]  # stacks of at most 8 rows
 
 
-def run_together(target, requests: list[dict], join_every: int = 2, speculate=lambda step: True) -> list[Sequence]:
+def run_together(target, requests: list[dict], join_every: int = 2,
+                 speculate=lambda step: True) -> list[Sequence]:
     """Step the requests' sequences together as the server does: one joins every `join_every`
     steps (prefilled on its own), the finished leave; `speculate(step)`: whether step number
     `step` may draft."""
@@ -133,10 +142,12 @@ def test_batched_greedy_decoding_equals_generate(spec):
     draft = at(perturbed(base, 0.5), "fp32", fast=True)
     feature = _feature_model(target, vocab_ids=list(range(32)))
     requests = [dict(prompt=[1, 2, 3], max_new_tokens=30),
-                dict(prompt=[7, 7, 7, 7, 8], draft=draft, gamma=1, max_new_tokens=25, draft_confidence=0.0),
+                dict(prompt=[7, 7, 7, 7, 8], draft=draft, gamma=1, max_new_tokens=25,
+                     draft_confidence=0.0),
                 dict(prompt=[4, 9], draft=draft, gamma=3, max_new_tokens=40, draft_confidence=0.0),
                 dict(prompt=[11, 12, 13, 14, 15, 16], draft=draft, gamma="auto", max_new_tokens=35),
-                dict(prompt=[3, 1, 4, 1, 5], draft=draft, tree=TreeShape(8, 3, 2), max_new_tokens=30),
+                dict(prompt=[3, 1, 4, 1, 5], draft=draft, tree=TreeShape(8, 3, 2),
+                     max_new_tokens=30),
                 dict(prompt=[2, 7, 1, 8], draft=feature, gamma=2, max_new_tokens=30),
                 dict(prompt=[9], max_new_tokens=1)]
     together = run_together(target, requests)
@@ -157,15 +168,18 @@ def test_plain_steps_in_a_batch_keep_every_output():
     base = tiny_model(scale=3.0, hidden=64)
     target = at(base, "fp32", fast=True)
     draft = at(perturbed(base, 0.5), "fp32", fast=True)
-    requests = [dict(prompt=[7, 7, 7, 7, 8], draft=draft, gamma=3, max_new_tokens=25, draft_confidence=0.0),
+    requests = [dict(prompt=[7, 7, 7, 7, 8], draft=draft, gamma=3, max_new_tokens=25,
+                     draft_confidence=0.0),
                 dict(prompt=[4, 9], draft=draft, gamma="auto", max_new_tokens=40),
-                dict(prompt=[3, 1, 4, 1, 5], draft=draft, tree=TreeShape(8, 3, 2), max_new_tokens=30),
+                dict(prompt=[3, 1, 4, 1, 5], draft=draft, tree=TreeShape(8, 3, 2),
+                     max_new_tokens=30),
                 dict(prompt=[2, 7, 1], draft=draft, gamma=2, max_new_tokens=30)]
     drafted = {}
     for name, rule in (("always", lambda n: True), ("every third", lambda n: n % 3 == 0)):
         together = run_together(target, requests, speculate=rule)
         for request, sequence in zip(requests, together):
-            assert api.finish(sequence, draft).token_ids == generate(target, **request).token_ids, (name, request)
+            assert (api.finish(sequence, draft).token_ids
+                    == generate(target, **request).token_ids), (name, request)
         drafted[name] = [s.stats.drafted for s in together]
     fixed = [0, 2, 3]  # gamma auto drafts rarely here either way
     assert all(drafted["every third"][i] < drafted["always"][i] / 2 for i in fixed)
@@ -174,7 +188,8 @@ def test_plain_steps_in_a_batch_keep_every_output():
                      gamma_memory=GammaMemory())
     auto.prefill()
     step([auto], speculate=False)
-    assert auto.stats.drafted == 0 and auto.stats.steps == 1 and not auto.choosers  # nothing learned
+    # nothing learned
+    assert auto.stats.drafted == 0 and auto.stats.steps == 1 and not auto.choosers
     step([auto])
     assert auto.stats.drafted > 0 and list(auto.chooser.recent_caps) == [auto.cap]
 
@@ -185,10 +200,12 @@ def test_batched_sampling_follows_each_requests_seed():
     base = tiny_model(scale=1.0, hidden=64)
     target = at(base, "int4-g32-rtn-head8", fast=True)
     draft = at(perturbed(base, 0.3), "fp32", fast=True)
-    requests = [dict(prompt=[1, 2, 3], draft=draft, gamma=3, temperature=1.0, seed=s, max_new_tokens=30)
+    requests = [dict(prompt=[1, 2, 3], draft=draft, gamma=3, temperature=1.0, seed=s,
+                     max_new_tokens=30)
                 for s in range(3)]
     requests += [dict(prompt=[5, 6], temperature=0.8, top_p=0.9, seed=7, max_new_tokens=20),
-                 dict(prompt=[5, 6], draft=draft, tree=TreeShape(4, 2, 2), temperature=1.0, seed=8, max_new_tokens=20)]
+                 dict(prompt=[5, 6], draft=draft, tree=TreeShape(4, 2, 2), temperature=1.0, seed=8,
+                      max_new_tokens=20)]
     together = run_together(target, requests, join_every=1)
     outputs = [api.finish(s, r.get("draft")).token_ids for r, s in zip(requests, together)]
     assert outputs == [generate(target, **r).token_ids for r in requests]
@@ -227,7 +244,8 @@ def test_linear_kernels_at_the_real_models_shapes_stack_exactly():
             quantize_model(net, spec, progress=False)
         table = fastpath.kernels(net)
         cap = ROW_BY_ROW_MAX if spec == "fp32" and f32dot.available() else MAX_STACKED_ROWS
-        assert invariant_rows(net, MAX_STACKED_ROWS, torch.float32, lambda m, x: table[m](x)) == cap, spec
+        assert (invariant_rows(net, MAX_STACKED_ROWS, torch.float32, lambda m, x: table[m](x))
+                == cap), spec
 
 
 def test_hidden_states_need_the_native_module():

@@ -10,7 +10,8 @@ from specq.core.decode import decode
 from specq.core.sampling import SamplingConfig
 from specq.core.types import Proposal
 
-from conftest import PROMPTS, _exact_sequence_distribution, chi_square_p, tiny_hf_qwen2, perturbed, tiny_model, tiny_tokenizer
+from conftest import (PROMPTS, _exact_sequence_distribution, chi_square_p, tiny_hf_qwen2, perturbed,
+                      tiny_model)
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
@@ -22,7 +23,8 @@ def test_greedy_equality_native(gamma, noise, confidence):
     accepted = rejected = 0
     for prompt in PROMPTS:
         base = generate(target, prompt, max_new_tokens=40)
-        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40, draft_confidence=confidence)
+        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40,
+                        draft_confidence=confidence)
         assert spec.token_ids == base.token_ids
         assert len(spec.token_ids) == 40
         accepted += spec.stats.accepted
@@ -39,7 +41,8 @@ def test_greedy_equality_other_draft_architecture():
     draft.tokenizer = target.tokenizer
     for prompt in PROMPTS:
         base = generate(target, prompt, max_new_tokens=30)
-        assert generate(target, prompt, draft, gamma=3, max_new_tokens=30).token_ids == base.token_ids
+        assert (generate(target, prompt, draft, gamma=3, max_new_tokens=30).token_ids
+                == base.token_ids)
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
@@ -49,11 +52,13 @@ def test_greedy_equality_transformers_backend(gamma):
     draft = tiny_model(scale=3.0, seed=2)  # native draft, transformers target
     for prompt in PROMPTS:
         base = generate(target, prompt, max_new_tokens=24)
-        assert generate(target, prompt, draft, gamma=gamma, max_new_tokens=24).token_ids == base.token_ids
+        assert (generate(target, prompt, draft, gamma=gamma, max_new_tokens=24).token_ids
+                == base.token_ids)
 
 
 class _Scripted:
-    """Proposes the target's own next two tokens, then a wrong one: a known accept/reject pattern."""
+    """Proposes the target's own next two tokens, then a wrong one: a known
+    accept/reject pattern."""
 
     def __init__(self, expected: list[int], vocab: int):
         self.expected, self.vocab = expected, vocab
@@ -96,7 +101,8 @@ def test_stats_count_a_known_accept_reject_pattern():
 def test_confidence_stop_shortens_proposals():
     target = tiny_model(scale=3.0)
     draft = perturbed(target, 0.05)
-    full = generate(target, [1, 2, 3], draft, gamma=4, max_new_tokens=50, draft_confidence=0.0).stats
+    full = generate(target, [1, 2, 3], draft, gamma=4, max_new_tokens=50,
+                    draft_confidence=0.0).stats
     cut = generate(target, [1, 2, 3], draft, gamma=4, max_new_tokens=50, draft_confidence=0.9).stats
     # without the stop only the token budget shortens proposals: the last few steps at most
     assert full.drafted_at[0] - full.drafted_at[3] <= 3
@@ -122,7 +128,8 @@ def test_stops_never_emit_past_eos_or_stop_string():
 
 
 @pytest.mark.parametrize("cfg,confidence", [(SamplingConfig(temperature=1.0), 0.0),
-                                            (SamplingConfig(temperature=0.7, top_k=3, top_p=0.9), 0.0),
+                                            (SamplingConfig(temperature=0.7, top_k=3, top_p=0.9),
+                                             0.0),
                                             (SamplingConfig(temperature=1.0), 0.5)])
 def test_sampling_distribution_matches_target(cfg, confidence):
     """Seeded runs of speculative sampling vs the target's computed joint distribution of the
@@ -135,8 +142,9 @@ def test_sampling_distribution_matches_target(cfg, confidence):
     counts = dict.fromkeys(exact, 0)
     rejected = 0
     for seed in range(runs):
-        out = generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=cfg.temperature,
-                       top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, draft_confidence=confidence)
+        out = generate(target, prompt, draft, gamma=2, max_new_tokens=3,
+                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed,
+                       draft_confidence=confidence)
         counts[tuple(out.token_ids)] += 1
         rejected += out.stats.drafted - out.stats.accepted
     assert rejected > runs // 4
@@ -152,7 +160,8 @@ def test_compiled_static_path_stays_lossless():
     target.runner = CompiledRunner(target.net, inductor="eager")
     draft.runner = CompiledRunner(draft.net, inductor="eager")
     for gamma in (3, 4):
-        assert generate(target, [1, 2, 3], draft, gamma=gamma, max_new_tokens=30).token_ids == base.token_ids
+        assert (generate(target, [1, 2, 3], draft, gamma=gamma, max_new_tokens=30).token_ids
+                == base.token_ids)
     assert generate(target, [1, 2, 3], max_new_tokens=30).token_ids == base.token_ids
 
 
@@ -160,10 +169,13 @@ def test_on_tokens_streams_exactly_the_output_and_can_cancel():
     target = tiny_model(scale=3.0)
     draft = perturbed(target, 0.1)
     chunks = []
-    out = generate(target, [1, 2, 3], draft, max_new_tokens=30, stop=None, on_tokens=lambda ids: chunks.append(ids) or True)
+    out = generate(target, [1, 2, 3], draft, max_new_tokens=30, stop=None,
+                   on_tokens=lambda ids: chunks.append(ids) or True)
     assert [t for c in chunks for t in c] == out.token_ids and len(chunks) > 1
     assert any(len(c) > 1 for c in chunks)  # speculative steps stream several tokens at once
     calls = []
-    cut = generate(target, [1, 2, 3], draft, max_new_tokens=30, on_tokens=lambda ids: calls.append(ids) and False)
-    assert cut.finish_reason == "cancelled" and cut.token_ids == calls[0] == out.token_ids[:len(calls[0])]
+    cut = generate(target, [1, 2, 3], draft, max_new_tokens=30,
+                   on_tokens=lambda ids: calls.append(ids) and False)
+    assert (cut.finish_reason == "cancelled"
+            and cut.token_ids == calls[0] == out.token_ids[:len(calls[0])])
     assert len(calls) == 1 and len(cut.token_ids) < len(out.token_ids)

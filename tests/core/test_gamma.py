@@ -4,17 +4,18 @@ import pytest
 import torch
 
 from specq import api, generate
-from specq.core.gamma import (AUTO_MAX_GAMMA, CARRIED_ACCEPTANCE, MAX_KEPT, MIN_EVIDENCE, PROBE_EVERY,
-                              CostAwareGamma, GammaMemory, parse)
+from specq.core.gamma import (AUTO_MAX_GAMMA, CARRIED_ACCEPTANCE, MAX_KEPT, MIN_EVIDENCE,
+                              PROBE_EVERY, CostAwareGamma, GammaMemory, parse)
 from specq.core.sampling import SamplingConfig
 from specq.core.stats import DecodeStats
 from specq.errors import SpecqError
 
-from conftest import PROMPTS, _exact_sequence_distribution, _feature_model, at, chi_square_p, perturbed, tiny_model
+from conftest import (PROMPTS, _exact_sequence_distribution, _feature_model, at, chi_square_p,
+                      perturbed, tiny_model)
 
 
-def _run(chooser: CostAwareGamma, steps: int, accept: float, draft_s: float, verify_s, stop: float = 0.0,
-         seed: int = 0) -> list[int]:
+def _run(chooser: CostAwareGamma, steps: int, accept: float, draft_s: float, verify_s,
+         stop: float = 0.0, seed: int = 0) -> list[int]:
     """Drive `chooser` for `steps` simulated steps; returns the caps it chose. Each drafted token is
     accepted with probability `accept` (while all before it were); after each one the drafter
     stops early with probability `stop`; a draft forward costs `draft_s`, verifying n rows
@@ -63,7 +64,8 @@ def test_plain_decoding_when_the_draft_does_not_pay_with_probes_ever_rarer():
     assert all(picks[:MIN_EVIDENCE]) and picks[MIN_EVIDENCE] == 0
     tries = [i for i, cap in enumerate(picks) if cap][MIN_EVIDENCE - 1:]
     gaps = [b - a - 1 for a, b in zip(tries, tries[1:])]  # plain steps between tries
-    assert gaps[:3] == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY]  # each unchanged probe doubles the wait
+    # each unchanged probe doubles the wait
+    assert gaps[:3] == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY]
     # beyond that, fading evidence (COUNT_DECAY) has the draft tried about every 30 steps; probing
     # every PROBE_EVERY steps would have been 27 tries
     assert len(tries) <= 12 and picks.count(0) >= 232
@@ -73,7 +75,8 @@ def test_a_probe_that_changes_the_choice_resets_the_interval():
     chooser = CostAwareGamma(4)
     _run(chooser, 40, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
     assert chooser.interval > PROBE_EVERY  # probes kept finding plain best
-    _run(chooser, 60, accept=1.0, draft_s=0.01, verify_s=_linear(1.0, 0.01), seed=2)  # the draft starts to agree
+    # the draft starts to agree
+    _run(chooser, 60, accept=1.0, draft_s=0.01, verify_s=_linear(1.0, 0.01), seed=2)
     assert chooser.next() == 4 and chooser.interval == PROBE_EVERY
 
 
@@ -134,7 +137,8 @@ def test_catching_up_after_plain_steps_does_not_price_drafting_out():
         caps.append(cap)
     assert caps[-20:].count(0) <= 4 and chooser.draft_s == pytest.approx(0.1)
     first_plain = caps.index(0)
-    assert first_plain == MIN_EVIDENCE and caps[first_plain + 1:first_plain + 11].count(0) < 10  # drafting resumes soon
+    # drafting resumes soon
+    assert first_plain == MIN_EVIDENCE and caps[first_plain + 1:first_plain + 11].count(0) < 10
 
 
 def test_a_run_starts_from_what_the_last_run_of_the_pair_learned():
@@ -150,12 +154,15 @@ def test_a_run_starts_from_what_the_last_run_of_the_pair_learned():
     assert second is not first and not second.recent_caps and second.probed_from is None
     assert second.interval == PROBE_EVERY and second.drafting_steps == 0
     picks = _run(second, MIN_EVIDENCE + 1, accept=0.0, draft_s=0.3, verify_s=_linear(1.0, 0.1))
-    assert picks[:MIN_EVIDENCE] == [1] * MIN_EVIDENCE and picks[MIN_EVIDENCE] == 0  # the cheapest drafts, then plain
+    # the cheapest drafts, then plain
+    assert picks[:MIN_EVIDENCE] == [1] * MIN_EVIDENCE and picks[MIN_EVIDENCE] == 0
     second.observe(2, 2, 2, 0.02, 1.02)
     kept = memory.chooser("draft A", "", 4)  # the kept one is unchanged
-    assert (kept.draft_s, kept.verify_s) == (first.draft_s, first.verify_s) != (second.draft_s, second.verify_s)
+    assert ((kept.draft_s, kept.verify_s) == (first.draft_s, first.verify_s)
+            != (second.draft_s, second.verify_s))
     for other in (memory.chooser("draft B", "", 4), memory.chooser("draft A", "lookup", 4),
-                  memory.chooser("draft A", "", 3)):  # another draft, route or longest proposal: from scratch
+                  # another draft, route or longest proposal: from scratch
+                  memory.chooser("draft A", "", 3)):
         assert other.draft_s is None and other.next() == other.max_gamma
     for i in range(MAX_KEPT):  # bounded: the least recently kept go first
         memory.keep(f"draft {i}", "", CostAwareGamma(4))
@@ -173,7 +180,8 @@ def test_a_run_on_text_the_draft_suits_soon_outweighs_the_last_runs_acceptance()
         memory.keep("draft", "", first)
         second = memory.chooser("draft", "", 4)
         assert second.draft_s == first.draft_s and second.verify_s == first.verify_s
-        picks = _run(second, 30, accept=0.95, draft_s=0.02, verify_s=_linear(1.0, 0.05), seed=100 + seed)
+        picks = _run(second, 30, accept=0.95, draft_s=0.02, verify_s=_linear(1.0, 0.05),
+                     seed=100 + seed)
         assert picks.count(4) >= 26
 
 
@@ -276,7 +284,8 @@ def scripted(monkeypatch):
             steps[-1][1:] = [drafted, accepted]
         record_step(self, drafted, accepted, depth)
 
-    monkeypatch.setattr(GammaMemory, "chooser", lambda self, key, route, max_gamma: Chooser(max_gamma))
+    monkeypatch.setattr(GammaMemory, "chooser",
+                        lambda self, key, route, max_gamma: Chooser(max_gamma))
     monkeypatch.setattr(DecodeStats, "record_step", record)
     return steps
 
@@ -315,11 +324,12 @@ def test_sampling_distribution_under_outcome_driven_schedules(scripted):
     runs, counts, plain = 1500, dict.fromkeys(exact, 0), 0
     for seed in range(runs):
         scripted.clear()
-        out = generate(target, prompt, draft, gamma="auto", max_new_tokens=4, temperature=cfg.temperature,
-                       seed=seed, draft_confidence=0.0)
+        out = generate(target, prompt, draft, gamma="auto", max_new_tokens=4,
+                       temperature=cfg.temperature, seed=seed, draft_confidence=0.0)
         counts[tuple(out.token_ids)] += 1
         plain += scripted[1][0] == 0 if len(scripted) > 1 else 0
-    assert runs // 5 < plain < runs * 4 // 5  # the second step's length really followed the first's outcome
+    # the second step's length really followed the first's outcome
+    assert runs // 5 < plain < runs * 4 // 5
     assert chi_square_p(counts, exact, runs) > 0.001
 
 
@@ -338,5 +348,6 @@ def test_the_default_is_auto_when_greedy_and_fixed_when_sampling_or_with_a_tree(
     assert (greedy.adaptive, greedy.gamma) == (True, AUTO_MAX_GAMMA)
     assert (sampled.adaptive, sampled.gamma) == (False, SAMPLING_GAMMA)
     assert (tree.adaptive, tree.gamma) == (False, 3)
-    runs = [generate(target, [4, 9, 2], draft, max_new_tokens=24, temperature=0.8, seed=3).token_ids for _ in range(2)]
+    runs = [generate(target, [4, 9, 2], draft, max_new_tokens=24, temperature=0.8, seed=3).token_ids
+            for _ in range(2)]
     assert runs[0] == runs[1]

@@ -46,7 +46,8 @@ def test_greedy_chain():
     for row, best in enumerate([3, 5, 7, 2]):
         logits[row, best] = 1.0
     def accepted(tokens, rows):
-        path, nxt = accept_greedy(torch.tensor(tokens, dtype=torch.long), chain_parents(len(tokens)), rows)
+        path, nxt = accept_greedy(torch.tensor(tokens, dtype=torch.long),
+                                  chain_parents(len(tokens)), rows)
         return len(path), nxt
 
     assert accepted([3, 5, 7], logits) == (3, 2)  # all accepted, bonus
@@ -58,7 +59,8 @@ def test_greedy_chain():
 def test_sampling_rejects_impossible_tokens():
     p = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
     q = torch.tensor([[1.0, 0.0, 0.0]])
-    path, nxt = accept_sampling(torch.tensor([0]), chain_parents(1), q, p, torch.Generator().manual_seed(0))
+    path, nxt = accept_sampling(torch.tensor([0]), chain_parents(1), q, p,
+                                torch.Generator().manual_seed(0))
     assert (path, nxt) == ([], 1)
 
 
@@ -77,7 +79,8 @@ def test_processing_temperature_topk_topp():
     assert tiny_p[0, 0] == 1.0
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-1), dict(top_p=0), dict(top_p=1.5)])
+@pytest.mark.parametrize("bad",
+                         [dict(temperature=-1), dict(top_k=-1), dict(top_p=0), dict(top_p=1.5)])
 def test_bad_sampling_config(bad):
     with pytest.raises(ValueError):
         SamplingConfig(**bad)

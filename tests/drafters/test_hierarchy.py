@@ -35,7 +35,8 @@ def test_greedy_hierarchy_equals_the_target(kind, tree):
     for prompt in ([1, 2, 3], [5, 6, 7, 8, 9]):
         base = generate(target, prompt, max_new_tokens=40)
         drafter = for_levels(levels, target, 0.0, tree)
-        spec = generate(target, prompt, levels, drafter=drafter, gamma=3, max_new_tokens=40, tree=tree)
+        spec = generate(target, prompt, levels, drafter=drafter, gamma=3, max_new_tokens=40,
+                        tree=tree)
         assert spec.token_ids == base.token_ids
         assert isinstance(drafter, HierarchicalDrafter)
         rejected_by_middle += drafter.checked - drafter.passed
@@ -56,8 +57,8 @@ def test_hierarchical_sampling_follows_the_target(kind):
     runs, counts, middle_rejections, target_rejections = 2000, dict.fromkeys(exact, 0), 0, 0
     for seed in range(runs):
         drafter = for_levels(levels, target, 0.0)
-        out = generate(target, prompt, levels, drafter=drafter, gamma=2, max_new_tokens=3, temperature=1.0,
-                       seed=seed)
+        out = generate(target, prompt, levels, drafter=drafter, gamma=2, max_new_tokens=3,
+                       temperature=1.0, seed=seed)
         counts[tuple(out.token_ids)] += 1
         middle_rejections += drafter.checked - drafter.passed
         target_rejections += out.stats.drafted - out.stats.accepted

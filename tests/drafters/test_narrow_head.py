@@ -1,5 +1,5 @@
-"""A sequence draft with a narrowed head (`weights.narrow_head`): it proposes kept tokens only, its q
-is zero elsewhere, and speculative decoding stays the target's own, greedy and sampled."""
+"""A sequence draft with a narrowed head (`weights.narrow_head`): it proposes kept tokens only, its
+q is zero elsewhere, and speculative decoding stays the target's own, greedy and sampled."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ from specq.core.types import Model
 from specq.loading.vocab import check_target
 from specq.weights.narrow_head import NarrowHead, narrow_linear
 
-from conftest import _exact_sequence_distribution, assert_speculative_is_plain, chi_square_p, perturbed, tiny_model
+from conftest import (_exact_sequence_distribution, assert_speculative_is_plain, chi_square_p,
+                      perturbed, tiny_model)
 
 
 def narrowed(model: Model, keep: list[int]) -> Model:
     net = copy.deepcopy(model.net)
     net.output = narrow_linear(net.output, torch.tensor(keep))
-    return Model(ref=f"{model.ref}-narrow", net=net, tokenizer=model.tokenizer, eos_ids=model.eos_ids,
-                 source=model.source)
+    return Model(ref=f"{model.ref}-narrow", net=net, tokenizer=model.tokenizer,
+                 eos_ids=model.eos_ids, source=model.source)
 
 
 def test_kept_logits_are_the_heads_own_and_the_rest_never_drafted():
@@ -35,13 +36,16 @@ def test_kept_logits_are_the_heads_own_and_the_rest_never_drafted():
         full, narrow = model.net(ids), draft.net(ids)
     outside = torch.ones(32, dtype=torch.bool)
     outside[keep] = False
-    torch.testing.assert_close(narrow[:, keep], full[:, keep])  # the same rows (sgemm may round by row count)
+    # the same rows (sgemm may round by row count)
+    torch.testing.assert_close(narrow[:, keep], full[:, keep])
     assert torch.isneginf(narrow[:, outside]).all()
     drafter = SequenceDrafter(draft, 32)
     drafter.start(torch.tensor([1, 2, 3]), 64)
-    proposal = drafter.propose([1, 2, 3], 4, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    proposal = drafter.propose([1, 2, 3], 4, SamplingConfig(temperature=1.0),
+                               torch.Generator().manual_seed(0))
     assert set(proposal.tokens.tolist()) <= set(keep)
-    assert (proposal.probs[:, outside] == 0).all() and torch.allclose(proposal.probs.sum(-1), torch.ones(4))
+    assert ((proposal.probs[:, outside] == 0).all()
+            and torch.allclose(proposal.probs.sum(-1), torch.ones(4)))
 
 
 def test_greedy_speculation_with_a_narrowed_head_is_plain_decoding():
@@ -50,7 +54,8 @@ def test_greedy_speculation_with_a_narrowed_head_is_plain_decoding():
     target = tiny_model(scale=3.0)
     draft = narrowed(perturbed(target, 0.3), list(range(0, 32, 2)) + [1, 3])
     plain = generate(target, [1, 2, 3], max_new_tokens=24).token_ids
-    assert set(plain) - set(draft.net.output.keep.tolist())  # the target writes tokens the draft cannot
+    # the target writes tokens the draft cannot
+    assert set(plain) - set(draft.net.output.keep.tolist())
     assert_speculative_is_plain(target, draft)
 
 
@@ -67,7 +72,8 @@ def test_sampling_with_a_narrowed_head_follows_the_target():
         accepted += out.stats.accepted
         rejected += out.stats.drafted - out.stats.accepted
     assert accepted > 0 and rejected > 0
-    assert sum(n for seq, n in counts.items() if {2, 4} & set(seq)) > 0  # the target's own tokens still come
+    # the target's own tokens still come
+    assert sum(n for seq, n in counts.items() if {2, 4} & set(seq)) > 0
     assert chi_square_p(counts, exact, runs) > 0.001
 
 

@@ -18,7 +18,8 @@ from specq.loading.kinds import for_pair
 from specq.loading.refs import draft_ref, ngram_ref
 from specq.loading.formats.save import save_native
 
-from conftest import _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
+from conftest import (_exact_sequence_distribution, _feature_model, chi_square_p, perturbed,
+                      tiny_model)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -100,11 +101,15 @@ def test_the_drafter_proposes_point_masses_up_to_its_cap():
     drafter = NgramDrafter(NgramDraft(k=3))
     drafter.start(torch.tensor([1, 2, 3, 4, 5, 1]), 64, None)
     sampling, g = SamplingConfig(temperature=1.0), torch.Generator()
-    assert drafter.propose([1, 2, 3, 4, 5, 1, 9], 4, sampling, g).tokens.numel() == 0  # (1, 9): no match
-    proposal = drafter.propose([1, 2, 3, 4, 5, 1, 9, 1, 2], 4, sampling, g)  # the index took 9, 1, 2 on the way
-    assert proposal.tokens.tolist() == [3, 4, 5] and proposal.probs is None  # k 3; chosen, not sampled
+    # (1, 9): no match
+    assert drafter.propose([1, 2, 3, 4, 5, 1, 9], 4, sampling, g).tokens.numel() == 0
+    # the index took 9, 1, 2 on the way
+    proposal = drafter.propose([1, 2, 3, 4, 5, 1, 9, 1, 2], 4, sampling, g)
+    # k 3; chosen, not sampled
+    assert proposal.tokens.tolist() == [3, 4, 5] and proposal.probs is None
     assert proposal.parents.tolist() == [-1, 0, 1]
-    assert drafter.propose([1, 2, 3, 4, 5, 1, 9, 1, 2], 2, sampling, g).tokens.tolist() == [3, 4]  # the step's cap
+    # the step's cap
+    assert drafter.propose([1, 2, 3, 4, 5, 1, 9, 1, 2], 2, sampling, g).tokens.tolist() == [3, 4]
     assert drafter.nodes(2) == 2 and drafter.nodes(8) == 3
 
 
@@ -125,12 +130,15 @@ def test_spellings_and_their_canonical_form():
     assert not draft_ref("ngram,a").lookup_alone and not draft_ref("ngram,a").grows_trees
 
 
-BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"), ("ngram:n=65", "n must be between 1 and 64"),
-             ("ngram:k=0", "k must be between 1 and 64"), ("ngram:k=65", "k must be between 1 and 64"),
+BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"),
+             ("ngram:n=65", "n must be between 1 and 64"),
+             ("ngram:k=0", "k must be between 1 and 64"),
+             ("ngram:k=65", "k must be between 1 and 64"),
              ("ngram:n=3-2", "MIN of n=MIN-MAX, at most MAX"), ("ngram:n=a", "whole number"),
-             ("ngram:n=1-", "whole number"),
-             ("ngram:k=²", "whole number"), ("ngram:x=1", "unknown option 'x=1'"), ("ngram:k", "unknown option"),
-             ("ngram:k=3:k=4", "given twice"), ("ngram@int8", "no precision"), ("ngram+", "after '+'")]
+             ("ngram:n=1-", "whole number"), ("ngram:k=²", "whole number"),
+             ("ngram:x=1", "unknown option 'x=1'"), ("ngram:k", "unknown option"),
+             ("ngram:k=3:k=4", "given twice"), ("ngram@int8", "no precision"),
+             ("ngram+", "after '+'")]
 
 
 @pytest.mark.parametrize("ref,needle", BAD_SPECS)
@@ -152,7 +160,8 @@ def test_an_ngram_level_comes_first_in_a_hierarchy():
 
 
 def _greedy_runs(target, draft, **options) -> tuple[int, int, int]:
-    """Each prompt's output with `draft` equals the target's own; (accepted, rejected, plain steps)."""
+    """Each prompt's output with `draft` equals the target's own; (accepted,
+    rejected, plain steps)."""
     accepted = rejected = plain = 0
     for prompt in PROMPTS:
         base = specq.generate(target, prompt, max_new_tokens=40)
@@ -174,8 +183,8 @@ def test_greedy_ngram_equals_the_target(draft, gamma):
 
 def test_the_draft_length_is_k():
     target = tiny_model(scale=3.0, seed=4)
-    for draft, gamma, longest in (("ngram", 2, DEFAULT_K), ("ngram:k=7", 1, 7), ("ngram:k=7", "auto", 7),
-                                  ("ngram:k=2", "auto", 2)):
+    for draft, gamma, longest in (("ngram", 2, DEFAULT_K), ("ngram:k=7", 1, 7),
+                                  ("ngram:k=7", "auto", 7), ("ngram:k=2", "auto", 2)):
         stats = specq.generate(target, PROMPTS[0], draft, gamma=gamma, max_new_tokens=30).stats
         assert stats.gamma == longest and len(stats.drafted_at) == longest
         assert stats.drafted_at[0] > 0
@@ -210,7 +219,8 @@ def test_greedy_ngram_with_a_model_fallback_equals_the_target(kind):
         drafter = for_pair(draft, target, 0.0, tree, 2)
         assert isinstance(drafter, FallbackDrafter) and isinstance(drafter.first, NgramDrafter)
         spied = _spied(first=drafter.first, then=drafter.then)
-        spec = specq.generate(target, prompt, draft, drafter=drafter, gamma=2, max_new_tokens=40, tree=tree)
+        spec = specq.generate(target, prompt, draft, drafter=drafter, gamma=2, max_new_tokens=40,
+                              tree=tree)
         assert spec.token_ids == base.token_ids and spec.draft == f"ngram:n=2-3:k=4+{model.ref}"
         accepted += spec.stats.accepted
         rejected += spec.stats.drafted - spec.stats.accepted
@@ -239,7 +249,8 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
             assert chooser.draft_s is not None, name  # each route's own draft cost was measured
             assert chooser.max_gamma == {"lookup": 7, "model": AUTO_MAX_GAMMA}[name]
     assert routes == {"lookup", "model"}
-    plain = api.start(target, PROMPTS[0], perturbed(target, 0.3, seed=2), gamma="auto", max_new_tokens=40)
+    plain = api.start(target, PROMPTS[0], perturbed(target, 0.3, seed=2), gamma="auto",
+                      max_new_tokens=40)
     run(plain)
     assert set(plain.choosers) == {""}  # one drafter: one route
 
@@ -247,7 +258,8 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
 def test_greedy_ngram_under_a_hierarchy_equals_the_target():
     """ngram,MODEL: the model verifies the lookup's tokens and hands up a chain."""
     target = tiny_model(scale=3.0, seed=4)
-    accepted, rejected, _ = _greedy_runs(target, [NgramDraft(), perturbed(target, 0.3, seed=2)], gamma=3)
+    accepted, rejected, _ = _greedy_runs(target, [NgramDraft(), perturbed(target, 0.3, seed=2)],
+                                         gamma=3)
     assert accepted > 0 and rejected > 0
 
 
@@ -274,15 +286,16 @@ NEW = 4  # new tokens per sampled run: two verify passes, the first with up to t
 
 
 def _sampling_counts(target, draft, runs: int, prompt: list[int]):
-    """Outputs of NEW tokens (temperature 1) over `runs` seeds; (counts, accepted, rejected, proposals
-    with tokens from the lookup and from the fallback model)."""
+    """Outputs of NEW tokens (temperature 1) over `runs` seeds; (counts, accepted, rejected,
+    proposals with tokens from the lookup and from the fallback model)."""
     counts, accepted, rejected, proposed = {}, 0, 0, {"first": 0, "then": 0}
     for seed in range(runs):
         drafter = for_pair(draft, target, 0.0, None, 2)
-        spied = _spied(first=drafter.first, then=drafter.then) if isinstance(drafter, FallbackDrafter) else \
-            _spied(first=drafter)
-        out = specq.generate(target, prompt, draft, drafter=drafter, gamma=2, max_new_tokens=NEW, temperature=1.0,
-                             seed=seed)
+        spied = (_spied(first=drafter.first, then=drafter.then)
+                 if isinstance(drafter, FallbackDrafter) else
+                 _spied(first=drafter))
+        out = specq.generate(target, prompt, draft, drafter=drafter, gamma=2, max_new_tokens=NEW,
+                             temperature=1.0, seed=seed)
         counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
         accepted += out.stats.accepted
         rejected += out.stats.drafted - out.stats.accepted
@@ -307,8 +320,10 @@ def test_sampling_with_ngram_drafts_follows_the_target(fallback):
 
 
 def test_the_sampling_check_catches_point_masses_treated_as_spread_out(monkeypatch):
-    """The same check fails when acceptance takes a lookup node's q for uniform, not a point mass."""
-    monkeypatch.setattr(acceptance, "_point_mass", lambda token, like: torch.full_like(like, 1 / like.shape[-1]))
+    """The same check fails when acceptance takes a lookup node's q for
+    uniform, not a point mass."""
+    monkeypatch.setattr(acceptance, "_point_mass",
+                        lambda token, like: torch.full_like(like, 1 / like.shape[-1]))
     prompt = [1, 2, 3, 1, 2]
     target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
     exact = _exact_sequence_distribution(target, prompt, NEW, SamplingConfig(temperature=1.0))
@@ -350,8 +365,8 @@ def test_cli_bad_ngram_drafts_fail_before_any_model_loads(args, needle, capsys, 
 
 @pytest.mark.parametrize("draft", ["ngram", "ngram:n=1-2:k=5+{root}/draft", "ngram,{root}/draft"])
 def test_cli_generate_with_ngram_drafts_is_the_target_own_output(saved, draft, capsys):
-    common = ["generate", "t3 t4 t5 t6 t3 t4 t5 t6 t3 t4", "--target", str(saved / "target"), "--max-new-tokens",
-              "24", "--json", "--no-warmup"]
+    common = ["generate", "t3 t4 t5 t6 t3 t4 t5 t6 t3 t4", "--target", str(saved / "target"),
+              "--max-new-tokens", "24", "--json", "--no-warmup"]
     assert main(common + ["--no-speculative"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main(common + ["--draft", draft.format(root=saved), "--gamma", "auto"]) == 0

@@ -7,7 +7,8 @@ from specq import generate
 from specq.drafters import TreeShape
 from specq.loading.refs import model_ref
 
-from conftest import _config, _exact_sequence_distribution, _self_draft, chi_square_p, sampled_outputs, tiny_model
+from conftest import (_config, _exact_sequence_distribution, _self_draft, chi_square_p,
+                      sampled_outputs, tiny_model)
 
 
 def test_self_refs_name_the_target_at_the_spec():
@@ -19,7 +20,8 @@ def test_self_refs_name_the_target_at_the_spec():
     assert resolved("smollm2-135m-draft", "smollm2-135m") == "smollm2-135m-draft"
 
 
-@pytest.mark.parametrize("options", [dict(gamma=1), dict(gamma=4), dict(gamma="auto"), dict(tree=TreeShape(8, 3, 2))],
+@pytest.mark.parametrize("options", [dict(gamma=1), dict(gamma=4), dict(gamma="auto"),
+                                     dict(tree=TreeShape(8, 3, 2))],
                          ids=["gamma1", "gamma4", "auto", "tree8"])
 def test_greedy_self_speculation_equals_the_target(options):
     target = tiny_model(vocab=32, scale=3.0, seed=4)

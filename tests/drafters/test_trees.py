@@ -10,9 +10,11 @@ from specq.drafters import TreeShape
 from specq.drafters.tree import grow
 from specq.loading.kinds import for_pair
 
-from conftest import _exact_sequence_distribution, _feature_model, chi_square_p, perturbed, tiny_model
+from conftest import (_exact_sequence_distribution, _feature_model, chi_square_p, perturbed,
+                      tiny_model)
 
-SHAPES = [TreeShape(1, 1, 1), TreeShape(4, 2, 2), TreeShape(8, 3, 3), TreeShape(16, 4, 4), TreeShape(64, 6, 8)]
+SHAPES = [TreeShape(1, 1, 1), TreeShape(4, 2, 2), TreeShape(8, 3, 3), TreeShape(16, 4, 4),
+          TreeShape(64, 6, 8)]
 
 
 @torch.inference_mode()
@@ -29,7 +31,8 @@ def test_a_tree_pass_gives_each_node_the_logits_of_its_own_path():
     net(prompt[:-1], cache)
     start = cache.length
     positions = start + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)])
-    rows = net(torch.cat([prompt[-1:], tokens]), cache, positions=positions, mask=tree_mask(parents))
+    rows = net(torch.cat([prompt[-1:], tokens]), cache, positions=positions,
+               mask=tree_mask(parents))
     for node in range(len(tokens)):
         path, at = [], node
         while at != -1:
@@ -69,7 +72,8 @@ def test_grow_keeps_the_best_nodes_as_a_tree():
     assert proposal.tokens.tolist() == [0, 1, 0, 1, 0]
     assert proposal.parents.tolist() == [-1, -1, 0, 0, 1]
     assert proposal.probs is None
-    assert fed[0][:3] == ([0, 1], [-1, -1], [1, 1])  # level 2: the two children of the root were fed
+    # level 2: the two children of the root were fed
+    assert fed[0][:3] == ([0, 1], [-1, -1], [1, 1])
     assert fed[1][2] == [2, 2]  # level 3: the two best of the four level-2 nodes
     assert fed[1][3].tolist() == [[True, False, True, False], [True, False, False, True]]
 
@@ -116,7 +120,8 @@ def test_sampling_distribution_with_trees(kind):
     runs, counts, rejected = 2000, dict.fromkeys(exact, 0), 0
     shape = TreeShape(6, 2, 2)
     for seed in range(runs):
-        out = generate(target, prompt, draft, tree=shape, max_new_tokens=3, temperature=1.0, seed=seed)
+        out = generate(target, prompt, draft, tree=shape, max_new_tokens=3, temperature=1.0,
+                       seed=seed)
         counts[tuple(out.token_ids)] += 1
         rejected += out.stats.drafted - out.stats.accepted
     assert rejected > runs

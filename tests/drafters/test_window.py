@@ -19,12 +19,13 @@ from specq.loading import kinds
 from specq.loading.refs import model_ref
 from specq.loading.formats.save import save_native
 
-from conftest import (_exact_sequence_distribution, assert_speculative_is_plain, chi_square_p, perturbed,
-                      sampled_outputs, tiny_model)
+from conftest import (_exact_sequence_distribution, assert_speculative_is_plain, chi_square_p,
+                      perturbed, sampled_outputs, tiny_model)
 
 
 def windowed(model, window: int):
-    return replace(model, ref=f"{model.ref}:window={window}", info={**model.info, "draft_window": window})
+    return replace(model, ref=f"{model.ref}:window={window}",
+                   info={**model.info, "draft_window": window})
 
 
 def test_a_windowed_draft_keeps_greedy_output_and_drafts_from_the_window():
@@ -34,7 +35,8 @@ def test_a_windowed_draft_keeps_greedy_output_and_drafts_from_the_window():
     assert isinstance(drafter, SequenceDrafter) and drafter.window == 2
     prompt = [7, 7, 8, 9, 10, 11]
     assert_speculative_is_plain(target, draft, ([1, 2, 3], [5], prompt, prompt * 4))
-    drafter.start(torch.tensor(prompt * 4), 64)  # 24 prompt tokens: the draft reads the 2 before the last
+    # 24 prompt tokens: the draft reads the 2 before the last
+    drafter.start(torch.tensor(prompt * 4), 64)
     assert drafter.skipped == 21 and drafter.cache.length == 2
 
 
@@ -44,7 +46,8 @@ def test_a_drafter_rolled_back_before_it_proposes_keeps_its_prefill():
     target = tiny_model(scale=3.0)
     prompt = torch.tensor([7, 7, 8, 9, 10, 11] * 4)
     for window in (None, 2):
-        draft = perturbed(target, 0.05) if window is None else windowed(perturbed(target, 0.05), window)
+        draft = (perturbed(target, 0.05)
+                 if window is None else windowed(perturbed(target, 0.05), window))
         drafter = kinds.for_pair(draft, target)
         drafter.start(prompt, 64)
         read = drafter.cache.length
@@ -85,8 +88,10 @@ def test_the_window_is_read_from_the_ref(tmp_path):
         kinds.load("ngram:window=8")
 
 
-@pytest.mark.parametrize("draft", ["smollm2-135m:window=0", "smollm2-135m:window=x", "ngram+smollm2-135m:window="])
+@pytest.mark.parametrize("draft", ["smollm2-135m:window=0", "smollm2-135m:window=x",
+                                   "ngram+smollm2-135m:window="])
 def test_a_bad_window_is_one_line_and_exit_2_before_any_model_loads(draft, capsys):
-    code = main(["generate", "t1", "--target", "smollm2-135m", "--draft", draft, "--max-new-tokens", "2"])
+    code = main(["generate", "t1", "--target", "smollm2-135m", "--draft", draft,
+                 "--max-new-tokens", "2"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and "window" in err, err

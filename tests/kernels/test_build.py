@@ -37,12 +37,13 @@ def test_a_variant_that_does_not_compile_gives_way_to_the_next(force_kernels, mo
 
     def load(name):
         if name == "avx512vnni":
-            raise build.KernelUnavailable("compiling specq's avx512vnni kernels failed: unknown -mavx512vnni")
+            raise build.KernelUnavailable("compiling specq's avx512vnni kernels failed: unknown "
+                                          "-mavx512vnni")
 
     monkeypatch.setattr(build, "_load", load)
     assert build.variant() == "avx512"
-    assert capsys.readouterr().err == ("specq: compiling specq's avx512vnni kernels failed: unknown -mavx512vnni; "
-                                       "not using the avx512vnni kernels\n")
+    assert capsys.readouterr().err == ("specq: compiling specq's avx512vnni kernels failed: "
+                                       "unknown -mavx512vnni; not using the avx512vnni kernels\n")
 
 
 def test_on_this_cpu_the_best_variant_runs(force_kernels):
@@ -63,12 +64,14 @@ def test_a_forced_variant_runs_and_a_bad_one_is_refused(force_kernels, monkeypat
     with pytest.raises(build.KernelUnavailable, match="kernels are off"):
         build.load()
     force_kernels("avx9")
-    with pytest.raises(SpecqError, match=r"^SPECQ_KERNELS=avx9: unknown kernel variant \(choose from torch, avx2, "):
+    with pytest.raises(SpecqError, match=r"^SPECQ_KERNELS=avx9: unknown kernel variant \(choose "
+                                         r"from torch, avx2, "):
         build.variant()
     monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(AVX2))
     force_kernels("avx512vnni")
-    with pytest.raises(SpecqError, match=r"^SPECQ_KERNELS=avx512vnni: this CPU lacks avx512_vnni, avx512bw, "
-                                         r"avx512dq, avx512f, avx512vl \(it runs torch, avx2\)$"):
+    with pytest.raises(SpecqError,
+                       match=r"^SPECQ_KERNELS=avx512vnni: this CPU lacks avx512_vnni, avx512bw, "
+                             r"avx512dq, avx512f, avx512vl \(it runs torch, avx2\)$"):
         build.variant()
 
 
@@ -76,14 +79,16 @@ def test_the_cli_refuses_a_bad_variant_before_loading_a_model(force_kernels, cap
     force_kernels("avx2-please")
     code = main(["generate", "hello", "--target", str(tmp_path / "no-such-model")])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and err.startswith("specq: error: SPECQ_KERNELS=avx2-please: unknown")
+    assert (code == 2 and err.count("\n") == 1
+            and err.startswith("specq: error: SPECQ_KERNELS=avx2-please: unknown"))
 
 
 def test_the_cpu_model_and_flags_come_from_cpuinfo(tmp_path, monkeypatch):
     """Fields are matched by name, not by prefix ("flags" is not "vmx flags"), and an unreadable
     /proc/cpuinfo gives no model and no flags (torch's ops then serve)."""
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvmx flags\t: ept\nmodel name\t: Some CPU @ 2.0GHz\nflags\t\t: fpu avx2 fma\n")
+    info.write_text("processor\t: 0\nvmx flags\t: ept\nmodel name\t: Some CPU @ 2.0GHz\nflags\t\t: "
+                    "fpu avx2 fma\n")
     real = build.Path
     monkeypatch.setattr(build, "Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
     assert build._cpuinfo("model name") == "Some CPU @ 2.0GHz"

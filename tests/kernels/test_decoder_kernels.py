@@ -22,17 +22,19 @@ from conftest import counting_stack, tiny_model, without_stack
 
 pytestmark = pytest.mark.skipif(not decoder.available(), reason="needs AVX2 and a C compiler")
 
-# The layers `decoder.Stack` runs, as `LlamaConfig` switches: Llama's, Qwen2's (q/k/v biases), Qwen3's
-# (q and k normalized per head) and Gemma 3's (q/k norms, post-norms, GeGLU, a query scale, a sliding
-# layer with its own rope base beside a global one).
+# The layers `decoder.Stack` runs, as `LlamaConfig` switches: Llama's, Qwen2's (q/k/v biases),
+# Qwen3's (q and k normalized per head) and Gemma 3's (q/k norms, post-norms, GeGLU, a query scale,
+# a sliding layer with its own rope base beside a global one).
 ARCHITECTURES = {
     "llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True},
-    "gemma3": {"qk_norm": True, "post_norms": True, "hidden_act": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24,
-               "sliding_window": 3, "sliding_layers": (0,), "rope_local_theta": 100.0, "scale_embeddings": True},
+    "gemma3": {"qk_norm": True, "post_norms": True, "hidden_act": "gelu_pytorch_tanh",
+               "query_pre_attn_scalar": 24, "sliding_window": 3, "sliding_layers": (0,),
+               "rope_local_theta": 100.0, "scale_embeddings": True},
 }
 SPECS = ["fp32", "int4-g32-rtn-head8"]
 PROMPT, CHAIN = torch.tensor([3, 1, 4, 1, 5, 9]), torch.tensor([2, 6, 5, 3, 5])
-TREE, PARENTS = torch.tensor([4, 8, 9, 7, 9]), torch.tensor([-1, -1, 0, 2])  # the root, then 4 nodes
+# the root, then 4 nodes
+TREE, PARENTS = torch.tensor([4, 8, 9, 7, 9]), torch.tensor([-1, -1, 0, 2])
 
 
 def arch_model(switches: dict, spec: str = "fp32", hidden: int = 64):
@@ -48,7 +50,8 @@ def arch_model(switches: dict, spec: str = "fp32", hidden: int = 64):
 
 
 def passes(net) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """A prefill, a chain verify pass, a step and a tree pass (their logits), and the cache after them."""
+    """A prefill, a chain verify pass, a step and a tree pass (their logits), and
+    the cache after them."""
     cache = net.new_cache(32)
     out = [net(PROMPT, cache), net(CHAIN, cache), net(CHAIN[:1], cache)]
     out.append(net(TREE, cache, **verify_layout(PARENTS, cache.length)))
@@ -71,15 +74,17 @@ def assert_passes_near(a: tuple, b: tuple, spec: str = "fp32") -> None:
         assert_near(x, y, spec)
 
 
-CASES = [pytest.param(arch, spec, 64, id=f"{arch}-{spec}") for arch in ARCHITECTURES for spec in SPECS] + [
-    pytest.param("gemma3", "fp32", 72, id="gemma3-fp32-vector-tails")]  # head_dim 18, hidden 72: partial vectors
+# head_dim 18, hidden 72: partial vectors
+CASES = [pytest.param(arch, spec, 64, id=f"{arch}-{spec}") for arch in ARCHITECTURES
+         for spec in SPECS] + [
+    pytest.param("gemma3", "fp32", 72, id="gemma3-fp32-vector-tails")]
 
 
 @pytest.mark.parametrize("arch, spec, hidden", CASES)
 @torch.inference_mode()
 def test_the_layer_stack_computes_what_the_modules_compute(arch, spec, hidden, kernel_variant):
-    """Where every linear layer runs on f32dot or int8dot, each cached pass (a chain verify, a step, a
-    tree) goes through all layers in one C call and gives the torch modules' logits and cache
+    """Where every linear layer runs on f32dot or int8dot, each cached pass (a chain verify, a step,
+    a tree) goes through all layers in one C call and gives the torch modules' logits and cache
     within float tolerance; the stack holds the runner's kernels' weights and the modules' own
     norms and biases."""
     stacked = arch_model(ARCHITECTURES[arch], spec, hidden)
@@ -88,9 +93,11 @@ def test_the_layer_stack_computes_what_the_modules_compute(arch, spec, hidden, k
     attention, block, layer = net.layers[0].attention, net.layers[0], stacked.stack.layers[0]
     kernel = stacked.kernels[attention.wqkv]
     assert layer.wqkv is (kernel.panels if spec == "fp32" else kernel.weight)
-    assert layer.qkv_bias is attention.qkv_bias and (layer.qkv_bias is not None) == (arch == "qwen2")
+    assert (layer.qkv_bias is attention.qkv_bias
+            and (layer.qkv_bias is not None) == (arch == "qwen2"))
     for name, module in [("q_norm", attention.q_norm), ("k_norm", attention.k_norm),
-                         ("post_attention_norm", block.post_attention_norm), ("post_ffn_norm", block.post_ffn_norm)]:
+                         ("post_attention_norm", block.post_attention_norm),
+                         ("post_ffn_norm", block.post_ffn_norm)]:
         assert getattr(layer, name) is (None if module is None else module.weight), name
     modules = without_stack(stacked)
     stacked, calls = counting_stack(stacked)
@@ -102,8 +109,10 @@ def test_the_layer_stack_computes_what_the_modules_compute(arch, spec, hidden, k
 FEATURES = {
     "sliding window": ({"sliding_window": 3, "sliding_layers": (0, 1)},
                        lambda b: setattr(b.attention, "window", None)),
-    "GeGLU": ({"hidden_act": "gelu_pytorch_tanh"}, lambda b: setattr(b.feed_forward, "act", "silu")),
-    "post-norms": ({"post_norms": True}, lambda b: setattr(b, "post_attention_norm", None) or setattr(
+    "GeGLU": ({"hidden_act": "gelu_pytorch_tanh"},
+              lambda b: setattr(b.feed_forward, "act", "silu")),
+    "post-norms": ({"post_norms": True}, lambda b: setattr(b, "post_attention_norm", None)
+                   or setattr(
         b, "post_ffn_norm", None)),
     "query scale": ({"query_pre_attn_scalar": 4}, lambda b: setattr(b.attention, "scale", None)),
     "local rope": ({"sliding_window": 100, "sliding_layers": (1,), "rope_local_theta": 100.0},
@@ -158,7 +167,8 @@ def test_verify_rows_equal_one_token_steps_on_every_variant(spec, arch, kernel_v
 def test_full_blocks_of_keys_at_common_head_sizes(head_dim, kernel_variant):
     """At the head sizes whose blocks of consecutive keys the scores address from one pointer, a
     context of several full blocks: the stack's steps and chain give the modules' logits within
-    tolerance, and each chain row its step's bits (the full blocks and the partial last one meet)."""
+    tolerance, and each chain row its step's bits (the full blocks and the
+    partial last one meet)."""
     net = arch_model(ARCHITECTURES["llama"], hidden=4 * head_dim)
     assert net.config.head_dim == head_dim and net.stack.variant == kernel_variant
     modules = without_stack(net)
@@ -184,9 +194,11 @@ def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, arch, kerne
     sequences of up to ROW_BY_ROW_MAX rows each stay on the stack together beyond that many rows
     in all, as far as the linear layers keep rows invariant."""
     stacked = arch_model(ARCHITECTURES[arch], spec)
-    alone, modules = type(stacked)(stacked.net, "kernels", stacked.kernels, stacked.stack), without_stack(stacked)
+    alone, modules = (type(stacked)(stacked.net, "kernels", stacked.kernels, stacked.stack),
+                      without_stack(stacked))
     stacked, calls = counting_stack(stacked)
-    prompts = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6]), torch.tensor([5, 3, 5, 8, 9, 7, 9])]
+    prompts = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6]),
+               torch.tensor([5, 3, 5, 8, 9, 7, 9])]
     results = []
     for net, together in ((stacked, True), (alone, False), (modules, True)):
         caches = [net.new_cache(96) for _ in prompts]
@@ -195,10 +207,12 @@ def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, arch, kerne
         rows = [[Rows(torch.tensor([2]), caches[0]), Rows(torch.tensor([6, 5, 3]), caches[1]),
                  Rows(TREE, caches[2], **verify_layout(PARENTS, caches[2].length))],
                 [Rows(torch.arange(40) % 32, cache) for cache in caches[:2]]]  # 80 rows in all
-        out = [r for group in rows for r in (net.forward_many(group, return_hidden=True) if together else
-                                              [net.forward_many([s], return_hidden=True)[0] for s in group])]
+        out = [r for group in rows
+               for r in (net.forward_many(group, return_hidden=True) if together else
+                         [net.forward_many([s], return_hidden=True)[0] for s in group])]
         results.append(([t for pair in out for t in pair],
-                        [(c.k[:, :, :, :c.length].clone(), c.v[:, :, :, :c.length].clone()) for c in caches]))
+                        [(c.k[:, :, :, :c.length].clone(), c.v[:, :, :, :c.length].clone())
+                         for c in caches]))
     (a, ca), (b, cb), (c, cc) = results
     # int8dot keeps rows invariant far beyond 80, so the two 40-row sequences share one call; fp32
     # stacks at most ROW_BY_ROW_MAX rows (torch's GEMM beyond), so they take a call each
@@ -206,7 +220,8 @@ def test_a_stacked_pass_of_several_sequences_runs_on_the_stack(spec, arch, kerne
     assert (stacked.stack_limit() >= 80) == (spec != "fp32")
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert all(torch.equal(x, y) for pair_a, pair_b in zip(ca, cb) for x, y in zip(pair_a, pair_b))
-    for x, y in zip([*a, *(t for pair in ca for t in pair)], [*c, *(t for pair in cc for t in pair)]):
+    for x, y in zip([*a, *(t for pair in ca for t in pair)],
+                    [*c, *(t for pair in cc for t in pair)]):
         assert_near(x, y, spec)
 
 
@@ -217,7 +232,8 @@ def test_a_prefill_and_stack_passes_never_share_a_pass():
     net, calls = counting_stack(arch_model(ARCHITECTURES["gemma3"]))
     warm = net.new_cache(32)
     net(PROMPT, warm)
-    seqs = [Rows(CHAIN, warm), Rows(PROMPT, net.new_cache(32)), Rows(CHAIN[:1], copy.deepcopy(warm))]
+    seqs = [Rows(CHAIN, warm), Rows(PROMPT, net.new_cache(32)),
+            Rows(CHAIN[:1], copy.deepcopy(warm))]
     alone = [net(s.ids, copy.deepcopy(s.cache)) for s in seqs]
     calls.clear()
     together = net.forward_many(seqs)
@@ -265,5 +281,6 @@ def test_a_stack_refuses_float_panels_of_another_variant(force_kernels):
     run = backends.runner(net, "kernels")
     assert run.stack.variant == "avx2"
     force_kernels(wide[-1])
-    with pytest.raises(ValueError, match=f"float panels laid out for the avx2 kernels, not {wide[-1]}"):
+    with pytest.raises(ValueError,
+                       match=f"float panels laid out for the avx2 kernels, not {wide[-1]}"):
         fastpath.layer_stack(net, run.kernels)

@@ -4,7 +4,6 @@ variant, and the fast path's float layer around it."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -16,11 +15,13 @@ from specq.kernels.rows import ROW_BY_ROW_MAX
 pytestmark = pytest.mark.skipif(not f32dot.available(), reason="needs AVX2 and a C compiler")
 
 
-@pytest.mark.parametrize("out,n_in", [(64, 96), (21, 33)])  # 21 x 33: a last panel of 5 outputs, an odd input
+# 21 x 33: a last panel of 5 outputs, an odd input
+@pytest.mark.parametrize("out,n_in", [(64, 96), (21, 33)])
 def test_matches_torch(out, n_in, kernel_variant):
     g = torch.Generator().manual_seed(out)
     w, x = torch.randn(out, n_in, generator=g), torch.randn(7, n_in, generator=g)
-    torch.testing.assert_close(f32dot.linear(x, f32dot.FloatPanels(w)), x @ w.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(f32dot.linear(x, f32dot.FloatPanels(w)), x @ w.T, rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_every_row_is_bit_identical_whatever_the_row_count(kernel_variant):
@@ -31,7 +32,8 @@ def test_every_row_is_bit_identical_whatever_the_row_count(kernel_variant):
     alone = torch.cat([f32dot.linear(x[i:i + 1], weight) for i in range(len(x))])
     for rows in range(1, len(x) + 1):  # row tiles of 2 to 4 (AVX2) or 8 (AVX-512), and 1 alone
         for start in (0, len(x) - rows):
-            assert torch.equal(f32dot.linear(x[start:start + rows], weight), alone[start:start + rows]), (rows, start)
+            assert torch.equal(f32dot.linear(x[start:start + rows], weight),
+                               alone[start:start + rows]), (rows, start)
 
 
 def test_every_variant_gives_the_same_bits(force_kernels):
@@ -42,13 +44,16 @@ def test_every_variant_gives_the_same_bits(force_kernels):
     if len(names) < 2:
         pytest.skip(f"this CPU runs one kernel variant only ({', '.join(names)})")
     g = torch.Generator().manual_seed(3)
-    w, x = torch.randn(37, 75, generator=g), torch.randn(9, 75, generator=g)  # a last panel of 5 outputs
+    # a last panel of 5 outputs
+    w, x = torch.randn(37, 75, generator=g), torch.randn(9, 75, generator=g)
     panels = {}
     for name in names:
         force_kernels(name)
         panels[name] = f32dot.FloatPanels(w)
-    assert {name: p.width for name, p in panels.items()} == {n: 16 if n.startswith("avx512") else 8 for n in names}
-    y = {name: f32dot.linear(x, p) for name, p in panels.items()}  # all on the last variant's process
+    assert {name: p.width for name, p in panels.items()} == {n: 16 if n.startswith("avx512") else 8
+                                                             for n in names}
+    # all on the last variant's process
+    y = {name: f32dot.linear(x, p) for name, p in panels.items()}
     torch.testing.assert_close(y[names[0]], x @ w.T, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(y[name], y[names[0]]) for name in names)
 

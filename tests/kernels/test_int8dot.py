@@ -4,7 +4,6 @@ the fast path's switch to it and back."""
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -19,11 +18,13 @@ from specq.weights.quant.rtn import quantize_rtn
 
 pytestmark = pytest.mark.skipif(not int8dot.available(), reason="needs AVX2 and a C compiler")
 
-PACK = {4: int8dot.pack_int4, 6: int8dot.pack_int6, 8: int8dot.pack_int8}  # code bits -> packing of (codes, d, m)
+# code bits -> packing of (codes, d, m)
+PACK = {4: int8dot.pack_int4, 6: int8dot.pack_int6, 8: int8dot.pack_int8}
 CODES = {4: (0, 16), 6: (-32, 32), 8: (-128, 128)}  # code bits -> [low, high) of their codes
 
 
-def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+              offset: torch.Tensor | None) -> torch.Tensor:
     """The kernel's scheme in float64: x rounded to int8 per block of 32 (scale max|x| / 127),
     times w = scale * code (+ offset)."""
     blocks = x.double().view(x.shape[0], -1, 32)
@@ -49,14 +50,15 @@ def test_int4_weights_match_the_reference(group, out):
     y = int8dot.linear(x, int8dot.pack_int4(codes, scale, offset))
     torch.testing.assert_close(y.double(), reference(x, codes, scale, offset), rtol=1e-5, atol=1e-5)
     assert torch.equal(y[3], torch.zeros(out))
-    assert int8dot.linear(x[:0], int8dot.pack_int4(codes, scale, offset)).shape == (0, out)  # no rows: no work
+    # no rows: no work
+    assert int8dot.linear(x[:0], int8dot.pack_int4(codes, scale, offset)).shape == (0, out)
 
 
 @pytest.mark.parametrize("bits", [2, 3])
 @pytest.mark.parametrize("group", [16, 32, 256])
 def test_int2_and_int3_weights_match_the_reference(bits, group):
-    """GGUF's Q2_K, Q3_K (groups of 16) and TQ2_0 (256) codes at their own bits: codes in [0, 2^bits)
-    with offsets."""
+    """GGUF's Q2_K, Q3_K (groups of 16) and TQ2_0 (256) codes at their own bits: codes in [0,
+    2^bits) with offsets."""
     g = torch.Generator().manual_seed(group + bits)
     codes = torch.randint(0, 1 << bits, (40, 512), generator=g)
     scale = torch.rand(40, 512 // group, generator=g) * 0.05
@@ -78,14 +80,16 @@ def test_int8_weights_match_the_reference(group):
 
 
 def random_weight(bits: int, group: int, offsets: bool, out: int, n_in: int, g: torch.Generator):
-    """Random codes [out, n_in] of `bits` bits, scales and (if `offsets`) offsets [out, n_in / group]."""
+    """Random codes [out, n_in] of `bits` bits, scales and (if `offsets`) offsets
+    [out, n_in / group]."""
     codes = torch.randint(*CODES[bits], (out, n_in), generator=g)
     scale = torch.rand(out, n_in // group, generator=g) * 0.02
     offset = torch.randn(out, n_in // group, generator=g) * 0.05 if offsets else None
     return codes, scale, offset
 
 
-FORMS = [(4, 64, True), (8, 192, False), (8, 32, True), (8, 16, False), (8, 16, True), (4, 16, True),
+FORMS = [(4, 64, True), (8, 192, False), (8, 32, True), (8, 16, False), (8, 16, True),
+         (4, 16, True),
          (6, 16, False), (6, 32, True), (6, 64, False)]  # bits, group, offsets
 
 
@@ -113,7 +117,8 @@ def test_every_row_is_bit_identical_whatever_the_row_count(bits, group, offsets)
     alone = torch.cat([int8dot.linear(x[i:i + 1], weight) for i in range(len(x))])
     for rows in range(1, len(x) + 1):  # row tiles of 4, 2 and 1; a last panel of 4 of 8 outputs
         for start in (0, len(x) - rows):
-            assert torch.equal(int8dot.linear(x[start:start + rows], weight), alone[start:start + rows]), (rows, start)
+            assert torch.equal(int8dot.linear(x[start:start + rows], weight),
+                               alone[start:start + rows]), (rows, start)
 
 
 @pytest.mark.parametrize("bits,group,offsets", FORMS)
@@ -125,8 +130,9 @@ def test_unpack_gives_back_what_was_packed(bits, group, offsets):
     assert back[2] is None if offset is None else torch.equal(back[2], offset)
 
 
-@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (3, False), (3, True), (2, False), (2, True),
-                                            (8, True)])
+@pytest.mark.parametrize("bits,symmetric",
+                         [(4, False), (4, True), (3, False), (3, True), (2, False), (2, True),
+                          (8, True)])
 def test_the_fast_path_runs_integer_layers_on_int8dot_beside_their_torch_op(bits, symmetric):
     g = torch.Generator().manual_seed(bits)
     weight = torch.randn(48, 128, generator=g) * 0.05
@@ -143,7 +149,8 @@ def test_the_fast_path_runs_integer_layers_on_int8dot_beside_their_torch_op(bits
     for y in (fast, torch_op):
         torch.testing.assert_close(y, exact, rtol=0.05, atol=0.05 * exact.abs().max().item())
     assert not torch.equal(fast, torch_op)  # a different kernel really ran
-    assert "int8dot" not in net[0].kernel and torch.equal(net(x), torch_op)  # the module is as it was
+    # the module is as it was
+    assert "int8dot" not in net[0].kernel and torch.equal(net(x), torch_op)
 
 
 def test_gguf_blocks_use_the_files_own_scales():
@@ -165,9 +172,11 @@ def test_torch_ops_run_where_the_kernel_is_unavailable(monkeypatch):
 
 
 def test_the_kernels_compile_once_per_cache(tmp_path):
-    code = "from specq.kernels import decoder, int8dot; assert int8dot.available() and decoder.available()"
+    code = ("from specq.kernels import decoder, int8dot; assert int8dot.available() and "
+            "decoder.available()")
     env = {**os.environ, "SPECQ_CACHE": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True) for _ in range(2)]
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+            for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
     assert runs[0].stderr.count("compiling specq's CPU kernels") == 1 and runs[1].stderr == ""
     assert len(list((tmp_path / "kernels").glob("specq-*.so"))) == 1

@@ -19,13 +19,15 @@ from specq.loading.formats import gguf_load
 from specq.loading.formats.save import save_native
 from specq.weights.quant.modules import FileBlocks
 
-from conftest import GGUF_TOKENS, add_bpe_tokenizer, assert_speculative_is_plain, tiny_model, write_tiny_gguf
+from conftest import (GGUF_TOKENS, add_bpe_tokenizer, assert_speculative_is_plain, tiny_model,
+                      write_tiny_gguf)
 
 VOCAB, HIDDEN, RANK, ALPHA = len(GGUF_TOKENS), 64, 4, 8  # the GGUF file's tokenizer: 64 tokens
 PREFIX = "base_model.model.model.layers"
 
 
-def factors(seed: int = 0, size: float = 0.2, modules=("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"),
+def factors(seed: int = 0, size: float = 0.2,
+            modules=("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"),
             layers: int = 2) -> dict[str, torch.Tensor]:
     """Random LoRA factors as peft saves them, on `modules` of each layer (k_proj left out: a fused
     weight's part without a product)."""
@@ -44,8 +46,8 @@ def factors(seed: int = 0, size: float = 0.2, modules=("self_attn.q_proj", "self
 
 def write_adapter(path, base: str, tensors=None, **config) -> str:
     path.mkdir(parents=True, exist_ok=True)
-    settings = {"peft_type": "LORA", "base_model_name_or_path": base, "r": RANK, "lora_alpha": ALPHA,
-                "target_modules": ["q_proj", "v_proj", "down_proj"]} | config
+    settings = {"peft_type": "LORA", "base_model_name_or_path": base, "r": RANK,
+                "lora_alpha": ALPHA, "target_modules": ["q_proj", "v_proj", "down_proj"]} | config
     (path / adapter.CONFIG).write_text(json.dumps(settings))
     save_file(factors() if tensors is None else tensors, str(path / adapter.WEIGHTS))
     return str(path)
@@ -53,7 +55,8 @@ def write_adapter(path, base: str, tensors=None, **config) -> str:
 
 @pytest.fixture
 def files(tmp_path, monkeypatch):
-    """A tiny Llama as a float folder and as a Q8_0 GGUF file, caches in tmp_path (not the kernels')."""
+    """A tiny Llama as a float folder and as a Q8_0 GGUF file, caches in
+    tmp_path (not the kernels')."""
     model = tiny_model(vocab=VOCAB, hidden=HIDDEN, scale=3.0)
     save_native(model, tmp_path / "base")
     write_tiny_gguf(tmp_path / "base.gguf", model, "Q8_0", add_bpe_tokenizer)
@@ -65,7 +68,8 @@ def files(tmp_path, monkeypatch):
 def native_deltas(path: str, net) -> dict[str, torch.Tensor]:
     """Every product the adapter at `path` adds to `net`, by native module name."""
     merged = adapter.read(path)
-    return {name: adapter.delta(merged, hf, net.config) for name, hf in adapter.native_weights(merged, net).items()}
+    return {name: adapter.delta(merged, hf, net.config)
+            for name, hf in adapter.native_weights(merged, net).items()}
 
 
 def one_delta(merged, hf_name: str, config) -> torch.Tensor:
@@ -79,13 +83,17 @@ def test_products_are_b_times_a_scaled_and_stacked_into_fused_weights(files):
     t = factors()
     q = f"{PREFIX}.1.self_attn.q_proj"
     expected_q = t[f"{q}.lora_B.weight"] @ t[f"{q}.lora_A.weight"] * (ALPHA / RANK)
-    assert torch.allclose(one_delta(merged, "model.layers.1.self_attn.q_proj.weight", config), expected_q)
+    assert torch.allclose(one_delta(merged, "model.layers.1.self_attn.q_proj.weight", config),
+                          expected_q)
     native = native_deltas(path, model.net)
-    assert set(native) == {f"layers.{i}.{m}" for i in range(2) for m in ("attention.wqkv", "feed_forward.w2")}
+    assert set(native) == {f"layers.{i}.{m}" for i in range(2)
+                           for m in ("attention.wqkv", "feed_forward.w2")}
     wqkv = native["layers.1.attention.wqkv"]  # [q; k; v]: k has no product, so its rows are zero
-    assert torch.equal(wqkv[:HIDDEN], one_delta(merged, "model.layers.1.self_attn.q_proj.weight", config))
+    assert torch.equal(wqkv[:HIDDEN],
+                       one_delta(merged, "model.layers.1.self_attn.q_proj.weight", config))
     assert not wqkv[HIDDEN:HIDDEN + HIDDEN // 2].any()
-    assert torch.equal(wqkv[HIDDEN + HIDDEN // 2:], one_delta(merged, "model.layers.1.self_attn.v_proj.weight", config))
+    assert torch.equal(wqkv[HIDDEN + HIDDEN // 2:],
+                       one_delta(merged, "model.layers.1.self_attn.v_proj.weight", config))
 
 
 def test_rank_stabilized_scale(files):
@@ -93,7 +101,8 @@ def test_rank_stabilized_scale(files):
     merged = adapter.read(write_adapter(tmp / "lora", str(tmp / "base"), use_rslora=True))
     t = factors()
     q = f"{PREFIX}.0.self_attn.q_proj"
-    assert torch.allclose(one_delta(merged, "model.layers.0.self_attn.q_proj.weight", files[0].net.config),
+    assert torch.allclose(one_delta(merged, "model.layers.0.self_attn.q_proj.weight",
+                                    files[0].net.config),
                           t[f"{q}.lora_B.weight"] @ t[f"{q}.lora_A.weight"] * (ALPHA / RANK ** 0.5))
 
 
@@ -107,7 +116,8 @@ def test_float_merge_adds_the_products_exactly(files):
         if hasattr(module, "weight") and name in native:
             assert torch.equal(module.weight, model.net.get_submodule(name).weight + native[name])
     untouched = "layers.0.feed_forward.w13"
-    assert torch.equal(loaded.net.get_submodule(untouched).weight, model.net.get_submodule(untouched).weight)
+    assert torch.equal(loaded.net.get_submodule(untouched).weight,
+                       model.net.get_submodule(untouched).weight)
 
 
 def test_what_peft_writes_merges_as_peft_merges_it(files):
@@ -147,11 +157,13 @@ def test_gguf_base_merges_into_its_requantized_4bit_body_once(files, monkeypatch
 
     reference = gguf_io.read(tmp / "base.gguf").float_state_dict()
     native = native_deltas(path, model.net)
-    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w2", "layers.0.feed_forward.w13"):
+    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w2",
+                 "layers.0.feed_forward.w13"):
         module = first.net.get_submodule(name)
         assert isinstance(module, FileBlocks) and module.bits == 4
         codes, d, m = int8dot.unpack(module._blocks)
-        weight = (codes.float().view(module.out_features, -1, 32) * d[..., None] + m[..., None]).flatten(1)
+        weight = (codes.float().view(module.out_features, -1, 32) * d[..., None]
+                  + m[..., None]).flatten(1)
         expected = reference[f"{name}.weight"] + native.get(name, 0)
         assert ((weight - expected).abs() <= 0.51 * d.repeat_interleave(32, 1) + 1e-6).all()
     def requantized(*args):
@@ -172,19 +184,23 @@ def test_4bit_merge_follows_the_float_merge(files):
     alone, far less than the adapter moves them: the products land on the rows they belong to (a
     GGUF file's q/k row order included)."""
     model, tmp = files
-    merged_float = specq.load(write_adapter(tmp / "lora-f", str(tmp / "base"), tensors=factors(size=1.0)))
-    merged_file = specq.load(write_adapter(tmp / "lora-g", str(tmp / "base.gguf"), tensors=factors(size=1.0)))
+    merged_float = specq.load(write_adapter(tmp / "lora-f", str(tmp / "base"),
+                                            tensors=factors(size=1.0)))
+    merged_file = specq.load(write_adapter(tmp / "lora-g", str(tmp / "base.gguf"),
+                                           tensors=factors(size=1.0)))
     base_file = specq.load(f"{tmp / 'base.gguf'}@gguf-int4")
     ids = torch.tensor([3, 7, 11, 2, 40, 5, 6])
     with torch.inference_mode():
-        a, b, base, base_4bit = merged_float.net(ids), merged_file.net(ids), model.net(ids), base_file.net(ids)
+        a, b, base, base_4bit = (merged_float.net(ids), merged_file.net(ids), model.net(ids),
+                                 base_file.net(ids))
     four_bits, moved = (base_4bit - base).abs().mean(), (a - base).abs().mean()
     assert (a - b).abs().mean() < 1.5 * four_bits < 0.5 * moved
 
 
 def test_a_merged_draft_is_lossless(files):
     model, tmp = files
-    draft = specq.load(write_adapter(tmp / "lora", str(tmp / "base.gguf"), tensors=factors(size=0.3)))
+    draft = specq.load(write_adapter(tmp / "lora", str(tmp / "base.gguf"),
+                                     tensors=factors(size=0.3)))
     target = specq.load(str(tmp / "base.gguf"))
     assert_speculative_is_plain(target, draft)
 
@@ -224,7 +240,8 @@ def test_precisions_that_cannot_hold_a_merge_are_refused(files, spec, message):
 
 def test_a_product_the_base_has_no_weight_for_is_refused(files):
     _, tmp = files
-    path = write_adapter(tmp / "lora", str(tmp / "base"), tensors=factors(layers=3))  # the base has 2 layers
+    # the base has 2 layers
+    path = write_adapter(tmp / "lora", str(tmp / "base"), tensors=factors(layers=3))
     with pytest.raises(SpecqError, match="model.layers.2.* is not a weight of its base"):
         specq.load(path)
 

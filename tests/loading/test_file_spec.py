@@ -24,15 +24,18 @@ VOCAB = 2048  # a head of 1k tokens keeps half of it
 
 
 @pytest.mark.parametrize("text, canonical", [("gguf", "gguf"), ("gguf-head32k", "gguf-head32k"),
-                                             ("GGUF-head16k-int4", "gguf-int4-head16k"), ("gguf-int4", "gguf-int4"),
+                                             ("GGUF-head16k-int4", "gguf-int4-head16k"),
+                                             ("gguf-int4", "gguf-int4"),
                                              ("gguf-keep18-int4", "gguf-int4-keep18")])
 def test_file_precisions_parse_to_one_spelling(text, canonical):
     assert file_spec.names_file(text.lower()) and precision.canonical(text.lower()) == canonical
     assert not precision.is_float(text.lower())
 
 
-@pytest.mark.parametrize("text", ["gguf-head", "gguf-head32", "gguf-head0k", "gguf-int4-int4", "gguf-q4",
-                                  "gguf-head8k-head16k", "gguf-", "gguf-keep1", "gguf-keep", "gguf-keep4-keep3"])
+@pytest.mark.parametrize("text",
+                         ["gguf-head", "gguf-head32", "gguf-head0k", "gguf-int4-int4", "gguf-q4",
+                          "gguf-head8k-head16k", "gguf-", "gguf-keep1", "gguf-keep",
+                          "gguf-keep4-keep3"])
 def test_bad_file_precisions_are_one_line(text):
     with pytest.raises(SpecqError) as e:
         file_spec.parse(text)
@@ -41,16 +44,18 @@ def test_bad_file_precisions_are_one_line(text):
 
 @pytest.fixture
 def tiny_file(tmp_path, monkeypatch):
-    """(float model, parsed Q8_0 file, tokenizer) with a ranked list for its vocabulary: token ids in
-    reverse order (so the kept half is the upper one) in a heads folder of its own."""
+    """(float model, parsed Q8_0 file, tokenizer) with a ranked list for its vocabulary: token ids
+    in reverse order (so the kept half is the upper one) in a heads folder of its own."""
     model = tiny_model(vocab=VOCAB, hidden=32, scale=3.0)
     write_tiny_gguf(tmp_path / "tiny.gguf", model, "Q8_0")
     heads = tmp_path / "heads"
     heads.mkdir()
     np.save(heads / "tiny.npy", np.arange(VOCAB - 1, -1, -1, dtype=np.int32))
-    (heads / "tiny.json").write_text(json.dumps({"vocabulary_sha256": file_spec.vocabulary_digest(model.tokenizer)}))
+    (heads / "tiny.json").write_text(
+        json.dumps({"vocabulary_sha256": file_spec.vocabulary_digest(model.tokenizer)}))
     monkeypatch.setattr(file_spec, "HEADS", heads)
-    monkeypatch.setattr(file_spec, "cache_dir", lambda: tmp_path / "cache")  # the int4 body's, not the kernels'
+    # the int4 body's, not the kernels'
+    monkeypatch.setattr(file_spec, "cache_dir", lambda: tmp_path / "cache")
     return model, gguf_io.read(tmp_path / "tiny.gguf"), model.tokenizer
 
 
@@ -90,7 +95,8 @@ def test_int4_body_and_head_are_close_to_the_files_weights(tiny_file):
         module = net.get_submodule(name)
         assert isinstance(module, FileBlocks) and module.bits == 4 and module.group_size == 32
         codes, d, m = int8dot.unpack(module._blocks)
-        weight = (codes.float().view(module.out_features, -1, 32) * d[..., None] + m[..., None]).flatten(1)
+        weight = (codes.float().view(module.out_features, -1, 32) * d[..., None]
+                  + m[..., None]).flatten(1)
         expected = reference[f"{name}.weight"]
         step = d.repeat_interleave(32, 1)
         assert ((weight - expected).abs() <= 0.51 * step + 1e-6).all()  # RTN: within half a step
@@ -98,12 +104,14 @@ def test_int4_body_and_head_are_close_to_the_files_weights(tiny_file):
 
 def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch):
     """The first load requantizes and saves the 4-bit body; the next one takes it from the cache in
-    place of the file's tensors, which it neither requantizes nor repacks; a broken cache is remade."""
+    place of the file's tensors, which it neither requantizes nor repacks; a
+    broken cache is remade."""
     _, parsed, tok = tiny_file
     spec = FileSpec(int4=True)
     requantize, repacked = file_spec.to_int4, []
     kernel_weight = gguf_io._kernel_weight
-    monkeypatch.setattr(gguf_io, "_kernel_weight", lambda g, parts: repacked.append(parts) or kernel_weight(g, parts))
+    monkeypatch.setattr(gguf_io, "_kernel_weight",
+                        lambda g, parts: repacked.append(parts) or kernel_weight(g, parts))
 
     def load() -> torch.nn.Module:
         net, _ = gguf_io.load_at_file_precision(parsed, file_spec.cached_int4_body(parsed, spec))
@@ -112,18 +120,22 @@ def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch)
 
     assert file_spec.cached_int4_body(parsed, spec) == {}
     made, first = load(), len(repacked)
-    converted = [name for name, m in made.named_modules() if isinstance(m, FileBlocks) and "as int4" in m.kind]
-    assert converted and file_spec.cached_int4_body(parsed, FileSpec()) == {}  # only a 4-bit body is read
+    converted = [name for name, m in made.named_modules() if isinstance(m, FileBlocks)
+                 and "as int4" in m.kind]
+    # only a 4-bit body is read
+    assert converted and file_spec.cached_int4_body(parsed, FileSpec()) == {}
 
     def no_requantizing(blocks):
         raise AssertionError("requantized although the cache holds the body")
 
     monkeypatch.setattr(file_spec, "to_int4", no_requantizing)
     read = load()
-    assert len(repacked) - first == first - len(converted)  # the cached modules' tensors were not repacked
+    # the cached modules' tensors were not repacked
+    assert len(repacked) - first == first - len(converted)
     for name in converted:
         a, b = made.get_submodule(name), read.get_submodule(name)
-        assert b.kind == a.kind and (b.out_features, b.in_features, b.group_size) == (a.out_features, a.in_features, 32)
+        assert (b.kind == a.kind and (b.out_features, b.in_features,
+                                      b.group_size) == (a.out_features, a.in_features, 32))
         for part in ("codes", "d", "m"):
             assert torch.equal(getattr(a._blocks, part), getattr(b._blocks, part))
     ids = torch.tensor([1, 5, 900, 2, 1500, 3])
@@ -139,22 +151,24 @@ def test_int4_body_is_made_once_then_read_from_the_cache(tiny_file, monkeypatch)
 
 
 def test_narrowed_int4_draft_of_a_file_speculates_losslessly(tiny_file, monkeypatch):
-    """Greedy, the draft chooses among its head's kept rows alone (the whole-vocabulary row with -inf
-    elsewhere only for a prompt's prefill), and the output is still the target's."""
+    """Greedy, the draft chooses among its head's kept rows alone (the whole-vocabulary row with
+    -inf elsewhere only for a prompt's prefill), and the output is still the target's."""
     from specq import backends
     from specq.core.types import Model
 
     model, parsed, tok = tiny_file
     net, _ = gguf_io.load_at_file_precision(parsed)
     file_spec.apply(net, parsed, FileSpec(int4=True, head_tokens=1024), tok)
-    draft = Model(ref="tiny.gguf@gguf-int4-head1k", net=net, tokenizer=tok, eos_ids=frozenset(), source="tiny",
+    draft = Model(ref="tiny.gguf@gguf-int4-head1k", net=net, tokenizer=tok, eos_ids=frozenset(),
+                  source="tiny",
                   runner=backends.runner(net, "kernels" if int8dot.available() else "eager"))
     target = perturbed(model, 0.02, ref="target")  # agrees with the draft on most tokens
     calls = {"whole": 0, "kept": 0}
     whole, stacked = NarrowHead.forward, Llama.stacked
     monkeypatch.setattr(NarrowHead, "forward", lambda self, x, linear=None: calls.update(
         whole=calls["whole"] + 1) or whole(self, x, linear))
-    monkeypatch.setattr(Llama, "stacked", lambda self, seqs, hidden, head=None, ex=EAGER: calls.update(
+    monkeypatch.setattr(Llama, "stacked",
+                        lambda self, seqs, hidden, head=None, ex=EAGER: calls.update(
         kept=calls["kept"] + (head is net.output.rows)) or stacked(self, seqs, hidden, head, ex))
     assert_speculative_is_plain(target, draft)
     assert calls["whole"] == 2 and calls["kept"] > 20  # the two prompts longer than one token
@@ -172,7 +186,8 @@ def test_a_vocabulary_without_a_ranked_list_is_one_line(tiny_file, monkeypatch, 
 
 
 def test_kept_layers_keep_the_first_and_last_and_spread_the_dropped_ones():
-    assert file_spec.kept_layers(24, 18) == [0, 1, 3, 4, 5, 7, 8, 9, 11, 12, 14, 15, 16, 18, 19, 20, 22, 23]
+    assert file_spec.kept_layers(24, 18) == [0, 1, 3, 4, 5, 7, 8, 9, 11, 12, 14, 15, 16, 18, 19,
+                                             20, 22, 23]
     assert file_spec.kept_layers(5, 2) == [0, 4] and file_spec.kept_layers(5, 4) == [0, 1, 3, 4]
 
 
@@ -191,7 +206,8 @@ def test_a_draft_of_fewer_layers_runs_its_kept_layers_and_speculates_losslessly(
     assert len(net.layers) == net.config.num_layers == 3 and net.new_cache(8).k.shape[0] == 3
     for new, old in enumerate(file_spec.kept_layers(5, 3)):
         assert torch.equal(net.layers[new].ffn_norm.weight, full.layers[old].ffn_norm.weight)
-    draft = Model(ref="five.gguf@gguf-keep3", net=net, tokenizer=model.tokenizer, eos_ids=frozenset(), source="five",
+    draft = Model(ref="five.gguf@gguf-keep3", net=net, tokenizer=model.tokenizer,
+                  eos_ids=frozenset(), source="five",
                   runner=backends.runner(net, "kernels" if int8dot.available() else "eager"))
     assert_speculative_is_plain(model, draft)
     with pytest.raises(SpecqError, match="keep5 needs 2 to 4 of its 5 layers"):

@@ -26,7 +26,8 @@ def test_float_gguf_reads_back_exactly(tmp_path):
 
 def test_float32_copy_holds_the_dequantized_weights_and_the_metadata(tmp_path):
     """`write_float32` (llama.cpp's side of the F32 comparison): every tensor is F32 and equal,
-    bit for bit, to gguf's dequantization of the source; every key/value is copied but the file type."""
+    bit for bit, to gguf's dequantization of the source; every key/value is
+    copied but the file type."""
     import gguf
     from gguf.quants import dequantize
 
@@ -47,18 +48,22 @@ def test_float32_copy_holds_the_dequantized_weights_and_the_metadata(tmp_path):
     assert {t.tensor_type.name for t in a.tensors} == {"Q4_1", "F32"}
     for ta, tb in zip(a.tensors, b.tensors):
         assert tb.tensor_type == gguf.GGMLQuantizationType.F32, tb.name
-        expected = np.asarray(ta.data) if ta.tensor_type.name == "F32" else dequantize(np.asarray(ta.data), ta.tensor_type)
-        assert tb.shape.tolist() == ta.shape.tolist() and np.array_equal(np.asarray(tb.data), expected), tb.name
+        expected = (np.asarray(ta.data) if ta.tensor_type.name == "F32"
+                    else dequantize(np.asarray(ta.data), ta.tensor_type))
+        assert (tb.shape.tolist() == ta.shape.tolist()
+                and np.array_equal(np.asarray(tb.data), expected)), tb.name
 
     file_type = gguf.Keys.General.FILE_TYPE
     assert b.fields[file_type].contents() == gguf.LlamaFileType.ALL_F32
     for name, field in a.fields.items():
         if name.startswith("GGUF.") or name == file_type:
             continue
-        assert b.fields[name].types == field.types and b.fields[name].contents() == field.contents(), name
+        assert (b.fields[name].types == field.types
+                and b.fields[name].contents() == field.contents()), name
     assert set(b.fields) == set(a.fields)
 
-    same, converted = gguf_io.read(src), gguf_io.read(dst)  # the model specq builds from either file
+    # the model specq builds from either file
+    same, converted = gguf_io.read(src), gguf_io.read(dst)
     assert converted.config == same.config
     for name, value in same.float_state_dict().items():
         assert torch.equal(converted.float_state_dict()[name], value), name
@@ -126,10 +131,13 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
         weight = run.linear(module, eye).t()  # every column of the executed weight
         expected = reference[f"{name}.weight"]
         assert weight.shape == expected.shape
-        if fast:  # one-hot rows quantize to int8 exactly: the file's own weights, up to float rounding
+        # one-hot rows quantize to int8 exactly: the file's own weights, up to float rounding
+        if fast:
             torch.testing.assert_close(weight, expected, rtol=1e-5, atol=1e-6)
-        else:  # bf16 scales/zeros (int4) or bf16 weights (Q8_0): within a few bf16 steps of each value
-            assert torch.allclose(weight, expected, rtol=2 ** -6, atol=2 ** -6 * expected.abs().max().item()), name
+        else:
+            # bf16 scales/zeros (int4) or bf16 weights (Q8_0): within a few bf16 steps of each value
+            assert torch.allclose(weight, expected, rtol=2 ** -6,
+                                  atol=2 ** -6 * expected.abs().max().item()), name
 
     ids = torch.tensor([1, 5, 9, 2, 7, 3])
     float_net = tiny_model(vocab=48, hidden=64).net
@@ -140,7 +148,8 @@ def test_file_precision_runs_the_files_own_blocks(tmp_path, qtype, fast):
 
 
 @pytest.mark.parametrize("suffix", ["", "@gguf"])
-def test_corrupt_gguf_target_exits_2_before_anything_is_cached(tmp_path, monkeypatch, capsys, suffix):
+def test_corrupt_gguf_target_exits_2_before_anything_is_cached(tmp_path, monkeypatch,
+                                                               capsys, suffix):
     from specq.cli import main
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
@@ -162,8 +171,10 @@ def tied_gguf(path, qtype: str, seed: int = 0):
 
     model = tiny_model(vocab=48, hidden=64, scale=3.0, seed=seed)
     net = Llama(dataclasses.replace(model.net.config, tie_word_embeddings=True))
-    net.load_state_dict({k: v for k, v in model.net.state_dict().items() if k != "output.weight"}, strict=False)
-    model = Model(ref="tied", net=net.eval(), tokenizer=model.tokenizer, eos_ids=frozenset(), source="random")
+    net.load_state_dict({k: v for k, v in model.net.state_dict().items() if k != "output.weight"},
+                        strict=False)
+    model = Model(ref="tied", net=net.eval(), tokenizer=model.tokenizer, eos_ids=frozenset(),
+                  source="random")
     write_tiny_gguf(path, model, qtype)
     return model
 
@@ -190,14 +201,17 @@ def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
     assert isinstance(net.tok_embeddings, FileEmbedding)
     assert isinstance(net.output, FileBlocks) == (qtype != "F16")
     floats = [n for n, p in net.named_parameters() if p.shape[0] == 48]
-    assert floats == ([] if qtype != "F16" else ["output.weight"])  # a float head is the only float copy
+    # a float head is the only float copy
+    assert floats == ([] if qtype != "F16" else ["output.weight"])
     assert not any(t.is_meta for t in (*net.parameters(), *net.buffers()))
     before = copy.deepcopy(net)
-    before.tok_embeddings = torch.nn.Embedding.from_pretrained(parsed.float_tensor("token_embd.weight"))
+    before.tok_embeddings = torch.nn.Embedding.from_pretrained(
+        parsed.float_tensor("token_embd.weight"))
     ids = torch.tensor([1, 5, 9, 2, 7, 3, 5])
     backend = "kernels" if fast else "eager"
     with torch.inference_mode():
-        assert torch.equal(backends.runner(net, backend)(ids), backends.runner(before, backend)(ids))
+        assert torch.equal(backends.runner(net, backend)(ids),
+                           backends.runner(before, backend)(ids))
 
 
 def test_tied_file_greedy_speculative_equals_plain(tmp_path):
@@ -209,29 +223,33 @@ def test_tied_file_greedy_speculative_equals_plain(tmp_path):
 
     float_model = tied_gguf(tmp_path / "tied.gguf", "Q8_0")
     net, _ = gguf_io.load_at_file_precision(gguf_io.read(tmp_path / "tied.gguf"))
-    target = Model(ref="tied.gguf@gguf", net=net, tokenizer=float_model.tokenizer, eos_ids=frozenset(),
-                   source="tied.gguf", runner=backends.runner(net, "kernels" if int8dot.available() else "eager"))
+    target = Model(ref="tied.gguf@gguf", net=net, tokenizer=float_model.tokenizer,
+                   eos_ids=frozenset(), source="tied.gguf",
+                   runner=backends.runner(net, "kernels" if int8dot.available() else "eager"))
     draft = perturbed(float_model, 0.3)
     assert_speculative_is_plain(target, draft)
 
 
 def test_cached_tokenizer_gives_the_files_own_tokens(tmp_path, monkeypatch):
-    """A GGUF file's tokenizer, reloaded from its cache as the generic backend (no Python copy of the
-    vocabulary kept), encodes, decodes and applies the chat template as the tokenizer transformers
-    builds from the file's metadata (the built-in file; the Qwen pair's in test_real_pair.py)."""
+    """A GGUF file's tokenizer, reloaded from its cache as the generic backend (no Python copy of
+    the vocabulary kept), encodes, decodes and applies the chat template as the tokenizer
+    transformers builds from the file's metadata (the built-in file; the Qwen pair's
+    in test_real_pair.py)."""
     from specq.loading import builtins
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
     assert_cached_tokenizer_is_the_files(builtins.BUILTIN_GGUF["smollm2-135m"](), monkeypatch)
 
 
-TOKENIZER_TEXTS = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n", " leading space", "a" * 50,
-                   "Héllo wörld 你好 \t\t x<|im_end|><|endoftext|>", "The capital of France is"]
+TOKENIZER_TEXTS = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+                   " leading space", "a" * 50, "Héllo wörld 你好 \t\t x<|im_end|><|endoftext|>",
+                   "The capital of France is"]
 
 
 def assert_cached_tokenizer_is_the_files(path, monkeypatch) -> None:
     """`gguf_load.tokenizer` (built once from the file, saved, reloaded) against what transformers
-    built from the file's metadata on the way (one build: tens of seconds for a large vocabulary)."""
+    built from the file's metadata on the way (one build: tens of seconds for
+    a large vocabulary)."""
     from specq.loading.formats import gguf_load
 
     built, build = [], gguf_io.tokenizer

@@ -29,8 +29,10 @@ def gguf_file(tmp_path_factory):
     rng = np.random.default_rng(0)
     w.add_tensor("f32.weight", rng.standard_normal((4, 64)).astype(np.float32))
     w.add_tensor("f16.weight", rng.standard_normal((3, 32)).astype(np.float16))
-    for name, t in (("q4_0.weight", GGMLQuantizationType.Q4_0), ("q8_0.weight", GGMLQuantizationType.Q8_0)):
-        w.add_tensor(name, quants.quantize(rng.standard_normal((5, 64)).astype(np.float32), t), raw_dtype=t)
+    for name, t in (("q4_0.weight", GGMLQuantizationType.Q4_0),
+                    ("q8_0.weight", GGMLQuantizationType.Q8_0)):
+        w.add_tensor(name, quants.quantize(rng.standard_normal((5, 64)).astype(np.float32), t),
+                     raw_dtype=t)
     w.add_tensor("norm.weight", rng.standard_normal(96).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -44,11 +46,13 @@ def test_fields_and_tensors_match_the_gguf_library(gguf_file):
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     for a, b in zip(ours.tensors, theirs.tensors):
         assert a.tensor_type == b.tensor_type and a.shape == tuple(int(d) for d in b.shape)
-        assert a.data.dtype == np.asarray(b.data).dtype and np.array_equal(a.data, np.asarray(b.data)), a.name
+        assert (a.data.dtype == np.asarray(b.data).dtype
+                and np.array_equal(a.data, np.asarray(b.data))), a.name
     for key in ("general.architecture", "qwen2.block_count", "qwen2.rope.freq_base", "test.flag",
                 "tokenizer.chat_template"):
         assert ours.fields[key] == pytest.approx(_field(theirs, key)), key
-    assert ours.fields["test.numbers"] == [3, 1, 4, 1, 5] and ours.fields["test.floats"] == [0.5, 0.25]
+    assert (ours.fields["test.numbers"] == [3, 1, 4, 1, 5]
+            and ours.fields["test.floats"] == [0.5, 0.25])
     assert ours.fields["tokenizer.ggml.tokens"] is SKIPPED
 
 

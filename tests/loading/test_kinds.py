@@ -31,8 +31,8 @@ def folders(tmp_path_factory):
     target = tiny_model(scale=3.0, seed=4)
     save_native(target, root / "target")
     save_native(perturbed(target, 0.3), root / "draft")
-    feature_draft.save(new_feature_draft(target.net, torch.arange(32), seed=1), root / "feature", target.tokenizer,
-                       target.eos_ids)
+    feature_draft.save(new_feature_draft(target.net, torch.arange(32), seed=1), root / "feature",
+                       target.tokenizer, target.eos_ids)
     (root / "neither").mkdir()
     return root
 
@@ -42,15 +42,17 @@ def test_each_kind_is_recognized_from_its_ref_or_folder(folders):
              "self@int8-head8": "self", "self@int4-g64-gptq": "self",
              str(folders / "feature"): "feature", f"{folders / 'feature'}@int8-head8": "feature",
              "smollm2-135m-feature-draft": "feature",  # shipped: its folder is in the package
-             str(folders / "draft"): "sequence", "smollm2-135m-draft": "sequence", "model.gguf": "sequence",
-             "org/name": "sequence"}
+             str(folders / "draft"): "sequence", "smollm2-135m-draft": "sequence",
+             "model.gguf": "sequence", "org/name": "sequence"}
     assert {ref: kinds.recognize(ref).name for ref in cases} == cases
-    assert list(kinds.KINDS) == ["ngram", "self", "feature", "sequence"]  # every kind, the catch-all last
+    # every kind, the catch-all last
+    assert list(kinds.KINDS) == ["ngram", "self", "feature", "sequence"]
 
 
-@pytest.mark.parametrize("ref,needle", [("no-such-model", "unknown model"), ("", "empty model reference"),
-                                        (42, "a model reference is a string"), ("self@", "ends in '@'"),
-                                        ("ngram:q=1", "unknown option")])
+@pytest.mark.parametrize("ref,needle",
+                         [("no-such-model", "unknown model"), ("", "empty model reference"),
+                          (42, "a model reference is a string"), ("self@", "ends in '@'"),
+                          ("ngram:q=1", "unknown option")])
 def test_an_unknown_ref_is_one_clear_error(ref, needle):
     with pytest.raises(SpecqError, match=re.escape(needle)) as e:
         specq.load(ref)
@@ -80,16 +82,19 @@ def test_self_loads_from_python_with_its_target_and_is_lossless(folders):
     assert draft.ref == f"{folders / 'target'}@int8-head8" and draft.precision == "int8-head8"
     assert specq.load("self@int8-head8", target=target.ref).ref == draft.ref  # or the target's ref
     assert_speculative_is_plain(target, draft)  # accepted and rejected drafts
-    with pytest.raises(SpecqError, match="is a self draft: it drafts for a target and cannot be one"):
+    with pytest.raises(SpecqError,
+                       match="is a self draft: it drafts for a target and cannot be one"):
         specq.generate(draft, [1, 2])
 
 
 def test_a_feature_draft_loads_as_a_draft_never_a_target(folders):
     target = specq.load(str(folders / "target"))
     draft = specq.load(str(folders / "feature"))
-    assert isinstance(draft, Draft) and not isinstance(draft, Model) and draft.kind is kinds.KINDS["feature"]
+    assert (isinstance(draft, Draft) and not isinstance(draft, Model)
+            and draft.kind is kinds.KINDS["feature"])
     assert_speculative_is_plain(target, draft)
-    with pytest.raises(SpecqError, match="is a feature draft: it drafts for a target and cannot be one"):
+    with pytest.raises(SpecqError,
+                       match="is a feature draft: it drafts for a target and cannot be one"):
         specq.generate(draft, [1, 2])
     kinds.save(draft, folders / "feature-again", {"base": draft.ref})
     again = specq.load(str(folders / "feature-again"))
@@ -99,7 +104,8 @@ def test_a_feature_draft_loads_as_a_draft_never_a_target(folders):
 def test_sequence_and_ngram_drafts_load_through_specq_load(folders):
     target = specq.load(str(folders / "target"))
     sequence = specq.load(str(folders / "draft"))
-    assert type(sequence) is Model and kinds.kind_of(sequence) is kinds.KINDS["sequence"]  # it can be a target too
+    # it can be a target too
+    assert type(sequence) is Model and kinds.kind_of(sequence) is kinds.KINDS["sequence"]
     lookup = specq.load("ngram")
     assert isinstance(lookup, NgramDraft) and lookup.fallback is None
     with_model = specq.load(f"ngram:k=3+{folders / 'draft'}", target=target)
@@ -109,14 +115,16 @@ def test_sequence_and_ngram_drafts_load_through_specq_load(folders):
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     plain = specq.generate(target, prompt, max_new_tokens=24).token_ids
     for draft in (sequence, lookup, with_model, with_self):
-        assert specq.generate(target, prompt, draft, max_new_tokens=24, draft_confidence=0.0).token_ids == plain
+        assert specq.generate(target, prompt, draft, max_new_tokens=24,
+                              draft_confidence=0.0).token_ids == plain
 
 
-# the only modules that may name the feature draft's class or module: its own code and the kinds tables
+# the only modules that may name the feature draft's class or module: its own code
+# and the kinds tables
 FEATURE_CODE = {"model/feature_draft.py", "drafters/feature.py", "loading/kinds.py",
                 "loading/drafts/folders.py", "training/students.py"}
-ASKS = re.compile(r"\bFeatureDraft\b|\bis_feature_draft\b|\bfeature_draft\.(?!json\b)\w+|import feature_draft\b"
-                  r"|\bmodel\.feature_draft\b")
+ASKS = re.compile(r"\bFeatureDraft\b|\bis_feature_draft\b|\bfeature_draft\.(?!json\b)\w+|import "
+                  r"feature_draft\b|\bmodel\.feature_draft\b")
 
 
 def asking(text: str) -> list[str]:

@@ -26,7 +26,8 @@ def _same_logits(directory, native) -> None:
     with torch.no_grad():
         expected = native(ids, None)
         got = hf(input_ids=ids[None]).logits[0]
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # the weights, not a random init
+    # the weights, not a random init
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_written_model_loads_in_transformers(tmp_path):

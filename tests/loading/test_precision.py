@@ -38,11 +38,13 @@ def test_quantized_ref_is_cached_and_matches_saved_dir(tiny_dir, tmp_path, capsy
 @pytest.mark.parametrize("spec", ["int8", "int4-g32-rtn", "int3-g32-rtn", "int2-g32-rtn", "bf16"])
 def test_quantized_target_stays_lossless(tiny_dir, spec):
     target = specq.load(f"{tiny_dir}@{spec}")
-    draft = perturbed(specq.load(str(tiny_dir), backend=None), 0.05)  # noise on the weights, before any packing
+    # noise on the weights, before any packing
+    draft = perturbed(specq.load(str(tiny_dir), backend=None), 0.05)
     for prompt in ([1, 2, 3], [4, 4, 5, 6]):
         base = specq.generate(target, prompt, max_new_tokens=30)
         for gamma in (1, 4):
-            assert specq.generate(target, prompt, draft, gamma=gamma, max_new_tokens=30).token_ids == base.token_ids
+            assert (specq.generate(target, prompt, draft, gamma=gamma, max_new_tokens=30).token_ids
+                    == base.token_ids)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -66,7 +68,8 @@ def test_a_spec_the_model_cannot_take_is_one_line_before_any_announcement(tiny_d
 
 
 def test_a_precision_that_is_not_a_string_is_one_error(tiny_dir):
-    """`ModelPool.generate(..., precision=4)` (the API takes any object): a SpecqError, not a crash."""
+    """`ModelPool.generate(..., precision=4)` (the API takes any object): a
+    SpecqError, not a crash."""
     from specq.errors import SpecqError
 
     with pytest.raises(SpecqError, match="a precision is a string such as 'fp32'"):

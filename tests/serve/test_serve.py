@@ -53,8 +53,9 @@ def dirs(tmp_path_factory):
 def server(dirs):
     """(port, app) of a live server: the tiny target at fp32 and bf16 with the perturbed draft,
     decoding up to MAX_BATCH requests together per precision."""
-    config = ServeConfig(target=str(dirs / "target"), precisions=("fp32", "bf16"), draft=str(dirs / "draft"),
-                         api_key=KEY, queue=2, timeout_s=30, max_batch=MAX_BATCH)
+    config = ServeConfig(target=str(dirs / "target"), precisions=("fp32", "bf16"),
+                         draft=str(dirs / "draft"), api_key=KEY, queue=2, timeout_s=30,
+                         max_batch=MAX_BATCH)
     app = build_app(config)
     sock = bind("127.0.0.1", 0)
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -78,7 +79,8 @@ def models(dirs):
 
 
 def client(port: int, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0,
+                         timeout=30)
 
 
 def name(dirs, precision: str = "fp32") -> str:
@@ -89,7 +91,8 @@ def post(port: int, path: str, body, key: str | None = KEY) -> tuple[int, dict, 
     """A raw request (bodies the openai client would refuse to send)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"}
+                                                      if key else {})
     conn.request("POST", path, data, headers)
     response = conn.getresponse()
     return response.status, json.loads(response.read()), dict(response.getheaders())
@@ -119,17 +122,20 @@ def slow_steps(monkeypatch):
     speculated = slow.speculated = []
 
     monkeypatch.setattr(engine_module, "step", slow)
-    monkeypatch.setattr(engine_module, "speculated", speculated, raising=False)  # (requests, speculate) per step
+    # (requests, speculate) per step
+    monkeypatch.setattr(engine_module, "speculated", speculated, raising=False)
     return delay
 
 
 def test_models_health_and_bare_name(server, dirs):
     port, _ = server
-    assert [m.id for m in client(port).models.list().data] == [name(dirs, "fp32"), name(dirs, "bf16")]
+    assert [m.id for m in client(port).models.list().data] == [name(dirs, "fp32"),
+                                                               name(dirs, "bf16")]
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", "/health")
     assert conn.getresponse().status == 200
-    out = client(port).completions.create(model=str(dirs / "target"), prompt=PROMPT, max_tokens=3, temperature=0)
+    out = client(port).completions.create(model=str(dirs / "target"), prompt=PROMPT, max_tokens=3,
+                                          temperature=0)
     assert out.model == name(dirs, "fp32")  # the bare target name is the first precision
 
 
@@ -140,21 +146,26 @@ def test_greedy_equals_generate_token_for_token(server, dirs, models, precision)
     want = specq.generate(models[precision], PROMPT, models["draft"], max_new_tokens=20)
     plain = specq.generate(models[precision], PROMPT, None, max_new_tokens=20)
     assert want.token_ids == plain.token_ids
-    out = c.completions.create(model=name(dirs, precision), prompt=PROMPT, max_tokens=20, temperature=0)
+    out = c.completions.create(model=name(dirs, precision), prompt=PROMPT, max_tokens=20,
+                               temperature=0)
     assert out.choices[0].text == want.text and out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(want.prompt_ids), 20)
-    assert 0 < out.model_extra["specq"]["accepted"] < out.model_extra["specq"]["drafted"]  # speculative, both outcomes
-    streamed = c.completions.create(model=name(dirs, precision), prompt=PROMPT, max_tokens=20, temperature=0,
-                                    stream=True)
+    # speculative, both outcomes
+    assert 0 < out.model_extra["specq"]["accepted"] < out.model_extra["specq"]["drafted"]
+    streamed = c.completions.create(model=name(dirs, precision), prompt=PROMPT, max_tokens=20,
+                                    temperature=0, stream=True)
     chunks = list(streamed)
     assert "".join(ch.choices[0].text for ch in chunks) == want.text and len(chunks) > 2
     assert chunks[-1].choices[0].finish_reason == "length"
     chat = specq.generate(models[precision], PROMPT, models["draft"], max_new_tokens=20, chat=True)
     messages = [{"role": "user", "content": PROMPT}]
-    out = c.chat.completions.create(model=name(dirs, precision), messages=messages, max_tokens=20, temperature=0)
-    assert out.choices[0].message.content == chat.text and out.choices[0].message.role == "assistant"
-    parts = list(c.chat.completions.create(model=name(dirs, precision), messages=messages, max_tokens=20,
-                                           temperature=0, stream=True, stream_options={"include_usage": True}))
+    out = c.chat.completions.create(model=name(dirs, precision), messages=messages, max_tokens=20,
+                                    temperature=0)
+    assert (out.choices[0].message.content == chat.text
+            and out.choices[0].message.role == "assistant")
+    parts = list(c.chat.completions.create(model=name(dirs, precision), messages=messages,
+                                           max_tokens=20, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}))
     assert parts[0].choices[0].delta.role == "assistant"
     assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == chat.text
     assert parts[-1].choices == [] and parts[-1].usage.completion_tokens == 20
@@ -177,19 +188,23 @@ def test_request_extensions_keep_the_output(server, dirs, models):
     c = client(port)
     want = specq.generate(models["fp32"], PROMPT, None, max_new_tokens=16).text
     for extra in ({"speculative": False}, {"draft": None}, {"gamma": 4}, {"gamma": "auto"},
-                  {"tree": 6, "tree_depth": 3, "tree_topk": 2}, {"draft": str(dirs / "draft"), "gamma": 1}):
-        out = c.completions.create(model=name(dirs), prompt=PROMPT, max_tokens=16, temperature=0, extra_body=extra)
+                  {"tree": 6, "tree_depth": 3, "tree_topk": 2},
+                  {"draft": str(dirs / "draft"), "gamma": 1}):
+        out = c.completions.create(model=name(dirs), prompt=PROMPT, max_tokens=16, temperature=0,
+                                   extra_body=extra)
         assert out.choices[0].text == want, extra
-        assert (out.model_extra["specq"]["draft"] is None) == (extra in ({"speculative": False}, {"draft": None}))
+        assert ((out.model_extra["specq"]["draft"] is None)
+                == (extra in ({"speculative": False}, {"draft": None})))
 
 
 def test_sampling_follows_the_seed(server, dirs, models):
     port, _ = server
-    want = specq.generate(models["fp32"], PROMPT, models["draft"], max_new_tokens=16, temperature=0.9, top_p=0.95,
-                          top_k=8, seed=7).text
+    want = specq.generate(models["fp32"], PROMPT, models["draft"], max_new_tokens=16,
+                          temperature=0.9, top_p=0.95, top_k=8, seed=7).text
     for _ in range(2):
-        out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=16, temperature=0.9,
-                                              top_p=0.95, seed=7, extra_body={"top_k": 8})
+        out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=16,
+                                              temperature=0.9, top_p=0.95, seed=7,
+                                              extra_body={"top_k": 8})
         assert out.choices[0].text == want
 
 
@@ -200,10 +215,11 @@ def test_stop_strings_cut_streamed_and_whole_text(server, dirs, models):
     stop = text.split()[6]
     want = text[:text.find(stop)]  # up to the stop string's first occurrence
     assert want
-    out = c.completions.create(model=name(dirs), prompt=PROMPT, max_tokens=20, temperature=0, stop=[stop])
+    out = c.completions.create(model=name(dirs), prompt=PROMPT, max_tokens=20, temperature=0,
+                               stop=[stop])
     assert out.choices[0].text == want and out.choices[0].finish_reason == "stop"
-    chunks = list(c.completions.create(model=name(dirs), prompt=PROMPT, max_tokens=20, temperature=0, stop=stop,
-                                       stream=True))
+    chunks = list(c.completions.create(model=name(dirs), prompt=PROMPT, max_tokens=20,
+                                       temperature=0, stop=stop, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -215,7 +231,8 @@ BAD = [  # (endpoint, body, status, the param or code the error names)
     ("completions", {"model": "M", "prompt": "t1", "max_tokens": "5"}, 400, "max_tokens"),
     ("completions", {"model": "M", "prompt": "t1", "temperature": "hot"}, 400, "temperature"),
     ("completions", {"model": "M", "prompt": 42}, 400, "prompt"),
-    ("completions", {"model": "M", "prompt": " ".join(["t5"] * 600), "max_tokens": 4}, 400, "context_length_exceeded"),
+    ("completions", {"model": "M", "prompt": " ".join(["t5"] * 600), "max_tokens": 4}, 400,
+     "context_length_exceeded"),
     ("completions", {"model": "M", "prompt": "t1", "logit_bias": {"5": 1}}, 400, "logit_bias"),
     ("completions", {"model": "M", "prompt": "t1", "n": 2}, 400, "n"),
     ("completions", {"model": "M", "prompt": "t1", "gamma": 0}, 400, "gamma"),
@@ -226,19 +243,25 @@ BAD = [  # (endpoint, body, status, the param or code the error names)
     ("completions", [1, 2], 400, None),
     ("chat/completions", {"model": "M"}, 400, "messages"),
     ("chat/completions", {"model": "M", "messages": []}, 400, "messages"),
-    ("chat/completions", {"model": "M", "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
-    ("chat/completions", {"model": "M", "messages": [{"role": "user", "content": "t1"}], "tools": []}, 400, "tools"),
-    ("completions", {"model": "M", "prompt": "t1", "temperature": float("nan")}, 400, "temperature"),
+    ("chat/completions", {"model": "M", "messages": [{"role": "tool", "content": "x"}]}, 400,
+     "messages.0.role"),
+    ("chat/completions",
+     {"model": "M", "messages": [{"role": "user", "content": "t1"}], "tools": []}, 400, "tools"),
+    ("completions", {"model": "M", "prompt": "t1", "temperature": float("nan")}, 400,
+     "temperature"),
     ("completions", {"model": "M", "prompt": "t1", "top_p": float("inf")}, 400, "top_p"),
-    ("chat/completions", {"model": "M", "messages": [{"role": "user", "content": "t1"}], "max_tokens": 2,
-                          "max_completion_tokens": 2}, 400, "max_tokens"),
-    ("completions", {"model": "M", "prompt": "t1", "speculative": False, "gamma": 2}, 400, "speculative"),
+    ("chat/completions",
+     {"model": "M", "messages": [{"role": "user", "content": "t1"}], "max_tokens": 2,
+      "max_completion_tokens": 2}, 400, "max_tokens"),
+    ("completions", {"model": "M", "prompt": "t1", "speculative": False, "gamma": 2}, 400,
+     "speculative"),
     ("completions", {"model": "M", "prompt": "t1", "tree_depth": 2}, 400, "tree"),
 ]
 
 
 @pytest.mark.parametrize("endpoint,body,status,names", BAD)
-def test_bad_requests_get_openai_errors_and_the_server_stays_up(server, dirs, endpoint, body, status, names):
+def test_bad_requests_get_openai_errors_and_the_server_stays_up(server, dirs, endpoint, body,
+                                                                status, names):
     port, _ = server
     if isinstance(body, dict):
         body = {k: name(dirs) if v == "M" else v for k, v in body.items()}
@@ -248,14 +271,17 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server, dirs, en
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert isinstance(error["code"], str) and error["code"], error  # a client can branch on it
     assert names is None or names in (error["param"], error["code"]), error
-    out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=2, temperature=0)
+    out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=2,
+                                          temperature=0)
     assert out.usage.completion_tokens == 2
 
 
 def test_a_number_that_is_not_finite_is_named_as_such(server, dirs):
     port, _ = server
-    got, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": "t1", "temperature": float("nan")})
-    assert got == 400 and "finite" in reply["error"]["message"] and "nan" in reply["error"]["message"], reply
+    got, reply, _ = post(port, "/v1/completions",
+                         {"model": name(dirs), "prompt": "t1", "temperature": float("nan")})
+    assert (got == 400 and "finite" in reply["error"]["message"]
+            and "nan" in reply["error"]["message"]), reply
     assert "100" not in reply["error"]["message"]
 
 
@@ -272,7 +298,8 @@ def test_a_broken_model_folder_is_refused_before_the_server_binds(dirs, tmp_path
 
     shutil.copytree(dirs / "target", tmp_path / "broken")
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"\x00" * 64)
-    for args in (["--target", tmp_path / "broken"], ["--target", dirs / "target", "--draft", tmp_path / "broken"]):
+    for args in (["--target", tmp_path / "broken"],
+                 ["--target", dirs / "target", "--draft", tmp_path / "broken"]):
         assert main(["serve", *map(str, args), "--port", "0"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "not a readable safetensors file" in err, err
@@ -283,14 +310,16 @@ def test_the_client_raises_its_usual_errors(server, dirs):
     with pytest.raises(openai.NotFoundError):
         client(port).completions.create(model="gpt-4", prompt="t1")
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
-        client(port).chat.completions.create(model=name(dirs), messages=[{"role": "user", "content": "t1"}],
+        client(port).chat.completions.create(model=name(dirs),
+                                             messages=[{"role": "user", "content": "t1"}],
                                              max_tokens=-1)
 
 
 def test_api_key_is_required(server, dirs):
     port, _ = server
     for key in (None, "wrong"):
-        status, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": "t1"}, key=key)
+        status, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": "t1"},
+                                key=key)
         assert status == 401 and reply["error"]["code"] == "invalid_api_key"
     status, _, _ = post(port, "/v1/completions", b"{not json", key=None)
     assert status == 401  # before the body is read
@@ -302,8 +331,9 @@ def test_a_client_that_disconnects_cancels_its_generation(server, dirs, slow_ste
     port, _ = server
     aborted = metric(port, "specq:request_success_total", finished_reason="abort")
     started = time.monotonic()
-    stream = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=400, temperature=0,
-                                             stream=True, extra_body={"ignore_eos": True})
+    stream = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=400,
+                                             temperature=0, stream=True,
+                                             extra_body={"ignore_eos": True})
     for i, _ in enumerate(stream):
         if i == 3:
             break
@@ -312,9 +342,11 @@ def test_a_client_that_disconnects_cancels_its_generation(server, dirs, slow_ste
         assert time.monotonic() - started < 10, "the generation was not cancelled"
         time.sleep(0.05)
     assert time.monotonic() - started < 400 * slow_steps[0] / 3  # far from running its 400 tokens
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)  # not streamed: hang up while it runs
-    conn.request("POST", "/v1/completions", json.dumps({"model": name(dirs), "prompt": PROMPT, "max_tokens": 400,
-                                                        "ignore_eos": True}),
+    # not streamed: hang up while it runs
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/completions",
+                 json.dumps({"model": name(dirs), "prompt": PROMPT, "max_tokens": 400,
+                             "ignore_eos": True}),
                  {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
     time.sleep(0.3)
     conn.close()
@@ -323,7 +355,8 @@ def test_a_client_that_disconnects_cancels_its_generation(server, dirs, slow_ste
         assert time.monotonic() - started < 5, "the generation was not cancelled"
         time.sleep(0.05)
     slow_steps[0] = 0
-    out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=2, temperature=0)
+    out = client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=2,
+                                          temperature=0)
     assert out.usage.completion_tokens == 2
 
 
@@ -332,10 +365,12 @@ def test_timeout_ends_whole_and_streamed_requests(server, dirs, slow_steps):
     engine = app.state.engines[name(dirs)]
     engine.timeout_s = 0.3
     try:
-        status, reply, _ = post(port, "/v1/completions", {"model": name(dirs), "prompt": PROMPT, "max_tokens": 200})
+        status, reply, _ = post(port, "/v1/completions",
+                                {"model": name(dirs), "prompt": PROMPT, "max_tokens": 200})
         assert status == 504 and reply["error"]["code"] == "timeout"
         with pytest.raises(openai.APIError, match="timeout"):
-            for _ in client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=200, stream=True):
+            for _ in client(port).completions.create(model=name(dirs), prompt=PROMPT,
+                                                     max_tokens=200, stream=True):
                 pass
     finally:
         engine.timeout_s = 30
@@ -346,13 +381,15 @@ def test_a_full_queue_answers_429(server, dirs, monkeypatch):
     port, app = server
     engine = app.state.engines[name(dirs)]
     gate, real = threading.Event(), engine_module.step
-    monkeypatch.setattr(engine_module, "step", lambda sequences, **options: gate.wait(30) and real(sequences, **options))
+    monkeypatch.setattr(engine_module, "step",
+                        lambda sequences, **options: gate.wait(30) and real(sequences, **options))
     request = dict(model=name(dirs), prompt=PROMPT, max_tokens=3, temperature=0)
     with ThreadPoolExecutor(MAX_BATCH + 2) as pool:
         accepted = []
         for _ in range(MAX_BATCH + 3):  # one at a time, each running or queued before the next
             accepted.append(pool.submit(client(port).completions.create, **request))
-            while len(engine.running) + engine.jobs.qsize() < len(accepted) and not accepted[-1].done():
+            while (len(engine.running) + engine.jobs.qsize() < len(accepted)
+                   and not accepted[-1].done()):
                 time.sleep(0.01)
             if accepted[-1].done():
                 break
@@ -361,23 +398,28 @@ def test_a_full_queue_answers_429(server, dirs, monkeypatch):
         assert 1 <= len(engine.running) <= MAX_BATCH and engine.jobs.qsize() == 2
         assert metric(port, "specq:num_requests_waiting", model=name(dirs)) == 2
         status, reply, headers = post(port, "/v1/completions", request)
-        assert status == 429 and reply["error"]["code"] == "queue_full" and headers["retry-after"] == "1"
+        assert (status == 429 and reply["error"]["code"] == "queue_full"
+                and headers["retry-after"] == "1")
         gate.set()
         assert [f.result().usage.completion_tokens for f in accepted] == [3] * len(accepted)
 
 
-def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, dirs, models, slow_steps):
+def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, dirs, models,
+                                                                      slow_steps):
     """Greedy requests with different prompts, lengths, gammas and drafts (plain, chains, gamma
     auto, a token tree), sent at once: the engine steps them together, and each gets exactly what
     `specq.generate` gives it alone."""
     port, _ = server
     target, draft = models["fp32"], models["draft"]
     prompts = ["t1 t2 t3", "t9 t4", "t5 t5 t5 t6 t7", "t30 t2", "t11 t12 t13 t14"]
-    cases = [({"speculative": False}, dict(draft=None)), ({}, dict(draft=draft)), ({"gamma": 1}, dict(draft=draft, gamma=1)),
-             ({"gamma": 4}, dict(draft=draft, gamma=4)), ({"gamma": "auto"}, dict(draft=draft, gamma="auto")),
+    cases = [({"speculative": False}, dict(draft=None)), ({}, dict(draft=draft)),
+             ({"gamma": 1}, dict(draft=draft, gamma=1)), ({"gamma": 4}, dict(draft=draft, gamma=4)),
+             ({"gamma": "auto"}, dict(draft=draft, gamma="auto")),
              ({"tree": 6, "tree_depth": 3}, dict(draft=draft, tree=TreeShape(6, 3, 2)))]
-    jobs = [(prompts[i % len(prompts)], 12 + 5 * i, extra, options) for i, (extra, options) in enumerate(cases)]
-    want = [specq.generate(target, prompt, max_new_tokens=n, **options).text for prompt, n, _, options in jobs]
+    jobs = [(prompts[i % len(prompts)], 12 + 5 * i, extra, options)
+            for i, (extra, options) in enumerate(cases)]
+    want = [specq.generate(target, prompt, max_new_tokens=n, **options).text
+            for prompt, n, _, options in jobs]
     slow_steps[0] = 0.02
 
     def ask(job) -> str:  # more requests than running + queued: a 429 is retried after a second
@@ -389,7 +431,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, di
     with ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(ask, jobs))
     assert got == want
-    assert max(slow_steps[1:]) == MAX_BATCH  # steps advanced several requests at once, never more than the cap
+    # steps advanced several requests at once, never more than the cap
+    assert max(slow_steps[1:]) == MAX_BATCH
 
 
 def test_spec_max_batch_makes_larger_steps_plain(server, dirs, models, slow_steps):
@@ -405,7 +448,8 @@ def test_spec_max_batch_makes_larger_steps_plain(server, dirs, models, slow_step
     try:
         with ThreadPoolExecutor(len(jobs)) as pool:
             got = list(pool.map(lambda job: client(port).completions.create(
-                model=name(dirs), prompt=job[0], max_tokens=job[1], temperature=0).choices[0].text, jobs))
+                model=name(dirs), prompt=job[0], max_tokens=job[1], temperature=0).choices[0].text,
+                                jobs))
     finally:
         engine.spec_max_batch = default
     assert got == want
@@ -418,12 +462,14 @@ def test_metrics_count_drafted_and_accepted_tokens(server, dirs):
     port, _ = server
     labels = dict(model=name(dirs), draft=str(dirs / "draft"))
     before = {m: metric(port, m, **labels) for m in ("specq:spec_decode_num_draft_tokens_total",
-                                                      "specq:spec_decode_num_accepted_tokens_total",
-                                                      "specq:spec_decode_num_accepted_tokens_per_pos_total",
-                                                      "specq:generation_tokens_total",
-                                                      "specq:e2e_request_latency_seconds_count")}
+                                                     "specq:spec_decode_num_accepted_tokens_total",
+                                                      "specq:spec_decode_num_accepted_tokens_per_"
+                                                      "pos_total",
+                                                     "specq:generation_tokens_total",
+                                                     "specq:e2e_request_latency_seconds_count")}
     client(port).completions.create(model=name(dirs), prompt=PROMPT, max_tokens=24, temperature=0,
-                                    extra_body={"gamma": 2})  # greedy's default, auto, may find drafting does not pay
+                                    # greedy's default, auto, may find drafting does not pay
+                                    extra_body={"gamma": 2})
     after = {m: metric(port, m, **labels) for m in before}
     assert all(after[m] > before[m] for m in before), (before, after)
     assert after["specq:generation_tokens_total"] - before["specq:generation_tokens_total"] == 24
@@ -433,8 +479,9 @@ def test_metrics_count_drafted_and_accepted_tokens(server, dirs):
 
 def test_the_serve_command(dirs):
     env = dict(os.environ, SPECQ_API_KEY=KEY)
-    proc = subprocess.Popen([sys.executable, "-m", "specq.cli", "serve", "--target", str(dirs / "target"),
-                             "--port", "0", "--threads", "1"], stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "specq.cli", "serve", "--target",
+                             str(dirs / "target"), "--port", "0", "--threads", "1"],
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         port = None
         for line in proc.stderr:
@@ -443,9 +490,11 @@ def test_the_serve_command(dirs):
             if "startup complete" in line:
                 break
         assert port, "the server did not start"
-        out = client(port).chat.completions.create(model=str(dirs / "target"), temperature=0, max_tokens=5,
+        out = client(port).chat.completions.create(model=str(dirs / "target"), temperature=0,
+                                                   max_tokens=5,
                                                    messages=[{"role": "user", "content": PROMPT}])
-        assert out.usage.completion_tokens == 5 and out.model_extra["specq"]["draft"] is None  # no registry draft
+        # no registry draft
+        assert out.usage.completion_tokens == 5 and out.model_extra["specq"]["draft"] is None
     finally:
         proc.terminate()
         proc.wait(20)
@@ -461,7 +510,8 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(capsys):
 
 
 def byte_tokenizer():
-    """One token per byte, decoded as GPT-2 style byte-level tokenizers do (half a character: U+FFFD)."""
+    """One token per byte, decoded as GPT-2 style byte-level tokenizers do (half
+    a character: U+FFFD)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -495,10 +545,12 @@ def test_streamed_text_never_sends_what_it_must_take_back(text, stop, sent):
 
 def test_concurrent_requests_to_both_precisions(server, dirs, models):
     port, _ = server
-    want = {p: specq.generate(models[p], PROMPT, models["draft"], max_new_tokens=30).text for p in ("fp32", "bf16")}
+    want = {p: specq.generate(models[p], PROMPT, models["draft"], max_new_tokens=30).text
+            for p in ("fp32", "bf16")}
 
     def ask(precision: str) -> str:
-        out = client(port).completions.create(model=name(dirs, precision), prompt=PROMPT, max_tokens=30, temperature=0)
+        out = client(port).completions.create(model=name(dirs, precision), prompt=PROMPT,
+                                              max_tokens=30, temperature=0)
         return out.choices[0].text
 
     with ThreadPoolExecutor(4) as pool:

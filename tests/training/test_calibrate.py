@@ -1,4 +1,5 @@
-"""`specq calibrate` on tiny models: runs end to end, registers the draft, refuses foreign vocabularies."""
+"""`specq calibrate` on tiny models: runs end to end, registers the draft, refuses
+foreign vocabularies."""
 
 import pytest
 
@@ -31,15 +32,18 @@ def test_calibrate_registers_draft_for_target_precision(dirs):
         assert 0 <= low <= mean <= high <= 1
     out = dirs / "cache" / "drafts" / "draft-for-int4-g32-rtn"
     assert (out / "config.json").is_file() and not list(out.parent.glob(".*ckpt"))
-    path, entry, exact = registry.select(dirs / "none", out.parent, str(dirs / "target"), "int4-g32-rtn")
+    path, entry, exact = registry.select(dirs / "none", out.parent, str(dirs / "target"),
+                                         "int4-g32-rtn")
     assert exact and path == out
     from specq.loading.drafts.select import select_draft
 
-    ref, _ = select_draft(f"{dirs / 'target'}@int4-g32-rtn")  # what `specq generate` picks: loadable as is
+    # what `specq generate` picks: loadable as is
+    ref, _ = select_draft(f"{dirs / 'target'}@int4-g32-rtn")
     assert ref == str(out) and entry.draft_spec == "" and entry.info["base"] == draft.ref
     tuned = specq.load(ref)  # the calibrated draft still gives the target's own output
     base = specq.generate(target, [1, 2, 3], max_new_tokens=20)
-    assert specq.generate(target, [1, 2, 3], tuned, gamma=3, max_new_tokens=20).token_ids == base.token_ids
+    assert (specq.generate(target, [1, 2, 3], tuned, gamma=3, max_new_tokens=20).token_ids
+            == base.token_ids)
 
 
 def test_calibrate_refuses_foreign_vocabulary(dirs):

@@ -10,10 +10,10 @@ from specq.model.llama import LlamaConfig
 from specq.training import distill
 
 VOCAB = 96
-TEACHER = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=12)
-DRAFT = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                    num_kv_heads=1, head_dim=16)
+TEACHER = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=12)
+DRAFT = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=16)
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +25,16 @@ def sets() -> tuple[distill.TeacherSet, distill.TeacherSet]:
     teacher.eval()
     windows = list(torch.randint(0, VOCAB, (40, 24)))
     train, held = data.split(windows, every=5)
-    return distill.teacher_on_text(teacher, train, k=16), distill.teacher_on_text(teacher, held, k=16)
+    return (distill.teacher_on_text(teacher, train, k=16),
+            distill.teacher_on_text(teacher, held, k=16))
 
 
 def test_distillation_lowers_kl_and_raises_beta(sets):
     train, held = sets
     draft = distill.init_draft(DRAFT, seed=2)
     before = distill.evaluate(draft, held)
-    result = distill.distill(draft, train, held, steps=60, loss="mix:0.5", lr=1e-2, batch=8, eval_every=0,
-                             progress=False)
+    result = distill.distill(draft, train, held, steps=60, loss="mix:0.5", lr=1e-2, batch=8,
+                             eval_every=0, progress=False)
     after = result["held_out"]
     assert after["kl"] < 0.7 * before["kl"]
     assert after["beta"] > before["beta"] + 0.05
@@ -53,7 +54,8 @@ def test_losses_are_exact_on_full_support():
 
 def test_resume_continues_exactly(sets, tmp_path, monkeypatch):
     train, held = sets
-    kwargs = dict(steps=20, loss="tv", lr=5e-3, batch=6, eval_every=5, checkpoint_every=10, progress=False)
+    kwargs = dict(steps=20, loss="tv", lr=5e-3, batch=6, eval_every=5, checkpoint_every=10,
+                  progress=False)
 
     straight = distill.init_draft(DRAFT, seed=3)
     distill.distill(straight, train, held, checkpoint_dir=tmp_path / "a", **kwargs)
@@ -71,7 +73,8 @@ def test_resume_continues_exactly(sets, tmp_path, monkeypatch):
         distill.distill(interrupted, train, held, checkpoint_dir=tmp_path / "b", **kwargs)
     monkeypatch.setattr(distill, "atomic_save", real_save)
 
-    resumed = distill.init_draft(DRAFT, seed=4)  # different init: everything must come from the checkpoint
+    # different init: everything must come from the checkpoint
+    resumed = distill.init_draft(DRAFT, seed=4)
     result = distill.distill(resumed, train, held, checkpoint_dir=tmp_path / "b", **kwargs)
     assert result["steps"] == 20
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):

@@ -22,17 +22,20 @@ from specq.weights.embedding import FileEmbedding
 from conftest import tiny_model, tiny_tokenizer, write_tiny_gguf
 
 VOCAB, HIDDEN = 64, 64
-pytestmark = pytest.mark.skipif(not int8dot.available(), reason="the file's blocks run on int8dot (AVX2)")
+pytestmark = pytest.mark.skipif(not int8dot.available(),
+                                reason="the file's blocks run on int8dot (AVX2)")
 
 
 @pytest.fixture(scope="module")
 def gguf_target(tmp_path_factory) -> Model:
-    """A tiny Q8_0 GGUF target (its own output head, embedding kept in the file's format) on the kernels."""
+    """A tiny Q8_0 GGUF target (its own output head, embedding kept in the file's
+    format) on the kernels."""
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_tiny_gguf(path, tiny_model(vocab=VOCAB, hidden=HIDDEN, scale=3.0), "Q8_0")
     net, _ = gguf_io.load_at_file_precision(gguf_io.read(path))
-    return Model(ref=str(path), net=net.eval(), tokenizer=tiny_tokenizer(VOCAB), eos_ids=frozenset(),
-                 source=str(path), precision="gguf", runner=backends.runner(net))
+    return Model(ref=str(path), net=net.eval(), tokenizer=tiny_tokenizer(VOCAB),
+                 eos_ids=frozenset(), source=str(path), precision="gguf",
+                 runner=backends.runner(net))
 
 
 def test_the_native_teacher_is_chosen_for_a_files_blocks_only(gguf_target):
@@ -42,7 +45,8 @@ def test_the_native_teacher_is_chosen_for_a_files_blocks_only(gguf_target):
 
 def test_text_records_are_the_targets_own_pass(gguf_target):
     net = gguf_target.runner
-    windows = [torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(s)) for s in range(2)]
+    windows = [torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(s))
+               for s in range(2)]
     data = native_teacher.on_text(net, windows, k=8)
     assert data.start == [0, 0] and [t.shape for t in data.top_ids] == [(12, 8)] * 2
     with torch.inference_mode():
@@ -50,7 +54,8 @@ def test_text_records_are_the_targets_own_pass(gguf_target):
     expected = torch.log_softmax(logits, -1).topk(8).values  # stored as float16
     torch.testing.assert_close(data.top_logp[1].float(), expected, atol=1e-3, rtol=1e-3)
     assert torch.equal(data.top_ids[1][:, 0].long(), logits.argmax(-1))
-    torch.testing.assert_close(data.features[1].float(), hidden, atol=2e-2, rtol=1e-2)  # stored as float16
+    # stored as float16
+    torch.testing.assert_close(data.features[1].float(), hidden, atol=2e-2, rtol=1e-2)
 
 
 def test_answers_are_the_targets_greedy_decoding(gguf_target):
@@ -60,7 +65,8 @@ def test_answers_are_the_targets_greedy_decoding(gguf_target):
     data = native_teacher.continuations(gguf_target, prompts, max_new_tokens=6, k=4, batch=2)
     for prompt, ids, start, top in zip(prompts, data.ids, data.start, data.top_ids):
         alone = specq.generate(gguf_target, prompt, max_new_tokens=6)
-        assert ids.tolist() == alone.prompt_ids + alone.token_ids and start == len(alone.prompt_ids) - 1
+        assert (ids.tolist() == alone.prompt_ids + alone.token_ids
+                and start == len(alone.prompt_ids) - 1)
         assert top[:, 0].tolist() == alone.token_ids
     assert [f.shape[0] for f in data.features] == [len(ids) for ids in data.ids]
 
@@ -69,10 +75,13 @@ def test_a_feature_draft_shares_the_files_embedding_and_head_rows(gguf_target):
     net = gguf_target.net
     reference = gguf_io.read(gguf_target.source).float_state_dict()  # gguf's own dequantization
     keep = torch.tensor([0, 3, 17, 63])
-    torch.testing.assert_close(head_rows(net, keep), reference["output.weight"][keep], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(head_rows(net, keep), reference["output.weight"][keep], rtol=1e-6,
+                               atol=1e-7)
     draft = new_feature_draft(net, keep)
-    assert isinstance(net.tok_embeddings, FileEmbedding) and draft._embedding[0] is net.tok_embeddings
-    assert not any("embedding" in name and "tok_embeddings" not in name for name in draft.state_dict())
+    assert (isinstance(net.tok_embeddings, FileEmbedding)
+            and draft._embedding[0] is net.tok_embeddings)
+    assert not any("embedding" in name and "tok_embeddings" not in name
+                   for name in draft.state_dict())
     ids = torch.tensor([[5, 6], [7, 8]])
     torch.testing.assert_close(draft.embed(ids), reference["tok_embeddings.weight"][ids])
 
@@ -89,15 +98,20 @@ def test_distil_a_feature_draft_for_a_gguf_target(gguf_target, tmp_path):
     compute, a saved feature draft that decodes exactly as the target does, accepting and
     rejecting proposals."""
     rng = random.Random(0)
-    (tmp_path / "text.txt").write_text("\n\n".join(" ".join(f"t{rng.randrange(VOCAB)}" for _ in range(60))
+    (tmp_path / "text.txt").write_text(
+        "\n\n".join(" ".join(f"t{rng.randrange(VOCAB)}" for _ in range(60))
                                                  for _ in range(10)))
-    (tmp_path / "prompts.txt").write_text("\n".join(" ".join(f"t{rng.randrange(VOCAB)}" for _ in range(5))
-                                                    for _ in range(6)))
-    settings = DistillSettings(texts=(str(tmp_path / "text.txt"),), prompts=(str(tmp_path / "prompts.txt"),),
-                               new_tokens=8, text_windows=8, seq_len=16, steps=40, lr=3e-3, batch=4, eval_every=20,
-                               checkpoint_every=20, gen_batch=3, accept_prompts=0, compute="bf16", head_vocab=48)
+    (tmp_path / "prompts.txt").write_text(
+        "\n".join(" ".join(f"t{rng.randrange(VOCAB)}" for _ in range(5))
+                  for _ in range(6)))
+    settings = DistillSettings(texts=(str(tmp_path / "text.txt"),),
+                               prompts=(str(tmp_path / "prompts.txt"),), new_tokens=8,
+                               text_windows=8, seq_len=16, steps=40, lr=3e-3, batch=4,
+                               eval_every=20, checkpoint_every=20, gen_batch=3, accept_prompts=0,
+                               compute="bf16", head_vocab=48)
     report = run(gguf_target, tmp_path / "feat", tmp_path / "work", settings, arch="feature")
-    assert report["kind"] == "feature" and report["steps"] == 40 and report["settings"]["compute"] == "bf16"
+    assert (report["kind"] == "feature" and report["steps"] == 40
+            and report["settings"]["compute"] == "bf16")
     assert len(list((tmp_path / "work" / "teacher").glob("*/shard_*.features.pt"))) >= 3
     draft = specq.load(str(tmp_path / "feat"))
     assert isinstance(draft.net, FeatureDraft)
@@ -108,8 +122,10 @@ def test_distil_a_feature_draft_for_a_gguf_target(gguf_target, tmp_path):
         assert fast.token_ids == plain.token_ids
         accepted += fast.stats.accepted
         rejected += fast.stats.drafted - fast.stats.accepted
-        one = specq.generate(gguf_target, prompt, draft, gamma=1, max_new_tokens=24, draft_confidence=0.0)
-        # decoding reads the target's states as training does: a teacher-forced replay takes the same steps
+        one = specq.generate(gguf_target, prompt, draft, gamma=1, max_new_tokens=24,
+                             draft_confidence=0.0)
+        # decoding reads the target's states as training does: a teacher-forced replay
+        # takes the same steps
         assert replay(gguf_target, draft, prompt, one.token_ids) == (one.stats.accepted,
                                                                      one.stats.steps)
     assert accepted > 0 and rejected > 0

@@ -23,8 +23,8 @@ from conftest import (
     training_files,
 )
 
-FAST = ["--new-tokens", "8", "--text-windows", "32", "--seq-len", "32", "--eval-every", "1000", "--gen-batch", "4",
-        "--batch", "4", "--lr", "0.005"]
+FAST = ["--new-tokens", "8", "--text-windows", "32", "--seq-len", "32", "--eval-every", "1000",
+        "--gen-batch", "4", "--batch", "4", "--lr", "0.005"]
 
 
 def _files(tmp_path, monkeypatch, vocab: int, hidden: int, seed: int = 0):
@@ -62,39 +62,46 @@ def test_bad_input_is_one_line_before_any_model_loads(files, capsys, args, needl
 
 
 def test_a_qad_spec_that_is_not_built_is_one_line_naming_the_command(files, capsys):
-    assert main(["generate", "t1", "--target", f"{files / 'target'}@int4-g32-rtn-qad", "--no-speculative"]) == 2
+    assert main(["generate", "t1", "--target", f"{files / 'target'}@int4-g32-rtn-qad",
+                 "--no-speculative"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "specq qad" in err and "quantizing" not in err
 
 
 def test_qad_lowers_the_kl_keeps_the_format_and_loads_by_name(files, capsys):
-    assert main(_args(files, "int4-g32-rtn", "--steps", "40", "--text-windows", "128", "--code-lr", "0.005",
-                      "--json")) == 0
+    assert main(_args(files, "int4-g32-rtn", "--steps", "40", "--text-windows", "128",
+                      "--code-lr", "0.005", "--json")) == 0
     report = json.loads(capsys.readouterr().out)
     before, after = report["held_out_before"], report["held_out_after"]
     assert report["steps"] == 40 and after["kl"] < 0.9 * before["kl"]  # held-out text and answers
-    assert report["settings"]["command"].startswith("specq qad") and report["teacher"].endswith("@fp32")
+    assert (report["settings"]["command"].startswith("specq qad")
+            and report["teacher"].endswith("@fp32"))
     ref = f"{files / 'target'}"
     tuned, plain = specq.load(f"{ref}@int4-g32-rtn-qad"), specq.load(f"{ref}@int4-g32-rtn")
     assert tuned.precision == "int4-g32-rtn-qad" and plain.precision == "int4-g32-rtn"
     # the same format: module types, layer metadata, bytes in memory and on disk
     assert [type(m) for m in tuned.net.modules()] == [type(m) for m in plain.net.modules()]
-    out, plain_dir = (precision.cached_quantized_dir(files / "cache", ref, files / "target", parse_spec(s))
+    out, plain_dir = (precision.cached_quantized_dir(files / "cache", ref, files / "target",
+                                                     parse_spec(s))
                       for s in ("int4-g32-rtn-qad", "int4-g32-rtn"))
     config = json.loads((out / "quant_config.json").read_text())
     plain_config = json.loads((plain_dir / "quant_config.json").read_text())
     assert config["spec"] == "int4-g32-rtn-qad" and config["layers"] == plain_config["layers"]
-    assert config["provenance"]["steps"] == 40 and config["provenance"]["from"].endswith("@int4-g32-rtn")
-    assert (out / "model.safetensors").stat().st_size == (plain_dir / "model.safetensors").stat().st_size
+    assert (config["provenance"]["steps"] == 40
+            and config["provenance"]["from"].endswith("@int4-g32-rtn"))
+    assert ((out / "model.safetensors").stat().st_size
+            == (plain_dir / "model.safetensors").stat().st_size)
     assert weight_bytes(tuned.net) == weight_bytes(plain.net)
-    # plain RTN is untouched by the QAD run (no collision in the cache), and training changed codes and scales
+    # plain RTN is untouched by the QAD run (no collision in the cache), and training
+    # changed codes and scales
     fresh = quantize_model(specq.load(ref, backend=None).net, "int4-g32-rtn", progress=False)
     layers = {n: m for n, m in plain.net.named_modules() if hasattr(m, "quantized")}
     codes = scales = 0
     for name, m in layers.items():
         assert torch.equal(m.quantized().codes, fresh.get_submodule(name).quantized().codes)
         codes += int((tuned.net.get_submodule(name).quantized().codes != m.quantized().codes).sum())
-        scales += int((tuned.net.get_submodule(name).quantized().scales != m.quantized().scales).sum())
+        scales += int((tuned.net.get_submodule(name).quantized().scales
+                       != m.quantized().scales).sum())
     assert codes > 0 and scales > 0
     # the same KL, measured again on the loaded model's packed kernels, is lower than plain RTN's
     teacher = specq.load(ref, backend=None)
@@ -104,8 +111,10 @@ def test_qad_lowers_the_kl_keeps_the_format_and_loads_by_name(files, capsys):
             ids = torch.tensor([random.Random(100 + seed).randrange(64) for _ in range(32)])
             p = torch.log_softmax(teacher.net(ids, None), -1)
             for m in (tuned, plain):
-                kl[m.precision] += torch.nn.functional.kl_div(torch.log_softmax(m.net(ids, None), -1), p,
-                                                              log_target=True, reduction="batchmean").item()
+                kl[m.precision] += torch.nn.functional.kl_div(torch.log_softmax(m.net(ids, None),
+                                                                                -1), p,
+                                                              log_target=True,
+                                                              reduction="batchmean").item()
     assert kl["int4-g32-rtn-qad"] < 0.95 * kl["int4-g32-rtn"]
     # speculation on the QAD target is plain decoding, with accepts and rejects
     assert_speculative_is_plain(tuned, perturbed(teacher, 0.05))
@@ -114,20 +123,24 @@ def test_qad_lowers_the_kl_keeps_the_format_and_loads_by_name(files, capsys):
 
 
 def test_by_default_the_scales_train_and_the_codes_stay(files, capsys):
-    assert main(_args(files, "int4-g32-rtn", "--steps", "100", "--text-windows", "128", "--json")) == 0
+    assert (main(_args(files, "int4-g32-rtn", "--steps", "100", "--text-windows", "128", "--json"))
+            == 0)
     report = json.loads(capsys.readouterr().out)
     assert report["held_out_after"]["kl"] < 0.9 * report["held_out_before"]["kl"]
     assert report["settings"]["code_lr"] == 0 and report["trained"].startswith("group scales")
-    tuned, plain = (specq.load(f"{files / 'target'}@{s}") for s in ("int4-g32-rtn-qad", "int4-g32-rtn"))
+    tuned, plain = (specq.load(f"{files / 'target'}@{s}")
+                    for s in ("int4-g32-rtn-qad", "int4-g32-rtn"))
     scales = 0
     for name, m in plain.net.named_modules():
         if hasattr(m, "quantized"):
             assert torch.equal(tuned.net.get_submodule(name).quantized().codes, m.quantized().codes)
-            scales += int((tuned.net.get_submodule(name).quantized().scales != m.quantized().scales).sum())
+            scales += int((tuned.net.get_submodule(name).quantized().scales
+                           != m.quantized().scales).sum())
     assert scales > 0
 
 
-@pytest.mark.parametrize("spec", ["int4-g32-rtn", "int3-g32-rtn-head8", "int2-g32-rtn-sym", "int4-g64-awq"])
+@pytest.mark.parametrize("spec",
+                         ["int4-g32-rtn", "int3-g32-rtn-head8", "int2-g32-rtn-sym", "int4-g64-awq"])
 def test_the_fake_quantized_student_is_the_exported_model(files, spec):
     """Latents moved far (some out of the code range) and scales by up to 20%: the exported
     model's simulated logits equal the student's, every code is in range, and the packed kernels
@@ -145,8 +158,10 @@ def test_the_fake_quantized_student_is_the_exported_model(files, spec):
             if p.dim() == 1:
                 p.mul_(1 + 0.1 * torch.randn(p.shape, generator=gen))
     out = files / "exported"
-    precision.save_quantized_dir(qad.export(net), qad.qad_spec(spec), target.tokenizer, target.eos_ids, out)
-    simulated = load_quantized(specq.load(str(files / "target"), backend=None).net, out, packed=False)
+    precision.save_quantized_dir(qad.export(net), qad.qad_spec(spec), target.tokenizer,
+                                 target.eos_ids, out)
+    simulated = load_quantized(specq.load(str(files / "target"), backend=None).net, out,
+                               packed=False)
     packed = specq.load(str(out), backend="eager")
     ids = torch.tensor([3, 9, 27, 1, 40, 12, 5, 63])
     with torch.no_grad():
@@ -169,8 +184,10 @@ def test_resume_continues_an_interrupted_run(files, capsys, monkeypatch):
     monkeypatch.setattr(qad, "export", interrupted)  # training ran 4 steps, then the run stops
     assert main(args + ["--steps", "4"]) == 130
     [ckpt] = (files / "cache").rglob("last.pt")
-    saved = torch.load(ckpt, weights_only=False)["model"]  # the frozen codes are not in it: rebuilt on resume
-    assert any(k.endswith(".log_gain") for k in saved) and not any(k.endswith(".latent") for k in saved)
+    # the frozen codes are not in it: rebuilt on resume
+    saved = torch.load(ckpt, weights_only=False)["model"]
+    assert (any(k.endswith(".log_gain") for k in saved)
+            and not any(k.endswith(".latent") for k in saved))
     monkeypatch.undo()
     monkeypatch.setenv("SPECQ_CACHE", str(files / "cache"))
     capsys.readouterr()
@@ -192,8 +209,8 @@ def test_speculative_sampling_on_a_qad_target_follows_it(tmp_path, monkeypatch, 
     exact = _exact_sequence_distribution(target, prompt, 3, SamplingConfig(temperature=1.0))
     counts, accepted, rejected = dict.fromkeys(exact, 0), 0, 0
     for seed in range(runs):
-        out = specq.generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=1.0, seed=seed,
-                             draft_confidence=0.0)
+        out = specq.generate(target, prompt, draft, gamma=2, max_new_tokens=3, temperature=1.0,
+                             seed=seed, draft_confidence=0.0)
         counts[tuple(out.token_ids)] += 1
         accepted += out.stats.accepted
         rejected += out.stats.drafted - out.stats.accepted

@@ -1,5 +1,5 @@
-"""A token embedding left in the file's format (`weights.embedding.FileEmbedding`): the rows it looks
-up are gguf's dequantization of those rows, bit for bit, for every listed type."""
+"""A token embedding left in the file's format (`weights.embedding.FileEmbedding`): the rows it
+looks up are gguf's dequantization of those rows, bit for bit, for every listed type."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from specq.weights.embedding import FileEmbedding
 
 @pytest.mark.parametrize("qtype", QUANTIZED + ["F32", "F16", "BF16", UNLISTED])
 def test_looked_up_rows_are_ggufs_dequantization_bit_for_bit(qtype):
-    """Repeated and unordered ids in a [2, 3] batch; UNLISTED has no row of the table (gguf decodes it)."""
+    """Repeated and unordered ids in a [2, 3] batch; UNLISTED has no row of the
+    table (gguf decodes it)."""
     rng = np.random.default_rng(sum(map(ord, qtype)) + 1)
     raw = random_tensor(qtype, rng, 12, 512, scale=3.0, wide=True)
     reference = quants.dequantize(raw, GGMLQuantizationType[qtype])
@@ -32,7 +33,8 @@ def test_a_copy_shares_the_files_rows():
     raw = random_tensor("Q8_0", np.random.default_rng(0), 4, 64)
     embedding = FileEmbedding(raw, "Q8_0", 64)
     twin = copy.deepcopy(embedding)
-    assert twin.raw is raw and torch.equal(twin(torch.tensor([2, 1])), embedding(torch.tensor([2, 1])))
+    assert (twin.raw is raw
+            and torch.equal(twin(torch.tensor([2, 1])), embedding(torch.tensor([2, 1]))))
 
 
 def test_short_lookups_keep_rows_that_a_caller_cannot_change(monkeypatch):
@@ -52,4 +54,5 @@ def test_short_lookups_keep_rows_that_a_caller_cannot_change(monkeypatch):
     for i in (1, 2, 3):
         embedding(torch.tensor([i]))
     assert list(embedding._rows) == [1, 2, 3]  # 5 went first
-    assert torch.equal(embedding(torch.tensor([[3, 5], [0, 3]])), whole[[3, 5, 0, 3]].view(2, 2, 64))
+    assert torch.equal(embedding(torch.tensor([[3, 5], [0, 3]])),
+                       whole[[3, 5, 0, 3]].view(2, 2, 64))

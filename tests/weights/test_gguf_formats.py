@@ -5,7 +5,6 @@ losslessly under speculative decoding."""
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
@@ -20,24 +19,30 @@ from specq.core.types import Model
 from specq.weights.gguf_formats import FORMATS, PACK, kernel_weight, stack_rows, to_float
 from specq.weights.quant.modules import FileBlocks
 
-from conftest import assert_speculative_is_plain, perturbed, tiny_config, tiny_model, tiny_tokenizer, without_stack
+from conftest import (assert_speculative_is_plain, perturbed, tiny_config, tiny_model,
+                      tiny_tokenizer, without_stack)
 
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-             "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0", "TQ2_0", "MXFP4"]
-FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32), "Q2_K": (2, 16),
-         "Q3_K": (3, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16), "IQ4_NL": (4, 32),
-         "IQ4_XS": (4, 32), "IQ2_XXS": (3, 32), "IQ2_XS": (3, 16), "IQ2_S": (3, 16), "IQ3_XXS": (4, 32),
-         "IQ3_S": (4, 32), "IQ1_S": (2, 32), "TQ1_0": (2, 256), "TQ2_0": (2, 256),
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+             "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ1_0",
+             "TQ2_0", "MXFP4"]
+FORMS = {"Q4_0": (4, 32), "Q4_1": (4, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q8_0": (8, 32),
+         "Q2_K": (2, 16), "Q3_K": (3, 16), "Q4_K": (4, 32), "Q5_K": (6, 32), "Q6_K": (6, 16),
+         "IQ4_NL": (4, 32), "IQ4_XS": (4, 32), "IQ2_XXS": (3, 32), "IQ2_XS": (3, 16),
+         "IQ2_S": (3, 16), "IQ3_XXS": (4, 32), "IQ3_S": (4, 32), "IQ1_S": (2, 32),
+         "TQ1_0": (2, 256), "TQ2_0": (2, 256),
          "MXFP4": (4, 32)}  # the kernel's code bits and group size
-GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}  # their 3- or 4-bit codes index a grid
-# codes with offsets of whole scales: +0 where gguf writes d * 0 for a code of zero (Q4_0, Q3_K, TQ) or
-# for any code of a block whose d is 0 (IQ3_S, IQ1_S; see same_bits)
+# their 3- or 4-bit codes index a grid
+GRID = {"IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "MXFP4"}
+# codes with offsets of whole scales: +0 where gguf writes d * 0 for a code of zero (Q4_0, Q3_K, TQ)
+# or for any code of a block whose d is 0 (IQ3_S, IQ1_S; see same_bits)
 SIGNED_ZERO = {"Q4_0", "Q3_K", "TQ1_0", "TQ2_0", "IQ3_S", "IQ1_S"}
-UNLISTED = "IQ1_M"  # a type without a row in the table: 256 weights in 56 bytes, its fp16 d spread over 4 scales
+# a type without a row in the table: 256 weights in 56 bytes, its fp16 d spread over 4 scales
+UNLISTED = "IQ1_M"
 CODE_RANGES = {2: (0, 3), 3: (0, 7), 4: (0, 15), 6: (-32, 31), 8: (-128, 127)}
 
 
-def fp16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0, wide: bool = True) -> np.ndarray:
+def fp16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0,
+         wide: bool = True) -> np.ndarray:
     """Random finite fp16 values: `wide`, of both signs over many magnitudes (fp16 subnormals
     included) and a few zero; else positive, within a factor 2 of `scale` (a model's scales)."""
     if not wide:
@@ -69,14 +74,15 @@ def low_nibble_bytes(codes: np.ndarray) -> np.ndarray:
 
 
 def two_bit_bytes(codes: np.ndarray) -> np.ndarray:
-    """Q2_K / Q3_K codes [n, 256] (their low 2 bits) -> 64 bytes: per 128 values, value 32j + 16p + l
-    in bits 2j of byte 16p + l."""
+    """Q2_K / Q3_K codes [n, 256] (their low 2 bits) -> 64 bytes: per 128 values, value 32j + 16p +
+    l in bits 2j of byte 16p + l."""
     c = codes.reshape(-1, 2, 4, 32) & 3
     return sum(c[:, :, j] << (2 * j) for j in range(4)).astype(np.uint8).reshape(-1, 64)
 
 
 def q3_k_scale_bytes(scales: np.ndarray) -> np.ndarray:
-    """16 6-bit scales [n, 16] packed into 12 bytes as llama.cpp's quantize_row_q3_K_ref packs them."""
+    """16 6-bit scales [n, 16] packed into 12 bytes as llama.cpp's
+    quantize_row_q3_K_ref packs them."""
     out = np.zeros((len(scales), 12), np.uint8)
     for i in range(16):
         out[:, i % 8] |= (scales[:, i] & 0xF) << (0 if i < 8 else 4)
@@ -92,15 +98,18 @@ def low_bit_k_blocks(qtype: str, rng: np.random.Generator, n: int, d: np.ndarray
         scales = rng.integers(0, 16, (n, 16), dtype=np.uint8)
         mins = rng.integers(0, 16, (n, 16), dtype=np.uint8) if wide else scales
         dmin = fp16(rng, (n, 1)) if wide else (d.astype(np.float32) * 1.5).astype(np.float16)
-        blocks = np.concatenate([scales | (mins << 4), two_bit_bytes(codes), d.view(np.uint8), dmin.view(np.uint8)], 1)
+        blocks = np.concatenate([scales | (mins << 4), two_bit_bytes(codes), d.view(np.uint8),
+                                 dmin.view(np.uint8)], 1)
         scaled = d.astype(np.float64) * np.repeat(scales, 16, axis=1) * codes
         offset = dmin.astype(np.float64) * np.repeat(mins, 16, axis=1)
         return blocks, scaled - offset, np.abs(scaled) + np.abs(offset)
     codes = rng.integers(0, 8, (n, 256), dtype=np.uint8)
     scales = rng.integers(0, 64, (n, 16), dtype=np.uint8)
-    high = (codes.reshape(n, 8, 2, 16) >> 2).transpose(0, 2, 3, 1)  # [n, p, l, bit b]: value 16 (2b + p) + l
+    # [n, p, l, bit b]: value 16 (2b + p) + l
+    high = (codes.reshape(n, 8, 2, 16) >> 2).transpose(0, 2, 3, 1)
     hmask = (high << np.arange(8, dtype=np.uint8)).sum(-1).astype(np.uint8).reshape(n, 32)
-    blocks = np.concatenate([hmask, two_bit_bytes(codes), q3_k_scale_bytes(scales), d.view(np.uint8)], 1)
+    blocks = np.concatenate([hmask, two_bit_bytes(codes), q3_k_scale_bytes(scales),
+                             d.view(np.uint8)], 1)
     weights = d.astype(np.float64) * (np.repeat(scales, 16, axis=1) - 32.0) * (codes - 4.0)
     return blocks, weights, np.abs(weights)
 
@@ -110,10 +119,10 @@ K_SPREAD = {"Q2_K": 10, "Q3_K": 42, "Q4_K": 166, "Q5_K": 330, "Q6_K": 1370}
 
 
 def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, wide: bool = True):
-    """n random super-blocks of a K-quant, byte by byte, and what they hold: float64 weights [n, 256]
-    computed from the chosen d, sub-scales and codes, and the size of their terms (for a float32
-    rounding bound). Not `wide`: weights of std about `scale`, centred (mins = scales, dmin = d times
-    the codes' middle), as a model's."""
+    """n random super-blocks of a K-quant, byte by byte, and what they hold: float64 weights [n,
+    256] computed from the chosen d, sub-scales and codes, and the size of their terms (for a
+    float32 rounding bound). Not `wide`: weights of std about `scale`, centred (mins = scales, dmin
+    = d times the codes' middle), as a model's."""
     d = fp16(rng, (n, 1), scale if wide else scale / K_SPREAD[qtype], wide)
     if qtype in ("Q2_K", "Q3_K"):
         return low_bit_k_blocks(qtype, rng, n, d, wide)
@@ -125,9 +134,11 @@ def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, w
         for h in range(2):  # llama.cpp's quantize_row_q6_K_ref, per 128 values
             c = codes[:, 128 * h:128 * h + 128]
             ql[:, 64 * h:64 * h + 64] = (c[:, :64] & 0xF) | ((c[:, 64:] & 0xF) << 4)
-            qh[:, 32 * h:32 * h + 32] = sum((c[:, 32 * s:32 * s + 32] >> 4) << (2 * s) for s in range(4))
+            qh[:, 32 * h:32 * h + 32] = sum((c[:, 32 * s:32 * s + 32] >> 4) << (2 * s)
+                                            for s in range(4))
         blocks = np.concatenate([ql, qh, scales.view(np.uint8), d.view(np.uint8)], axis=1)
-        weights = d.astype(np.float64) * np.repeat(scales, 16, axis=1) * (codes.astype(np.float64) - 32)
+        weights = (d.astype(np.float64) * np.repeat(scales, 16, axis=1)
+                   * (codes.astype(np.float64) - 32))
         return blocks, weights, np.abs(weights)
     top = 32 if qtype == "Q5_K" else 16
     codes = rng.integers(0, top, (n, 256), dtype=np.uint8)
@@ -144,7 +155,8 @@ def k_blocks(qtype: str, rng: np.random.Generator, n: int, scale: float = 1.0, w
     return blocks, scaled - offset, np.abs(scaled) + np.abs(offset)
 
 
-# types read as random bytes: weights per block, bytes per block, where its fp16 scales start, how many
+# types read as random bytes: weights per block, bytes per block, where its fp16
+# scales start, how many
 RANDOM_BYTES = {"IQ4_NL": (32, 18, 0, 1), "IQ4_XS": (256, 136, 0, 1), "IQ2_XXS": (256, 66, 0, 1),
                 "IQ2_XS": (256, 74, 0, 1), "IQ2_S": (256, 82, 0, 1), "IQ3_XXS": (256, 98, 0, 1),
                 "IQ3_S": (256, 110, 0, 1), "IQ1_S": (256, 50, 0, 1), "TQ1_0": (256, 54, 52, 1),
@@ -153,9 +165,9 @@ RANDOM_BYTES = {"IQ4_NL": (32, 18, 0, 1), "IQ4_XS": (256, 136, 0, 1), "IQ2_XXS":
 
 def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0,
                   wide: bool = False) -> np.ndarray:
-    """A [rows, cols] tensor of `qtype` as a file stores it, uint8 [rows, row bytes]: K-quants byte by
-    byte, the IQ, TQ and MXFP4 types and the unlisted one random bytes with finite scales (any other
-    byte is valid),
+    """A [rows, cols] tensor of `qtype` as a file stores it, uint8 [rows, row bytes]: K-quants byte
+    by byte, the IQ, TQ and MXFP4 types and the unlisted one random bytes with finite scales (any
+    other byte is valid),
     the others quantized by gguf from normal values (`wide`: rows of many magnitudes); one all-zero
     block."""
     if qtype in K_SPREAD:
@@ -163,7 +175,8 @@ def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, sc
     if qtype in RANDOM_BYTES:  # every byte pattern is a valid block; its fp16 scales made finite
         block, size, start, halves = RANDOM_BYTES[qtype]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-        raw[..., start:start + 2 * halves] = fp16(rng, (rows, cols // block, halves), scale / 20, wide).view(np.uint8)
+        raw[..., start:start + 2 * halves] = fp16(rng, (rows, cols // block, halves), scale / 20,
+                                                  wide).view(np.uint8)
         if qtype == "MXFP4":  # its e8m0 exponent byte: scales of 2^-16 to 2^7
             raw[..., 0] = rng.integers(112, 136, raw.shape[:2])
         if qtype == "IQ1_M":  # the top exponent bit of its d (bit 14, in byte 55) cleared: finite
@@ -173,7 +186,8 @@ def random_tensor(qtype: str, rng: np.random.Generator, rows: int, cols: int, sc
     if wide:
         x *= 2.0 ** rng.integers(-12, 4, (rows, 1))
     x[0, :32] = 0
-    return np.ascontiguousarray(quants.quantize(x.astype(np.float32), GGMLQuantizationType[qtype])).view(np.uint8)
+    return np.ascontiguousarray(quants.quantize(x.astype(np.float32),
+                                                GGMLQuantizationType[qtype])).view(np.uint8)
 
 
 def same_bits(ours: np.ndarray, reference: np.ndarray, zero_sign: bool = False) -> bool:
@@ -181,7 +195,8 @@ def same_bits(ours: np.ndarray, reference: np.ndarray, zero_sign: bool = False) 
     d < 0, the table's d * u - 8d is +0 (adding +0 makes every zero +0, other values stay)."""
     if zero_sign:
         ours, reference = ours + np.float32(0), reference + np.float32(0)
-    return np.array_equal(*(np.ascontiguousarray(w, dtype=np.float32).view(np.uint32) for w in (ours, reference)))
+    return np.array_equal(*(np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
+                            for w in (ours, reference)))
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED + ["F32", "F16", "BF16"])
@@ -203,9 +218,11 @@ def test_every_format_reads_as_gguf_dequantizes_bit_for_bit(qtype):
 
 
 def test_q4_0_differs_from_gguf_only_in_the_sign_of_zero():
-    """The one exception `same_bits` allows is real and only that: a negative-scale block's code 8."""
+    """The one exception `same_bits` allows is real and only that: a
+    negative-scale block's code 8."""
     raw = random_tensor("Q4_0", np.random.default_rng(3), 8, 256)
-    ours, reference = FORMATS["Q4_0"].to_float(raw), quants.dequantize(raw, GGMLQuantizationType.Q4_0)
+    ours, reference = (FORMATS["Q4_0"].to_float(raw),
+                       quants.dequantize(raw, GGMLQuantizationType.Q4_0))
     differ = ours.view(np.uint32) != reference.view(np.uint32)
     assert differ.any() and np.all(ours[differ] == 0) and np.all(np.signbit(reference[differ]))
 
@@ -216,19 +233,23 @@ def test_k_quant_blocks_hold_the_chosen_sub_scales_and_codes(qtype):
     6-bit scales and mins and codes define, up to float32 rounding); the table's per-group scales
     are d times the sub-scale exactly."""
     blocks, weights, size = k_blocks(qtype, np.random.default_rng(5), 40)
-    assert np.all(np.abs(quants.dequantize(blocks, GGMLQuantizationType[qtype]) - weights) <= 2 ** -22 * size)
+    assert np.all(np.abs(quants.dequantize(blocks, GGMLQuantizationType[qtype]) - weights)
+                  <= 2 ** -22 * size)
     kb = FORMATS[qtype].kernel_blocks(blocks)
     if qtype == "Q2_K":
         d, dmin = (blocks[:, i:i + 2].copy().view(np.float16).astype(np.float64) for i in (80, 82))
         scales, mins = blocks[:, :16] & 0xF, blocks[:, :16] >> 4
         assert np.array_equal(kb.d, d * scales) and np.array_equal(kb.m, -(dmin * mins))
         return
-    if qtype == "Q3_K":  # every term exact in float32: the weights themselves, and the offset -4 scales
-        assert np.array_equal(kb.dequantize(), weights) and np.array_equal(kb.m, np.float32(-4) * kb.d)
+    # every term exact in float32: the weights themselves, and the offset -4 scales
+    if qtype == "Q3_K":
+        assert (np.array_equal(kb.dequantize(), weights)
+                and np.array_equal(kb.m, np.float32(-4) * kb.d))
         assert kb.codes.min() == 0 and kb.codes.max() == 7
         return
     if qtype == "Q6_K":
-        d, scales = blocks[:, 208:210].copy().view(np.float16), blocks[:, 192:208].copy().view(np.int8)
+        d, scales = (blocks[:, 208:210].copy().view(np.float16),
+                     blocks[:, 192:208].copy().view(np.int8))
         assert np.array_equal(kb.d, d.astype(np.float64) * scales) and kb.m is None
         return
     scales, mins = quants.Q4_K.get_scale_min(blocks[:, 4:16].copy())
@@ -239,14 +260,16 @@ def test_k_quant_blocks_hold_the_chosen_sub_scales_and_codes(qtype):
 def test_unlisted_types_are_dequantized_by_gguf():
     raw = random_tensor(UNLISTED, np.random.default_rng(7), 4, 512, wide=True)
     assert UNLISTED not in FORMATS
-    assert np.array_equal(to_float(raw, UNLISTED), quants.dequantize(raw, GGMLQuantizationType[UNLISTED]))
+    assert np.array_equal(to_float(raw, UNLISTED),
+                          quants.dequantize(raw, GGMLQuantizationType[UNLISTED]))
 
 
-@pytest.mark.parametrize("types,form", [(["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"], (8, 16, True, False)),
-                                        (["Q4_K", "Q4_K", "Q6_K"], (6, 16, True, False)),
-                                        (["Q5_0", "Q4_0"], (6, 32, True, False)),
-                                        (["IQ4_XS", "IQ4_NL"], (4, 32, False, True)),
-                                        (["IQ4_XS", "IQ4_XS", "Q5_K"], (8, 32, True, False))])
+@pytest.mark.parametrize("types,form",
+                         [(["Q4_K", "Q6_K", "Q8_0", "Q5_1", "Q4_0"], (8, 16, True, False)),
+                          (["Q4_K", "Q4_K", "Q6_K"], (6, 16, True, False)),
+                          (["Q5_0", "Q4_0"], (6, 32, True, False)),
+                          (["IQ4_XS", "IQ4_NL"], (4, 32, False, True)),
+                          (["IQ4_XS", "IQ4_XS", "Q5_K"], (8, 32, True, False))])
 def test_stacked_formats_keep_every_part_exactly(types, form):
     """A fused layer of parts in different formats (Q4_K_M files store attn_v as Q6_K beside Q4_K
     q and k; IQ4_XS files as Q5_K beside IQ4_XS) takes one form that holds each part's weights
@@ -256,10 +279,12 @@ def test_stacked_formats_keep_every_part_exactly(types, form):
     raws = [random_tensor(q, rng, 8 * (i + 1), 256, wide=True) for i, q in enumerate(types)]
     parts = [FORMATS[q].kernel_blocks(raw) for q, raw in zip(types, raws)]
     stacked = stack_rows(parts)
-    assert (stacked.bits, stacked.group_size, stacked.m is not None, stacked.grid is not None) == form
+    assert ((stacked.bits, stacked.group_size, stacked.m is not None, stacked.grid is not None)
+            == form)
     w, start = stacked.dequantize(), 0
     for q, raw in zip(types, raws):
-        assert same_bits(w[start:start + len(raw)], quants.dequantize(raw, GGMLQuantizationType[q]), q == "Q4_0"), q
+        assert same_bits(w[start:start + len(raw)], quants.dequantize(raw, GGMLQuantizationType[q]),
+                         q == "Q4_0"), q
         start += len(raw)
     assert stack_rows(parts[:1]) is parts[0]
 
@@ -277,9 +302,11 @@ def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
     """The same form and weights: codes and each group's d and m to the bit (the sign of a zero
     included), whether the scales are kept in one level or two."""
     if (a.bits, a.group_size, a.out_features, a.in_features, a.variant) != (
-            b.bits, b.group_size, b.out_features, b.in_features, b.variant) or (a.m is None) != (b.m is None):
+            b.bits, b.group_size, b.out_features, b.in_features,
+            b.variant) or (a.m is None) != (b.m is None):
         return False
-    if (a.grid is None) != (b.grid is None) or (a.grid is not None and not torch.equal(a.grid, b.grid)):
+    if ((a.grid is None) != (b.grid is None)
+        or (a.grid is not None and not torch.equal(a.grid, b.grid))):
         return False
     (ca, *fa), (cb, *fb) = int8dot.unpack(a), int8dot.unpack(b)
     floats = [(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(fa, fb) if x is not None]
@@ -287,9 +314,11 @@ def same_weight(a: int8dot.Int8DotWeight, b: int8dot.Int8DotWeight) -> bool:
 
 
 K_ONLY = [["Q2_K"], ["Q3_K"], ["Q4_K"], ["Q5_K"], ["Q6_K"], ["IQ4_XS"], ["Q4_K", "Q4_K", "Q6_K"],
-          ["Q3_K", "Q2_K", "Q4_K"], ["Q4_K", "IQ4_XS"], ["IQ4_XS", "IQ4_XS", "Q5_K"], ["IQ2_XXS"], ["IQ2_XS"],
-          ["IQ2_S"], ["IQ3_XXS"], ["IQ3_S"], ["IQ2_XS", "IQ3_S"], ["IQ3_S", "IQ3_S", "Q4_K"]]  # two-level scales:
-# every part a K-quant, IQ4_XS or IQ3_S (in C), or IQ2 and IQ3 (in numpy)
+          ["Q3_K", "Q2_K", "Q4_K"], ["Q4_K", "IQ4_XS"], ["IQ4_XS", "IQ4_XS", "Q5_K"], ["IQ2_XXS"],
+          ["IQ2_XS"],
+          # two-level scales: every part a K-quant, IQ4_XS or IQ3_S (in C), or
+          # IQ2 and IQ3 (in numpy)
+          ["IQ2_S"], ["IQ3_XXS"], ["IQ3_S"], ["IQ2_XS", "IQ3_S"], ["IQ3_S", "IQ3_S", "Q4_K"]]
 
 
 @pytest.mark.parametrize("parts", [[q] for q in QUANTIZED] + [p for p in K_ONLY if len(p) > 1] + [
@@ -300,13 +329,16 @@ def test_repacking_in_c_lays_out_the_numpy_decoders_weights(parts, kernel_varian
     not a multiple of 16) and fused parts of mixed formats; K-quants alone keep their scales in two
     levels, in fewer bytes; IQ4 parts alone keep their codes as indices into their grid."""
     rng = np.random.default_rng(len(parts) + sum(map(ord, parts[0])))
-    raws = [(q, random_tensor(q, rng, 4 * i + 3, 512, scale=3.0, wide=True)) for i, q in enumerate(parts)]
+    raws = [(q, random_tensor(q, rng, 4 * i + 3, 512, scale=3.0, wide=True))
+            for i, q in enumerate(parts)]
     fast, reference = kernel_weight(raws), numpy_packed(raws, kernel_variant)
     assert fast.variant == kernel_variant and same_weight(fast, reference)
-    assert not same_weight(fast, numpy_packed([(q, raw ^ np.uint8(1)) for q, raw in raws], kernel_variant))
+    assert not same_weight(fast, numpy_packed([(q, raw ^ np.uint8(1)) for q, raw in raws],
+                                              kernel_variant))
     assert (fast.sub is not None) == (parts in K_ONLY)
     assert (fast.grid is not None) == (set(parts) <= GRID)
-    assert fast.nbytes() < reference.nbytes() if parts in K_ONLY else fast.nbytes() == reference.nbytes()
+    assert (fast.nbytes() < reference.nbytes()
+            if parts in K_ONLY else fast.nbytes() == reference.nbytes())
 
 
 @pytest.mark.parametrize("parts", K_ONLY)
@@ -339,11 +371,14 @@ def test_repacking_refuses_a_form_that_would_lose_bits():
     if not build.available():
         pytest.skip("needs AVX2 and a C compiler")
     raw = random_tensor("Q6_K", np.random.default_rng(4), 2, 256)
-    for bits, group, offsets in [(4, 16, True), (6, 32, False), (8, 64, False)]:  # narrower codes, coarser groups
+    # narrower codes, coarser groups
+    for bits, group, offsets in [(4, 16, True), (6, 32, False), (8, 64, False)]:
         with pytest.raises(ValueError, match="cannot lay out"):
-            gguf_repack.repack([(FORMATS["Q6_K"].ggml, raw)], 256, bits, group, offsets, build.variant())
+            gguf_repack.repack([(FORMATS["Q6_K"].ggml, raw)], 256, bits, group, offsets,
+                               build.variant())
     with pytest.raises(ValueError, match="cannot lay out"):  # 8-bit codes in 6 bits
-        gguf_repack.repack([(FORMATS["Q8_0"].ggml, random_tensor("Q8_0", np.random.default_rng(4), 2, 256))], 256, 6,
+        gguf_repack.repack([(FORMATS["Q8_0"].ggml,
+                             random_tensor("Q8_0", np.random.default_rng(4), 2, 256))], 256, 6,
                            32, False, build.variant())
     raw = random_tensor("Q4_K", np.random.default_rng(4), 2, 256)
     with pytest.raises(ValueError, match="cannot lay out"):  # 4-bit codes in 2 bits
@@ -352,45 +387,53 @@ def test_repacking_refuses_a_form_that_would_lose_bits():
         gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 8, 32, False, build.variant())
     grid = FORMATS["IQ4_NL"].grid
     with pytest.raises(ValueError, match="indexing a grid"):  # a format without a grid looked up
-        gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 4, 32, True, build.variant(), grid=grid)
+        gguf_repack.repack([(FORMATS["Q4_K"].ggml, raw)], 256, 4, 32, True, build.variant(),
+                           grid=grid)
     raw = random_tensor("IQ4_NL", np.random.default_rng(4), 2, 256, wide=True)
-    for bits, lookup in [(4, False), (6, False), (8, True), (3, True)]:  # values need 8 bits; IQ4 a lookup 4
+    # values need 8 bits; IQ4 a lookup 4
+    for bits, lookup in [(4, False), (6, False), (8, True), (3, True)]:
         with pytest.raises(ValueError, match="cannot lay out"):
-            gguf_repack.repack([(FORMATS["IQ4_NL"].ggml, raw)], 256, bits, 32, False, build.variant(),
-                               grid=grid if lookup else None)
+            gguf_repack.repack([(FORMATS["IQ4_NL"].ggml, raw)], 256, bits, 32, False,
+                               build.variant(), grid=grid if lookup else None)
 
 
 # ------------------------------------------------------------------ a tiny GGUF file of these types
 
-LAYER_TYPES = {  # GGUF tensor -> type, per layer: each listed type and float linears, fused parts mixed
-    0: {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_K", "ffn_gate": "Q5_0",
-        "ffn_up": "Q5_0", "ffn_down": "Q8_0"},
-    1: {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q4_0", "attn_output": "Q4_1", "ffn_gate": "Q5_1",
-        "ffn_up": "Q5_1", "ffn_down": "Q6_K"},
-    2: {"attn_q": "F16", "attn_k": "F16", "attn_v": "F16", "attn_output": "BF16", "ffn_gate": "Q4_K",
-        "ffn_up": "Q4_K", "ffn_down": "F32"},
-    3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "IQ4_XS", "ffn_gate": "Q2_K",
+# GGUF tensor -> type, per layer: each listed type and float linears, fused parts mixed
+LAYER_TYPES = {
+    0: {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_K",
+        "ffn_gate": "Q5_0", "ffn_up": "Q5_0", "ffn_down": "Q8_0"},
+    1: {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q4_0", "attn_output": "Q4_1",
+        "ffn_gate": "Q5_1", "ffn_up": "Q5_1", "ffn_down": "Q6_K"},
+    2: {"attn_q": "F16", "attn_k": "F16", "attn_v": "F16", "attn_output": "BF16",
+        "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "F32"},
+    3: {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "attn_output": "IQ4_XS",
+        "ffn_gate": "Q2_K",
         "ffn_up": "Q2_K", "ffn_down": "IQ4_NL"},  # a low-bit file's layer
-    4: {"attn_q": "IQ2_XXS", "attn_k": "IQ2_XXS", "attn_v": "IQ3_S", "attn_output": "IQ2_XS", "ffn_gate": "IQ3_XXS",
+    4: {"attn_q": "IQ2_XXS", "attn_k": "IQ2_XXS", "attn_v": "IQ3_S", "attn_output": "IQ2_XS",
+        "ffn_gate": "IQ3_XXS",
         "ffn_up": "IQ1_S", "ffn_down": "IQ2_S"},  # codes read through gguf
-    5: {"attn_q": "TQ2_0", "attn_k": "TQ2_0", "attn_v": "TQ2_0", "attn_output": "MXFP4", "ffn_gate": "MXFP4",
-        "ffn_up": "MXFP4", "ffn_down": "TQ1_0"},
+    5: {"attn_q": "TQ2_0", "attn_k": "TQ2_0", "attn_v": "TQ2_0", "attn_output": "MXFP4",
+        "ffn_gate": "MXFP4", "ffn_up": "MXFP4", "ffn_down": "TQ1_0"},
 }
 VOCAB, HIDDEN = 40, 256  # K-quant rows need a multiple of 256 inputs
 
 
-def write_formats_gguf(path, seed: int = 0, layer_types: dict = LAYER_TYPES, output: str = "Q6_K") -> None:
-    """A Llama GGUF file, a layer per entry of `layer_types`, whose linear layers hold random weights
-    of the types above."""
+def write_formats_gguf(path, seed: int = 0, layer_types: dict = LAYER_TYPES,
+                       output: str = "Q6_K") -> None:
+    """A Llama GGUF file, a layer per entry of `layer_types`, whose linear layers hold random
+    weights of the types above."""
     import gguf
 
     c = tiny_config(VOCAB, len(layer_types), HIDDEN)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
     for add, value in [(w.add_block_count, c.num_layers), (w.add_embedding_length, c.hidden_size),
-                       (w.add_feed_forward_length, c.intermediate_size), (w.add_head_count, c.num_heads),
-                       (w.add_head_count_kv, c.num_kv_heads), (w.add_rope_freq_base, c.rope_theta),
-                       (w.add_layer_norm_rms_eps, c.rms_norm_eps), (w.add_context_length, c.max_position_embeddings),
+                       (w.add_feed_forward_length, c.intermediate_size),
+                       (w.add_head_count, c.num_heads), (w.add_head_count_kv, c.num_kv_heads),
+                       (w.add_rope_freq_base, c.rope_theta),
+                       (w.add_layer_norm_rms_eps, c.rms_norm_eps),
+                       (w.add_context_length, c.max_position_embeddings),
                        (w.add_vocab_size, c.vocab_size)]:
         add(value)
     kv = c.num_kv_heads * c.head_dim
@@ -409,7 +452,8 @@ def write_formats_gguf(path, seed: int = 0, layer_types: dict = LAYER_TYPES, out
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(HIDDEN, np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(HIDDEN, np.float32))
         for name, qtype in types.items():
-            add_tensor(f"blk.{i}.{name}.weight", qtype, *shapes[name], 0.3 / np.sqrt(shapes[name][1] / 64))
+            add_tensor(f"blk.{i}.{name}.weight", qtype, *shapes[name],
+                       0.3 / np.sqrt(shapes[name][1] / 64))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -431,46 +475,58 @@ def formats_file(tmp_path_factory):
 
 
 def test_every_linear_runs_the_files_own_weights(formats_file):
-    """Each quantized linear layer is one `FileBlocks`, its kernel tensors d * code + m equal to gguf's
-    dequantization of the file bit for bit; float linears stay float; nothing is noted."""
+    """Each quantized linear layer is one `FileBlocks`, its kernel tensors d * code + m equal to
+    gguf's dequantization of the file bit for bit; float linears stay float; nothing is noted."""
     net, notes = gguf_io.load_at_file_precision(formats_file)
     assert notes == []
     reference = formats_file.float_state_dict()
-    forms = {"layers.0.attention.wqkv": (6, 16), "layers.0.attention.wo": (6, 32), "layers.0.feed_forward.w13": (6, 32),
-             "layers.0.feed_forward.w2": (8, 32), "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
+    forms = {"layers.0.attention.wqkv": (6, 16), "layers.0.attention.wo": (6, 32),
+             "layers.0.feed_forward.w13": (6, 32), "layers.0.feed_forward.w2": (8, 32),
+             "layers.1.attention.wqkv": (4, 32), "layers.1.attention.wo": (4, 32),
              "layers.1.feed_forward.w13": (6, 32), "layers.1.feed_forward.w2": (6, 16),
-             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (3, 16), "layers.3.attention.wo": (4, 32),
-             "layers.3.feed_forward.w13": (2, 16), "layers.3.feed_forward.w2": (4, 32),
-             "layers.4.attention.wqkv": (8, 32), "layers.4.attention.wo": (3, 16), "layers.4.feed_forward.w13": (8, 32),
-             "layers.4.feed_forward.w2": (3, 16), "layers.5.attention.wqkv": (2, 256), "layers.5.attention.wo": (4, 32),
-             "layers.5.feed_forward.w13": (4, 32), "layers.5.feed_forward.w2": (2, 256), "output": (6, 16)}
+             "layers.2.feed_forward.w13": (4, 32), "layers.3.attention.wqkv": (3, 16),
+             "layers.3.attention.wo": (4, 32), "layers.3.feed_forward.w13": (2, 16),
+             "layers.3.feed_forward.w2": (4, 32), "layers.4.attention.wqkv": (8, 32),
+             "layers.4.attention.wo": (3, 16), "layers.4.feed_forward.w13": (8, 32),
+             "layers.4.feed_forward.w2": (3, 16), "layers.5.attention.wqkv": (2, 256),
+             "layers.5.attention.wo": (4, 32), "layers.5.feed_forward.w13": (4, 32),
+             "layers.5.feed_forward.w2": (2, 256), "output": (6, 16)}
     for name, (bits, group) in forms.items():
         module = net.get_submodule(name)
-        assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits, group), name
+        assert isinstance(module, FileBlocks) and (module.bits, module.group_size) == (bits,
+                                                                                       group), name
         codes, d, m = int8dot.unpack(module._blocks)
         w = codes.float().view(codes.shape[0], -1, group) * d[..., None]
         w = (w if m is None else w + m[..., None]).view_as(codes)
-        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv", "layers.5.attention.wqkv",
+        signed_zero = name in ("layers.1.attention.wqkv", "layers.3.attention.wqkv",
+                               "layers.5.attention.wqkv",
                                "layers.5.feed_forward.w2")  # Q4_0, Q3_K and TQ parts
         assert same_bits(w.numpy(), reference[f"{name}.weight"].numpy(), signed_zero), name
     assert "Q4_K+Q6_K blocks" in net.layers[0].attention.wqkv.kernel
     grids = {name for name in forms if net.get_submodule(name)._blocks.grid is not None}
-    assert grids == {"layers.3.attention.wo", "layers.3.feed_forward.w2", "layers.4.attention.wo",  # IQ4, IQ2
-                     "layers.4.feed_forward.w2", "layers.5.attention.wo", "layers.5.feed_forward.w13"}  # MXFP4
+    # IQ4, IQ2
+    assert grids == {"layers.3.attention.wo", "layers.3.feed_forward.w2", "layers.4.attention.wo",
+                     # MXFP4
+                     "layers.4.feed_forward.w2", "layers.5.attention.wo",
+                     "layers.5.feed_forward.w13"}
     for name in ("layers.2.attention.wqkv", "layers.2.attention.wo", "layers.2.feed_forward.w2"):
         linear = net.get_submodule(name)
-        assert type(linear) is torch.nn.Linear and torch.equal(linear.weight, reference[f"{name}.weight"]), name
+        assert (type(linear) is torch.nn.Linear
+                and torch.equal(linear.weight, reference[f"{name}.weight"])), name
     if int8dot.available():  # what --explain says: grid codes by name
         table = fastpath.kernels(net)
-        assert all(("16-value grid" in table[net.get_submodule(name)].name) == (name in grids) for name in forms)
+        assert all(("16-value grid" in table[net.get_submodule(name)].name) == (name in grids)
+                   for name in forms)
 
 
 def test_unlisted_types_run_dequantized_with_one_note(tmp_path):
     path = tmp_path / "unlisted.gguf"
-    write_formats_gguf(path, layer_types={i: {**LAYER_TYPES[1], "attn_output": UNLISTED} for i in range(2)})
+    write_formats_gguf(path, layer_types={i: {**LAYER_TYPES[1], "attn_output": UNLISTED}
+                                          for i in range(2)})
     parsed = gguf_io.read(path)
     net, notes = gguf_io.load_at_file_precision(parsed)
-    assert notes == [f"{UNLISTED} tensors run dequantized to float32 (specq has no kernel for {UNLISTED})"]
+    assert (notes == [f"{UNLISTED} tensors run dequantized to float32 (specq has no kernel for "
+                      f"{UNLISTED})"])
     for i in range(2):
         wo = net.layers[i].attention.wo
         assert type(wo) is torch.nn.Linear
@@ -521,7 +577,8 @@ def test_logits_follow_the_float_weights_on_both_paths(formats_file):
         rms = error.pow(2).mean().sqrt()
         assert 0 < rms <= 0.05 * want.pow(2).mean().sqrt()  # another kernel, close
         clear = top2[:, 0] - top2[:, 1] > 2 * rms
-        assert clear.sum() >= len(ids) // 2 and (net(ids).argmax(-1) == want.argmax(-1))[clear].all()
+        assert (clear.sum() >= len(ids) // 2
+                and (net(ids).argmax(-1) == want.argmax(-1))[clear].all())
 
 
 @torch.inference_mode()
@@ -539,7 +596,8 @@ def test_the_layer_stack_runs_every_format_as_the_modules_do(formats_file):
     for net in (stacked, modules):
         cache = net.new_cache(32)
         out.append([net(prompt, cache), net(chain, cache)])
-    for a, b in zip(*out):  # a rounding of the activations flipped early grows through six layers of random weights
+    # a rounding of the activations flipped early grows through six layers of random weights
+    for a, b in zip(*out):
         assert (a - b).pow(2).mean().sqrt() <= 3e-2 * b.pow(2).mean().sqrt()
     cache = stacked.new_cache(32)
     stacked(prompt, cache)
@@ -551,14 +609,16 @@ def test_greedy_speculative_equals_plain_on_the_file(formats_file):
     if not int8dot.available():
         pytest.skip("needs AVX2 and a C compiler")
     net, _ = gguf_io.load_at_file_precision(formats_file)
-    target = Model(ref="formats.gguf@gguf", net=net, tokenizer=tiny_tokenizer(VOCAB), eos_ids=frozenset(),
-                   source="formats.gguf", runner=backends.runner(net, "kernels"))
+    target = Model(ref="formats.gguf@gguf", net=net, tokenizer=tiny_tokenizer(VOCAB),
+                   eos_ids=frozenset(), source="formats.gguf",
+                   runner=backends.runner(net, "kernels"))
     draft = perturbed(float_twin(formats_file), 0.3)
     assert_speculative_is_plain(target, draft)
 
 
 def test_counting_bytes_builds_no_eager_copy(formats_file):
-    """A layer's executed bytes are known before its eager form exists, and equal that form's bytes."""
+    """A layer's executed bytes are known before its eager form exists, and
+    equal that form's bytes."""
     net, _ = gguf_io.load_at_file_precision(formats_file)
     layers = [m for m in net.modules() if isinstance(m, FileBlocks)]
     assert {m._torch_int4() for m in layers} == {False, True}

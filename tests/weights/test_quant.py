@@ -1,4 +1,5 @@
-"""Tests of specq.weights.quant: formats, methods, packed execution and checkpoints on tiny models."""
+"""Tests of specq.weights.quant: formats, methods, packed execution and
+checkpoints on tiny models."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def tiny() -> Llama:
 
 @pytest.fixture(scope="module")
 def samples() -> list[torch.Tensor]:
-    corpus = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)) for n in (700, 900, 500)]
+    corpus = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n))
+              for n in (700, 900, 500)]
     return calibration_samples(corpus, n_samples=8, seq_len=128)
 
 
@@ -103,7 +105,8 @@ def test_spec_canonical_round_trip(text):
 
 
 def test_spec_fields_and_defaults():
-    assert parse_spec("int8") == QuantSpec(bits=8, group_size=None, method="rtn", symmetric=True) == QuantSpec(bits=8)
+    assert (parse_spec("int8") == QuantSpec(bits=8, group_size=None, method="rtn", symmetric=True)
+            == QuantSpec(bits=8))
     assert QuantSpec(bits=4).symmetric is False
     assert str(QuantSpec(bits=4, group_size=64, method="gptq")) == "int4-g64-gptq"
     assert parse_spec("INT4-head-awq-g128") == QuantSpec(bits=4, group_size=128, method="awq",
@@ -141,7 +144,8 @@ def test_rtn_error_within_half_step(bits, symmetric):
 
 def test_two_level_rtn_error_is_half_a_step_plus_its_roundings():
     """Each group's error is within half its step, plus what rounding d and m to int8 multiples of
-    the row's floats moves them by; all-zero groups and rows stay exactly zero (no division by 0)."""
+    the row's floats moves them by; all-zero groups and rows stay exactly
+    zero (no division by 0)."""
     torch.manual_seed(0)
     w = torch.randn(16, 224) * torch.rand(16, 1) + torch.randn(16, 1) * 0.1
     w[0, :32], w[1] = 0, 0
@@ -188,7 +192,8 @@ def test_gptq_and_awq_beat_rtn_on_layer_output(bits, group, symmetric):
     s = search_scale(w, stats.hessian, stats.abs_mean, bits, group, symmetric)
     awq = _output_error(w, x, quantize_rtn(w * s, bits, group, symmetric).dequantize(), x / s)
     clipped = search_clip(w * s, stats.hessian / torch.outer(s, s), bits, group, symmetric)
-    awq_clip = _output_error(w, x, quantize_rtn(clipped, bits, group, symmetric).dequantize(), x / s)
+    awq_clip = _output_error(w, x, quantize_rtn(clipped, bits, group, symmetric).dequantize(),
+                             x / s)
     assert awq < rtn and awq_clip < rtn
 
 
@@ -199,8 +204,8 @@ def test_input_stats_give_exact_output_error():
     stats.add(x[30:].unsqueeze(0))
     torch.testing.assert_close(stats.hessian, 2 * x.T @ x / 100, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(stats.abs_mean, x.abs().mean(0))
-    torch.testing.assert_close(output_error(delta, stats.hessian) * 100 / 2, (x @ delta.T).pow(2).sum(),
-                               rtol=1e-4, atol=0)
+    torch.testing.assert_close(output_error(delta, stats.hessian) * 100 / 2,
+                               (x @ delta.T).pow(2).sum(), rtol=1e-4, atol=0)
 
 
 @pytest.mark.parametrize("spec", ["int4-g32", "int3-g32"])
@@ -209,7 +214,8 @@ def test_calibrated_models_beat_rtn(tiny, samples, spec):
     reference = logits(tiny, samples).log_softmax(-1)
 
     def kl(method: str) -> float:
-        model = quantize_model(copy.deepcopy(tiny), f"{spec}-{method}", samples, packed=False, progress=False)
+        model = quantize_model(copy.deepcopy(tiny), f"{spec}-{method}", samples, packed=False,
+                               progress=False)
         out = logits(model, samples).log_softmax(-1)
         return F.kl_div(out, reference, log_target=True, reduction="batchmean").item()
 
@@ -232,9 +238,11 @@ def test_awq_folds_keep_float_function(tiny, samples):
 
 # --- execution modules -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,kind", [("int8", Int8Linear), ("int4-g32", Int4Linear), ("int4-g64-sym", Int4Linear),
-                                       ("int4", Int4Linear), ("int3-g32", Int4Linear), ("int2-g64-sym", Int4Linear),
-                                       ("int6-g32", DequantizedLinear), ("int8-g32", DequantizedLinear)])
+@pytest.mark.parametrize("spec,kind", [("int8", Int8Linear), ("int4-g32", Int4Linear),
+                                       ("int4-g64-sym", Int4Linear), ("int4", Int4Linear),
+                                       ("int3-g32", Int4Linear), ("int2-g64-sym", Int4Linear),
+                                       ("int6-g32", DequantizedLinear),
+                                       ("int8-g32", DequantizedLinear)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_matches_simulated(tiny, spec, kind, dtype):
     base = copy.deepcopy(tiny).to(dtype)
@@ -267,7 +275,8 @@ def test_kernel_descriptions_and_fallback():
     quantize_model(model, "int4-g32", packed=True, progress=False)
     assert isinstance(model[0], DequantizedLinear) and "out_features % 16" in model[0].kernel
     x = torch.randn(3, 64)
-    torch.testing.assert_close(model[0](x), F.linear(x, model[0].quantized().dequantize(), linear.bias),
+    torch.testing.assert_close(model[0](x),
+                               F.linear(x, model[0].quantized().dequantize(), linear.bias),
                                rtol=2e-2, atol=2e-2)
 
 
@@ -275,30 +284,37 @@ def test_weight_bytes(tiny):
     fp = weight_bytes(tiny)
     n_params = sum(p.numel() for p in tiny.parameters())  # the tied head counts once
     assert fp.stored == fp.executed == 4 * n_params
-    int4 = weight_bytes(quantize_model(copy.deepcopy(tiny), "int4-g32", packed=True, progress=False))
+    int4 = weight_bytes(quantize_model(copy.deepcopy(tiny), "int4-g32", packed=True,
+                                       progress=False))
     linears = 2 * (64 * 128 + 64 * 64 + 64 * 256 + 128 * 64)
     groups = linears // 32
-    assert int4.stored == fp.stored - 4 * linears + linears // 2 + 3 * groups  # codes + bf16 scale + uint8 zero
+    # codes + bf16 scale + uint8 zero
+    assert int4.stored == fp.stored - 4 * linears + linears // 2 + 3 * groups
     assert int4.executed < fp.executed
-    int3 = weight_bytes(quantize_model(copy.deepcopy(tiny), "int3-g32", packed=True, progress=False))
+    int3 = weight_bytes(quantize_model(copy.deepcopy(tiny), "int3-g32", packed=True,
+                                       progress=False))
     assert int3.stored == fp.stored - 4 * linears + linears * 3 // 8 + 3 * groups
     assert int3.executed == int4.executed  # 3-bit codes run on the int4 kernel
-    int6 = weight_bytes(quantize_model(copy.deepcopy(tiny), "int6-g32", packed=True, progress=False))
+    int6 = weight_bytes(quantize_model(copy.deepcopy(tiny), "int6-g32", packed=True,
+                                       progress=False))
     assert int6.stored == fp.stored - 4 * linears + linears * 6 // 8 + 3 * groups
     assert int6.executed == fp.executed - 4 * linears + 2 * linears  # dequantized to bf16
 
 
 def test_bad_group_size_names_layer(tiny):  # gcd(48, 64) = 16: too small to fall back to
-    with pytest.raises(ValueError, match=r"group size 48 does not divide in_features=64 of layer 'layers\.0\."):
+    with pytest.raises(ValueError,
+                       match=r"group size 48 does not divide in_features=64 of layer 'layers\.0\."):
         quantize_model(copy.deepcopy(tiny), "int4-g48", progress=False)
 
 
 def test_group_fallback_to_gcd(tiny):
-    """g128 on 64-wide layers (like SmolLM2's 576-wide ones) falls back to gcd = 64, with a warning."""
+    """g128 on 64-wide layers (like SmolLM2's 576-wide ones) falls back to gcd
+    = 64, with a warning."""
     with pytest.warns(UserWarning, match="using group 64"):
         model = quantize_model(copy.deepcopy(tiny), "int4-g128", progress=False)
     sizes = {name: (m.in_features, m.group_size) for name, m in quantized_layers(model).items()}
-    assert sizes["layers.0.attention.wqkv"] == (64, 64) and sizes["layers.0.feed_forward.w2"] == (128, 128)
+    assert (sizes["layers.0.attention.wqkv"] == (64, 64)
+            and sizes["layers.0.feed_forward.w2"] == (128, 128))
     assert all(isinstance(m, Int4Linear) for m in quantized_layers(model).values())
 
 
@@ -326,7 +342,8 @@ def test_save_load_identical_logits(tiny, samples, spec, tmp_path):
 
 
 def test_load_restores_saved_dtype(tiny, samples, tmp_path):
-    model = quantize_model(copy.deepcopy(tiny).to(torch.bfloat16), "int4-g32-awq", samples, progress=False)
+    model = quantize_model(copy.deepcopy(tiny).to(torch.bfloat16), "int4-g32-awq", samples,
+                           progress=False)
     save_quantized(model, "int4-g32-awq", tmp_path / "ckpt")
     loaded = load_quantized(Llama(TINY).eval(), tmp_path / "ckpt")  # an fp32 skeleton
     assert loaded.dtype == torch.bfloat16

@@ -41,9 +41,11 @@ def _kernels(net: nn.Module) -> Runner:
 
 
 BACKENDS = {b.name: b for b in (
-    Backend("kernels", _kernels, "specq's CPU kernels where they take a layer, torch's ops elsewhere"),
+    Backend("kernels", _kernels,
+            "specq's CPU kernels where they take a layer, torch's ops elsewhere"),
     Backend("eager", lambda net: Runner(net, "eager"), "torch's ops only (the reference)"),
-    Backend("compiled", CompiledRunner, "torch.compile of fixed-shape chain steps (a minute per new shape)"),
+    Backend("compiled", CompiledRunner,
+            "torch.compile of fixed-shape chain steps (a minute per new shape)"),
 )}
 DEFAULT = "kernels"
 
@@ -75,15 +77,18 @@ def native(net: nn.Module) -> bool:
 
 
 def decoder(net: nn.Module) -> Llama | None:
-    """The native decoder that runs `net`'s layers: `net` itself, or its `Llama` child; else None."""
-    return net if isinstance(net, Llama) else next((c for c in net.children() if isinstance(c, Llama)), None)
+    """The native decoder that runs `net`'s layers: `net` itself, or its
+    `Llama` child; else None."""
+    return (net if isinstance(net, Llama)
+            else next((c for c in net.children() if isinstance(c, Llama)), None))
 
 
 def describe(run: Runner) -> dict:
     """What each part of a model runs on: the backend, the kernel build for this CPU (and the CPU's
     model name), how many linear layers run on which kernel, and whether cached passes run as one C
     call (`--explain`)."""
-    linears = Counter(run.kernels[m].name if m in run.kernels else getattr(m, "kernel", None) or _torch_kernel(m)
+    linears = Counter(run.kernels[m].name if m in run.kernels else getattr(m, "kernel", None)
+                      or _torch_kernel(m)
                       for m in run.net.modules() if _is_linear(m))
     return {"backend": run.backend, "kernel_build": build.variant(), "cpu": build.cpu_model(),
             "linear_layers": dict(linears.most_common()),
@@ -97,4 +102,5 @@ def _is_linear(m: nn.Module) -> bool:
 
 def _torch_kernel(m: nn.Module) -> str:
     weight = getattr(m, "weight", None)
-    return f"torch F.linear ({str(weight.dtype).removeprefix('torch.')})" if weight is not None else type(m).__name__
+    return (f"torch F.linear ({str(weight.dtype).removeprefix('torch.')})"
+            if weight is not None else type(m).__name__)

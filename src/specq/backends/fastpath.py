@@ -37,7 +37,8 @@ PACK_ROWS_HINT = 4
 
 
 class Kernel(Protocol):
-    """A linear layer's weight in one kernel's layout: x [..., in] -> [..., out], and what runs it."""
+    """A linear layer's weight in one kernel's layout: x [..., in] -> [...,
+    out], and what runs it."""
 
     name: str  # for --explain
 
@@ -55,7 +56,8 @@ class FloatKernel:
         self.out_features, self.in_features = weight.shape
         use_panels = weight.dtype == torch.float32 and f32dot.available()
         self.panels = f32dot.FloatPanels(self.weight) if use_panels else None
-        self._packed = None if self.panels else torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_ROWS_HINT)
+        self._packed = (None if self.panels
+                        else torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_ROWS_HINT))
 
     @property
     def name(self) -> str:
@@ -68,7 +70,8 @@ class FloatKernel:
             if x.numel() <= ROW_BY_ROW_MAX * self.in_features:
                 return f32dot.linear(x, self.panels)
             return F.linear(x, self.weight)
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, None, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, None,
+                                               "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
 
 
@@ -83,7 +86,8 @@ class Int8DotKernel:
     def name(self) -> str:
         w = self.weight
         codes = "4-bit codes of a 16-value grid" if w.grid is not None else f"int{w.bits} weights"
-        return f"{self.prefix}{codes} x int8 activations (specq int8dot kernel, group {w.group_size})"
+        return (f"{self.prefix}{codes} x int8 activations (specq int8dot kernel, group "
+                f"{w.group_size})")
 
     def __call__(self, x: Tensor) -> Tensor:
         y = int8dot.linear(x, self.weight)
@@ -92,7 +96,8 @@ class Int8DotKernel:
 
 @functools.cache
 def packs(dtype: torch.dtype) -> bool:
-    """Whether oneDNN packs weights of this dtype on this CPU (bf16 needs AVX512-BF16 or AVX-NE-CONVERT)."""
+    """Whether oneDNN packs weights of this dtype on this CPU (bf16 needs
+    AVX512-BF16 or AVX-NE-CONVERT)."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
@@ -113,7 +118,8 @@ def kernels(net: nn.Module) -> dict[nn.Module, Kernel]:
         elif isinstance(module, Int8DotForm) and int8dot.available():
             weight = module.int8dot_weight()
             if weight is not None:
-                table[module] = Int8DotKernel(weight, getattr(module, "bias", None), _prefix(module))
+                table[module] = Int8DotKernel(weight, getattr(module, "bias", None),
+                                              _prefix(module))
     return table
 
 
@@ -134,18 +140,22 @@ def layer_stack(net: Llama, table: dict[nn.Module, Kernel]) -> decoder.Stack | N
     layers = []
     for block in net.layers:
         attention, ffn = block.attention, block.feed_forward
-        weights = [_stack_weight(table.get(m)) for m in (attention.wqkv, attention.wo, ffn.w13, ffn.w2)]
+        weights = [_stack_weight(table.get(m))
+                   for m in (attention.wqkv, attention.wo, ffn.w13, ffn.w2)]
         norms = (block.attention_norm.weight, block.ffn_norm.weight)
         optional = [attention.qkv_bias] + [None if m is None else m.weight for m in (
             attention.q_norm, attention.k_norm, block.post_attention_norm, block.post_ffn_norm)]
-        if any(w is None for w in weights) or any(w.dtype != torch.float32 for w in (*norms, *optional)
+        if any(w is None for w in weights) or any(w.dtype != torch.float32
+                                                  for w in (*norms, *optional)
                                                   if w is not None):
             return None
-        layers.append(decoder.LayerWeights(*norms, *weights, *optional, attention.window, block.local_rope))
+        layers.append(decoder.LayerWeights(*norms, *weights, *optional, attention.window,
+                                           block.local_rope))
     c = net.config
     scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
-    return decoder.Stack(layers, decoder.Shape(c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                                               c.rms_norm_eps, scale, c.hidden_act))
+    return decoder.Stack(layers,
+                         decoder.Shape(c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                       c.rms_norm_eps, scale, c.hidden_act))
 
 
 def _stack_weight(kernel: Kernel | None) -> f32dot.FloatPanels | int8dot.Int8DotWeight | None:

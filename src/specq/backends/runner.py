@@ -17,8 +17,17 @@ import time
 import torch
 from torch import Tensor, nn
 
-from ..model.llama import EAGER, MAX_STACKED_ROWS, Execution, KVCache, Llama, Rows, StaticView, by_rows, \
-    invariant_rows
+from ..model.llama import (
+    EAGER,
+    MAX_STACKED_ROWS,
+    Execution,
+    KVCache,
+    Llama,
+    Rows,
+    StaticView,
+    by_rows,
+    invariant_rows,
+)
 from ..paths import cache_dir
 from ..weights.narrow_head import NarrowHead
 from .fastpath import Kernel
@@ -77,7 +86,8 @@ class Runner:
     def hidden_states(self, ids: Tensor) -> Tensor:
         return self.net.hidden_states(ids, self.execution)
 
-    def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
+    def forward_many(self, seqs: list[Rows],
+                     return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
         """Several sequences' rows, each at the end of its own cache, in as few passes as exactness
         allows: (logits, hidden states or None) per sequence, as `__call__` returns them. Sequences
         are stacked in order while their rows fit `stack_limit()` and the layer stack takes all of
@@ -88,7 +98,8 @@ class Runner:
             return self.net.stacked(seqs, return_hidden, ex=self.execution)
         out, group, rows, limit = [], [], 0, self.stack_limit()
         for s in seqs:
-            if group and (rows + s.ids.shape[0] > limit or self.on_stack(s) != self.on_stack(group[0])):
+            if (group and (rows + s.ids.shape[0] > limit
+                           or self.on_stack(s) != self.on_stack(group[0]))):
                 out += self.net.stacked(group, return_hidden, ex=self.execution)
                 group, rows = [], 0
             group.append(s)
@@ -96,7 +107,8 @@ class Runner:
         return out + self.net.stacked(group, return_hidden, ex=self.execution) if group else out
 
     def on_stack(self, s: Rows) -> bool:
-        """Whether the layer stack runs these rows in a float32 inference pass (`Llama.decoder_pass`)."""
+        """Whether the layer stack runs these rows in a float32 inference pass
+        (`Llama.decoder_pass`)."""
         return self.stack is not None and by_rows(s.cache.length, s.ids.shape[0])
 
     def stack_limit(self) -> int:
@@ -120,7 +132,8 @@ class ModuleRunner(Runner):
     def hidden_states(self, ids: Tensor) -> Tensor:
         raise ValueError("a transformers model has no hidden states to hand out")
 
-    def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
+    def forward_many(self, seqs: list[Rows],
+                     return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
         return self.net.forward_many(seqs, return_hidden)
 
 
@@ -150,16 +163,18 @@ class CompiledRunner(Runner):
         return self.net.new_cache(self.capacity)
 
     def __call__(self, ids: Tensor, cache: KVCache | None = None, last_only: bool = False,
-                 return_hidden: bool = False, positions: Tensor | None = None, mask: Tensor | None = None,
-                 head: nn.Module | None = None):
-        if (cache is None or ids.shape[0] > MAX_COMPILED_TOKENS or return_hidden or positions is not None
+                 return_hidden: bool = False, positions: Tensor | None = None,
+                 mask: Tensor | None = None, head: nn.Module | None = None):
+        if (cache is None or ids.shape[0] > MAX_COMPILED_TOKENS or return_hidden
+            or positions is not None
                 or mask is not None or head is not None):
             return self.net(ids, cache, last_only, return_hidden, positions, mask, head)
         logits = self._compiled(ids, cache)
         cache.length += ids.shape[0]
         return logits[-1:] if last_only else logits
 
-    def forward_many(self, seqs: list[Rows], return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
+    def forward_many(self, seqs: list[Rows],
+                     return_hidden: bool = False) -> list[tuple[Tensor, Tensor | None]]:
         """One sequence a pass (compiled steps take one)."""
         out = []
         for s in seqs:
@@ -171,13 +186,15 @@ class CompiledRunner(Runner):
         n = ids.shape[0]
         size = 1 << (n - 1).bit_length()
         if cache.length + size > cache.capacity:
-            raise ValueError(f"KV cache full: {cache.length + size} positions needed, capacity {cache.capacity}")
+            raise ValueError(f"KV cache full: {cache.length + size} positions needed, capacity "
+                             f"{cache.capacity}")
         self.net._ensure_rope(cache.length + size)
         padded = torch.cat([ids, ids.new_zeros(size - n)]) if size > n else ids
         positions = torch.arange(cache.length, cache.length + size)
         if size not in self.sizes:
-            print(f"specq: compiling the {size}-token step of a {self.config.num_layers}-layer model (once per "
-                  "machine, cached on disk; up to a few minutes on 2 cores)", file=sys.stderr, flush=True)
+            print(f"specq: compiling the {size}-token step of a {self.config.num_layers}-layer "
+                  "model (once per machine, cached on disk; up to a few minutes on 2 cores)",
+                  file=sys.stderr, flush=True)
         started = time.perf_counter()
         logits = self.step(padded, StaticView(cache.k, cache.v, positions, cache.causal[positions]))
         if size not in self.sizes:

@@ -90,8 +90,8 @@ def _by_prompt(cell: dict | None) -> dict[tuple[str, int], list[dict]]:
     return out
 
 
-def summarize(records: list[dict], *, resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
-              by_set: bool = False) -> list[dict]:
+def summarize(records: list[dict], *, resamples: int = 2000, confidence: float = 0.95,
+              seed: int = 0, by_set: bool = False) -> list[dict]:
     """One row per configuration: per prompt set (`by_set`) or pooled over the sets."""
     cells = store.cells(records)
     groups: dict[tuple, list[dict]] = {}
@@ -104,9 +104,10 @@ def summarize(records: list[dict], *, resamples: int = 2000, confidence: float =
     ci = lambda values: _ci(values, confidence, resamples, seed)  # noqa: E731
     rows = [_row(members, cells, ci) for members in groups.values()]
     _mark_best_gamma(rows)
-    rows.sort(key=lambda r: (r["target"], r["max_new_tokens"], r["temperature"], r["threads"], r["set"],
-                             KIND_ORDER[r["kind"]], r["draft"] or "", r["tree"], r["tree_topk"] or 0,
-                             r["draft_confidence"] or 0, gamma_order(r["gamma"])))
+    rows.sort(key=lambda r: (r["target"], r["max_new_tokens"], r["temperature"],
+                             r["threads"], r["set"], KIND_ORDER[r["kind"]], r["draft"] or "",
+                             r["tree"], r["tree_topk"] or 0, r["draft_confidence"] or 0,
+                             gamma_order(r["gamma"])))
     return rows
 
 
@@ -133,21 +134,23 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
     gamma = parse_gamma(params["gamma"])[0] if params["gamma"] else 0
     tree = tree_shape(params)
     row = {
-        "kind": params["kind"], "target": params["target"], "target_precision": first["target"]["precision"],
-        "draft": params["draft"], "draft_precision": (first["draft"] or {}).get("precision"),
-        "gamma": params["gamma"], "draft_confidence": params.get("draft_confidence"),
-        "tree": tree.size if tree else 0, "tree_topk": tree.topk if tree else None,  # tree: gamma is its depth
+        "kind": params["kind"], "target": params["target"],
+        "target_precision": first["target"]["precision"], "draft": params["draft"],
+        "draft_precision": (first["draft"] or {}).get("precision"), "gamma": params["gamma"],
+        "draft_confidence": params.get("draft_confidence"),
+        # tree: gamma is its depth
+        "tree": tree.size if tree else 0, "tree_topk": tree.topk if tree else None,
         "max_new_tokens": params["max_new_tokens"],
         "temperature": params["temperature"], "threads": params["threads"],
         "set": "+".join(sorted({c["cell"]["set"] for c in members})), "prompts": len(units),
         "repeats": params["repeats"],
         "tokens_per_s": ci([s.tokens_per_s for s in per_prompt]),
         "em": ci([u.em() for u in units]), "em_prompts": sum(u.em() is not None for u in units),
-        "steps_per_prompt": sum(s.steps for s in per_prompt) / max(1, len(units)) / params["repeats"],
-        "profile": _profile(members, pooled, tree is not None),
+        "steps_per_prompt": sum(s.steps for s in per_prompt) / max(1, len(units))
+        / params["repeats"], "profile": _profile(members, pooled, tree is not None),
         # speculative only:
-        "acceptance_rate": None, "tau": None, "U": [], "a": [], "nodes_per_pass": None, "draft_share": None,
-        "speedup": None,
+        "acceptance_rate": None, "tau": None, "U": [], "a": [], "nodes_per_pass": None,
+        "draft_share": None, "speedup": None,
         "predicted_speedup": None, "warmup_dominated": False, "greedy": params["temperature"] == 0,
         "mismatches": [], "unchecked": 0, "peer_tokens_per_s": None, "vs_peer": None,
         "peer_identical": [0, 0], "peer_skipped": None, "speedup_paired": False,
@@ -178,11 +181,13 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
 
 
 def _same(runs: list[dict], base_runs: list[dict]) -> bool:
-    return bool(runs and base_runs) and all(r["token_ids"] == base_runs[0]["token_ids"] for r in runs)
+    return (bool(runs and base_runs)
+            and all(r["token_ids"] == base_runs[0]["token_ids"] for r in runs))
 
 
 def _mismatches(units: list[Unit]) -> tuple[list[dict], int]:
-    """Every greedy run whose tokens differ from the baseline's, and how many prompts had no baseline."""
+    """Every greedy run whose tokens differ from the baseline's, and how many
+    prompts had no baseline."""
     found, unchecked = [], 0
     for u in units:
         if not u.base_runs:
@@ -192,7 +197,8 @@ def _mismatches(units: list[Unit]) -> tuple[list[dict], int]:
         for r in u.runs:
             position = quality.first_mismatch(r["token_ids"], expected)
             if position is not None:
-                found.append({"set": u.set, "prompt": u.prompt, "repeat": r["repeat"], "position": position})
+                found.append({"set": u.set, "prompt": u.prompt, "repeat": r["repeat"],
+                              "position": position})
     return found, unchecked
 
 
@@ -217,14 +223,19 @@ def _profile(members: list[dict], pooled: DecodeStats, tree: bool = False) -> di
     prefill = {side: [x for c in members for x in c.get("prefill_ms", {}).get(side, [])]
                for side in ("target", "draft")}
     ms = lambda total, n: total * 1000 / n if n else None  # noqa: E731
-    drafts = pooled.drafted_at[0] if tree and pooled.drafted_at else pooled.drafted  # trees grown, or forwards
-    out = {"target_prefill_ms": _mean(prefill["target"]), "draft_prefill_ms": _mean(prefill["draft"]),
-           "target_forward_ms": ms(pooled.verify_s, pooled.steps),  # a verify pass (plain: one token)
-           "draft_step_ms": ms(pooled.draft_s, drafts),  # one draft forward (a chain), one tree grown
+    # trees grown, or forwards
+    drafts = pooled.drafted_at[0] if tree and pooled.drafted_at else pooled.drafted
+    out = {"target_prefill_ms": _mean(prefill["target"]),
+           "draft_prefill_ms": _mean(prefill["draft"]),
+           # a verify pass (plain: one token)
+           "target_forward_ms": ms(pooled.verify_s, pooled.steps),
+           # one draft forward (a chain), one tree grown
+           "draft_step_ms": ms(pooled.draft_s, drafts),
            "other_per_step_ms": ms(pooled.other_s, pooled.steps),
            "step_ms": ms(pooled.decode_s, pooled.steps)}
     if pooled.decode_s > 0:
-        out.update(draft_share=pooled.draft_s / pooled.decode_s, verify_share=pooled.verify_s / pooled.decode_s,
+        out.update(draft_share=pooled.draft_s / pooled.decode_s,
+                   verify_share=pooled.verify_s / pooled.decode_s,
                    other_share=pooled.other_s / pooled.decode_s)
     return out
 
@@ -238,9 +249,10 @@ def _mark_best_gamma(rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         r["best_gamma"] = r["gamma_swept"] = False
-        if r["kind"] == "speculative":  # a tree shape's depths are swept apart from the chain's gammas
-            key = (r["target"], r["draft"], r["draft_confidence"], r["tree"], r["tree_topk"], r["max_new_tokens"],
-                   r["temperature"], r["threads"], r["set"])
+        # a tree shape's depths are swept apart from the chain's gammas
+        if r["kind"] == "speculative":
+            key = (r["target"], r["draft"], r["draft_confidence"], r["tree"], r["tree_topk"],
+                   r["max_new_tokens"], r["temperature"], r["threads"], r["set"])
             groups.setdefault(key, []).append(r)
     for group in groups.values():
         if len({r["gamma"] for r in group}) > 1:
@@ -260,9 +272,9 @@ def failures(rows: list[dict]) -> list[str]:
     for r in rows:
         tree = f" tree={r['tree']} topk={r['tree_topk']}" if r.get("tree") else ""
         for m in r.get("mismatches", []):
-            out.append(f"{r['target']} + {r['draft']} gamma={r['gamma']}{tree} n={r['max_new_tokens']}: "
-                       f"{m['set']} prompt {m['prompt']} repeat {m['repeat']} differs from the baseline "
-                       f"at token {m['position']}")
+            out.append(f"{r['target']} + {r['draft']} gamma={r['gamma']}{tree} "
+                       f"n={r['max_new_tokens']}: {m['set']} prompt {m['prompt']} repeat "
+                       f"{m['repeat']} differs from the baseline at token {m['position']}")
     return out
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 CODE_TASKS = [
     "Write a Python function `is_palindrome(s)` that ignores case and non-alphanumeric characters.",
-    "Write a Python function that merges two sorted lists into one sorted list without using sort().",
+    "Write a Python function that merges two sorted lists into one sorted list without using "
+    "sort().",
     "Write a Python function `chunks(items, n)` that yields successive lists of at most n items.",
     "Write a Python class `LRUCache` with get and put methods and a fixed capacity.",
     "Write a Python function that parses a line like 'key1=value1;key2=value2' into a dict.",

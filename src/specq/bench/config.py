@@ -29,7 +29,8 @@ from ..loading.refs import ModelRef, check_ref, draft_ref, model_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
-MAX_TREE = MAX_GAMMA  # the most nodes (and children per node) of a token tree, as `specq generate --tree`
+# the most nodes (and children per node) of a token tree, as `specq generate --tree`
+MAX_TREE = MAX_GAMMA
 
 
 def registry_draft(target_ref: str, quantizable: bool = False) -> str | None:
@@ -44,10 +45,14 @@ class BenchConfig:
     target_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with targets
     drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
-    gamma: list[int | str] = dataclasses.field(default_factory=lambda: [DEFAULT_GAMMA])  # N or "auto"
-    draft_confidence: list[float] = dataclasses.field(default_factory=lambda: [DEFAULT_DRAFT_CONFIDENCE])
-    tree: list[int] = dataclasses.field(default_factory=lambda: [0])  # token tree node counts; 0: a chain
-    tree_topk: list[int] = dataclasses.field(default_factory=lambda: [DEFAULT_TREE.topk])  # crossed with tree
+    # N or "auto"
+    gamma: list[int | str] = dataclasses.field(default_factory=lambda: [DEFAULT_GAMMA])
+    draft_confidence: list[float] = dataclasses.field(
+        default_factory=lambda: [DEFAULT_DRAFT_CONFIDENCE])
+    # token tree node counts; 0: a chain
+    tree: list[int] = dataclasses.field(default_factory=lambda: [0])
+    # crossed with tree
+    tree_topk: list[int] = dataclasses.field(default_factory=lambda: [DEFAULT_TREE.topk])
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
     prompt_sets: list[str] = dataclasses.field(default_factory=lambda: ["chat"])
@@ -62,7 +67,8 @@ class BenchConfig:
     peer: bool = False  # also time transformers' assisted generation on the same pair
     paired: bool = True  # time a plain run next to every speculative run: speedups immune to drift
     profile: bool = False  # print ms per forward per model and phase
-    eager: bool = False  # plain eager kernels instead of the fast path (fastpath.py), e.g. to compare them
+    # plain eager kernels instead of the fast path (fastpath.py), e.g. to compare them
+    eager: bool = False
     quality_chunks: int = 4  # held-out text chunks per target precision (0: no quality stage)
     resamples: int = 2000
     confidence: float = 0.95
@@ -80,24 +86,29 @@ class BenchConfig:
 
 HELP = {
     "targets": "target model refs, optionally name@spec",
-    "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, ...)",
-    "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the target's "
-              "own weights at SPEC), REF:window=W (a model draft reading the prompt's last W tokens), "
-              "ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the draft length), ngram+REF (the "
-              "model REF where nothing matches), or refs joined by commas, cheapest first (a hierarchy)",
+    "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, "
+                    "...)",
+    "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the "
+              "target's own weights at SPEC), REF:window=W (a model draft reading the prompt's "
+              "last W tokens), ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the "
+              "draft length), ngram+REF (the model REF where nothing matches), or refs joined by "
+              "commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
-    "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (the default: each step's length chosen "
-              "from measured costs, up to 4)"),
-    "draft_confidence": (f"end a proposal early below this draft probability (default {DEFAULT_DRAFT_CONFIDENCE}; "
-                         "0 = off; the peer gets the same)"),
-    "tree": ("token trees (EAGLE-2) of up to N draft nodes, gamma levels deep ('auto': each step's depth, up to "
-             f"{AUTO_MAX_GAMMA}); 0 = a chain (default)"),
-    "tree_topk": f"children per expanded tree node and nodes expanded per level (default {DEFAULT_TREE.topk})",
+    "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (the default: each step's "
+              "length chosen from measured costs, up to 4)"),
+    "draft_confidence": ("end a proposal early below this draft probability (default "
+                         f"{DEFAULT_DRAFT_CONFIDENCE}; 0 = off; the peer gets the same)"),
+    "tree": ("token trees (EAGLE-2) of up to N draft nodes, gamma levels deep ('auto': each step's "
+             f"depth, up to {AUTO_MAX_GAMMA}); 0 = a chain (default)"),
+    "tree_topk": "children per expanded tree node and nodes expanded per level (default "
+                 f"{DEFAULT_TREE.topk})",
     "max_new_tokens": "output lengths",
     "temperature": "0 = greedy (outputs checked against the baseline token for token)",
-    "prompt_sets": "chat, gsm8k, code, edit, long-edit (standard library modules to edit), corpus (Shakespeare continuations), file (--prompt-file)",
+    "prompt_sets": "chat, gsm8k, code, edit, long-edit (standard library modules to edit), corpus "
+                   "(Shakespeare continuations), file (--prompt-file)",
     "prompts": "prompts per set",
-    "prompt_file": "the user prompt file of the 'file' set (.jsonl, or plain text split on blank lines)",
+    "prompt_file": "the user prompt file of the 'file' set (.jsonl, or plain text split on blank "
+                   "lines)",
     "prompt_field": "the JSONL field holding the prompt (default text)",
     "prompt_file_chat": "apply the chat template to the file's prompts (default true)",
     "repeats": "timed generations per prompt (pooled per prompt)",
@@ -105,19 +116,21 @@ HELP = {
     "seed": "sampling seed",
     "ignore_eos": "run every output to max_new_tokens (default true)",
     "peer": "also time transformers' assisted generation on the same float pair",
-    "eager": "run the plain eager kernels instead of the fast path (specq's and oneDNN's CPU kernels)",
-    "paired": "time the target alone right next to every speculative run, and take speedups from those pairs",
+    "eager": "run the plain eager kernels instead of the fast path (specq's and oneDNN's CPU "
+             "kernels)",
+    "paired": "time the target alone right next to every speculative run, and take speedups from "
+              "those pairs",
     "profile": "print ms per forward for each model and phase",
-    "quality_chunks": ("held-out text chunks for each target precision's perplexity and top-1 agreement with "
-                       "fp32 (0 = skip)"),
+    "quality_chunks": ("held-out text chunks for each target precision's perplexity and top-1 "
+                       "agreement with fp32 (0 = skip)"),
     "resamples": "bootstrap resamples per CI",
     "confidence": "CI confidence level",
     "results": "the JSONL results store (appended cell by cell; re-runs resume)",
 }
 KEYS = tuple(f.name for f in dataclasses.fields(BenchConfig))
 LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": str, "gamma": int,
-             "draft_confidence": float, "tree": int, "tree_topk": int, "max_new_tokens": int, "temperature": float,
-             "prompt_sets": str, "threads": int}
+             "draft_confidence": float, "tree": int, "tree_topk": int, "max_new_tokens": int,
+             "temperature": float, "prompt_sets": str, "threads": int}
 
 
 def _cross(refs: list[str], specs: list[str]) -> list[str]:
@@ -159,7 +172,8 @@ def load_config(path: str | None, overrides: dict | None = None) -> BenchConfig:
 def validate(raw: dict) -> BenchConfig:
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
-        raise SpecqError(f"bench config: unknown key '{unknown[0]}' (valid keys: {', '.join(KEYS)})")
+        raise SpecqError(f"bench config: unknown key '{unknown[0]}' (valid keys: "
+                         f"{', '.join(KEYS)})")
     values = {}
     for key, value in raw.items():
         if key in LIST_KEYS:
@@ -169,31 +183,44 @@ def validate(raw: dict) -> BenchConfig:
     for key in ("prompts", "repeats", "resamples"):
         _check(key, _is(getattr(config, key), int) and 1 <= getattr(config, key) <= MAX_COUNT,
                f"must be an integer in [1, {MAX_COUNT}]")
-    _check("seed", _is(config.seed, int) and 0 <= config.seed <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")
-    _check("quality_chunks", _is(config.quality_chunks, int) and 0 <= config.quality_chunks <= MAX_COUNT,
+    _check("seed", _is(config.seed, int) and 0 <= config.seed <= MAX_SEED,
+           f"must be an integer in [0, {MAX_SEED}]")
+    _check("quality_chunks",
+           _is(config.quality_chunks, int) and 0 <= config.quality_chunks <= MAX_COUNT,
            f"must be an integer in [0, {MAX_COUNT}]")
     for key in ("prompt_file_chat", "ignore_eos", "peer", "paired", "profile", "eager"):
         _check(key, _is(getattr(config, key), bool), "must be true or false")
     for key in ("prompt_field", "results"):
-        _check(key, isinstance(getattr(config, key), str) and getattr(config, key), "must be a non-empty string")
-    _check("prompt_file", config.prompt_file is None or isinstance(config.prompt_file, str), "must be a path")
-    _check("confidence", _is(config.confidence, float) and 0.5 <= config.confidence < 1, "must be in [0.5, 1)")
-    for key, most in (("gamma", MAX_GAMMA), ("max_new_tokens", MAX_COUNT), ("threads", MAX_THREADS)):
-        _check(key, all(v == AUTO or 1 <= v <= most for v in getattr(config, key)), f"every value must be in [1, {most}]")
-    _check("temperature", all(0 <= t <= 100 for t in config.temperature), "every value must be in [0, 100]")
-    _check("draft_confidence", all(0 <= c < 1 for c in config.draft_confidence), "every value must be in [0, 1)")
+        _check(key, isinstance(getattr(config, key), str) and getattr(config, key),
+               "must be a non-empty string")
+    _check("prompt_file", config.prompt_file is None or isinstance(config.prompt_file, str),
+           "must be a path")
+    _check("confidence", _is(config.confidence, float) and 0.5 <= config.confidence < 1,
+           "must be in [0.5, 1)")
+    for key, most in (("gamma", MAX_GAMMA), ("max_new_tokens", MAX_COUNT),
+                      ("threads", MAX_THREADS)):
+        _check(key, all(v == AUTO or 1 <= v <= most for v in getattr(config, key)),
+               f"every value must be in [1, {most}]")
+    _check("temperature", all(0 <= t <= 100 for t in config.temperature),
+           "every value must be in [0, 100]")
+    _check("draft_confidence", all(0 <= c < 1 for c in config.draft_confidence),
+           "every value must be in [0, 1)")
     _check("tree", all(0 <= n <= MAX_TREE for n in config.tree),
            f"every value must be 0 (a chain) or a node count in [1, {MAX_TREE}]")
-    _check("tree_topk", all(1 <= k <= MAX_TREE for k in config.tree_topk), f"every value must be in [1, {MAX_TREE}]")
-    _check("results", not Path(config.results).is_dir(), f"'{config.results}' is a folder; give a .jsonl file")
-    for key in ("targets", "drafts", "gamma", "draft_confidence", "tree", "tree_topk", "max_new_tokens", "temperature",
-                "prompt_sets"):
+    _check("tree_topk", all(1 <= k <= MAX_TREE for k in config.tree_topk),
+           f"every value must be in [1, {MAX_TREE}]")
+    _check("results", not Path(config.results).is_dir(),
+           f"'{config.results}' is a folder; give a .jsonl file")
+    for key in ("targets", "drafts", "gamma", "draft_confidence", "tree", "tree_topk",
+                "max_new_tokens", "temperature", "prompt_sets"):
         _check(key, bool(getattr(config, key)), "must not be empty")
     for s in config.prompt_sets:
         _check("prompt_sets", s in SETS, f"unknown prompt set '{s}' (valid: {', '.join(SETS)})")
     if "file" in config.prompt_sets:
-        _check("prompt_file", config.prompt_file is not None, "is required by the 'file' prompt set")
-        _check("prompt_file", Path(config.prompt_file).is_file(), f"file not found: {config.prompt_file}")
+        _check("prompt_file", config.prompt_file is not None,
+               "is required by the 'file' prompt set")
+        _check("prompt_file", Path(config.prompt_file).is_file(),
+               f"file not found: {config.prompt_file}")
         try:
             user_texts(config.prompt_file, config.prompt_field)
         except SpecqError as e:
@@ -228,7 +255,8 @@ def _list(key: str, value, kind: type) -> list:
     for v in items:
         if key == "gamma" and v == AUTO:
             continue
-        _check(key, _is(v, kind), f"expected {kind.__name__} values" + " or 'auto'" * (key == "gamma") + f", got {v!r}")
+        _check(key, _is(v, kind), f"expected {kind.__name__} values"
+               + " or 'auto'" * (key == "gamma") + f", got {v!r}")
     return list(dict.fromkeys(float(v) if kind is float else v for v in items))
 
 
@@ -301,7 +329,8 @@ class Cell:
     ignore_eos: bool
     paired: bool = False  # speculative cells: a plain run timed next to each speculative run
     kernels: str = "fast"  # "fast" (fastpath.py) or "eager"
-    tree: int = 0  # speculative cells: a token tree of up to this many nodes, `gamma` levels deep (0: a chain)
+    # speculative cells: a token tree of up to this many nodes, `gamma` levels deep (0: a chain)
+    tree: int = 0
     tree_topk: int | None = None  # ... with this many children per expanded node
 
     def params(self) -> dict:
@@ -327,7 +356,8 @@ def cell_key(params: dict) -> str:
 
 
 def tree_shape(params: dict) -> TreeShape | None:
-    """The token tree of a cell's (or summary row's) params, or None for a chain (no tree fields, or 0)."""
+    """The token tree of a cell's (or summary row's) params, or None for a chain
+    (no tree fields, or 0)."""
     if not params.get("tree"):
         return None
     depth = AUTO_MAX_GAMMA if params["gamma"] == AUTO else int(params["gamma"])
@@ -338,7 +368,8 @@ def related(params: dict, kind: str) -> dict:
     """The params of the baseline (or peer) cell a speculative cell is compared with."""
     if kind == "baseline":
         params = {k: v for k, v in params.items() if k not in ("tree", "tree_topk")}
-        return {**params, "kind": "baseline", "draft": None, "gamma": None, "draft_confidence": None, "paired": False}
+        return {**params, "kind": "baseline", "draft": None, "gamma": None,
+                "draft_confidence": None, "paired": False}
     if kind == "peer":
         return {**params, "kind": kind, "paired": False}
     return {**params, "kind": kind}
@@ -355,12 +386,15 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
     cells: list[Cell] = []
     notes: list[str] = []
     for target in config.target_refs():
-        common = [dict(max_new_tokens=n, temperature=t, threads=th, set=s, prompts_sha=prompts_sha(prompt_sets[s]),
-                       n_prompts=len(prompt_sets[s]), repeats=config.repeats, seed=config.seed,
-                       ignore_eos=config.ignore_eos, kernels="eager" if config.eager else "fast")
-                  for th in config.threads for n in config.max_new_tokens for t in config.temperature
+        common = [dict(max_new_tokens=n, temperature=t, threads=th, set=s,
+                       prompts_sha=prompts_sha(prompt_sets[s]), n_prompts=len(prompt_sets[s]),
+                       repeats=config.repeats, seed=config.seed, ignore_eos=config.ignore_eos,
+                       kernels="eager" if config.eager else "fast")
+                  for th in config.threads for n in config.max_new_tokens
+                  for t in config.temperature
                   for s in config.prompt_sets]
-        cells += [Cell(kind="baseline", target=target, draft=None, gamma=None, draft_confidence=None, **c)
+        cells += [Cell(kind="baseline", target=target, draft=None, gamma=None,
+                       draft_confidence=None, **c)
                   for c in common]
         for draft in _drafts_for(target, config, registry, notes):
             parsed = draft_ref(draft)
@@ -372,21 +406,26 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                 for kind in ("speculative", "peer") if peer else ("speculative",):
                     for g in gammas:
                         for conf in [None] if alone else config.draft_confidence:
-                            cells += [Cell(kind=kind, target=target, draft=draft, gamma=g, draft_confidence=conf,
+                            cells += [Cell(kind=kind, target=target, draft=draft, gamma=g,
+                                           draft_confidence=conf,
                                            paired=config.paired and kind == "speculative", **c)
-                                      for c in common if kind == "speculative" or c["temperature"] == 0 and g != AUTO]
+                                      for c in common if kind == "speculative"
+                                      or c["temperature"] == 0 and g != AUTO]
             # token trees: `gamma` is the depth; a tree has no early stop, so no draft_confidence
-            cells += [Cell(kind="speculative", target=target, draft=draft, gamma=g, draft_confidence=None,
-                           paired=config.paired, tree=n, tree_topk=k, **c)
-                      for n in config.tree if n and not alone for k in config.tree_topk for g in config.gamma
+            cells += [Cell(kind="speculative", target=target, draft=draft, gamma=g,
+                           draft_confidence=None, paired=config.paired, tree=n, tree_topk=k, **c)
+                      for n in config.tree if n and not alone for k in config.tree_topk
+                      for g in config.gamma
                       for c in common]
     if config.peer and any(t > 0 for t in config.temperature):
-        notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped for temperature > 0")
+        notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped "
+                     "for temperature > 0")
     if config.peer and AUTO in config.gamma:
         notes.append("peer baseline runs at fixed gammas only: none for gamma 'auto'")
     if any(draft_ref(d).lookup is not None for d in config.drafts):
-        notes.append("n-gram drafts: an n-gram alone drafts k tokens (one cell per fixed gamma's k), grows no "
-                     "trees and has no early stop" + "; no peer baseline for them" * config.peer)
+        notes.append("n-gram drafts: an n-gram alone drafts k tokens (one cell per fixed gamma's "
+                     "k), grows no trees and has no early stop"
+                     + "; no peer baseline for them" * config.peer)
     if any(config.tree):
         if config.peer:
             notes.append("peer baseline drafts chains only: none for token tree cells")
@@ -406,7 +445,8 @@ def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) ->
         quant = first.spec if first.has_spec else ""
         chosen = registry(target, bool(quant) and not precision.is_float(quant))
         if chosen is None:
-            notes.append(f"the registry has no draft for {target}: its 'registry' cells are skipped")
+            notes.append(f"the registry has no draft for {target}: its 'registry' cells are "
+                         "skipped")
             continue
         notes.append(f"registry draft for {target}: {chosen}")
         out.append(model_ref(chosen).canonical(quant or None))

@@ -36,8 +36,8 @@ def key(target_ref: str, chunks: int) -> str:
 
 
 def run(target_refs: list[str], chunks: int, results: str, get: Callable[[str], tuple[Model, dict]],
-        held_out: Callable[[Model, int], list[list[int]]] = shakespeare_chunks, resamples: int = 2000,
-        seed: int = 0) -> None:
+        held_out: Callable[[Model, int], list[list[int]]] = shakespeare_chunks,
+        resamples: int = 2000, seed: int = 0) -> None:
     """Append one quality record per target ref the store does not hold yet: perplexity of target
     and reference, and the target's divergence from the reference (top-1 agreement, KL, ...),
     each a mean with a bootstrap CI over chunks. `get` loads a ref: (model, info)."""
@@ -47,7 +47,9 @@ def run(target_refs: list[str], chunks: int, results: str, get: Callable[[str], 
             continue
         target, target_info = get(ref)
         reference, reference_info = get(reference_ref(ref))
-        result = divergence.compare(reference, target, held_out(reference, chunks), resamples=resamples, seed=seed)
+        result = divergence.compare(reference, target, held_out(reference, chunks),
+                                    resamples=resamples, seed=seed)
         store.append(results, {"type": "quality", "key": key(ref, chunks), "target": target_info,
-                               "reference": reference_info, "chunk_len": CHUNK_LEN, "result": result})
+                               "reference": reference_info, "chunk_len": CHUNK_LEN,
+                               "result": result})
 

@@ -28,7 +28,8 @@ class Prompt:
     reference: str | None = None  # the normalised GSM8K answer
 
 
-def load_set(name: str, n: int, file: str | None = None, field: str = "text", file_chat: bool = True) -> list[Prompt]:
+def load_set(name: str, n: int, file: str | None = None, field: str = "text",
+             file_chat: bool = True) -> list[Prompt]:
     """The first `n` prompts of a set (fewer when the set is smaller)."""
     from .. import data
     from .coding import CODE_TASKS, EDIT_TASKS, long_edit_tasks
@@ -37,7 +38,8 @@ def load_set(name: str, n: int, file: str | None = None, field: str = "text", fi
     if name == "chat":
         return [Prompt(name, i, t, True) for i, t in enumerate(data.chat_prompts("held_out")[:n])]
     if name == "gsm8k":
-        return [Prompt(name, i, f"{p['question']}\n{GSM8K_INSTRUCTION}", True, reference_answer(p["answer"]))
+        return [Prompt(name, i, f"{p['question']}\n{GSM8K_INSTRUCTION}", True,
+                       reference_answer(p["answer"]))
                 for i, p in enumerate(data.gsm8k_problems()[:n])]
     if name in ("code", "edit"):
         tasks = CODE_TASKS if name == "code" else EDIT_TASKS
@@ -47,7 +49,8 @@ def load_set(name: str, n: int, file: str | None = None, field: str = "text", fi
     if name == "corpus":
         return [Prompt(name, i, t, False) for i, t in enumerate(corpus_passages(n))]
     if name == "file":
-        return [Prompt(name, i, t, file_chat) for i, t in enumerate(data.user_texts(file, field)[:n])]
+        return [Prompt(name, i, t, file_chat)
+                for i, t in enumerate(data.user_texts(file, field)[:n])]
     raise ValueError(f"unknown prompt set {name!r}")
 
 

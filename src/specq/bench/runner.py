@@ -44,10 +44,11 @@ WARMUP_TOKENS = 8
 def environment() -> dict:
     import transformers
 
-    return {"machine": platform.machine(), "processor": platform.processor(), "platform": platform.platform(),
-            "cpu": build.cpu_model(), "kernels": build.variant(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "specq": __version__}
+    return {"machine": platform.machine(), "processor": platform.processor(),
+            "platform": platform.platform(), "cpu": build.cpu_model(), "kernels": build.variant(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "specq": __version__}
 
 
 def model_hash(model: Model) -> str:
@@ -62,12 +63,13 @@ def model_hash(model: Model) -> str:
 
 def load_prompt_sets(config: BenchConfig) -> dict[str, list[Prompt]]:
     """`prompts` prompts of each set; a set that holds fewer is an error (never silently fewer)."""
-    sets = {s: load_set(s, config.prompts, config.prompt_file, config.prompt_field, config.prompt_file_chat)
+    sets = {s: load_set(s, config.prompts, config.prompt_file, config.prompt_field,
+                        config.prompt_file_chat)
             for s in config.prompt_sets}
     for name, prompts in sets.items():
         if len(prompts) < config.prompts:
-            raise SpecqError(f"bench config 'prompts': the '{name}' set holds {len(prompts)} prompts, fewer than "
-                             f"the {config.prompts} asked for")
+            raise SpecqError(f"bench config 'prompts': the '{name}' set holds {len(prompts)} "
+                             f"prompts, fewer than the {config.prompts} asked for")
     return sets
 
 
@@ -84,7 +86,8 @@ class _Models:
     def get(self, ref: str) -> tuple[Model, dict]:
         if ref not in self.loaded:
             model = self.load(ref)
-            info = {"ref": ref, "precision": model.precision, "source": model.source, "sha256": model_hash(model)}
+            info = {"ref": ref, "precision": model.precision, "source": model.source,
+                    "sha256": model_hash(model)}
             model.runner = backends.runner(model.net, self.backend)
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
@@ -109,7 +112,8 @@ class _Models:
             dtype = precision.parse(model.precision).dtype
             hf_logging.disable_progress_bar()  # one progress bar (the sweep's) on the terminal
             try:
-                self.hf[model.ref] = AutoModelForCausalLM.from_pretrained(model.source, dtype=dtype).eval()
+                self.hf[model.ref] = AutoModelForCausalLM.from_pretrained(model.source,
+                                                                          dtype=dtype).eval()
             finally:
                 hf_logging.enable_progress_bar()
         return self.hf[model.ref]
@@ -128,9 +132,10 @@ def peer_skip_reason(model: Model | Draft) -> str | None:
     return None
 
 
-def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.load, backend=None), generate=api.generate,
-        prompt_sets: dict[str, list[Prompt]] | None = None, registry=registry_draft,
-        console=None, log=None, progress: bool = True, held_out=heldout.shakespeare_chunks) -> list[dict]:
+def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.load, backend=None),
+        generate=api.generate, prompt_sets: dict[str, list[Prompt]] | None = None,
+        registry=registry_draft, console=None, log=None, progress: bool = True,
+        held_out=heldout.shakespeare_chunks) -> list[dict]:
     """Run every cell of the sweep that the store does not hold yet; return the stored run records,
     this sweep's cells and its quality records. Progress goes to `console` (stderr), notes on the
     sweep to `log` (default: `console`), so that stderr holds only the error when a cell fails.
@@ -143,13 +148,16 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.loa
     prompt_sets = prompt_sets if prompt_sets is not None else load_prompt_sets(config)
     cells, notes = plan(config, prompt_sets, registry)
     for note in notes:
-        log.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)  # no break inside a name
-    done = store.cells(store.read(config.results, complete=True))  # a file it refuses is left as it is
+        # no break inside a name
+        log.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    # a file it refuses is left as it is
+    done = store.cells(store.read(config.results, complete=True))
     store.repair(config.results)
     pending = [c for c in cells if c.key not in done]
     pool = _Models(load, "eager" if config.eager else backends.DEFAULT)
     if len(pending) < len(cells):
-        log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: skipped")
+        log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: "
+                  "skipped")
     if pending:
         run_id = uuid.uuid4().hex[:12]
         store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
@@ -158,16 +166,18 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.loa
         _run_cells(pending, prompt_sets, config, run_id, pool, generate, console, progress)
     targets = list(dict.fromkeys(c.target for c in cells))
     if config.quality_chunks:
-        console.print(f"quality stage: {len(targets)} target(s) vs fp32 on {config.quality_chunks} held-out chunks")
+        console.print(f"quality stage: {len(targets)} target(s) vs fp32 on {config.quality_chunks} "
+                      "held-out chunks")
         torch.set_num_threads(config.threads[0])
-        heldout.run(targets, config.quality_chunks, config.results, pool.get, held_out, config.resamples,
-                    config.seed)
+        heldout.run(targets, config.quality_chunks, config.results, pool.get, held_out,
+                    config.resamples, config.seed)
     wanted = {c.key for c in cells} | {heldout.key(t, config.quality_chunks) for t in targets}
-    return [r for r in store.read(config.results) if r.get("type") not in ("cell", "quality") or r["key"] in wanted]
+    return [r for r in store.read(config.results) if r.get("type") not in ("cell", "quality")
+            or r["key"] in wanted]
 
 
-def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: str, pool: _Models, generate,
-               console, progress: bool) -> None:
+def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: str,
+               pool: _Models, generate, console, progress: bool) -> None:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -178,18 +188,21 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
     )
 
     total = sum(c.n_prompts * c.repeats for c in pending)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("generations"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("generations"), TimeElapsedColumn(), TextColumn("ETA"),
+               TimeRemainingColumn())
     warmed: set[tuple] = set()
     # transient, and only on a terminal: an error ends in its one line, not under a stale bar
-    with Progress(*columns, console=console, disable=not progress or not console.is_terminal, transient=True) as bar:
+    with Progress(*columns, console=console, disable=not progress or not console.is_terminal,
+                  transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
             later = {c.target for c in pending[i:]} | {
                 ref.text for c in pending[i:] if c.draft
                 for ref in draft_ref(c.draft).for_target(c.target).models}
             pool.keep_only(later)  # free models no later cell needs
-            label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}" if cell.draft else "")
+            label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}"
+                                                    if cell.draft else "")
             label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
             bar.update(task, description=f"{label} {cell.set} n={cell.max_new_tokens}")
             record = _run_cell(cell, prompt_sets[cell.set], pool, generate, warmed,
@@ -198,20 +211,24 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
             store.append(config.results, record)
 
 
-def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set, advance) -> dict:
+def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set,
+              advance) -> dict:
     torch.set_num_threads(cell.threads)
     target, target_info = pool.get(cell.target)
     parsed = draft_ref(cell.draft).for_target(cell.target) if cell.draft else None
     levels = [pool.get(ref.text) for ref in parsed.models] if parsed else []  # cheapest first
     draft = parsed.build(lambda ref: pool.get(ref)[0]) if parsed else None
-    one_model = len(levels) == 1 and draft is levels[0][0]  # else a hierarchy or an n-gram draft (its models)
+    # else a hierarchy or an n-gram draft (its models)
+    one_model = len(levels) == 1 and draft is levels[0][0]
     draft_info = None if draft is None else levels[0][1] if one_model else {
-        "ref": cell.draft, "precision": levels[0][1]["precision"] if levels else None, "levels": [i for _, i in levels]}
-    record = {"type": "cell", "key": cell.key, "cell": cell.params(), "target": target_info, "draft": draft_info,
-              "threads_used": torch.get_num_threads()}
+        "ref": cell.draft, "precision": levels[0][1]["precision"] if levels else None,
+        "levels": [i for _, i in levels]}
+    record = {"type": "cell", "key": cell.key, "cell": cell.params(), "target": target_info,
+              "draft": draft_info, "threads_used": torch.get_num_threads()}
     if cell.kind == "peer":
         reason = peer_skip_reason(target) or ("a draft hierarchy (transformers has no equivalent)"
-                                              if isinstance(draft, list) else peer_skip_reason(draft))
+                                              if isinstance(draft, list)
+                                              else peer_skip_reason(draft))
         if reason:
             for _ in range(cell.n_prompts * cell.repeats):
                 advance()
@@ -221,20 +238,23 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
         hf_target, hf_draft = pool.hf_model(target), pool.hf_model(draft)
 
         def one(prompt_ids: list[int], n: int):
-            return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos, target.eos_ids,
-                               cell.draft_confidence or 0.0)
+            return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos,
+                               target.eos_ids, cell.draft_confidence or 0.0)
     else:
-        shape = cell.tree_shape()  # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
+        # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
+        shape = cell.tree_shape()
         tree = {"tree": shape} if shape else {}
         memory = pool.gamma_memory(cell.target)
 
         def one(prompt_ids: list[int], n: int, alone: bool = False):
-            return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1, max_new_tokens=n,
-                            temperature=cell.temperature, seed=cell.seed, ignore_eos=cell.ignore_eos,
+            return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1,
+                            max_new_tokens=n, temperature=cell.temperature, seed=cell.seed,
+                            ignore_eos=cell.ignore_eos,
                             draft_confidence=cell.draft_confidence or 0.0, gamma_memory=memory,
                             **({} if alone else tree))
 
-    pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))  # a tree's first pass warms up too
+    # a tree's first pass warms up too
+    pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))
     if pair not in warmed:  # first calls pay for allocation and lazy init: never time them
         one(ids[0], min(WARMUP_TOKENS, cell.max_new_tokens))
         warmed.add(pair)
@@ -245,15 +265,19 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             if draft is not None:
                 prefill["draft"].append(sum(prefill_ms(m, prompt_ids) for m, _ in levels))
         for repeat in range(cell.repeats):
-            plain_first = (prompt.index + repeat) % 2 == 1  # alternate the order, so neither side is always first
-            plain = one(prompt_ids, cell.max_new_tokens, alone=True) if cell.paired and plain_first else None
+            # alternate the order, so neither side is always first
+            plain_first = (prompt.index + repeat) % 2 == 1
+            plain = (one(prompt_ids, cell.max_new_tokens, alone=True)
+                     if cell.paired and plain_first else None)
             out = one(prompt_ids, cell.max_new_tokens)
             if cell.paired and not plain_first:
                 plain = one(prompt_ids, cell.max_new_tokens, alone=True)
-            runs.append({"set": prompt.set, "prompt": prompt.index, "repeat": repeat, "reference": prompt.reference,
-                         "token_ids": out.token_ids, "text": answer_text(target, out.token_ids),
+            runs.append({"set": prompt.set, "prompt": prompt.index, "repeat": repeat,
+                         "reference": prompt.reference, "token_ids": out.token_ids,
+                         "text": answer_text(target, out.token_ids),
                          "finish_reason": out.finish_reason, "stats": dataclasses.asdict(out.stats)}
-                        | ({"paired_stats": dataclasses.asdict(plain.stats)} if plain is not None else {}))
+                        | ({"paired_stats": dataclasses.asdict(plain.stats)}
+                           if plain is not None else {}))
             advance()
     return {**record, "runs": runs, "prefill_ms": prefill}
 
@@ -266,7 +290,8 @@ def answer_text(target: Model, token_ids: list[int]) -> str:
 
 @torch.inference_mode()
 def prefill_ms(model: Model | Draft, prompt_ids: list[int]) -> float:
-    """One prompt forward of one model alone (the decode loop times both models' prefill together)."""
+    """One prompt forward of one model alone (the decode loop times both
+    models' prefill together)."""
     ids = torch.tensor(prompt_ids, dtype=torch.long)
     cache = model.runner.new_cache(len(prompt_ids) + 1)
     rows = kinds.kind_of(model).rows
@@ -275,8 +300,8 @@ def prefill_ms(model: Model | Draft, prompt_ids: list[int]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int, ignore_eos: bool, eos_ids,
-                confidence: float = 0.0):
+def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int,
+                ignore_eos: bool, eos_ids, confidence: float = 0.0):
     """transformers' assisted generation, greedy, `gamma` assistant tokens per step (constant), the
     same early-stop `confidence` as specq's cell (0 = off; left unset, transformers would use 0.4),
     timed as a whole call; returns an object shaped like `api.Generation` for the store."""
@@ -296,15 +321,17 @@ def hf_assisted(hf_target, hf_draft, prompt_ids: list[int], n: int, gamma: int, 
     try:
         started = time.perf_counter()
         with torch.inference_mode():
-            out = hf_target.generate(torch.tensor([prompt_ids]), generation_config=cfg, assistant_model=hf_draft)
+            out = hf_target.generate(torch.tensor([prompt_ids]), generation_config=cfg,
+                                     assistant_model=hf_draft)
         elapsed = time.perf_counter() - started
     finally:
         hf_logging.set_verbosity(level)
     token_ids = out[0, len(prompt_ids):].tolist()
-    stats = DecodeStats(gamma=gamma, prompt_tokens=len(prompt_ids), new_tokens=len(token_ids), decode_s=elapsed)
+    stats = DecodeStats(gamma=gamma, prompt_tokens=len(prompt_ids), new_tokens=len(token_ids),
+                        decode_s=elapsed)
     reason = "eos" if token_ids and token_ids[-1] in eos_ids and not ignore_eos else "length"
-    return api.Generation(text="", token_ids=token_ids, prompt_ids=prompt_ids, finish_reason=reason, stats=stats,
-                          target="hf", draft="hf")
+    return api.Generation(text="", token_ids=token_ids, prompt_ids=prompt_ids, finish_reason=reason,
+                          stats=stats, target="hf", draft="hf")
 
 
 def _now() -> str:

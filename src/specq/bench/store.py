@@ -49,7 +49,8 @@ def read(path: Path | str, complete: bool = False) -> list[dict]:
 FIELDS = {"run": {"run_id": str, "started": str, "config": dict, "environment": dict},
           "cell": {"key": str, "cell": dict, "target": dict},
           "quality": {"key": str, "target": dict, "reference": dict, "result": dict}}
-CELL_FIELDS = ("kind", "target", "draft", "gamma", "max_new_tokens", "temperature", "threads", "set", "repeats")
+CELL_FIELDS = ("kind", "target", "draft", "gamma", "max_new_tokens", "temperature", "threads",
+               "set", "repeats")
 RUN_FIELDS = ("set", "prompt", "repeat", "token_ids", "text", "stats")
 
 
@@ -81,12 +82,14 @@ def _problem(record, complete: bool) -> str | None:
         result = record["result"]
         for name in QUALITY_NUMBERS:
             value = result.get(name)
-            if not (isinstance(value, dict) and all(_number(value.get(k)) for k in ("mean", "low", "high"))):
+            if not (isinstance(value, dict)
+                    and all(_number(value.get(k)) for k in ("mean", "low", "high"))):
                 return f"(quality record): result.{name} is not a mean, low and high number each"
     return None
 
 
-QUALITY_NUMBERS = ("ppl_b", "top1", "kl_ab")  # the quality table's columns (`aggregate.heldout_rows`)
+# the quality table's columns (`aggregate.heldout_rows`)
+QUALITY_NUMBERS = ("ppl_b", "top1", "kl_ab")
 
 
 def _number(value) -> bool:
@@ -96,21 +99,25 @@ def _number(value) -> bool:
 def _run_problem(run: dict) -> str | None:
     """What makes one generation of a cell unusable (a null number, a token that is not an id), or
     None: the tables compare token ids and add up the stats, so each must be what it says."""
-    if not isinstance(run["token_ids"], list) or not all(isinstance(t, int) and not isinstance(t, bool)
+    if not isinstance(run["token_ids"], list) or not all(isinstance(t, int)
+                                                         and not isinstance(t, bool)
                                                          for t in run["token_ids"]):
         return "token_ids is not a list of token ids"
     if not isinstance(run["text"], str):
         return "text is not a string"
     for key in ("stats", "paired_stats"):
-        if key not in run and key == "paired_stats":  # only paired cells time a plain run beside each
+        # only paired cells time a plain run beside each
+        if key not in run and key == "paired_stats":
             continue
         stats = run[key]
         if not isinstance(stats, dict):
             return f"{key} is not an object"
         for f in fields(DecodeStats):
             value, counts = stats.get(f.name), f.type == "list[int]"
-            if not (isinstance(value, list) and all(map(_number, value)) if counts else _number(value)):
-                return f"{key}.{f.name} is {json.dumps(value)}, not {'a list of numbers' if counts else 'a number'}"
+            if not (isinstance(value, list) and all(map(_number, value))
+                    if counts else _number(value)):
+                return (f"{key}.{f.name} is {json.dumps(value)}, not "
+                        f"{'a list of numbers' if counts else 'a number'}")
     return None
 
 

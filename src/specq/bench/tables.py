@@ -36,11 +36,13 @@ def ci(value, spec: str = ".2f") -> str:
 
 
 def gamma_label(row: dict) -> str:
-    """gamma, and the draft-confidence stop when one was used; a token tree's size, depth and topk."""
+    """gamma, and the draft-confidence stop when one was used; a token tree's
+    size, depth and topk."""
     if row.get("tree"):
         return tree_label(row)
     stop = row.get("draft_confidence")
-    gamma = row["gamma"] if isinstance(row["gamma"], str) else num(row["gamma"], "d")  # N, "auto" or -
+    # N, "auto" or -
+    gamma = row["gamma"] if isinstance(row["gamma"], str) else num(row["gamma"], "d")
     return gamma + (f" (stop < {stop:g})" if stop else "")
 
 
@@ -52,8 +54,9 @@ def tree_label(row: dict, brief: bool = False) -> str:
         f"tree {row['tree']} ({depth}, k{row['tree_topk']})"
 
 
-TREE_NOTE = ("tree N (dD, kK): a token tree (EAGLE-2) of up to N draft nodes, D levels deep ('d auto': each "
-             f"step's depth chosen, up to {AUTO_MAX_GAMMA}), K children per expanded node")
+TREE_NOTE = ("tree N (dD, kK): a token tree (EAGLE-2) of up to N draft nodes, D levels deep ('d "
+             f"auto': each step's depth chosen, up to {AUTO_MAX_GAMMA}), K children per expanded "
+             "node")
 
 
 def _trees(rows: list[dict]) -> bool:
@@ -72,7 +75,8 @@ def exactness(row: dict, brief: bool = False) -> str:
     if not row["greedy"]:
         return "sampled" if brief else "n/a (sampling)"
     if row["mismatches"]:
-        return f"FAIL {len(row['mismatches'])}" if brief else f"FAIL: {len(row['mismatches'])} differ"
+        return (f"FAIL {len(row['mismatches'])}"
+                if brief else f"FAIL: {len(row['mismatches'])} differ")
     checked = row["prompts"] - row["unchecked"]
     if not checked:
         return "unchecked" if brief else "no baseline"
@@ -90,7 +94,8 @@ def notes(row: dict) -> str:
     if row["peer_skipped"]:
         out.append(f"no HF peer: {row['peer_skipped']}")
     same, compared = row["peer_identical"]
-    if same < compared:  # transformers' float kernels may break near-ties differently: informative only
+    # transformers' float kernels may break near-ties differently: informative only
+    if same < compared:
         out.append(f"HF output differs on {compared - same}/{compared} prompts")
     return "; ".join(out)
 
@@ -113,27 +118,34 @@ def summary(rows: list[dict], confidence: float) -> Table:
     em = any(r["em"] for r in rows)
     trees = _trees(rows)  # a chain-only table is as it was before token trees
     headers = ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens"]
-    headers += [h for h, k in (("T", "temperature"), ("threads", "threads"), ("prompt set", "set")) if vary[k]]
+    headers += [h for h, k in (("T", "temperature"), ("threads", "threads"), ("prompt set", "set"))
+                if vary[k]]
     headers += ["prompts", "accept rate", TAU] + ["nodes per pass"] * trees
     headers += ["tok/s", "speedup", "predicted", "draft share"]
-    headers += ["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer + ["vs baseline output", "notes"]
+    headers += (["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer
+                + ["vs baseline output", "notes"])
     table = Table("specq bench", headers)
     for r in rows:
-        cells = [r["target"], r["draft"] or "(target alone)", gamma_label(r), str(r["max_new_tokens"])]
+        cells = [r["target"], r["draft"] or "(target alone)", gamma_label(r),
+                 str(r["max_new_tokens"])]
         cells += [str(r[k]) for k in ("temperature", "threads", "set") if vary[k]]
-        cells += [str(r["prompts"]), ci(r["acceptance_rate"]), ci(r["tau"])] + [ci(r.get("nodes_per_pass"))] * trees
-        cells += [ci(r["tokens_per_s"], ".1f"), ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)",
-                  num(r["predicted_speedup"]), ci(r["draft_share"])]
+        cells += ([str(r["prompts"]), ci(r["acceptance_rate"]), ci(r["tau"])]
+                  + [ci(r.get("nodes_per_pass"))] * trees)
+        cells += [ci(r["tokens_per_s"], ".1f"), ci(r["speedup"])
+                  if r["kind"] == "speculative" else "1 (ref)", num(r["predicted_speedup"]),
+                  ci(r["draft_share"])]
         cells += [ci(r["em"])] * em + [ci(r["peer_tokens_per_s"], ".1f"), ci(r["vs_peer"])] * peer
         cells += [exactness(r), notes(r)]
         table.add(cells, failed=bool(r["mismatches"]))
     table.caption = (f"mean [{confidence:.0%} bootstrap CI over prompts]; {TAU} = "
-                     "tokens per target pass, the target's own token included; speedup = tokens/s over the "
-                     "same target's baseline, per prompt, then mean; predicted = analytic "
+                     "tokens per target pass, the target's own token included; speedup = tokens/s "
+                     "over the same target's baseline, per prompt, then mean; predicted = analytic "
                      "(measured accepted tokens per step and costs, no prefill or loop overhead)")
     if trees:
-        table.caption += ("; " + TREE_NOTE + "; nodes per pass = draft nodes (a chain's tokens) per target pass; "
-                          "a tree's accept rate is over all its nodes, of which one path at most is accepted")
+        table.caption += ("; " + TREE_NOTE + "; nodes per pass = draft nodes (a chain's tokens) "
+                                             "per target pass; "
+                          "a tree's accept rate is over all its nodes, of which one path at most "
+                          "is accepted")
     return table
 
 
@@ -145,7 +157,8 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
     lengths = {r["max_new_tokens"] for r in rows}
     trees = _trees(shown)
     headers = ["target", "draft", "gamma"] + ["tokens"] * (len(lengths) > 1)
-    title = "specq bench: " + " ".join(sorted(bases)) + (f", {lengths.pop()} tokens" if len(lengths) == 1 else "")
+    title = ("specq bench: " + " ".join(sorted(bases))
+             + (f", {lengths.pop()} tokens" if len(lengths) == 1 else ""))
     table = Table(title, headers + [TAU.split()[0], f"speedup [{confidence:.0%} CI]", "lossless"])
     for r in shown:
         target = r["target"] if len(bases) > 1 else r["target_precision"]
@@ -154,16 +167,20 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
         gamma = tree_label(r, brief=True) if r.get("tree") else gamma
         cells = [target, short_draft(r), gamma] + [str(r["max_new_tokens"])] * (len(headers) == 4)
         speedup = ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)"
-        flag = "*" if r["warmup_dominated"] or (r["kind"] == "speculative" and not r["speedup_paired"]) else ""
+        flag = ("*" if r["warmup_dominated"]
+                or (r["kind"] == "speculative" and not r["speedup_paired"]) else "")
         table.add(cells + [mean(r["tau"]), speedup + flag, exactness(r, brief=True)],
                   failed=bool(r["mismatches"]))
     table.caption = ("gamma N <c: proposals end early below draft confidence c; "
-                     + ("tree N dD kK: a token tree of up to N nodes, D levels deep, K children per node; " * trees)
+                     + ("tree N dD kK: a token tree of up to N nodes, D levels deep, K children "
+                        "per node; " * trees)
                      + "tau = tokens per target pass; "
                      "speedup = tokens/s over the target alone on the same prompt, "
-                     f"mean [{confidence:.0%} bootstrap CI over prompts]; * = see the report's notes"
+                     f"mean [{confidence:.0%} bootstrap CI over prompts]; * = see the report's "
+                     "notes"
                      + (f"; best gamma shown ({hidden} more rows)" if hidden else "")
-                     + ". Every column (tok/s, acceptance, predicted, draft share, HF peer, notes): specq report")
+                     + ". Every column (tok/s, acceptance, predicted, draft share, HF peer, "
+                       "notes): specq report")
     return table
 
 
@@ -197,15 +214,17 @@ def per_position(rows: list[dict]) -> Table:
     spec = [r for r in rows if r["kind"] == "speculative"]
     width = max((len(r["U"]) for r in spec), default=0)
     trees = _trees(spec)
-    table = Table("per-position acceptance", ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens",
-                                              "convention"] + [str(i + 1) for i in range(width)])
+    table = Table("per-position acceptance",
+                  ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens",
+                   "convention"] + [str(i + 1) for i in range(width)])
     for r in spec:
         for name, values in (("U_i (unconditional)", r["U"]), ("a_i (conditional)", r["a"])):
             table.add([r["target"], r["draft"], gamma_label(r), str(r["max_new_tokens"]), name]
                       + [num(v[0] if v else None) for v in values] + [""] * (width - len(values)))
     if trees:
-        table.caption = ("i = draft position; for a token tree, depth i: P(the accepted path reaches depth i), "
-                         "and P(it goes on from depth i-1 to i); a level counts once, however many nodes it holds. "
+        table.caption = ("i = draft position; for a token tree, depth i: P(the accepted path "
+                         "reaches depth i), and P(it goes on from depth i-1 to i); a level counts "
+                         "once, however many nodes it holds. "
                          + TREE_NOTE)
     return table
 
@@ -213,42 +232,48 @@ def per_position(rows: list[dict]) -> Table:
 def profile(rows: list[dict]) -> Table:
     """Milliseconds per forward for each model and phase, and the split of a decode step."""
     trees = _trees(rows)
-    table = Table("profile (ms per forward)", ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens",
-                                               "target prefill", "draft prefill", "target pass (verify / plain step)",
-                                               "draft step", "other per step", "step", "draft / verify / other"])
+    table = Table("profile (ms per forward)",
+                  ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens",
+                   "target prefill", "draft prefill", "target pass (verify / plain step)",
+                   "draft step", "other per step", "step", "draft / verify / other"])
     if trees:
-        table.caption = ("draft step: one draft forward (a chain's token); for a token tree, growing one whole tree "
-                         "(a forward per level). " + TREE_NOTE)
+        table.caption = ("draft step: one draft forward (a chain's token); for a token tree, "
+                         "growing one whole tree (a forward per level). " + TREE_NOTE)
     for r in rows:
         p = r["profile"]
         split = (f"{p['draft_share']:.0%} / {p['verify_share']:.0%} / {p['other_share']:.0%}"
                  if "draft_share" in p else "-")
-        table.add([r["target"], r["draft"] or "(target alone)", gamma_label(r), str(r["max_new_tokens"]),
-                   num(p["target_prefill_ms"], ".1f"), num(p["draft_prefill_ms"], ".1f"),
-                   num(p["target_forward_ms"], ".2f"), num(p["draft_step_ms"], ".2f"),
-                   num(p["other_per_step_ms"], ".2f"), num(p["step_ms"], ".2f"), split])
+        table.add([r["target"], r["draft"] or "(target alone)", gamma_label(r),
+                   str(r["max_new_tokens"]), num(p["target_prefill_ms"], ".1f"),
+                   num(p["draft_prefill_ms"], ".1f"), num(p["target_forward_ms"], ".2f"),
+                   num(p["draft_step_ms"], ".2f"), num(p["other_per_step_ms"], ".2f"),
+                   num(p["step_ms"], ".2f"), split])
     return table
 
 
 def quality(rows: list[dict]) -> Table:
     """Task quality per target precision (baseline outputs) and lossless-ness per pair."""
-    table = Table("quality per precision", ["target", "precision", "draft", "gamma", "new tokens", "GSM8K EM",
-                                            "prompts scored", "vs baseline output"])
+    table = Table("quality per precision",
+                  ["target", "precision", "draft", "gamma", "new tokens", "GSM8K EM",
+                   "prompts scored", "vs baseline output"])
     for r in rows:
         if r["kind"] == "baseline" or r["mismatches"] or r["em"]:
-            table.add([r["target"], r["target_precision"], r["draft"] or "(target alone)", gamma_label(r),
-                       str(r["max_new_tokens"]), ci(r["em"]), str(r["em_prompts"]), exactness(r)],
+            table.add([r["target"], r["target_precision"], r["draft"] or "(target alone)",
+                       gamma_label(r), str(r["max_new_tokens"]), ci(r["em"]), str(r["em_prompts"]),
+                       exactness(r)],
                       failed=bool(r["mismatches"]))
     return table
 
 
 def heldout(rows: list[dict], confidence: float = 0.95) -> Table:
     """The quality stage (`heldout.py`): each target precision against fp32 on held-out text."""
-    table = Table("quality per precision, held-out text", ["target", "tokens", f"perplexity [{confidence:.0%} CI]",
-                                                          f"top-1 = fp32 [{confidence:.0%} CI]"])
+    table = Table("quality per precision, held-out text",
+                  ["target", "tokens", f"perplexity [{confidence:.0%} CI]",
+                   f"top-1 = fp32 [{confidence:.0%} CI]"])
     for r in rows:
         table.add([r["target"], str(r["tokens"]), ci(r["ppl"], ".1f"), ci(r["top1"], ".3f")])
-    table.caption = ("perplexity of the target on held-out Shakespeare chunks; top-1 = fp32: how often its most "
-                     "likely next token is the fp32 model's (the greedy acceptance a perfect fp32-trained draft "
-                     "could keep); CIs over chunks. Full divergences: specq compare")
+    table.caption = ("perplexity of the target on held-out Shakespeare chunks; top-1 = fp32: how "
+                     "often its most likely next token is the fp32 model's (the greedy acceptance "
+                     "a perfect fp32-trained draft could keep); CIs over chunks. Full divergences: "
+                     "specq compare")
     return table

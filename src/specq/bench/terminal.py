@@ -16,7 +16,8 @@ def print_table(table: Table, console: Console) -> None:
                     box=box.SIMPLE_HEAD, pad_edge=False)
     for i, header in enumerate(table.headers):
         numeric = i > 0 and all(_numeric(row[i]) for row in table.rows)
-        out.add_column(header, overflow="fold", no_wrap=numeric, min_width=len(header) if numeric else None)
+        out.add_column(header, overflow="fold", no_wrap=numeric,
+                       min_width=len(header) if numeric else None)
     for cells, failed in zip(table.rows, table.failed):
         out.add_row(*cells, style="bold red" if failed else None)
     console.print(out)
@@ -29,7 +30,7 @@ def _numeric(cell: str) -> bool:
 def print_failures(lines: list[str], console: Console) -> None:
     if not lines:
         return
-    console.print(f"[bold red]CORRECTNESS FAILURE: {len(lines)} speculative outputs differ from the target's "
-                  "own greedy output[/]")
+    console.print(f"[bold red]CORRECTNESS FAILURE: {len(lines)} speculative outputs differ from "
+                  "the target's own greedy output[/]")
     for line in lines:
         console.print(f"[red]  {line}[/]", highlight=False)

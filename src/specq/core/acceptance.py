@@ -59,7 +59,8 @@ def tree_mask(parents: Tensor) -> Tensor:
 def verify_layout(parents: Tensor, root_position: int) -> dict[str, Tensor]:
     """The target forward's `positions` and `mask` for the root (at `root_position`) and a tree's
     nodes: each node sits at the root's position plus its depth and sees its ancestors."""
-    return {"positions": root_position + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)]),
+    return {"positions": root_position
+            + torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)]),
             "mask": tree_mask(parents)}
 
 
@@ -87,7 +88,8 @@ def accept_sampling(tokens: Tensor, parents: Tensor, q: Tensor | None, p: Tensor
     from the root down, next token), with the emitted tokens following p exactly.
 
     One uniform per node is drawn up front, so a chain consumes the generator as
-    the chain kernel before trees did (kept as a reference in tests/test_acceptance.py) and, given the same state, returns the same result.
+    the chain kernel before trees did (kept as a reference in tests/test_acceptance.py) and, given
+    the same state, returns the same result.
     A token the target gives probability 0 is never accepted, even where q_x(x) = 0 too (the
     chain kernel accepts it there; the contract makes that event impossible: x was drawn from q_x).
     `residual` keeps r when max(0, r - q_x) is all zero: that happens only if r == q_x, where a

@@ -74,11 +74,13 @@ class Sequence:
     reason 'cancelled' (a client that went away)."""
 
     def __init__(self, target: Model, prompt_ids: list[int], *, drafter: Drafter | None = None,
-                 gamma: int = LONGEST_DEFAULT, adaptive: bool = False, sampling: SamplingConfig = SamplingConfig(),
-                 max_new_tokens: int = 128, stop_strings: list[str] | None = None, ignore_eos: bool = False,
-                 generator: torch.Generator | None = None, on_tokens: Callable[[list[int]], bool] | None = None,
-                 memory: GammaMemory | None = None, memory_key: str = ""):
-        self.target, self.prompt_ids, self.drafter, self.sampling = target, list(prompt_ids), drafter, sampling
+                 gamma: int = LONGEST_DEFAULT, adaptive: bool = False,
+                 sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 128,
+                 stop_strings: list[str] | None = None, ignore_eos: bool = False,
+                 generator: torch.Generator | None = None, on_tokens: Callable[[list[int]], bool]
+                 | None = None, memory: GammaMemory | None = None, memory_key: str = ""):
+        self.target, self.prompt_ids, self.drafter, self.sampling = (target, list(prompt_ids),
+                                                                     drafter, sampling)
         self.generator = generator or torch.Generator().manual_seed(0)
         self.gamma = gamma if drafter is not None else 0
         self.adaptive = adaptive and self.gamma > 0
@@ -87,9 +89,10 @@ class Sequence:
         self.chooser: CostAwareGamma | None = None  # this step's
         self.max_new_tokens, self.on_tokens = max_new_tokens, on_tokens
         self.stats = DecodeStats(gamma=self.gamma, prompt_tokens=len(prompt_ids))
-        self.stopper = StopChecker(target.tokenizer, frozenset() if ignore_eos else target.eos_ids, stop_strings,
-                                   max_new_tokens)
-        self.capacity = len(prompt_ids) + max_new_tokens + (drafter.nodes(self.gamma) if drafter else 0) + 1
+        self.stopper = StopChecker(target.tokenizer, frozenset() if ignore_eos else target.eos_ids,
+                                   stop_strings, max_new_tokens)
+        self.capacity = len(prompt_ids) + max_new_tokens + (drafter.nodes(self.gamma)
+                                                            if drafter else 0) + 1
         self.wants_features = drafter is not None and drafter.needs_target_features
         self.seq: list[int] = []  # prompt and every token generated
         self.generated: list[int] = []
@@ -110,8 +113,9 @@ class Sequence:
         started = time.perf_counter()
         self.cache = self.target.runner.new_cache(self.capacity)
         prompt = torch.tensor(self.prompt_ids, dtype=torch.long)
-        [(logits, features)] = self.target.runner.forward_many([Rows(prompt, self.cache, last_only=True)],
-                                                               return_hidden=self.wants_features)
+        [(logits, features)] = self.target.runner.forward_many(
+            [Rows(prompt, self.cache, last_only=True)],
+            return_hidden=self.wants_features)
         first = int(logits.argmax(-1)) if self.sampling.greedy else \
             int(sample(probabilities(logits, self.sampling), self.generator))
         if self.drafter is not None:
@@ -137,8 +141,9 @@ class Sequence:
         cap = self.chooser.next() if self.chosen else (self.gamma if speculate else 0)
         self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)
         started = time.perf_counter()
-        self.proposal = self.drafter.propose(self.seq, self.cap, self.sampling, self.generator) if self.cap > 0 \
-            else EMPTY
+        self.proposal = (self.drafter.propose(self.seq, self.cap, self.sampling, self.generator)
+                         if self.cap > 0
+                         else EMPTY)
         self.draft_s = time.perf_counter() - started
         tokens, parents = self.proposal.tokens, self.proposal.parents
         tree = {} if is_chain(parents) else verify_layout(parents, self.cache.length)
@@ -158,7 +163,8 @@ class Sequence:
         verify_s += time.perf_counter() - started
         self.stats.draft_s += self.draft_s
         self.stats.verify_s += verify_s
-        self.stats.record_step(len(tokens), len(path), int(depths(parents).max()) if len(tokens) else 0)
+        self.stats.record_step(len(tokens), len(path),
+                               int(depths(parents).max()) if len(tokens) else 0)
         if self.chosen:
             self.chooser.observe(self.cap, len(tokens), len(path), self.draft_s, verify_s)
 
@@ -168,7 +174,8 @@ class Sequence:
         self.seq += new
         self.generated += new
         if self.drafter is not None:
-            self.drafter.rollback(len(self.seq) - 1, None if features is None else features[rows], path)
+            self.drafter.rollback(len(self.seq) - 1, None if features is None else features[rows],
+                                  path)
         self._emit(len(new))
 
     def _emit(self, new: int) -> None:

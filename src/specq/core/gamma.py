@@ -15,9 +15,9 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   half the one before (neither trusted nor written off).
 - draft_s: seconds per draft forward, not timed on a proposal right after a plain step: that one
   first feeds the drafter the tokens it missed (a longer forward after a plain stretch), and
-  counting it would price drafting out for good; verify_s(n): seconds of an n-row verify pass, per row count,
-  interpolated between the counts seen. Verify cost is not a line in n on the fast path (one
-  extra row costs most of what four do), so each count is timed on its own. Timings are
+  counting it would price drafting out for good; verify_s(n): seconds of an n-row verify pass, per
+  row count, interpolated between the counts seen. Verify cost is not a line in n on the fast path
+  (one extra row costs most of what four do), so each count is timed on its own. Timings are
   recency-weighted (the machine's load drifts) and robust to a stall (a shared VM's hiccup times
   one pass at several times its cost): a new timing counts at most OUTLIER times the estimate, and
   a row count is never priced above a larger one timed cheaper. Else one stall prices its row
@@ -61,11 +61,15 @@ MAX_GAMMA = 64  # the longest fixed proposal
 PROBE_EVERY = 8  # steps with one cap before trying one token more ...
 MAX_PROBE_EVERY = 64  # ... doubled after each probe that changed nothing, up to this
 RECENT = 0.2  # weight of the newest timing in a recency-weighted mean (about the last 10 count)
-OUTLIER = 1.5  # a new timing counts at most this times the estimate (a lasting slowdown still shows in a few steps)
+# a new timing counts at most this times the estimate (a lasting slowdown still
+# shows in a few steps)
+OUTLIER = 1.5
 COUNT_DECAY = 0.97  # weight of a step's outcome per newer step: acceptance drifts with the text
 MIN_EVIDENCE = 4  # steps that drafted before plain decoding is weighed against drafting
-CARRIED_ACCEPTANCE = 0.25  # the weight of an earlier run's acceptance counts in the next run's chooser
-MAX_KEPT = 64  # choosers a GammaMemory keeps, the most recently kept (a server's requests may vary their sampling)
+# the weight of an earlier run's acceptance counts in the next run's chooser
+CARRIED_ACCEPTANCE = 0.25
+# choosers a GammaMemory keeps, the most recently kept (a server's requests may vary their sampling)
+MAX_KEPT = 64
 
 
 def parse(gamma: int | str) -> tuple[int, bool]:
@@ -111,7 +115,8 @@ class CostAwareGamma:
             return 0
         best = max(range(0 if weigh_plain else 1, self.max_gamma + 1), key=self.tokens_per_second)
         if self.probed_from is not None:  # the step after a probe: did it change anything?
-            self.interval = min(2 * self.interval, MAX_PROBE_EVERY) if best == self.probed_from else PROBE_EVERY
+            self.interval = (min(2 * self.interval, MAX_PROBE_EVERY)
+                             if best == self.probed_from else PROBE_EVERY)
             self.probed_from = None
         recent = list(self.recent_caps)[-self.interval:]
         if len(recent) == self.interval and set(recent) == {best} and best < self.max_gamma:
@@ -119,7 +124,8 @@ class CostAwareGamma:
             return best + 1  # one cap lately: learn what one more token would bring
         return best
 
-    def observe(self, cap: int, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, cap: int, drafted: int, accepted: int, draft_s: float,
+                verify_s: float) -> None:
         """Record one step: its cap, how many tokens it drafted and had accepted, and the seconds
         drafting and verifying took."""
         self.recent_caps.append(cap)
@@ -132,7 +138,8 @@ class CostAwareGamma:
             self.allowed[j] += 1
             self.drafted_past[j] += drafted > j
             self.accepted_past[j] += accepted > j
-        if drafted and (self.draft_s is None or len(self.recent_caps) < 2 or self.recent_caps[-2] != 0):
+        if (drafted and (self.draft_s is None or len(self.recent_caps) < 2
+                         or self.recent_caps[-2] != 0)):
             self.draft_s = _recent_mean(self.draft_s, draft_s / drafted)
         self.verify_s[drafted + 1] = _recent_mean(self.verify_s.get(drafted + 1), verify_s)
 

@@ -46,7 +46,8 @@ def probabilities(logits: Tensor, cfg: SamplingConfig) -> Tensor:
     if cfg.top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, mass_before >= cfg.top_p)
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order,
+                                                                 mass_before >= cfg.top_p)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs

@@ -85,7 +85,8 @@ class DecodeStats:
     @property
     def decode_tokens_per_s(self) -> float | None:
         """Decode phase only: tokens after the first / decode time."""
-        return (self.new_tokens - 1) / self.decode_s if self.decode_s > 0 and self.new_tokens > 1 else None
+        return ((self.new_tokens - 1) / self.decode_s
+                if self.decode_s > 0 and self.new_tokens > 1 else None)
 
     @property
     def draft_share(self) -> float | None:
@@ -94,12 +95,14 @@ class DecodeStats:
     def to_dict(self) -> dict:
         d = asdict(self)
         for name in ("other_s", "acceptance_rate", "tau", "per_position_unconditional",
-                     "per_position_conditional", "tokens_per_s", "decode_tokens_per_s", "draft_share"):
+                     "per_position_conditional", "tokens_per_s", "decode_tokens_per_s",
+                     "draft_share"):
             d[name] = getattr(self, name)
         return d
 
 
-def bootstrap_ci(values, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ci(values, confidence: float = 0.95, resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:
     """(mean, low, high): percentile bootstrap CI of the mean over independent units (prompts,
     text chunks), never over correlated tokens of one sequence. Fewer than 2 values: no spread."""
     import numpy as np

@@ -26,13 +26,15 @@ class Model:
     target, or the model a sequence draft runs)."""
 
     ref: str
-    net: nn.Module  # llama.Llama or hf_backend.HFCausalLM: the torch modules, as loaded (never changed)
+    # llama.Llama or hf_backend.HFCausalLM: the torch modules, as loaded (never changed)
+    net: nn.Module
     tokenizer: object
     eos_ids: frozenset[int]
     source: str  # where the weights came from, for reports
     precision: str = "fp32"
     info: dict = field(default_factory=dict)
-    runner: Runner | None = field(default=None, repr=False, compare=False)  # runs `net` (default: torch's ops)
+    # runs `net` (default: torch's ops)
+    runner: Runner | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.runner is None and self.net is not None:
@@ -77,7 +79,8 @@ class Draft:
 
     ref = property(lambda self: self.model.ref)
     net = property(lambda self: self.model.net)
-    runner = property(lambda self: self.model.runner, lambda self, run: setattr(self.model, "runner", run))
+    runner = property(lambda self: self.model.runner,
+                      lambda self, run: setattr(self.model, "runner", run))
     tokenizer = property(lambda self: self.model.tokenizer)
     eos_ids = property(lambda self: self.model.eos_ids)
     source = property(lambda self: self.model.source)

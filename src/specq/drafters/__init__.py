@@ -2,8 +2,10 @@
 `Drafter` protocol (`base.py`):
 
     start(prompt_ids, capacity, features)   prefill its own state
-    propose(seq, gamma, sampling, gen)      -> Proposal(tokens [N], parents [N], probs [N, V] or None)
-    rollback(length, features, path)        keep seq[:length + 1] and the accepted path, forget the rest
+    propose(seq, gamma, sampling, gen)      -> Proposal(tokens [N], parents [N],
+                                            probs [N, V] or None)
+    rollback(length, features, path)        keep seq[:length + 1] and the accepted
+                                            path, forget the rest
 
 `features` are the target's final hidden states of the rows it just ran (prompt, or the root and
 accepted nodes of a verify pass) when the drafter sets `needs_target_features`, else None.
@@ -20,5 +22,5 @@ from .ngram import NgramDraft, NgramDrafter
 from .sequence import SequenceDrafter
 from .tree import TreeShape
 
-__all__ = ["Drafter", "FallbackDrafter", "FeatureDrafter", "HierarchicalDrafter", "NgramDraft", "NgramDrafter",
-           "Proposal", "SequenceDrafter", "TreeShape"]
+__all__ = ["Drafter", "FallbackDrafter", "FeatureDrafter", "HierarchicalDrafter", "NgramDraft",
+           "NgramDrafter", "Proposal", "SequenceDrafter", "TreeShape"]

@@ -32,7 +32,8 @@ def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator,
     None when greedy, whether the draft's probability for it reaches `min_confidence`)."""
     if sampling.greedy:
         token = logits.argmax(dim=-1)
-        return token, None, not min_confidence or bool(logits.softmax(-1)[0, token] >= min_confidence)
+        return (token, None,
+                not min_confidence or bool(logits.softmax(-1)[0, token] >= min_confidence))
     q = probabilities(logits, sampling)
     token = sample(q, generator)
     return token, q, bool(q[0, token] >= min_confidence)

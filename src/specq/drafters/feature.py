@@ -22,7 +22,8 @@ from .tree import TreeShape, grow
 class FeatureDrafter:
     needs_target_features = True  # the loop passes the target's hidden states to start / rollback
 
-    def __init__(self, draft: FeatureDraft, min_confidence: float = 0.0, tree: TreeShape | None = None):
+    def __init__(self, draft: FeatureDraft, min_confidence: float = 0.0,
+                 tree: TreeShape | None = None):
         self.net = draft
         self.min_confidence = min_confidence
         self.tree = tree
@@ -34,7 +35,8 @@ class FeatureDrafter:
         return self.tree.size if self.tree else gamma
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor) -> None:
-        self.cache = self.net.new_cache(capacity + (self.tree.topk * self.tree.depth if self.tree else 0))
+        self.cache = self.net.new_cache(capacity
+                                        + (self.tree.topk * self.tree.depth if self.tree else 0))
         self.features = features.new_zeros(capacity, features.shape[-1])
         self.features[:len(features)] = features
         if prompt.shape[0] > 1:  # rows 0 .. P-2; row P-1 needs the first generated token
@@ -55,9 +57,10 @@ class FeatureDrafter:
             if step == 0:
                 self.true_rows = self.cache.length
             last = logits[-1:]  # over the head's subset; outside it the draft's probability is 0
-            # greedy picks within the subset (then maps the id); sampling needs q over the whole vocabulary
-            token, q, confident = choose(last if sampling.greedy else self.net.full_vocab(last), sampling,
-                                         generator, self.min_confidence)
+            # greedy picks within the subset (then maps the id); sampling needs q over
+            # the whole vocabulary
+            token, q, confident = choose(last if sampling.greedy else self.net.full_vocab(last),
+                                         sampling, generator, self.min_confidence)
             if q is None:
                 token = self.net.vocab_ids[token]
             else:

@@ -4,8 +4,8 @@ intermediate model before the target sees it.
 The lower drafter proposes (typically a token tree); the intermediate model verifies that proposal
 in one pass, exactly as the target would (`acceptance.accept_greedy` / `accept_sampling` against
 its own distributions), and what it accepts, plus its own next token, is the chain the target
-verifies (cut at gamma tokens). The target never pays for the tree's rejected branches, and the intermediate model,
-cheaper than the target and closer to it than the lower draft, filters them.
+verifies (cut at gamma tokens). The target never pays for the tree's rejected branches, and the
+intermediate model, cheaper than the target and closer to it than the lower draft, filters them.
 
 Lossless: the intermediate level's output follows its own distribution q exactly (the same
 argument as the target's level), so the chain it hands up is a draft sampled from q, row by row,
@@ -33,7 +33,8 @@ class HierarchicalDrafter:
         self.vocab = target_vocab_size
         self.needs_target_features = lower.needs_target_features
         self.cache = None
-        self.lower_path: list[int] = []  # the lower proposal's nodes the intermediate level accepted
+        # the lower proposal's nodes the intermediate level accepted
+        self.lower_path: list[int] = []
         self.checked = self.passed = 0  # lower-level nodes this level verified, and accepted
 
     def nodes(self, gamma: int) -> int:
@@ -41,7 +42,8 @@ class HierarchicalDrafter:
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None) -> None:
         self.lower.start(prompt, capacity, features)
-        self.cache = self.net.new_cache(capacity + ROW_BY_ROW_MAX)  # room for the lower level's largest proposal
+        # room for the lower level's largest proposal
+        self.cache = self.net.new_cache(capacity + ROW_BY_ROW_MAX)
         if prompt.shape[0] > 1:  # like the target's: every token but the last
             self.net(prompt[:-1], self.cache)
 
@@ -75,7 +77,8 @@ class HierarchicalDrafter:
         self.lower.rollback(length, features, self.lower_path[:len(path)])
 
     def _align(self, logits: Tensor) -> Tensor:
-        """Intermediate logits on the target's vocabulary (drop extra rows, pad missing with -inf)."""
+        """Intermediate logits on the target's vocabulary (drop extra rows,
+        pad missing with -inf)."""
         v = logits.shape[-1]
         if v >= self.vocab:
             return logits[..., :self.vocab]

@@ -38,8 +38,10 @@ DEFAULT_N_MAX = 3
 # (vLLM's ngram examples, OpenVINO GenAI's 5). With gamma "auto" a lookup is capped at its own k,
 # not at the model drafts' AUTO_MAX_GAMMA: a longer k lets auto go further where text is copied.
 DEFAULT_K = 4
-MAX_N = 64  # the longest n-gram an index keys (a match this long is a copy: any longer adds nothing)
-NO_TREES = "an n-gram draft proposes chains; token trees need a model draft (ngram+MODEL grows the model's)"
+# the longest n-gram an index keys (a match this long is a copy: any longer adds nothing)
+MAX_N = 64
+NO_TREES = ("an n-gram draft proposes chains; token trees need a model draft (ngram+MODEL grows "
+            "the model's)")
 
 
 @dataclass(frozen=True, eq=False)

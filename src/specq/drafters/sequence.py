@@ -43,14 +43,17 @@ class SequenceDrafter:
         # rest of a whole-vocabulary row changes no argmax, yet filling and reading it costs a step
         # of a small draft a measurable share (docs/drafts.md at 4a89039).
         head = getattr(draft.net, "output", None)
-        self.kept = head if isinstance(head, NarrowHead) and int(head.keep.max()) < target_vocab_size else None
+        self.kept = (head if isinstance(head, NarrowHead)
+                     and int(head.keep.max()) < target_vocab_size else None)
 
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
         self.skipped = max(0, prompt.shape[0] - 1 - self.window) if self.window else 0
-        self.base = prompt.shape[0]  # a rollback before any proposal (another drafter's step) keeps the prefill
+        # a rollback before any proposal (another drafter's step) keeps the prefill
+        self.base = prompt.shape[0]
         tree_rows = self.tree.topk * self.tree.depth if self.tree else 0
         self.cache = self.net.new_cache(capacity - self.skipped + tree_rows)
-        if prompt.shape[0] - self.skipped > 1:  # the last prompt token is fed with the first proposal
+        # the last prompt token is fed with the first proposal
+        if prompt.shape[0] - self.skipped > 1:
             self.net(prompt[self.skipped:-1], self.cache)
 
     def nodes(self, gamma: int) -> int:
@@ -75,7 +78,8 @@ class SequenceDrafter:
         kept = self.kept if sampling.greedy else None
         for _ in range(gamma):
             if kept is not None:
-                logits = self.net(pending, self.cache, last_only=True, head=kept.rows)  # [1, kept tokens]
+                # [1, kept tokens]
+                logits = self.net(pending, self.cache, last_only=True, head=kept.rows)
                 index, q, confident = choose(logits, sampling, generator, self.min_confidence)
                 token = kept.keep[index]
             else:

@@ -48,13 +48,14 @@ DEFAULT_TREE = TreeShape(size=4, depth=3, topk=2)
 Expand = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def grow(root_logprobs: Tensor, expand: Expand, shape: TreeShape, depth: int | None = None) -> Proposal:
+def grow(root_logprobs: Tensor, expand: Expand, shape: TreeShape,
+         depth: int | None = None) -> Proposal:
     """The dynamic tree under the root whose children's log-probabilities are `root_logprobs` [V];
     `depth` caps shape.depth (gamma auto)."""
     depth = min(shape.depth, depth or shape.depth)
     top = root_logprobs.topk(min(shape.topk, root_logprobs.shape[-1]))
-    tokens, parents, scores, depths = top.indices.tolist(), [-1] * len(top.indices), top.values.tolist(), \
-        [1] * len(top.indices)
+    tokens, parents, scores, depths = (top.indices.tolist(), [-1] * len(top.indices),
+                                       top.values.tolist(), [1] * len(top.indices))
     fed_row: dict[int, int] = {}  # node -> its row among the fed ones
     fed_nodes: list[int] = []
     newest = list(range(len(tokens)))
@@ -92,5 +93,6 @@ def _best_subtree(tokens: list[int], parents: list[int], scores: list[float], de
     order = sorted(keep, key=lambda i: (depths[i], -scores[i]))
     index = {node: i for i, node in enumerate(order)}
     return Proposal(torch.tensor([tokens[i] for i in order], dtype=torch.long),
-                    torch.tensor([index[parents[i]] if parents[i] != -1 else -1 for i in order], dtype=torch.long),
+                    torch.tensor([index[parents[i]] if parents[i] != -1 else -1 for i in order],
+                                 dtype=torch.long),
                     None)

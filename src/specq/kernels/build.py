@@ -13,9 +13,10 @@ summed in another order, so results may differ in rounding (each kernel's source
 Each shared object lives under `$SPECQ_CACHE/kernels/`, keyed by the sources, the flags and the
 compiler's version, so a second process loads it in milliseconds. One object for all sources lets
 one kernel call another (`decoder.c`'s layer stack calls the linear layers of `int8dot.c` and
-`f32dot.c`). C without torch headers keeps the compile to a second or two (a torch C++ extension takes about a minute on two cores). The
-kernels use OpenMP: `-fopenmp` links `libgomp.so.1`, which resolves to the copy torch has
-already loaded, so specq's kernels and torch's ops share one thread pool.
+`f32dot.c`). C without torch headers keeps the compile to a second or two (a torch C++ extension
+takes about a minute on two cores). The kernels use OpenMP: `-fopenmp` links `libgomp.so.1`, which
+resolves to the copy torch has already loaded, so specq's kernels and torch's ops
+share one thread pool.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ _AVX512 = {**_AVX2, "avx512f": "-mavx512f", "avx512bw": "-mavx512bw", "avx512vl"
 # enables it; worst first, so the best a CPU runs is the last it has every flag of.
 VARIANTS = {
     "avx2": _AVX2,
-    "avxvnni": {**_AVX2, "avx_vnni": "-mavxvnni"},  # AVX2 machines with AVX-VNNI (Alder Lake and later)
+    # AVX2 machines with AVX-VNNI (Alder Lake and later)
+    "avxvnni": {**_AVX2, "avx_vnni": "-mavxvnni"},
     "avx512": _AVX512,
     "avx512vnni": {**_AVX512, "avx512_vnni": "-mavx512vnni"},
 }
@@ -52,7 +54,8 @@ ENV = "SPECQ_KERNELS"
 
 
 class KernelUnavailable(RuntimeError):
-    """The kernel cannot be built or loaded here (no C compiler, or it failed); callers fall back."""
+    """The kernel cannot be built or loaded here (no C compiler, or it
+    failed); callers fall back."""
 
 
 def _cpuinfo(field: str) -> str | None:
@@ -61,7 +64,8 @@ def _cpuinfo(field: str) -> str | None:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return None
-    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == field), None)
+    return next((line.split(":", 1)[1].strip() for line in lines
+                 if line.split(":", 1)[0].strip() == field), None)
 
 
 @functools.cache
@@ -84,13 +88,14 @@ def runnable() -> tuple[str, ...]:
 
 
 def forced() -> str | None:
-    """The variant `SPECQ_KERNELS` asks for (None where unset); an unknown name, or one this CPU does
-    not run, is a `SpecqError`. Cheap: the CLI checks it before loading any model."""
+    """The variant `SPECQ_KERNELS` asks for (None where unset); an unknown name, or one this CPU
+    does not run, is a `SpecqError`. Cheap: the CLI checks it before loading any model."""
     name = os.environ.get(ENV, "").strip()
     if not name:
         return None
     if name != TORCH and name not in VARIANTS:
-        raise SpecqError(f"{ENV}={name}: unknown kernel variant (choose from {', '.join([TORCH, *VARIANTS])})")
+        raise SpecqError(f"{ENV}={name}: unknown kernel variant (choose from "
+                         f"{', '.join([TORCH, *VARIANTS])})")
     if name != TORCH and name not in runnable():
         missing = sorted(VARIANTS[name].keys() - cpu_flags())
         raise SpecqError(f"{ENV}={name}: this CPU lacks {', '.join(missing)} "
@@ -152,7 +157,8 @@ def load(name: str | None = None) -> ctypes.CDLL:
     built into the cache on first use."""
     name = name or variant()
     if name == TORCH:
-        raise KernelUnavailable(f"specq's kernels are off ({ENV}={TORCH}, or none builds or runs here)")
+        raise KernelUnavailable(f"specq's kernels are off ({ENV}={TORCH}, or none builds or runs "
+                                "here)")
     return _load(name)
 
 
@@ -163,16 +169,20 @@ def _flags(name: str) -> tuple[str, ...]:
 
 def compile_units(units: list[Path], name: str, out: Path, cc: str | None = None) -> None:
     """C sources `units` compiled for variant `name` into one shared object `out` (with `cc`, by
-    default this machine's compiler); KernelUnavailable with the compiler's last line if it fails."""
-    done = subprocess.run([cc or compiler(), *_flags(name), *map(str, units), "-o", str(out), "-lm"],
+    default this machine's compiler); KernelUnavailable with the compiler's
+    last line if it fails."""
+    done = subprocess.run([cc or compiler(), *_flags(name), *map(str, units), "-o",
+                           str(out), "-lm"],
                           capture_output=True, text=True)
     if done.returncode:
-        raise KernelUnavailable(f"compiling specq's {name} kernels failed: {done.stderr.strip().splitlines()[-1:]}")
+        raise KernelUnavailable(f"compiling specq's {name} kernels failed: "
+                                f"{done.stderr.strip().splitlines()[-1:]}")
 
 
 @functools.cache
 def _load(name: str) -> ctypes.CDLL:
-    files = sorted((f for f in resources.files("specq.kernels").iterdir() if f.name.endswith((".c", ".h"))),
+    files = sorted((f for f in resources.files("specq.kernels").iterdir()
+                    if f.name.endswith((".c", ".h"))),
                    key=lambda f: f.name)
     sources = {f.name: f.read_bytes() for f in files}  # headers too: they change what compiles
     cc = compiler()
@@ -181,8 +191,8 @@ def _load(name: str) -> ctypes.CDLL:
     target = cache_dir() / "kernels" / f"specq-{name}-{key}.so"
     if not target.exists():
         units = [unit for unit in sources if unit.endswith(".c")]
-        print(f"specq: compiling specq's CPU kernels ({name}: {', '.join(units)}; once per machine and variant, "
-              "a few seconds)", file=sys.stderr)
+        print(f"specq: compiling specq's CPU kernels ({name}: {', '.join(units)}; once per machine "
+              "and variant, a few seconds)", file=sys.stderr)
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             for unit, source in sources.items():

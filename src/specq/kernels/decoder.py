@@ -54,8 +54,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     own norms compute it in `Stack`: a new tensor (a model's final norm, `Llama._final_norm`)."""
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty_like(x)
-    _library(build.variant()).rms_norm_rows(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.data_ptr(),
-                                            eps, out.data_ptr())
+    _library(build.variant()).rms_norm_rows(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1],
+                                            weight.data_ptr(), eps, out.data_ptr())
     return out
 
 
@@ -64,7 +64,8 @@ def _seen_arrays(seen: list[Tensor] | None) -> tuple[Tensor | None, Tensor | Non
     if seen is None:
         return None, None
     slots = torch.cat(seen).to(torch.int32)
-    offsets = torch.tensor([0] + [len(s) for s in seen], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    offsets = torch.tensor([0] + [len(s) for s in seen],
+                           dtype=torch.int32).cumsum(0, dtype=torch.int32)
     return slots, offsets
 
 
@@ -76,17 +77,19 @@ class KernelWeight(Protocol):
     group_size: int  # int8dot's scale groups (0 for float panels)
     # codes or float panels, scales, offsets, sub-scales, the grid 4-bit codes index
     pointers: tuple[int | None, int | None, int | None, int | None, int | None]
-    super_shift: int  # two-level scales: a group's super-block is (group * group_size) >> super_shift
+    # two-level scales: a group's super-block is (group * group_size) >> super_shift
+    super_shift: int
     variant: str  # the kernel variant whose layout the weight has
 
 
-LINEARS = ("wqkv", "wo", "w13", "w2")  # a layer's linear layers, in the order `decoder_layers` runs them
+# a layer's linear layers, in the order `decoder_layers` runs them
+LINEARS = ("wqkv", "wo", "w13", "w2")
 
 
 class _QuantWeight(ctypes.Structure):
-    _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("grid", ctypes.c_void_p),
-                ("super_shift", ctypes.c_int)]
+    _fields_ = [("bits", ctypes.c_int), ("group", ctypes.c_int), ("codes", ctypes.c_void_p),
+                ("d", ctypes.c_void_p), ("m", ctypes.c_void_p), ("sub", ctypes.c_void_p),
+                ("grid", ctypes.c_void_p), ("super_shift", ctypes.c_int)]
 
 
 class _Part(ctypes.Structure):
@@ -97,19 +100,21 @@ class _Part(ctypes.Structure):
 
 # The weights a layer may lack (NULL in C), in C's order.
 OPTIONAL = ("qkv_bias", "q_norm", "k_norm", "post_attention_norm", "post_ffn_norm")
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gate's activations by transformers' name, numbered as in C
+# the gate's activations by transformers' name, numbered as in C
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [("attention_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)] + [
-        (name, _QuantWeight) for name in LINEARS] + [(name, ctypes.c_void_p) for name in OPTIONAL] + [
+        (name, _QuantWeight) for name in LINEARS] + [(name, ctypes.c_void_p)
+                                                     for name in OPTIONAL] + [
         ("window", ctypes.c_int), ("local_rope", ctypes.c_int)]
 
 
 class LayerWeights(NamedTuple):
-    """One decoder layer as `decoder_layers` takes it: float32 norm weights, the linear layers' kernel
-    weights, and where the architecture has them the q/k/v bias (Qwen2), the per-head q and k norm
-    weights (Qwen3, Gemma 3) and the norms of the attention and feed-forward outputs (Gemma 3),
+    """One decoder layer as `decoder_layers` takes it: float32 norm weights, the linear layers'
+    kernel weights, and where the architecture has them the q/k/v bias (Qwen2), the per-head q and k
+    norm weights (Qwen3, Gemma 3) and the norms of the attention and feed-forward outputs (Gemma 3),
     float32 and contiguous; a sliding layer's window, and whether it rotates by the local rope."""
 
     attention_norm: Tensor
@@ -141,8 +146,9 @@ class Shape(NamedTuple):
 
 
 class Stack:
-    """Every decoder layer of a model whose linear layers all run on int8dot or f32dot, in one C call
-    per cached pass (`decoder_layers`), of one sequence or several stacked (the server's batches).
+    """Every decoder layer of a model whose linear layers all run on int8dot or f32dot, in one C
+    call per cached pass (`decoder_layers`), of one sequence or several stacked
+    (the server's batches).
     Why: with the layers' work in C, what is left of a decode step in eager PyTorch is Python
     calling a dozen modules per layer; this removes it. Rows are computed the same whatever rows
     are beside them, so a verify row equals the one-token step at its position bit for bit
@@ -153,17 +159,20 @@ class Stack:
 
     def __init__(self, layers: list[LayerWeights], shape: Shape):
         if shape.activation not in ACTIVATIONS:
-            raise ValueError(f"no C loop for the activation '{shape.activation}' (valid: {', '.join(ACTIVATIONS)})")
+            raise ValueError(f"no C loop for the activation '{shape.activation}' (valid: "
+                             f"{', '.join(ACTIVATIONS)})")
         self.layers, self.shape = layers, shape
         self.variant = build.variant()
         table = (_Layer * len(layers))()
         for row, layer in zip(table, layers):
-            row.attention_norm, row.ffn_norm = layer.attention_norm.data_ptr(), layer.ffn_norm.data_ptr()
+            row.attention_norm, row.ffn_norm = (layer.attention_norm.data_ptr(),
+                                                layer.ffn_norm.data_ptr())
             for name in LINEARS:
                 w = getattr(layer, name)
                 if w.variant != self.variant:
                     kind = "float panels" if w.bits == 32 else "int8dot weights"
-                    raise ValueError(f"{kind} laid out for the {w.variant} kernels, not {self.variant}")
+                    raise ValueError(f"{kind} laid out for the {w.variant} kernels, not "
+                                     f"{self.variant}")
                 setattr(row, name, _QuantWeight(w.bits, w.group_size, *w.pointers, w.super_shift))
             for pair in (("q_norm", "k_norm"), ("post_attention_norm", "post_ffn_norm")):
                 if len({getattr(layer, name) is None for name in pair}) > 1:
@@ -189,21 +198,24 @@ class Stack:
         if local is None and self.local_rope:
             raise ValueError("a layer rotates by the local rope, and no local angles were given")
         rope = [t.contiguous() for t in (cos, sin, *(local or ()))]  # held here while C reads them
-        angles = [t.data_ptr() for t in rope] + [None] * (4 - len(rope))  # cos, sin, local cos, local sin
+        # cos, sin, local cos, local sin
+        angles = [t.data_ptr() for t in rope] + [None] * (4 - len(rope))
         parts = (_Part * len(segments))()
         held = []  # the seen-slot arrays, alive while C reads them
         for part, s in zip(parts, segments):
             slots, offsets = _seen_arrays(s.seen.rows)
             held += [slots, offsets]
             k, v = s.cache.k, s.cache.v
-            part.rows, part.start, part.capacity = s.rows.stop - s.rows.start, s.cache.length, k.shape[3]
+            part.rows, part.start, part.capacity = (s.rows.stop - s.rows.start, s.cache.length,
+                                                    k.shape[3])
             part.layer_stride, part.k, part.v = k[0].numel(), k.data_ptr(), v.data_ptr()
             part.seen = None if slots is None else slots.data_ptr()
             part.offsets = None if offsets is None else offsets.data_ptr()
         c = self.shape
         if _library(self.variant).decoder_layers(
-                len(self.layers), ctypes.addressof(self._table), x.data_ptr(), n, hidden, c.heads, c.kv_heads,
-                c.head_dim, c.intermediate, c.eps, c.scale, ACTIVATIONS.index(c.activation), *angles,
-                len(segments), ctypes.addressof(parts), torch.get_num_threads()):
+                len(self.layers), ctypes.addressof(self._table), x.data_ptr(), n, hidden, c.heads,
+                c.kv_heads, c.head_dim, c.intermediate, c.eps, c.scale,
+                ACTIVATIONS.index(c.activation), *angles, len(segments), ctypes.addressof(parts),
+                torch.get_num_threads()):
             raise MemoryError("decoder kernel: out of memory for a pass's activations")
         return x

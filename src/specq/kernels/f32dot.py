@@ -34,7 +34,8 @@ def _library(variant: str) -> ctypes.CDLL:
 
 
 def _panel_major(weight: Tensor, width: int) -> Tensor:
-    """weight [out, in] padded with zero outputs to whole panels of `width`, as [panels, in, width]."""
+    """weight [out, in] padded with zero outputs to whole panels of `width`, as
+    [panels, in, width]."""
     w = weight.float()
     w = torch.cat([w, w.new_zeros(-w.shape[0] % width, w.shape[1])])
     return w.view(-1, width, w.shape[1]).transpose(1, 2).contiguous()
@@ -64,6 +65,7 @@ def linear(x: Tensor, w: FloatPanels) -> Tensor:
     """x [..., in] float32 times `w`, as float32."""
     x = x.contiguous()
     y = x.new_empty(x.shape[:-1] + (w.out_features,))
-    _library(w.variant).linear_f32(x.data_ptr(), x.numel() // w.in_features, w.in_features, w.out_features,
-                                   w.pointers[0], y.data_ptr(), torch.get_num_threads())
+    _library(w.variant).linear_f32(x.data_ptr(), x.numel() // w.in_features, w.in_features,
+                                   w.out_features, w.pointers[0], y.data_ptr(),
+                                   torch.get_num_threads())
     return y

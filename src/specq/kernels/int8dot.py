@@ -1,4 +1,5 @@
-"""Linear layers with 2-, 3-, 4-, 6- or 8-bit weights and int8 activations (`int8dot.c`), llama.cpp's scheme.
+"""Linear layers with 2-, 3-, 4-, 6- or 8-bit weights and int8 activations
+(`int8dot.c`), llama.cpp's scheme.
 
 torch's packed CPU ops (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) turn the weights
 into floats and multiply in float, so on AVX2 their time grows with every row: a 4-token verify
@@ -29,7 +30,8 @@ from . import build
 
 BLOCK = 32  # activations are quantized per 32 values; groups must be multiples of this, or HALF
 HALF = 16  # groups of 16 (GGUF's Q6_K): each half of an activation block has its own weight scale
-SUPER = 256  # two-level scales: a float32 per super-block of this many inputs times an int8 per group
+# two-level scales: a float32 per super-block of this many inputs times an int8 per group
+SUPER = 256
 SUPER_SHIFT = 8  # log2(SUPER): GGUF's K-quants
 ROW_SHIFT = 31  # super_shift for one super-block per row, whatever the inputs (in < 2^31)
 
@@ -52,7 +54,8 @@ def _library(variant: str) -> ctypes.CDLL:
     return bind(build.load(variant))
 
 
-PANEL = 8  # outputs per panel where specq's kernels are off (the layout then only stores the weights)
+# outputs per panel where specq's kernels are off (the layout then only stores the weights)
+PANEL = 8
 
 
 def panel_width(bits: int, variant: str) -> int:
@@ -63,9 +66,10 @@ def panel_width(bits: int, variant: str) -> int:
 
 def shape_blocker(out_features: int, in_features: int, group_size: int) -> str | None:
     """Why the kernel cannot take this weight shape (None when it can)."""
-    if (group_size % BLOCK and group_size != HALF) or in_features % group_size or in_features % BLOCK:
-        return (f"the int8-activation kernel needs groups of {HALF} or a multiple of {BLOCK} dividing in_features, "
-                f"and in_features a multiple of {BLOCK}")
+    if ((group_size % BLOCK and group_size != HALF) or in_features % group_size
+        or in_features % BLOCK):
+        return (f"the int8-activation kernel needs groups of {HALF} or a multiple of {BLOCK} "
+                f"dividing in_features, and in_features a multiple of {BLOCK}")
     return None
 
 
@@ -92,20 +96,25 @@ class Int8DotWeight:
                  super_shift: int = SUPER_SHIFT, grid: Tensor | None = None):
         if grid is not None and (bits not in (3, 4) or m is not None or grid.dtype != torch.int8
                                  or grid.shape != (16,)):
-            raise ValueError("a grid is 16 int8 values indexed by 3- or 4-bit codes without offsets")
+            raise ValueError("a grid is 16 int8 values indexed by 3- or 4-bit codes without "
+                             "offsets")
         self.bits, self.codes, self.d, self.m, self.group_size = bits, codes, d, m, group_size
-        self.out_features, self.in_features, self.variant, self.sub = out_features, in_features, variant, sub
+        self.out_features, self.in_features, self.variant, self.sub = (out_features, in_features,
+                                                                       variant, sub)
         self.super_shift, self.grid = super_shift, None if grid is None else grid.contiguous()
         self._shape = (in_features, out_features, group_size)
-        self.pointers = tuple(None if t is None else t.data_ptr() for t in (codes, d, m, sub, self.grid))
+        self.pointers = tuple(None if t is None else t.data_ptr()
+                              for t in (codes, d, m, sub, self.grid))
 
     def __deepcopy__(self, memo: dict) -> "Int8DotWeight":
-        codes, d, m, sub, grid = (copy.deepcopy(t, memo) for t in (self.codes, self.d, self.m, self.sub, self.grid))
-        return Int8DotWeight(self.bits, codes, d, m, self.group_size, self.out_features, self.in_features,
-                             self.variant, sub, self.super_shift, grid)
+        codes, d, m, sub, grid = (copy.deepcopy(t, memo)
+                                  for t in (self.codes, self.d, self.m, self.sub, self.grid))
+        return Int8DotWeight(self.bits, codes, d, m, self.group_size, self.out_features,
+                             self.in_features, self.variant, sub, self.super_shift, grid)
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.codes, self.d, self.m, self.sub, self.grid) if t is not None)
+        return sum(t.nbytes for t in (self.codes, self.d, self.m, self.sub, self.grid)
+                   if t is not None)
 
     def group_terms(self) -> tuple[Tensor, Tensor | None]:
         """d and m per group, float32 [panels, groups, width] (two-level: each product computed as
@@ -113,7 +122,8 @@ class Int8DotWeight:
         if self.sub is None:
             return self.d, self.m
         groups = self.in_features // self.group_size
-        supers = (torch.arange(groups) * self.group_size) >> self.super_shift  # each group's super-block
+        # each group's super-block
+        supers = (torch.arange(groups) * self.group_size) >> self.super_shift
         spread = [t[:, supers] for t in (self.d, self.m) if t is not None]
         return spread[0] * self.sub[:, :groups].float(), (spread[1] * self.sub[:, groups:].float()
                                                            if self.m is not None else None)
@@ -136,7 +146,8 @@ def _nibble_chunks(unsigned: Tensor, width: int) -> Tensor:
     """Codes in [0, 15] [out, in] as 4-bit chunks [panels, blocks, 4, width, 4]: input 32b + 8j +
     4h + t of output o -> panel, block b, chunk j, byte 4o + t, nibble h."""
     n_in = unsigned.shape[1]
-    u = _panels(unsigned.to(torch.uint8), width).view(-1, width, n_in // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    u = _panels(unsigned.to(torch.uint8), width).view(-1, width, n_in // BLOCK, 4, 2,
+                                                      4).permute(0, 2, 3, 1, 5, 4)
     return u[..., 0] | (u[..., 1] << 4)
 
 
@@ -150,7 +161,8 @@ def _crumb_chunks(unsigned: Tensor, width: int) -> Tensor:
     """Codes in [0, 3] [out, in] as 2-bit chunks [panels, blocks, 2, width, 4]: input 32b + 16v +
     4c + t of output o -> panel, block b, chunk v, byte 4o + t, bits 2c and 2c + 1."""
     n_in = unsigned.shape[1]
-    u = _panels(unsigned.to(torch.uint8), width).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+    u = _panels(unsigned.to(torch.uint8), width).view(-1, width, n_in // BLOCK, 2, 4,
+                                                      4).permute(0, 2, 3, 1, 5, 4)
     return u[..., 0] | (u[..., 1] << 2) | (u[..., 2] << 4) | (u[..., 3] << 6)
 
 
@@ -181,7 +193,8 @@ def _six_bit_chunks(codes: Tensor, width: int) -> Tensor:
     4 + k, byte 4o + t, bits 2i and 2i + 1."""
     n_in = codes.shape[1]
     biased = (codes + 32).to(torch.uint8)
-    top = _panels(biased >> 4, width).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+    top = _panels(biased >> 4, width).view(-1, width, n_in // BLOCK, 2, 4, 4).permute(0, 2,
+                                                                                      3, 1, 5, 4)
     top = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
     return torch.cat([_nibble_chunks(biased & 0x0F, width), top], dim=2)
 
@@ -189,24 +202,28 @@ def _six_bit_chunks(codes: Tensor, width: int) -> Tensor:
 def _byte_chunks(codes: Tensor, width: int) -> Tensor:
     """Codes in [-128, 127] [out, in] as 8-bit chunks [panels, blocks, 8, width, 4]: input 32b + 4j
     + t of output o -> panel, block b, chunk j, byte 4o + t."""
-    return _panels(codes.to(torch.int8), width).view(-1, width, codes.shape[1] // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+    return _panels(codes.to(torch.int8), width).view(-1, width, codes.shape[1] // BLOCK, 8,
+                                                     4).permute(0, 2, 3, 1, 4)
 
 
 # code bits -> the kernel's code layout
-CHUNKS = {2: _crumb_chunks, 3: _three_bit_chunks, 4: _nibble_chunks, 6: _six_bit_chunks, 8: _byte_chunks}
+CHUNKS = {2: _crumb_chunks, 3: _three_bit_chunks, 4: _nibble_chunks, 6: _six_bit_chunks,
+          8: _byte_chunks}
 
 
 def _pack(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, groups: int, variant: str | None,
-          sub: tuple[Tensor, ...] = (), super_shift: int = SUPER_SHIFT, grid: Tensor | None = None) -> Int8DotWeight:
+          sub: tuple[Tensor, ...] = (), super_shift: int = SUPER_SHIFT,
+          grid: Tensor | None = None) -> Int8DotWeight:
     """`bits`-bit codes [out, in] in `groups` groups a row, with scales d (and offsets m) and, for
     two-level scales, int8 `sub` (sub-scales, then sub-offsets) [out, groups], and 4-bit codes'
     `grid`, laid out for `variant` (by default the process's)."""
     variant = variant or build.variant()
     width, (out, n_in) = panel_width(bits, variant), codes.shape
-    subs = torch.cat([_panels(t, width).transpose(1, 2) for t in sub], dim=1).contiguous() if sub else None
+    subs = (torch.cat([_panels(t, width).transpose(1, 2) for t in sub], dim=1).contiguous()
+            if sub else None)
     return Int8DotWeight(bits, CHUNKS[bits](codes, width).contiguous(), panel_major(d, width),
-                         None if m is None else panel_major(m, width), n_in // groups, out, n_in, variant, subs,
-                         super_shift, grid)
+                         None if m is None else panel_major(m, width), n_in // groups, out, n_in,
+                         variant, subs, super_shift, grid)
 
 
 def pack_int2(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None) -> Int8DotWeight:
@@ -228,37 +245,42 @@ def pack_int4(unsigned: Tensor, d: Tensor, m: Tensor, variant: str | None = None
     return _pack(4, unsigned, d, m, d.shape[1], variant)
 
 
-def pack_int4_two_level(unsigned: Tensor, d: Tensor, m: Tensor, sub_d: Tensor, sub_m: Tensor, super_shift: int,
-                        variant: str | None = None) -> Int8DotWeight:
+def pack_int4_two_level(unsigned: Tensor, d: Tensor, m: Tensor, sub_d: Tensor, sub_m: Tensor,
+                        super_shift: int, variant: str | None = None) -> Int8DotWeight:
     """From codes u in [0, 15] [out, in], float d, m [out, supers] and int8 sub_d, sub_m [out,
     groups]: group g's w = d[(g * G) >> super_shift] * sub_d[g] * u + m[..] * sub_m[g]."""
     return pack_two_level(4, unsigned, d, m, sub_d, sub_m, super_shift, variant)
 
 
-def pack_two_level(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, sub_d: Tensor, sub_m: Tensor | None,
-                   super_shift: int, variant: str | None = None, grid: Tensor | None = None) -> Int8DotWeight:
+def pack_two_level(bits: int, codes: Tensor, d: Tensor, m: Tensor | None, sub_d: Tensor,
+                   sub_m: Tensor | None, super_shift: int, variant: str | None = None,
+                   grid: Tensor | None = None) -> Int8DotWeight:
     """`bits`-bit codes [out, in] (as the `PACKS` and `pack_grid` take
-    them) with two-level scales: float d (and m) [out, supers], int8 sub_d (and sub_m) [out, groups];
-    group g's w = d[(g * G) >> super_shift] * sub_d[g] * code (+ m[..] * sub_m[g]), the code
-    through `grid` where given."""
+    them) with two-level scales: float d (and m) [out, supers], int8 sub_d (and sub_m) [out,
+    groups]; group g's w = d[(g * G) >> super_shift] * sub_d[g] * code (+ m[..] * sub_m[g]), the
+    code through `grid` where given."""
     sub = tuple(t for t in (sub_d, sub_m) if t is not None)
     return _pack(bits, codes, d, m, sub_d.shape[1], variant, sub, super_shift, grid)
 
 
-def pack_grid(indices: Tensor, d: Tensor, grid: Tensor, variant: str | None = None, bits: int = 4) -> Int8DotWeight:
-    """From `bits`-bit codes (3 or 4) [out, in] indexing `grid` (int8 [16]) and float d [out, groups]
-    with w = d * grid[code], laid out for `variant`: GGUF's IQ4_NL at its 4 bits a weight."""
+def pack_grid(indices: Tensor, d: Tensor, grid: Tensor, variant: str | None = None,
+              bits: int = 4) -> Int8DotWeight:
+    """From `bits`-bit codes (3 or 4) [out, in] indexing `grid` (int8 [16]) and float d [out,
+    groups] with w = d * grid[code], laid out for `variant`: GGUF's IQ4_NL at
+    its 4 bits a weight."""
     return _pack(bits, indices, d, None, d.shape[1], variant, grid=grid)
 
 
-def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
+def pack_int6(codes: Tensor, d: Tensor, m: Tensor | None = None,
+              variant: str | None = None) -> Int8DotWeight:
     """From codes c in [-32, 31] [out, in] and float d (and m) [out, groups] with w = d * c (+ m),
     laid out for `variant`: GGUF's Q6_K and 5-bit formats at 6 bits a code instead of 8. Why:
     decoding reads every weight once per step, so its time is mostly the bytes read."""
     return _pack(6, codes, d, m, d.shape[1], variant)
 
 
-def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None, variant: str | None = None) -> Int8DotWeight:
+def pack_int8(codes: Tensor, d: Tensor, m: Tensor | None = None,
+              variant: str | None = None) -> Int8DotWeight:
     """From codes c in [-128, 127] [out, in] and float d (and m) [out, groups] with w = d * c (+ m),
     laid out for `variant` (by default the process's)."""
     return _pack(8, codes, d, m, d.shape[1], variant)
@@ -281,8 +303,10 @@ def unpack(w: Int8DotWeight) -> tuple[Tensor, Tensor, Tensor | None]:
         if w.grid is not None:
             codes = w.grid[codes.long()]
     elif w.bits == 6:  # pack_int6's two parts
-        top = torch.stack([(w.codes[:, :, 4:] >> s) & 3 for s in (0, 2, 4, 6)], -1).permute(0, 3, 1, 2, 5, 4)
-        biased = _from_nibble_chunks(w.codes[:, :, :4], out, n_in) | (top.reshape(-1, n_in)[:out] << 4)
+        top = torch.stack([(w.codes[:, :, 4:] >> s) & 3 for s in (0, 2, 4, 6)],
+                          -1).permute(0, 3, 1, 2, 5, 4)
+        biased = (_from_nibble_chunks(w.codes[:, :, :4], out, n_in)
+                  | (top.reshape(-1, n_in)[:out] << 4))
         codes = (biased.to(torch.int16) - 32).to(torch.int8)
     else:  # panel, block, chunk j, output o, byte t -> input 32b + 4j + t of o
         codes = w.codes.permute(0, 3, 1, 2, 4).reshape(-1, n_in)[:out]
@@ -315,7 +339,8 @@ def take_rows(w: Int8DotWeight, rows: Tensor) -> Int8DotWeight:
     if w.sub is None:
         return _pack(4, codes, d, m, groups, w.variant, grid=w.grid)
     sub = _per_output(w.sub, w.out_features)[rows]
-    return pack_two_level(4, codes, d, m, sub[:, :groups], sub[:, groups:] if m is not None else None, w.super_shift,
+    return pack_two_level(4, codes, d, m, sub[:, :groups],
+                          sub[:, groups:] if m is not None else None, w.super_shift,
                           w.variant, w.grid)
 
 
@@ -325,7 +350,8 @@ def linear(x: Tensor, w: Int8DotWeight) -> Tensor:
     if dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     y = torch.empty(x.shape[:-1] + (w.out_features,))
-    if _library(w.variant).linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape, *w.pointers,
-                                     w.super_shift, y.data_ptr(), torch.get_num_threads()):
+    if _library(w.variant).linear_a8(w.bits, x.data_ptr(), x.numel() // w.in_features, *w._shape,
+                                     *w.pointers, w.super_shift, y.data_ptr(),
+                                     torch.get_num_threads()):
         raise MemoryError("int8dot: out of memory for the quantized activations")
     return y if dtype == torch.float32 else y.to(dtype)

@@ -38,7 +38,8 @@ def _shipped_draft(name: str):
     def find() -> Path:
         path = ASSETS / "drafts" / name
         if not registry.is_draft_dir(path):
-            raise SpecqError(f"the shipped draft '{name}' is missing from this installation ({path})")
+            raise SpecqError(f"the shipped draft '{name}' is missing from this installation "
+                             f"({path})")
         return path
     return find
 
@@ -48,14 +49,17 @@ SHIPPED_DRAFTS = ("smollm2-135m-draft",  # sequence draft (any precision)
                   "smollm2-135m-feature-draft")  # EAGLE style
 # Built-ins that are GGUF files users run at their own precision (`@gguf` by default; `@fp32`
 # dequantizes the whole file once into a safetensors cache)
-PACKAGED_GGUF = {"qwen2.5-coder-1.5b": packaged.QWEN_CODER_1_5B, "qwen2.5-coder-0.5b": packaged.QWEN_CODER_0_5B}
+PACKAGED_GGUF = {"qwen2.5-coder-1.5b": packaged.QWEN_CODER_1_5B,
+                 "qwen2.5-coder-0.5b": packaged.QWEN_CODER_0_5B}
 BUILTIN_GGUF = {"smollm2-135m": _smollm2_gguf,
                 **{name: (lambda f=f: packaged.path(f)) for name, f in PACKAGED_GGUF.items()}}
 
 
 def gguf_files_present() -> dict[str, Path]:
-    """The built-ins' GGUF files already on disk, by name: nothing is installed, assembled or built."""
-    found = {name: p for name, f in PACKAGED_GGUF.items() if (p := packaged.assembled(f)) is not None}
+    """The built-ins' GGUF files already on disk, by name: nothing is
+    installed, assembled or built."""
+    found = {name: p for name, f in PACKAGED_GGUF.items()
+             if (p := packaged.assembled(f)) is not None}
     try:
         smollm2 = _smollm2_gguf()
     except SpecqError:
@@ -64,9 +68,11 @@ def gguf_files_present() -> dict[str, Path]:
 
 
 def local_path(name: str) -> Path:
-    """The folder a name means without loading or converting anything: a shipped draft's, else the path."""
+    """The folder a name means without loading or converting anything: a shipped
+    draft's, else the path."""
     return ASSETS / "drafts" / name if name in SHIPPED_DRAFTS else Path(name).expanduser()
 
 
 BUILTINS = {"smollm2-135m": _smollm2_dir, **{name: _shipped_draft(name) for name in SHIPPED_DRAFTS},
-            **{name: (lambda name=name: gguf_load.float_dir(BUILTIN_GGUF[name]())) for name in PACKAGED_GGUF}}
+            **{name: (lambda name=name: gguf_load.float_dir(BUILTIN_GGUF[name]()))
+               for name in PACKAGED_GGUF}}

@@ -48,11 +48,14 @@ from .drafts.adapter import Adapter, delta, merge_float, native_weights
 from .formats.gguf_io import GGUFFile
 
 FILE_PRECISION = "gguf"
-FORM = "gguf[-int4][-head{N}k][-keep{N}] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k, gguf-int4-keep18)"
-HEADS = Path(__file__).parents[1] / "assets" / "heads"  # src/specq/assets/heads: <name>.npy + <name>.json
+FORM = ("gguf[-int4][-head{N}k][-keep{N}] (e.g. gguf, gguf-int4, gguf-head32k, gguf-int4-head32k, "
+        "gguf-int4-keep18)")
+# src/specq/assets/heads: <name>.npy + <name>.json
+HEADS = Path(__file__).parents[1] / "assets" / "heads"
 INT4_GROUP = 32
 INT4_FORM = 3  # in the cache's key: raise it when `to_int4` changes what it makes
-# GGUF token types a narrowed head always keeps: unknown, control, user-defined, byte (not normal, unused)
+# GGUF token types a narrowed head always keeps: unknown, control, user-defined, byte
+# (not normal, unused)
 SPECIAL_TOKEN_TYPES = (2, 3, 4, 6)
 
 
@@ -63,7 +66,8 @@ class FileSpec:
     keep_layers: int | None = None  # decoder layers that run; None: all of them
 
     def __str__(self) -> str:
-        options = ["int4" if self.int4 else "", f"head{self.head_tokens // 1024}k" if self.head_tokens else "",
+        options = ["int4" if self.int4 else "",
+                   f"head{self.head_tokens // 1024}k" if self.head_tokens else "",
                    f"keep{self.keep_layers}" if self.keep_layers else ""]
         return "-".join([FILE_PRECISION] + [option for option in options if option])
 
@@ -74,7 +78,8 @@ def names_file(spec_text: str) -> bool:
 
 
 def parse(spec_text: str) -> FileSpec:
-    """`gguf[-int4][-head{N}k][-keep{N}]` (options in any order) -> FileSpec; anything else one line.
+    """`gguf[-int4][-head{N}k][-keep{N}]` (options in any order) -> FileSpec;
+    anything else one line.
     Whether the file has N layers is for `apply` to check."""
     head, *options = spec_text.strip().lower().split("-")
     if head != FILE_PRECISION:
@@ -114,8 +119,10 @@ def kept_tokens(g: GGUFFile, tokenizer, count: int) -> torch.Tensor:
     """The `count` first ranked tokens and the file's special tokens (and EOS), sorted."""
     ranked = ranked_tokens(tokenizer)
     if count > ranked.size:
-        raise SpecqError(f"a head of {count // 1024}k tokens: the ranked list holds only {ranked.size} tokens")
-    types = (g.header.fields.get("tokenizer.ggml.token_type") if g.header is not None else None) or []
+        raise SpecqError(f"a head of {count // 1024}k tokens: the ranked list holds only "
+                         f"{ranked.size} tokens")
+    types = ((g.header.fields.get("tokenizer.ggml.token_type") if g.header is not None else None)
+             or [])
     special = [i for i, t in enumerate(types) if t in SPECIAL_TOKEN_TYPES]
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids = np.unique(np.concatenate([ranked[:count], np.array(special + eos, dtype=ranked.dtype)]))
@@ -132,8 +139,9 @@ def narrowed_head(g: GGUFFile, keep: torch.Tensor, whole: FileBlocks | None = No
     if whole is not None:
         head = FileBlocks(int8dot.take_rows(whole._blocks, keep), whole.kind)
     elif fmt is not None and fmt.kernel is not None:
-        head = FileBlocks(kernel_weight([(g.qtype(name), np.ascontiguousarray(np.asarray(g.raw(name))[rows]))]),
-                          fmt.name)
+        head = FileBlocks(
+            kernel_weight([(g.qtype(name), np.ascontiguousarray(np.asarray(g.raw(name))[rows]))]),
+            fmt.name)
     else:
         head = nn.Linear(g.config.hidden_size, rows.size, bias=False)
         head.weight = nn.Parameter(g.float_tensor(name)[keep], requires_grad=False)
@@ -153,10 +161,12 @@ def int4_cache(g: GGUFFile, variant: str, adapter: str | None = None) -> Path:
     """Where the 4-bit body of `g`, laid out for kernel `variant` (with the adapter of sha256
     `adapter` merged), is kept."""
     merged = f"-lora{adapter[:16]}" if adapter else ""
-    return cache_dir() / "gguf-int4" / f"{file_key(g.path)}{merged}-{variant}-form{INT4_FORM}.safetensors"
+    return cache_dir() / "gguf-int4" / (f"{file_key(g.path)}"
+                                        f"{merged}-{variant}-form{INT4_FORM}.safetensors")
 
 
-def cached_int4_body(g: GGUFFile, spec: FileSpec, adapter: str | None = None) -> dict[str, FileBlocks]:
+def cached_int4_body(g: GGUFFile, spec: FileSpec,
+                     adapter: str | None = None) -> dict[str, FileBlocks]:
     """The 4-bit modules `int4_body` saved for `g` (by module name, `layers.0.attention.wqkv`), for
     the loader to put in place of the file's tensors without repacking those first; {} unless
     `spec` asks for a 4-bit body and the cache holds a readable one (for the adapter of sha256
@@ -171,11 +181,14 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec, adapter: str | None = None) ->
         with safe_open(path, "pt") as f:
             shapes = json.loads(f.metadata()["modules"])
             tensors = {key: f.get_tensor(key) for key in f.keys()}
-        return {name: FileBlocks(int8dot.Int8DotWeight(4, tensors[f"{name}.codes"], tensors[f"{name}.d"],
-                                                       tensors[f"{name}.m"], INT4_GROUP, out, n_in, variant,
-                                                       tensors[f"{name}.sub"], int8dot.ROW_SHIFT), kind)
+        return {name: FileBlocks(int8dot.Int8DotWeight(4, tensors[f"{name}.codes"],
+                                                       tensors[f"{name}.d"], tensors[f"{name}.m"],
+                                                       INT4_GROUP, out, n_in, variant,
+                                                       tensors[f"{name}.sub"], int8dot.ROW_SHIFT),
+                                 kind)
                 for name, (out, n_in, kind) in shapes.items()}
-    except Exception:  # safetensors' own error type varies by version; a broken cache is simply remade
+    except Exception:
+        # safetensors' own error type varies by version; a broken cache is simply remade
         return {}
 
 
@@ -189,20 +202,26 @@ def int4_body(net: nn.Module, g: GGUFFile, merged: Adapter | None = None,
 
     changed = changed or {}
     chosen = {name: m for name, m in net.named_modules() if isinstance(m, FileBlocks)
-              and (m.bits > 4 or name in changed) and (name.startswith("layers.") or name == "output")}
+              and (m.bits > 4 or name in changed)
+              and (name.startswith("layers.") or name == "output")}
     if not chosen:
         return
-    path = int4_cache(g, next(iter(chosen.values()))._blocks.variant, merged.digest if merged else None)
-    what = f"{g.path.name} with the adapter {merged.path.name} merged" if merged else f"{g.path.name}'s 5- to 8-bit tensors"
-    print(f"specq: requantizing {what} to 4 bits into {path.parent} (once, under a minute)", file=sys.stderr, flush=True)
-    made = {name: to_int4(module, delta(merged, changed[name], net.config) if name in changed else None)
+    path = int4_cache(g, next(iter(chosen.values()))._blocks.variant,
+                      merged.digest if merged else None)
+    what = (f"{g.path.name} with the adapter {merged.path.name} merged"
+            if merged else f"{g.path.name}'s 5- to 8-bit tensors")
+    print(f"specq: requantizing {what} to 4 bits into {path.parent} (once, under a minute)",
+          file=sys.stderr, flush=True)
+    made = {name: to_int4(module, delta(merged, changed[name], net.config)
+                          if name in changed else None)
             for name, module in chosen.items()}
     for name, module in made.items():
         net.set_submodule(name, module)
     tensors = {f"{name}.{part}": getattr(m._blocks, part).contiguous() for name, m in made.items()
                for part in ("codes", "d", "m", "sub")}
     shapes = {name: (m.out_features, m.in_features, m.kind) for name, m in made.items()}
-    atomic.write_file(path, lambda f: f.write(save(tensors, metadata={"modules": json.dumps(shapes)})))
+    atomic.write_file(path,
+                      lambda f: f.write(save(tensors, metadata={"modules": json.dumps(shapes)})))
 
 
 def kept_layers(total: int, keep: int) -> list[int]:
@@ -233,11 +252,13 @@ def apply(net: nn.Module, g: GGUFFile, spec: FileSpec, tokenizer, merged: Adapte
     merge). The 4-bit body is made (and cached) whole, then layers dropped."""
     changed = {} if merged is None else native_weights(merged, net)
     if changed:  # a file's float tensors take their products as they are
-        merge_float(net, merged, {n: hf for n, hf in changed.items() if not isinstance(net.get_submodule(n), FileBlocks)})
+        merge_float(net, merged, {n: hf for n, hf in changed.items()
+                                  if not isinstance(net.get_submodule(n), FileBlocks)})
     if spec.int4 and not cached:
         int4_body(net, g, merged, changed)
     if spec.head_tokens:
-        whole = net.output if spec.int4 and isinstance(net.output, FileBlocks) and net.output.bits == 4 else None
+        whole = (net.output if spec.int4 and isinstance(net.output, FileBlocks)
+                 and net.output.bits == 4 else None)
         net.output = narrowed_head(g, kept_tokens(g, tokenizer, spec.head_tokens), whole)
     if spec.keep_layers:
         keep_layers(net, spec.keep_layers, g.path.name)

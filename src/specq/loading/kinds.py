@@ -2,12 +2,14 @@
 and for each kind how it loads, the drafter it makes for a target, how its network runs alone, how
 it is scored against its target and how it is saved (training: `training/students.py`).
 
-| kind       | named by                                 | loads as                            | drafter           |
-|------------|------------------------------------------|-------------------------------------|-------------------|
-| `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    | `NgramDrafter`    |
-| `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   | `SequenceDrafter` |
-| `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               | `FeatureDrafter`  |
-| `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    | `SequenceDrafter` |
+| kind       | named by                                 | loads as                            |
+|------------|------------------------------------------|-------------------------------------|
+| `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    |
+| `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   |
+| `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               |
+| `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    |
+
+Drafters: `NgramDrafter` (ngram), `SequenceDrafter` (self, sequence), `FeatureDrafter` (feature).
 
 A model draft (sequence or self) named `REF:window=W` drafts from the prompt's last W tokens.
 
@@ -47,17 +49,21 @@ from .refs import NGRAM_ABOUT, WINDOW_APPLIES, Level, ModelRef, NgramRef, level
 
 def _trees_need_a_native(target: Model, tree: TreeShape | None) -> None:
     if tree is not None and not isinstance(target.net, Llama):
-        raise SpecqError(f"token trees need a Llama-architecture target on specq's own module, not '{target.ref}'")
+        raise SpecqError("token trees need a Llama-architecture target on specq's own module, not "
+                         f"'{target.ref}'")
 
 
 # ------------------------------------------------------------------------------ sequence (and self)
 
 
-def _sequence_drafter(draft, target: Model, min_confidence: float, tree: TreeShape | None, gamma: int):
+def _sequence_drafter(draft, target: Model, min_confidence: float, tree: TreeShape | None,
+                      gamma: int):
     _trees_need_a_native(target, tree)
     if tree is not None and not isinstance(draft.net, Llama):
-        raise SpecqError(f"token trees need a Llama-architecture draft on specq's own module, not '{draft.ref}'")
-    return SequenceDrafter(draft, target.vocab_size, min_confidence, tree, draft.info.get("draft_window"))
+        raise SpecqError("token trees need a Llama-architecture draft on specq's own module, not "
+                         f"'{draft.ref}'")
+    return SequenceDrafter(draft, target.vocab_size, min_confidence, tree,
+                           draft.info.get("draft_window"))
 
 
 def _sequence_rows(net, ids: Tensor, cache):
@@ -88,8 +94,8 @@ def _load_feature(ref: ModelRef, backend: str | None, target=None) -> Draft:
     name = ref.name
     spec = precision.parse(ref.spec)
     if not spec.is_float and spec.method != "rtn":
-        raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16) or with RTN "
-                         f"integer weights (e.g. int8-head8), not {spec}")
+        raise SpecqError(f"'{name}' is a feature draft: it runs at a float precision (fp32, bf16) "
+                         f"or with RTN integer weights (e.g. int8-head8), not {spec}")
     from transformers import AutoTokenizer
 
     source = local_path(name)
@@ -98,7 +104,8 @@ def _load_feature(ref: ModelRef, backend: str | None, target=None) -> Draft:
     if not spec.is_float:
         quantize_model(net, spec, progress=False)
     tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    eos = hf.generation_eos(source, None, local_only=True)  # no config.json: generation_config.json only
+    # no config.json: generation_config.json only
+    eos = hf.generation_eos(source, None, local_only=True)
     model = Model(ref=ref.base, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok),
                   source=str(source), precision=str(spec),
                   info={"load_s": time.perf_counter() - started})
@@ -108,10 +115,12 @@ def _load_feature(ref: ModelRef, backend: str | None, target=None) -> Draft:
     return Draft(FEATURE, model)
 
 
-def _feature_drafter(draft: Draft, target: Model, min_confidence: float, tree: TreeShape | None, gamma: int):
+def _feature_drafter(draft: Draft, target: Model, min_confidence: float, tree: TreeShape | None,
+                     gamma: int):
     _trees_need_a_native(target, tree)
     if not isinstance(target.net, Llama):
-        raise SpecqError(f"feature draft '{draft.ref}' needs a Llama-architecture target, not '{target.ref}'")
+        raise SpecqError(f"feature draft '{draft.ref}' needs a Llama-architecture target, not "
+                         f"'{target.ref}'")
     draft.net.attach(target.net)  # the target's token embedding, shared
     return FeatureDrafter(draft.runner, min_confidence, tree)
 
@@ -147,15 +156,16 @@ def _load_ngram(ref: NgramRef, backend: str | None, target) -> ngram.NgramDraft:
     return replace(ref.draft, fallback=_load(ref.fallback, backend, target))
 
 
-def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float, tree: TreeShape | None,
-                   gamma: int):
+def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float,
+                   tree: TreeShape | None, gamma: int):
     """Its proposals are looked up; its fallback model (proposing up to `gamma` deep) drafts where
     nothing matches."""
     if draft.fallback is None:
         if tree is not None:
             raise SpecqError(ngram.NO_TREES)
         return ngram.NgramDrafter(draft)
-    return FallbackDrafter(ngram.NgramDrafter(draft), for_pair(draft.fallback, target, min_confidence, tree), gamma)
+    return FallbackDrafter(ngram.NgramDrafter(draft),
+                           for_pair(draft.fallback, target, min_confidence, tree), gamma)
 
 
 # ------------------------------------------------------------------------------ the table
@@ -166,15 +176,16 @@ SELF_KIND = Kind("self", "a self draft (the target's own weights at another prec
                  lambda ref: isinstance(ref, ModelRef) and ref.is_self, _load_self,
                  _sequence_drafter, rows=_sequence_rows, next_token_logits=_sequence_logits,
                  verifies=True)
-FEATURE = Kind("feature", "a feature draft (EAGLE style: it reads the target's hidden states)", _is_feature,
-               _load_feature, _feature_drafter, rows=_feature_rows, next_token_logits=_feature_logits,
-               write=_write_feature)
+FEATURE = Kind("feature", "a feature draft (EAGLE style: it reads the target's hidden states)",
+               _is_feature, _load_feature, _feature_drafter, rows=_feature_rows,
+               next_token_logits=_feature_logits, write=_write_feature)
 SEQUENCE = Kind("sequence", "a sequence draft (a model of its own)", lambda ref: True,
                 lambda ref, backend, target=None: load_model(ref, backend), _sequence_drafter,
                 rows=_sequence_rows, next_token_logits=_sequence_logits,
                 write=lambda draft, directory, info: write_native(draft, directory),
                 verifies=True, transformers=True, is_model=True)
-KINDS = {k.name: k for k in (NGRAM, SELF_KIND, FEATURE, SEQUENCE)}  # recognized in this order: sequence takes the rest
+# recognized in this order: sequence takes the rest
+KINDS = {k.name: k for k in (NGRAM, SELF_KIND, FEATURE, SEQUENCE)}
 LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM}  # loaded drafts that are not a `Draft`, by type
 
 
@@ -193,13 +204,14 @@ def kind_of(draft) -> Kind:
         return draft.kind
     kind = LOADED.get(type(draft))
     if kind is None:
-        raise SpecqError(f"a draft is a model or draft from specq.load, an n-gram draft (specq.NgramDraft) or a "
-                         f"list of them, got {type(draft).__name__}")
+        raise SpecqError("a draft is a model or draft from specq.load, an n-gram draft "
+                         f"(specq.NgramDraft) or a list of them, got {type(draft).__name__}")
     return kind
 
 
 def as_kind(kind: Kind, model: Model) -> Model | Draft:
-    """A model as a draft of `kind` (what `load` gives for one): a sequence draft is the model itself."""
+    """A model as a draft of `kind` (what `load` gives for one): a sequence draft
+    is the model itself."""
     return model if kind.is_model else Draft(kind, model)
 
 
@@ -231,8 +243,8 @@ def save(draft: Model | Draft, out: Path | str, info: dict | None = None) -> Non
     atomic.write_dir(Path(out), lambda tmp: kind.write(draft, tmp, info))
 
 
-def for_pair(draft, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE, tree: TreeShape | None = None,
-             gamma: int = LONGEST_DEFAULT):
+def for_pair(draft, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+             tree: TreeShape | None = None, gamma: int = LONGEST_DEFAULT):
     """The drafter a loaded draft makes for `target`, by its kind. `tree`: propose dynamic token
     trees of that shape instead of chains (native Llama models only)."""
     return kind_of(draft).drafter(draft, target, min_confidence, tree, gamma)
@@ -249,7 +261,7 @@ def for_levels(drafts: list, target: Model, min_confidence: float = DEFAULT_DRAF
         if not kind.verifies:
             raise SpecqError(f"{kind.about} can only be the first (cheapest) level of a hierarchy")
         if not isinstance(middle.net, Llama):
-            raise SpecqError(f"an intermediate draft level needs a Llama-architecture model on specq's own "
-                             f"module, not '{middle.ref}'")
+            raise SpecqError("an intermediate draft level needs a Llama-architecture model on "
+                             f"specq's own module, not '{middle.ref}'")
         drafter = HierarchicalDrafter(drafter, middle, target.vocab_size)
     return drafter

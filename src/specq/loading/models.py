@@ -45,7 +45,8 @@ def load_model(ref: ModelRef, backend: str | None = backends.DEFAULT) -> Model:
 def _return_freed_heap() -> None:
     """Hand the heap's free pages back to the system (glibc's `malloc_trim`; nothing elsewhere). A
     load parses a tokenizer.json of several MB and builds transient tables; glibc keeps what they
-    freed mapped, so without this a loaded model stays resident with tens of MiB it no longer uses."""
+    freed mapped, so without this a loaded model stays resident with tens of
+    MiB it no longer uses."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
@@ -54,7 +55,8 @@ def _return_freed_heap() -> None:
 
 def _load(ref: ModelRef) -> Model:
     name, spec_text = ref.name, ref.spec
-    if name not in BUILTINS and adapter.is_adapter(name):  # as `resolve`: a built-in name is never a folder
+    # as `resolve`: a built-in name is never a folder
+    if name not in BUILTINS and adapter.is_adapter(name):
         return _load_adapter(ref, name, spec_text)
     text = ref.base  # a draft's window is the draft's (`kinds.load`)
     if file_spec.names_file(spec_text):
@@ -64,7 +66,8 @@ def _load(ref: ModelRef) -> Model:
     source = resolve(name)
     if isinstance(source, str):  # a hub id
         if not spec.is_float:
-            raise SpecqError(f"quantize hub model '{name}' from a local copy (save it to a directory first)")
+            raise SpecqError(f"quantize hub model '{name}' from a local copy (save it to a "
+                             "directory first)")
         net, tok, eos = hf.load_from_hub(name, spec.dtype)
         return Model(ref=text, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok),
                      source=f"hub:{name}", precision=str(spec),
@@ -109,6 +112,7 @@ def _load_adapter(ref: ModelRef, path: str, spec_text: str) -> Model:
                                        merged)
     model = _load(model_ref(f"{merged.base}@{spec_text}"))
     if not isinstance(model.net, Llama):
-        raise SpecqError(f"adapter '{path}': its base '{merged.base}' does not run on specq's native decoder")
+        raise SpecqError(f"adapter '{path}': its base '{merged.base}' does not run on specq's "
+                         "native decoder")
     adapter.merge_float(model.net, merged, adapter.native_weights(merged, model.net))
     return replace(model, ref=ref.base, source=str(merged.path))

@@ -30,7 +30,8 @@ CALIB_LEN = 512  # tokens per GPTQ/AWQ calibration window, unless the model's co
 def canonical(spec_text: str) -> str:
     """The canonical spelling of a precision: the parsed spec's, or a GGUF file's (`file_spec`)."""
     if not isinstance(spec_text, str):
-        raise SpecqError(f"a precision is a string such as 'fp32' or 'int4-g64-gptq', got {spec_text!r}")
+        raise SpecqError("a precision is a string such as 'fp32' or 'int4-g64-gptq', got "
+                         f"{spec_text!r}")
     return str(file_spec.parse(spec_text) if file_spec.names_file(spec_text) else parse(spec_text))
 
 
@@ -43,14 +44,16 @@ def parse(spec_text: str):
     from ..weights.quant import parse_spec
 
     if not isinstance(spec_text, str):
-        raise SpecqError(f"a precision is a string such as 'fp32' or 'int4-g64-gptq', got {spec_text!r}")
+        raise SpecqError("a precision is a string such as 'fp32' or 'int4-g64-gptq', got "
+                         f"{spec_text!r}")
     try:
         return parse_spec(spec_text)
     except ValueError as e:
         raise SpecqError(str(e)) from None
 
 
-def calibration_token_ids(tokenizer, n_samples: int = 32, seq_len: int = 512, seed: int = 0) -> list[torch.Tensor]:
+def calibration_token_ids(tokenizer, n_samples: int = 32, seq_len: int = 512,
+                          seed: int = 0) -> list[torch.Tensor]:
     from ..data import shakespeare_texts, split
     from ..weights.quant import calibration_samples
 
@@ -74,11 +77,13 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
         raise SpecqError("quantization needs a Llama-architecture model (the native module)")
     context = net.config.max_position_embeddings
     seq_len = min(CALIB_LEN, context) if seq_len is None else seq_len
-    if seq_len > context:  # positions past the trained ones, and an attention matrix that grows with seq_len^2
-        raise SpecqError(f"calibration windows of {seq_len} tokens (--calib-len) do not fit the model's context "
-                         f"of {context} tokens")
+    # positions past the trained ones, and an attention matrix that grows with seq_len^2
+    if seq_len > context:
+        raise SpecqError(f"calibration windows of {seq_len} tokens (--calib-len) do not fit the "
+                         f"model's context of {context} tokens")
     try:
-        calibration = calibration_token_ids(tokenizer, n_samples, seq_len) if spec.method in ("gptq", "awq") else None
+        calibration = (calibration_token_ids(tokenizer, n_samples, seq_len)
+                       if spec.method in ("gptq", "awq") else None)
         return quantize_model(net, spec, calibration=calibration, progress=progress)
     except ValueError as e:
         raise SpecqError(str(e)) from None
@@ -90,8 +95,9 @@ def check_plain(spec, name: str = "MODEL") -> None:
     from ..weights.quant.spec import without_qad
 
     if spec.qad:
-        raise SpecqError(f"{name}@{spec} is not built: make it once with `specq qad {name} {without_qad(spec)}` "
-                         "(quantization-aware distillation, minutes on a CPU; docs/guide.md)")
+        raise SpecqError(f"{name}@{spec} is not built: make it once with `specq qad {name} "
+                         f"{without_qad(spec)}` (quantization-aware distillation, minutes on a "
+                         "CPU; docs/guide.md)")
 
 
 def check_quantizable(net: Llama, spec) -> None:
@@ -109,7 +115,8 @@ def check_quantizable(net: Llama, spec) -> None:
             raise SpecqError(str(e)) from None
 
 
-def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str, provenance: dict | None = None) -> None:
+def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str,
+                       provenance: dict | None = None) -> None:
     """A self-contained quantized model directory: HF config + tokenizer + specq quant weights
     (`provenance`: into quant_config.json)."""
     from ..weights.quant import save_quantized

@@ -254,8 +254,8 @@ def split_ref(ref: str) -> tuple[str, str]:
     else at fp32."""
     name, sep, spec = ref.rpartition("@")
     if sep and not spec.strip():
-        raise SpecqError(f"'{ref}' ends in '@' with no precision after it: give one (e.g. {name or 'NAME'}@int8) "
-                         "or leave the '@' out")
+        raise SpecqError(f"'{ref}' ends in '@' with no precision after it: give one (e.g. "
+                         f"{name or 'NAME'}@int8) or leave the '@' out")
     return (name, spec) if sep else (ref, default_precision(ref))
 
 
@@ -285,11 +285,12 @@ def check_adapter_precision(name: str, spec: str) -> None:
     """An adapter merges into float weights or a GGUF file's 4-bit body; no other spec holds it."""
     if file_spec.names_file(spec):
         if not file_spec.parse(spec).int4:
-            raise SpecqError(f"adapter '{name}' changes the weights of its GGUF base, whose own blocks cannot hold "
-                             f"them: load it at gguf-int4 (the default), with any other option after it, or at fp32")
+            raise SpecqError(f"adapter '{name}' changes the weights of its GGUF base, whose own "
+                             "blocks cannot hold them: load it at gguf-int4 (the default), with "
+                             "any other option after it, or at fp32")
     elif not precision.parse(spec).is_float:
-        raise SpecqError(f"adapter '{name}': load it at a float precision (fp32, bf16) or, on a GGUF file, at "
-                         f"gguf-int4; not at {precision.parse(spec)}")
+        raise SpecqError(f"adapter '{name}': load it at a float precision (fp32, bf16) or, on a "
+                         f"GGUF file, at gguf-int4; not at {precision.parse(spec)}")
 
 
 def resolve(name: str) -> Path | str:
@@ -317,8 +318,9 @@ def gguf_file(name: str) -> Path:
     if name in BUILTIN_GGUF:
         return BUILTIN_GGUF[name]()
     if not name.endswith(".gguf"):
-        raise SpecqError(f"'@{FILE_PRECISION}' runs a GGUF file at its own precision; '{name}' is not a .gguf file "
-                         f"or a built-in shipped as one ({', '.join(BUILTIN_GGUF)})")
+        raise SpecqError(f"'@{FILE_PRECISION}' runs a GGUF file at its own precision; '{name}' is "
+                         "not a .gguf file or a built-in shipped as one "
+                         f"({', '.join(BUILTIN_GGUF)})")
     path = Path(name).expanduser()
     if not path.is_file():
         raise SpecqError(f"GGUF file not found: {path}")

@@ -13,11 +13,13 @@ def check_target(target: Model) -> None:
     """A model that can be a target: a loaded `Model` (a `Draft` only drafts: a feature draft reads
     another model's hidden states, `self@SPEC` is its target's own weights)."""
     if isinstance(target, Draft):
-        raise SpecqError(f"'{target.ref}' is a {target.kind.name} draft: it drafts for a target and cannot be one")
+        raise SpecqError(f"'{target.ref}' is a {target.kind.name} draft: it drafts for a target "
+                         "and cannot be one")
     if not isinstance(target, Model):
         raise SpecqError(f"the target must be a model from specq.load, got {type(target).__name__}")
     if isinstance(getattr(target.net, "output", None), NarrowHead):
-        raise SpecqError(f"'{target.ref}' has a narrowed head (it scores only some tokens): a draft, not a target")
+        raise SpecqError(f"'{target.ref}' has a narrowed head (it scores only some tokens): a "
+                         "draft, not a target")
 
 
 def check_compatible(draft: Model | Draft, target: Model) -> None:
@@ -25,15 +27,16 @@ def check_compatible(draft: Model | Draft, target: Model) -> None:
     every token of the target's tokenizer; padded vocab rows are allowed."""
     check_target(target)
     if not isinstance(draft, (Model, Draft)):
-        raise SpecqError(f"the draft must be a model from specq.load or None, got {type(draft).__name__}")
+        raise SpecqError("the draft must be a model from specq.load or None, got "
+                         f"{type(draft).__name__}")
     _check_same_vocabulary(draft, target)
     if draft.vocab_size < len(target.tokenizer):
-        raise SpecqError(f"draft '{draft.ref}' has {draft.vocab_size} embedding rows, fewer than the "
-                         f"{len(target.tokenizer)} tokens of target '{target.ref}'")
+        raise SpecqError(f"draft '{draft.ref}' has {draft.vocab_size} embedding rows, fewer than "
+                         f"the {len(target.tokenizer)} tokens of target '{target.ref}'")
 
 
-# (size, hash of the token -> id map) per tokenizer object: building and comparing two 49k-entry maps
-# cost about 80 ms, which the server paid before every speculative request's first token
+# (size, hash of the token -> id map) per tokenizer object: building and comparing two 49k-entry
+# maps cost about 80 ms, which the server paid before every speculative request's first token
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -52,13 +55,15 @@ def _check_same_vocabulary(draft: Model | Draft, target: Model) -> None:
     dv, tv = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
     if dv == tv:
         return
-    differ = sorted((tok for tok in dv.keys() & tv.keys() if dv[tok] != tv[tok]), key=lambda t: dv[t])
+    differ = sorted((tok for tok in dv.keys() & tv.keys() if dv[tok] != tv[tok]),
+                    key=lambda t: dv[t])
     only_draft = sorted(dv.keys() - tv.keys(), key=lambda t: dv[t])
     only_target = sorted(tv.keys() - dv.keys(), key=lambda t: tv[t])
     parts = []
     if differ:
         t = differ[0]
-        parts.append(f"{len(differ)} tokens have different ids (e.g. {t!r}: draft {dv[t]}, target {tv[t]})")
+        parts.append(f"{len(differ)} tokens have different ids (e.g. {t!r}: draft {dv[t]}, target "
+                     f"{tv[t]})")
     if only_draft:
         parts.append(f"{len(only_draft)} tokens only in the draft (e.g. {only_draft[0]!r})")
     if only_target:

@@ -32,62 +32,77 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 SEPARATE = {
     "attention_norm.weight": ("input_layernorm.weight",),
     "ffn_norm.weight": ("post_attention_layernorm.weight",),
-    "attention.wqkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attention.wqkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                              "self_attn.v_proj.weight"),
     "attention.wo.weight": ("self_attn.o_proj.weight",),
     "feed_forward.w13.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "feed_forward.w2.weight": ("mlp.down_proj.weight",),
 }
-FUSED = SEPARATE | {"attention.wqkv.weight": ("self_attn.qkv_proj.weight",),  # Phi-3: [q; k; v], [gate; up]
+# Phi-3: [q; k; v], [gate; up]
+FUSED = SEPARATE | {"attention.wqkv.weight": ("self_attn.qkv_proj.weight",),
                     "feed_forward.w13.weight": ("mlp.gate_up_proj.weight",)}
 # The tensors a feature adds (a `LlamaConfig` switch -> its tensors).
 FEATURE_TENSORS = {
-    "qkv_bias": {"attention.qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")},
+    "qkv_bias": {"attention.qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                                        "self_attn.v_proj.bias")},
     "qk_norm": {"attention.q_norm.weight": ("self_attn.q_norm.weight",),
                 "attention.k_norm.weight": ("self_attn.k_norm.weight",)},
     "post_norms": {"ffn_norm.weight": ("pre_feedforward_layernorm.weight",),
                    "post_attention_norm.weight": ("post_attention_layernorm.weight",),
                    "post_ffn_norm.weight": ("post_feedforward_layernorm.weight",)},
 }
-GLOBAL = {"tok_embeddings.weight": ("model.embed_tokens.weight",), "norm.weight": ("model.norm.weight",)}
+GLOBAL = {"tok_embeddings.weight": ("model.embed_tokens.weight",),
+          "norm.weight": ("model.norm.weight",)}
 HEAD = {"output.weight": ("lm_head.weight",)}
 
 
 @dataclass(frozen=True)
 class Architecture:
-    """One architecture of the Llama family: its names in each file format and its fixed switches."""
+    """One architecture of the Llama family: its names in each file format
+    and its fixed switches."""
 
     model_type: str  # transformers' config.model_type
     hf_class: str  # `architectures` in a saved config.json
     gguf: str  # llama.cpp's general.architecture
     layout: dict = field(default_factory=lambda: SEPARATE)  # the checkpoint's layer tensors
     features: dict = field(default_factory=dict)  # LlamaConfig switches every model of it has
-    windows: str = "none"  # sliding windows in config.json: none, all (every layer), layer_types, switched
-    # (layer_types, on only with use_sliding_window)
+    # sliding windows in config.json: none, all (every layer), layer_types, switched (layer_types,
+    # on only with use_sliding_window)
+    windows: str = "none"
     act_key: str = "hidden_act"  # config.json's name for the activation
-    norm_offset: float = 0.0  # a checkpoint norm weight w means the multiplier offset + w (Gemma's 1 + w)
-    permuted_qk: bool = False  # llama.cpp's converter reorders q/k rows (its rope pairs adjacent dims)
-    gguf_global_every: int = 0  # GGUF files without a sliding_window_pattern: every n-th layer global (0: none)
-    gguf_local_theta: float | None = None  # GGUF files without rope.freq_base_swa: the sliding layers' base
+    # a checkpoint norm weight w means the multiplier offset + w (Gemma's 1 + w)
+    norm_offset: float = 0.0
+    # llama.cpp's converter reorders q/k rows (its rope pairs adjacent dims)
+    permuted_qk: bool = False
+    # GGUF files without a sliding_window_pattern: every n-th layer global (0: none)
+    gguf_global_every: int = 0
+    # GGUF files without rope.freq_base_swa: the sliding layers' base
+    gguf_local_theta: float | None = None
 
 
 GEMMA3 = {"qk_norm": True, "post_norms": True, "scale_embeddings": True}
 ARCHITECTURES = {a.model_type: a for a in (
     Architecture("llama", "LlamaForCausalLM", "llama", permuted_qk=True),  # Llama 2 / 3.x, SmolLM2
     Architecture("mistral", "MistralForCausalLM", "llama", windows="all", permuted_qk=True),
-    Architecture("qwen2", "Qwen2ForCausalLM", "qwen2", features={"qkv_bias": True}, windows="switched"),
-    Architecture("qwen3", "Qwen3ForCausalLM", "qwen3", features={"qk_norm": True}, windows="switched"),
-    Architecture("gemma3_text", "Gemma3ForCausalLM", "gemma3", features=GEMMA3, windows="layer_types",
-                 act_key="hidden_activation", norm_offset=1.0, gguf_global_every=6, gguf_local_theta=10000.0),
+    Architecture("qwen2", "Qwen2ForCausalLM", "qwen2", features={"qkv_bias": True},
+                 windows="switched"),
+    Architecture("qwen3", "Qwen3ForCausalLM", "qwen3", features={"qk_norm": True},
+                 windows="switched"),
+    Architecture("gemma3_text", "Gemma3ForCausalLM", "gemma3", features=GEMMA3,
+                 windows="layer_types", act_key="hidden_activation", norm_offset=1.0,
+                 gguf_global_every=6, gguf_local_theta=10000.0),
     Architecture("phi3", "Phi3ForCausalLM", "phi3", layout=FUSED, windows="all"),
 )}
-# A GGUF architecture -> the model_type its files are read as (and the one with a window, where llama.cpp
-# writes both as one: Mistral files are llama files with a window).
-GGUF_ARCHITECTURES = {"llama": ("llama", "mistral"), "qwen2": ("qwen2", "qwen2"), "qwen3": ("qwen3", "qwen3"),
-                      "gemma3": ("gemma3_text", "gemma3_text"), "phi3": ("phi3", "phi3")}
+# A GGUF architecture -> the model_type its files are read as (and the one with a window, where
+# llama.cpp writes both as one: Mistral files are llama files with a window).
+GGUF_ARCHITECTURES = {"llama": ("llama", "mistral"), "qwen2": ("qwen2", "qwen2"),
+                      "qwen3": ("qwen3", "qwen3"), "gemma3": ("gemma3_text", "gemma3_text"),
+                      "phi3": ("phi3", "phi3")}
 
-# transformers config attributes that no switch covers: set (truthy) -> why the model runs on transformers.
-REFUSED = {"attention_bias": "attention biases beyond q/k/v (attention_bias)", "mlp_bias": "feed-forward biases",
-           "final_logit_softcapping": "final logit softcapping",
+# transformers config attributes that no switch covers: set (truthy) -> why the model
+# runs on transformers.
+REFUSED = {"attention_bias": "attention biases beyond q/k/v (attention_bias)",
+           "mlp_bias": "feed-forward biases", "final_logit_softcapping": "final logit softcapping",
            "attn_logit_softcapping": "attention logit softcapping",
            "use_bidirectional_attention": "bidirectional attention"}
 
@@ -96,7 +111,8 @@ REFUSED = {"attention_bias": "attention biases beyond q/k/v (attention_bias)", "
 
 def _rope_parameters(hf) -> dict:
     """transformers' rope parameters: one dict, or one per layer type (Gemma 3)."""
-    return getattr(hf, "rope_parameters", None) or {"rope_theta": getattr(hf, "rope_theta", 10000.0)}
+    return (getattr(hf, "rope_parameters", None)
+            or {"rope_theta": getattr(hf, "rope_theta", 10000.0)})
 
 
 def _rope_type(params: dict) -> str:
@@ -106,7 +122,8 @@ def _rope_type(params: dict) -> str:
 def _scaling(params: dict) -> dict | None:
     """The rope scaling of one layer type's parameters, None when unscaled."""
     kind = _rope_type(params)
-    return None if kind == "default" else {"rope_type": kind, **{k: params[k] for k in rope.SCALING_KEYS[kind]}}
+    return (None if kind == "default"
+            else {"rope_type": kind, **{k: params[k] for k in rope.SCALING_KEYS[kind]}})
 
 
 def _activation(hf) -> str:
@@ -114,7 +131,8 @@ def _activation(hf) -> str:
 
 
 def _layer_types(hf) -> list[str]:
-    """Each layer's type; configs without `layer_types` (Mistral, Phi-3) slide every layer when they have a window."""
+    """Each layer's type; configs without `layer_types` (Mistral, Phi-3) slide every layer
+    when they have a window."""
     every = "sliding_attention" if getattr(hf, "sliding_window", None) else "full_attention"
     return getattr(hf, "layer_types", None) or [every] * hf.num_hidden_layers
 
@@ -148,16 +166,21 @@ def fields_from_hf(hf) -> dict:
     params = _rope_parameters(hf)
     full, local = params.get("full_attention", params), params.get("sliding_attention")
     window = getattr(hf, "sliding_window", None)
-    sliding = tuple(i for i, t in enumerate(_layer_types(hf)) if t == "sliding_attention") if window else ()
+    sliding = (tuple(i for i, t in enumerate(_layer_types(hf)) if t == "sliding_attention")
+               if window else ())
     heads = hf.num_attention_heads
     return dict(
-        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
-        num_layers=hf.num_hidden_layers, num_heads=heads, num_kv_heads=hf.num_key_value_heads or heads,
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads, rms_norm_eps=hf.rms_norm_eps,
-        rope_theta=float(full.get("rope_theta", 10000.0)), tie_word_embeddings=bool(hf.tie_word_embeddings),
-        max_position_embeddings=hf.max_position_embeddings, architecture=arch.model_type, rope_scaling=_scaling(full),
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers, num_heads=heads,
+        num_kv_heads=hf.num_key_value_heads or heads, head_dim=getattr(hf, "head_dim", None)
+        or hf.hidden_size // heads, rms_norm_eps=hf.rms_norm_eps,
+        rope_theta=float(full.get("rope_theta", 10000.0)),
+        tie_word_embeddings=bool(hf.tie_word_embeddings),
+        max_position_embeddings=hf.max_position_embeddings, architecture=arch.model_type,
+        rope_scaling=_scaling(full),
         rope_local_theta=float(local["rope_theta"]) if local and sliding else None,
-        sliding_window=window if sliding else None, sliding_layers=sliding, hidden_act=_activation(hf),
+        sliding_window=window if sliding else None, sliding_layers=sliding,
+        hidden_act=_activation(hf),
         query_pre_attn_scalar=getattr(hf, "query_pre_attn_scalar", None), **arch.features)
 
 
@@ -170,18 +193,23 @@ def hf_config(c):
     full = {"rope_type": "default", "rope_theta": c.rope_theta, **(c.rope_scaling or {})}
     sliding = set(c.sliding_layers) if c.sliding_window else set()
     out = dict(architectures=[arch.hf_class], vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-               intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-               num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-               tie_word_embeddings=c.tie_word_embeddings, max_position_embeddings=c.max_position_embeddings,
-               rope_parameters=full, bos_token_id=None, eos_token_id=None, pad_token_id=None,  # the tokenizer's
+               intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
+               num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+               head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+               tie_word_embeddings=c.tie_word_embeddings,
+               max_position_embeddings=c.max_position_embeddings,
+               # the tokenizer's
+               rope_parameters=full, bos_token_id=None, eos_token_id=None, pad_token_id=None,
                **{arch.act_key: c.hidden_act})
     if c.rope_local_theta is not None:
         out["rope_parameters"] = {"full_attention": full,
-                                  "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}}
+                                  "sliding_attention": {"rope_type": "default",
+                                                        "rope_theta": c.rope_local_theta}}
     if c.query_pre_attn_scalar is not None:
         out["query_pre_attn_scalar"] = c.query_pre_attn_scalar
     if arch.windows == "all" and sliding not in (set(), set(range(c.num_layers))):
-        raise ValueError(f"{c.architecture} slides every layer or none, not layers {sorted(sliding)}")
+        raise ValueError(f"{c.architecture} slides every layer or none, not layers "
+                         f"{sorted(sliding)}")
     if arch.windows == "none" and sliding:
         raise ValueError(f"{c.architecture} has no sliding windows")
     if arch.windows != "none":
@@ -216,7 +244,8 @@ def hf_tensor_names(c) -> dict[str, tuple[str, ...]]:
 def part_rows(hf_name: str, c) -> int:
     """Rows of one part of a fused native tensor (split when saving)."""
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    sizes = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": c.intermediate_size, "up_proj": c.intermediate_size}
+    sizes = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": c.intermediate_size,
+             "up_proj": c.intermediate_size}
     return sizes[hf_name.rsplit(".", 2)[-2]]
 
 
@@ -228,14 +257,16 @@ def native_state_dict(sd: dict[str, Tensor], c) -> dict[str, Tensor]:
     out = {}
     for native, hf in hf_tensor_names(c).items():
         tensor = torch.cat([sd[h] for h in hf]) if len(hf) > 1 else sd[hf[0]]
-        out[native] = tensor.float() + offset if offset and native.endswith("norm.weight") else tensor
+        out[native] = (tensor.float() + offset
+                       if offset and native.endswith("norm.weight") else tensor)
     if c.tie_word_embeddings:
         out["output.weight"] = out["tok_embeddings.weight"]
     return out
 
 
 def hf_state_dict(sd: dict[str, Tensor], c) -> dict[str, Tensor]:
-    """The inverse of `native_state_dict`: a native state dict in its architecture's checkpoint layout."""
+    """The inverse of `native_state_dict`: a native state dict in its
+    architecture's checkpoint layout."""
     offset = ARCHITECTURES[c.architecture].norm_offset
     out = {}
     for native, hf in hf_tensor_names(c).items():
@@ -248,10 +279,12 @@ def hf_state_dict(sd: dict[str, Tensor], c) -> dict[str, Tensor]:
 # ------------------------------------------------------------------ GGUF files
 
 def gguf_tensor_names(c) -> dict[str, tuple[str, ...]]:
-    """Every native parameter -> the GGUF tensors it is made of, as llama.cpp's converter names them."""
+    """Every native parameter -> the GGUF tensors it is made of, as llama.cpp's
+    converter names them."""
     import gguf
 
-    arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}[ARCHITECTURES[c.architecture].gguf]
+    arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}[
+        ARCHITECTURES[c.architecture].gguf]
     table = gguf.get_tensor_name_map(arch, c.num_layers)
 
     def name(hf: str) -> str:
@@ -267,16 +300,19 @@ def fields_from_gguf(arch: str, get, tensors: dict) -> dict:
     """`LlamaConfig` fields from a GGUF file's metadata (`get(key, default)`) and tensors (name ->
     gguf.ReaderTensor); what the native decoder cannot run exactly is a `SpecqError` naming it."""
     if arch not in GGUF_ARCHITECTURES:
-        raise SpecqError(f"holds a {arch!r} model; specq reads GGUF files of {', '.join(GGUF_ARCHITECTURES)}")
+        raise SpecqError(f"holds a {arch!r} model; specq reads GGUF files of "
+                         f"{', '.join(GGUF_ARCHITECTURES)}")
     plain, windowed = (ARCHITECTURES[t] for t in GGUF_ARCHITECTURES[arch])
 
     def key(name: str, default=None):
         return get(f"{arch}.{name}", default)
 
-    heads, hidden, layers = int(key("attention.head_count")), int(key("embedding_length")), int(key("block_count"))
+    heads, hidden, layers = (int(key("attention.head_count")), int(key("embedding_length")),
+                             int(key("block_count")))
     head_dim = int(key("attention.key_length", hidden // heads))
     window = int(key("attention.sliding_window", 0) or 0) or None
-    sliding = _gguf_sliding_layers(key("attention.sliding_window_pattern", plain.gguf_global_every), layers) \
+    sliding = _gguf_sliding_layers(key("attention.sliding_window_pattern", plain.gguf_global_every),
+                                   layers) \
         if window else ()
     theta = float(key("rope.freq_base", 10000.0))
     refused = _gguf_refusal(key, tensors, head_dim, arch)
@@ -286,22 +322,29 @@ def fields_from_gguf(arch: str, get, tensors: dict) -> dict:
     local = key("rope.freq_base_swa", plain.gguf_local_theta) if sliding else None
     a = windowed if sliding else plain
     return dict(
-        vocab_size=int(key("vocab_size", 0) or tensors["token_embd.weight"].shape[-1]), hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")), num_layers=layers, num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv", heads)), head_dim=head_dim,
+        vocab_size=int(key("vocab_size", 0) or tensors["token_embd.weight"].shape[-1]),
+        hidden_size=hidden, intermediate_size=int(key("feed_forward_length")), num_layers=layers,
+        num_heads=heads, num_kv_heads=int(key("attention.head_count_kv", heads)), head_dim=head_dim,
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=theta,
-        tie_word_embeddings="output.weight" not in tensors, max_position_embeddings=int(key("context_length", 2048)),
-        architecture=a.model_type, rope_scaling=scaling, rope_local_theta=None if local is None else float(local),
-        sliding_window=window if sliding else None, sliding_layers=sliding, hidden_act=_GGUF_ACTIVATION[arch],
-        query_pre_attn_scalar=_GGUF_QUERY_SCALAR[arch](hidden, heads, head_dim, layers), **a.features)
+        tie_word_embeddings="output.weight" not in tensors,
+        max_position_embeddings=int(key("context_length", 2048)), architecture=a.model_type,
+        rope_scaling=scaling, rope_local_theta=None if local is None else float(local),
+        sliding_window=window if sliding else None, sliding_layers=sliding,
+        hidden_act=_GGUF_ACTIVATION[arch],
+        query_pre_attn_scalar=_GGUF_QUERY_SCALAR[arch](hidden, heads, head_dim, layers),
+        **a.features)
 
 
-GGUF_CONFIG_TENSORS = ("rope_freqs.weight",)  # tensors that are configuration (Llama 3.x's rope scaling)
+# tensors that are configuration (Llama 3.x's rope scaling)
+GGUF_CONFIG_TENSORS = ("rope_freqs.weight",)
 # What llama.cpp builds per architecture, where its files carry no key for it.
-_GGUF_ACTIVATION = {"llama": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3": "gelu_pytorch_tanh", "phi3": "silu"}
-_GGUF_QUERY_SCALAR = {  # llama.cpp's gemma3: scores scaled by head_dim ** -0.5, but hidden / heads on the 27B
+_GGUF_ACTIVATION = {"llama": "silu", "qwen2": "silu", "qwen3": "silu",
+                    "gemma3": "gelu_pytorch_tanh", "phi3": "silu"}
+# llama.cpp's gemma3: scores scaled by head_dim ** -0.5, but hidden / heads on the 27B
+_GGUF_QUERY_SCALAR = {
     "gemma3": lambda hidden, heads, head_dim, layers: hidden // heads if layers == 62 else head_dim}
-_GGUF_QUERY_SCALAR.update({a: lambda *_: None for a in GGUF_ARCHITECTURES if a not in _GGUF_QUERY_SCALAR})
+_GGUF_QUERY_SCALAR.update({a: lambda *_: None for a in GGUF_ARCHITECTURES
+                           if a not in _GGUF_QUERY_SCALAR})
 
 
 def _gguf_sliding_layers(pattern, layers: int) -> tuple[int, ...]:
@@ -334,12 +377,14 @@ def _gguf_refusal(key, tensors: dict, head_dim: int, arch: str) -> str | None:
 
 
 def _gguf_scaling(key, tensors: dict, theta: float, head_dim: int, arch: str) -> dict | None:
-    """The rope scaling of a GGUF file: linear from its metadata, Llama 3.x's from its rope_freqs tensor."""
+    """The rope scaling of a GGUF file: linear from its metadata, Llama 3.x's from
+    its rope_freqs tensor."""
     if key("rope.scaling.type") == "linear" and float(key("rope.scaling.factor", 1.0)) != 1.0:
         return {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     if "rope_freqs.weight" not in tensors:
         return None
-    divisors = torch.from_numpy(np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64).reshape(-1))
+    divisors = torch.from_numpy(np.asarray(tensors["rope_freqs.weight"].data,
+                                           dtype=np.float64).reshape(-1))
     if torch.all(divisors == 1):
         return None
     scaling = rope.llama3_from_divisors(divisors, theta, head_dim)

@@ -57,13 +57,15 @@ class FeatureDraft(nn.Module):
         embedding = target.tok_embeddings
         shape = (embedding.num_embeddings, embedding.embedding_dim)
         if shape != (self.target_vocab_size, self.config.hidden_size):
-            raise SpecqError(f"this feature draft was made for a target with vocabulary {self.target_vocab_size} "
-                             f"and hidden size {self.config.hidden_size}, not {shape}")
+            raise SpecqError("this feature draft was made for a target with vocabulary "
+                             f"{self.target_vocab_size} and hidden size {self.config.hidden_size}, "
+                             f"not {shape}")
         self._embedding = (embedding,)  # a tuple: not a submodule (never saved, never trained)
         return self
 
     def embed(self, ids: Tensor) -> Tensor:
-        """The target's embedding of `ids` [...] -> [..., hidden] in the draft's dtype (no gradient)."""
+        """The target's embedding of `ids` [...] -> [..., hidden] in the draft's
+        dtype (no gradient)."""
         with torch.no_grad():
             return self._embedding[0](ids).to(self.dtype)
 
@@ -75,8 +77,9 @@ class FeatureDraft(nn.Module):
         self.body._ensure_rope(capacity)
         return KVCache(self.config, capacity, self.dtype)
 
-    def forward(self, ids: Tensor, features: Tensor, cache: KVCache | None = None, positions: Tensor | None = None,
-                mask: Tensor | None = None, ex: Execution = EAGER) -> tuple[Tensor, Tensor]:
+    def forward(self, ids: Tensor, features: Tensor, cache: KVCache | None = None,
+                positions: Tensor | None = None, mask: Tensor | None = None,
+                ex: Execution = EAGER) -> tuple[Tensor, Tensor]:
         """Rows (ids[i], features[i]) -> (head logits over the subset [.., n, V_sub] (float),
         predicted next features [.., n, hidden]). 1-D ids with a cache (decoding), or [B, n]
         without one (training, from position 0). `positions` and `mask`: a token tree's rows, as
@@ -120,7 +123,8 @@ class FeatureDraft(nn.Module):
             x = self.fc(torch.cat([self.embed(tokens), features.to(self.dtype)], dim=-1))
             rope = slice(k, k + rows)
             prior = Prior(keys, values, torch.cat([causal] + [diagonal] * k, dim=1))
-            x = body.decoder_pass(x, body.rope_cos[rope], body.rope_sin[rope], prior, body._local(rope))
+            x = body.decoder_pass(x, body.rope_cos[rope], body.rope_sin[rope], prior,
+                                  body._local(rope))
             features = body.norm(x)
             out.append(features)
         return out
@@ -136,15 +140,17 @@ class FeatureDraft(nn.Module):
         return out
 
 
-def new_feature_draft(target: Llama, vocab_ids: Tensor, layers: int = 1, seed: int = 0) -> FeatureDraft:
+def new_feature_draft(target: Llama, vocab_ids: Tensor, layers: int = 1,
+                      seed: int = 0) -> FeatureDraft:
     """A fresh feature draft for `target`: random decoder layers, fc starting as [noise | I] (the
     feature passes through), final norm and head rows (the subset's) taken from the target."""
     torch.manual_seed(seed)
     c = target.config
     config = LlamaConfig(vocab_size=vocab_ids.numel(), hidden_size=c.hidden_size,
-                         intermediate_size=c.intermediate_size, num_layers=layers, num_heads=c.num_heads,
-                         num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-                         rope_theta=c.rope_theta, tie_word_embeddings=True,
+                         intermediate_size=c.intermediate_size, num_layers=layers,
+                         num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                         rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                         tie_word_embeddings=True,
                          max_position_embeddings=c.max_position_embeddings)
     draft = FeatureDraft(config, vocab_ids, c.vocab_size)
     with torch.no_grad():
@@ -170,20 +176,25 @@ def head_rows(target: Llama, ids: Tensor) -> Tensor:
     return target.tok_embeddings(ids).float()
 
 
-def save(draft: FeatureDraft, directory: Path | str, tokenizer, eos_ids, info: dict | None = None) -> None:
+def save(draft: FeatureDraft, directory: Path | str, tokenizer, eos_ids,
+         info: dict | None = None) -> None:
     """`write` atomically: `directory` is complete or untouched."""
     atomic.write_dir(Path(directory), lambda tmp: write(draft, tmp, tokenizer, eos_ids, info))
 
 
-def write(draft: FeatureDraft, directory: Path, tokenizer, eos_ids, info: dict | None = None) -> None:
+def write(draft: FeatureDraft, directory: Path, tokenizer, eos_ids,
+          info: dict | None = None) -> None:
     """Write the draft (bf16 weights, no token embedding: that is the target's), its target's
     tokenizer and EOS ids into `directory`."""
     from safetensors.torch import save_file
 
-    state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in draft.state_dict().items()}
-    state = {k: v.contiguous() for k, v in state.items() if k != "body.tok_embeddings.weight"}  # = output.weight
+    state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+             for k, v in draft.state_dict().items()}
+    # = output.weight
+    state = {k: v.contiguous() for k, v in state.items() if k != "body.tok_embeddings.weight"}
     save_file(state, directory / WEIGHTS_FILE, metadata={"format": "pt"})
-    meta = {"kind": KIND, "config": asdict(draft.config), "target_vocab_size": draft.target_vocab_size, **(info or {})}
+    meta = {"kind": KIND, "config": asdict(draft.config),
+            "target_vocab_size": draft.target_vocab_size, **(info or {})}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
     tokenizer.save_pretrained(directory)
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(eos_ids)}))
@@ -214,12 +225,15 @@ def restrict_head(draft: FeatureDraft, keep: Tensor) -> FeatureDraft:
     keep = torch.unique(keep.long())
     rows = draft.subset_index(keep)
     if (rows < 0).any():
-        raise SpecqError(f"{int((rows < 0).sum())} of the tokens to keep are not in the draft's head")
+        raise SpecqError(f"{int((rows < 0).sum())} of the tokens to keep are not in the draft's "
+                         "head")
     config = LlamaConfig(**{**asdict(draft.config), "vocab_size": keep.numel()})
     out = FeatureDraft(config, keep, draft.target_vocab_size).to(draft.dtype)
-    state = {k: v for k, v in draft.state_dict().items() if k not in ("vocab_ids", "body.output.weight")}
+    state = {k: v for k, v in draft.state_dict().items() if k not in ("vocab_ids",
+                                                                      "body.output.weight")}
     state["body.tok_embeddings.weight"] = draft.body.tok_embeddings.weight.detach()[rows]
-    out.load_state_dict(state | {"vocab_ids": keep, "body.output.weight": state["body.tok_embeddings.weight"]})
+    out.load_state_dict(state | {"vocab_ids": keep,
+                                 "body.output.weight": state["body.tok_embeddings.weight"]})
     out._embedding = draft._embedding
     return out
 
@@ -238,9 +252,11 @@ def load(directory: Path | str, dtype: torch.dtype = torch.float32) -> FeatureDr
         if meta.get("kind") != KIND:
             raise ValueError(f"kind is {meta.get('kind')!r}")
         state = load_file(directory / WEIGHTS_FILE)
-        draft = FeatureDraft(LlamaConfig(**meta["config"]), state["vocab_ids"], meta["target_vocab_size"])
+        draft = FeatureDraft(LlamaConfig(**meta["config"]), state["vocab_ids"],
+                             meta["target_vocab_size"])
         state["body.tok_embeddings.weight"] = state["body.output.weight"]
-        draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+        draft.load_state_dict(
+            {k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
         raise SpecqError(f"'{directory}' is not a readable feature draft ({e})") from None
     return draft.to(dtype).eval()

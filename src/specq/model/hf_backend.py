@@ -66,5 +66,6 @@ class HFCausalLM(nn.Module):
         """`Llama.forward_many`'s contract, one sequence per pass (chains only, no hidden states:
         token trees and feature drafts need the native module)."""
         if return_hidden or any(s.positions is not None or s.mask is not None for s in seqs):
-            raise ValueError("a transformers target verifies chains only and has no hidden states to hand out")
+            raise ValueError("a transformers target verifies chains only and has no hidden states "
+                             "to hand out")
         return [(self(s.ids, s.cache, s.last_only), None) for s in seqs]

@@ -64,17 +64,25 @@ class LlamaConfig:
     max_position_embeddings: int = 8192
     # How the Llama family's architectures differ (`architectures.py` reads them from config.json or
     # GGUF metadata); the defaults are Llama's.
-    architecture: str = "llama"  # transformers' model_type of the checkpoint (saving writes that layout back)
-    rope_scaling: dict | None = None  # of full-attention layers: {"rope_type": "linear" | "llama3", ...}
-    rope_local_theta: float | None = None  # rope base of the sliding layers, where it is their own (Gemma 3)
-    sliding_window: int | None = None  # on a sliding layer, the row at position i sees keys (i - window, i]
+    # transformers' model_type of the checkpoint (saving writes that layout back)
+    architecture: str = "llama"
+    # of full-attention layers: {"rope_type": "linear" | "llama3", ...}
+    rope_scaling: dict | None = None
+    # rope base of the sliding layers, where it is their own (Gemma 3)
+    rope_local_theta: float | None = None
+    # on a sliding layer, the row at position i sees keys (i - window, i]
+    sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
     qkv_bias: bool = False  # biases of the q, k and v projections (Qwen2)
-    qk_norm: bool = False  # RMSNorm over each head's queries and keys before the rotation (Qwen3, Gemma 3)
-    post_norms: bool = False  # RMSNorm of the attention and feed-forward outputs before each residual add (Gemma 3)
-    hidden_act: str = "silu"  # the gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+    # RMSNorm over each head's queries and keys before the rotation (Qwen3, Gemma 3)
+    qk_norm: bool = False
+    # RMSNorm of the attention and feed-forward outputs before each residual add (Gemma 3)
+    post_norms: bool = False
+    # the gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+    hidden_act: str = "silu"
     scale_embeddings: bool = False  # token embeddings times sqrt(hidden_size) (Gemma)
-    query_pre_attn_scalar: float | None = None  # attention scores scaled by its ** -0.5 (None: head_dim's)
+    # attention scores scaled by its ** -0.5 (None: head_dim's)
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self):
         self.sliding_layers = tuple(self.sliding_layers)  # a list when read back from JSON
@@ -124,8 +132,10 @@ class KVCache:
         """Keep the rows start + rows (in that order) right after the first `start` and drop the
         rest: the accepted path of a token tree becomes contiguous. A prefix is a plain crop."""
         n = rows.shape[0]
-        if start + n > self.length or (n and (int(rows.min()) < 0 or start + int(rows.max()) >= self.length)):
-            raise ValueError(f"cannot keep rows {rows.tolist()} after {start} of a cache of length {self.length}")
+        if (start + n > self.length
+            or (n and (int(rows.min()) < 0 or start + int(rows.max()) >= self.length))):
+            raise ValueError(f"cannot keep rows {rows.tolist()} after {start} of a cache of length "
+                             f"{self.length}")
         if not torch.equal(rows, torch.arange(n)):
             slots = start + rows
             self.k[:, :, :, start:start + n] = self.k[:, :, :, slots]
@@ -138,7 +148,8 @@ class Visibility(NamedTuple):
     verification) is causal; a token tree sees the cached prefix plus the row's own ancestors."""
 
     mask: Tensor | None  # [n, end] bool, for fused attention; None: a single row sees every key
-    rows: list[Tensor] | None  # per row, its key slots in order, for row-by-row attention; None: causal
+    # per row, its key slots in order, for row-by-row attention; None: causal
+    rows: list[Tensor] | None
 
 
 def visibility(cache: KVCache, n: int, mask: Tensor | None) -> Visibility:
@@ -153,7 +164,8 @@ def visibility(cache: KVCache, n: int, mask: Tensor | None) -> Visibility:
     seen_by_all = end - mask.shape[1]
     full = torch.cat([mask.new_ones(n, seen_by_all), mask], dim=1)
     prefix = torch.arange(seen_by_all)
-    return Visibility(full, [torch.cat([prefix, seen_by_all + mask[i].nonzero()[:, 0]]) for i in range(n)])
+    return Visibility(full, [torch.cat([prefix, seen_by_all + mask[i].nonzero()[:, 0]])
+                             for i in range(n)])
 
 
 class Rows(NamedTuple):
@@ -219,17 +231,19 @@ class Attention(nn.Module):
         # The biases sit beside the linear layer, not in it: the bias-free layer then takes the fast
         # path's kernels (row-invariant), and the bias is added afterwards, as `decoder.Stack` does.
         self.wqkv = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if c.qkv_bias else None
+        self.qkv_bias = (nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size))
+                         if c.qkv_bias else None)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.wo = nn.Linear(self.q_size, c.hidden_size, bias=False)
         self.window = c.window(layer)
         scalar = c.query_pre_attn_scalar
-        self.scale = None if scalar is None or scalar == c.head_dim else scalar ** -0.5  # None: head_dim ** -0.5
+        # None: head_dim ** -0.5
+        self.scale = None if scalar is None or scalar == c.head_dim else scalar ** -0.5
 
     def projected(self, x: Tensor, linear=call) -> Tensor:
-        """The q/k/v projection of x [b, n, hidden]: [b, n, (heads + 2 kv_heads) head_dim], biased and
-        with q/k normalized per head where the architecture does so, not yet rotated."""
+        """The q/k/v projection of x [b, n, hidden]: [b, n, (heads + 2 kv_heads) head_dim], biased
+        and with q/k normalized per head where the architecture does so, not yet rotated."""
         qkv = linear(self.wqkv, x)
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
@@ -242,7 +256,8 @@ class Attention(nn.Module):
 
     def rotated(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values [b, heads, n, head_dim] from the `projected` output [b, n, ...],
-        rotated to their positions. Queries and keys are rotated in one go (fewer dispatches per step)."""
+        rotated to their positions. Queries and keys are rotated in one go (fewer
+        dispatches per step)."""
         b, n = qkv.shape[:2]
         heads = self.n_heads + self.n_kv
         qkv = qkv.view(b, n, heads + self.n_kv, self.head_dim).transpose(1, 2)
@@ -251,15 +266,16 @@ class Attention(nn.Module):
         q, k = qk.split([self.n_heads, self.n_kv], dim=1)
         return q, k, v
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: list[Segment] | StaticView | Prior | None,
-                layer: int, linear=call) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
+                kv: list[Segment] | StaticView | Prior | None, layer: int, linear=call) -> Tensor:
         """`kv`: the `Segment` of each sequence whose rows x stacks (decoding), the static view of
         the compiled step, earlier passes' keys and values (`Prior`), or None (training: x [b, n]
         sequences from position 0, no cache). `linear` runs the linear layers (`Execution`)."""
         b, n = x.shape[:2]
         qkv = self.projected(x, linear)
         if isinstance(kv, list):
-            parts = [attend(*self.rotated(qkv[:, s.rows], cos[s.rows], sin[s.rows]), s, layer, self.window, self.scale)
+            parts = [attend(*self.rotated(qkv[:, s.rows], cos[s.rows], sin[s.rows]), s, layer,
+                            self.window, self.scale)
                      for s in kv]
             out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
             return linear(self.wo, out.transpose(1, 2).reshape(1, n, self.q_size))
@@ -267,19 +283,21 @@ class Attention(nn.Module):
         if kv is None:
             mask = None if self.window is None else (
                 torch.ones(n, n, dtype=torch.bool).tril_() & band(torch.arange(n), n, self.window))
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                 scale=self.scale, enable_gqa=True)
         elif isinstance(kv, Prior):
             kv.keys[layer].append(k)
             kv.values[layer].append(v)
             keys, values = torch.cat(kv.keys[layer], dim=2), torch.cat(kv.values[layer], dim=2)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=kv.mask, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=kv.mask,
+                                                 scale=self.scale, enable_gqa=True)
         else:  # compiled: fixed shapes, positions as a tensor
             kv.k[layer].index_copy_(2, kv.positions, k)
             kv.v[layer].index_copy_(2, kv.positions, v)
-            mask = kv.mask if self.window is None else kv.mask & band(kv.positions, kv.mask.shape[1], self.window)
-            out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=mask, scale=self.scale,
-                                                 enable_gqa=True)
+            mask = (kv.mask if self.window is None
+                    else kv.mask & band(kv.positions, kv.mask.shape[1], self.window))
+            out = F.scaled_dot_product_attention(q, kv.k[layer], kv.v[layer], attn_mask=mask,
+                                                 scale=self.scale, enable_gqa=True)
         return linear(self.wo, out.transpose(1, 2).reshape(b, n, self.q_size))
 
 
@@ -290,21 +308,24 @@ def by_rows(start: int, n: int) -> bool:
 
 
 def band(positions: Tensor, keys: int, window: int) -> Tensor:
-    """[n, keys] bool: key slot j is within the sliding window of the row at positions[r], j > p - window
-    (slots are positions on the paths this applies to: chains, and fused passes from position 0)."""
+    """[n, keys] bool: key slot j is within the sliding window of the row at positions[r], j > p -
+    window (slots are positions on the paths this applies to: chains, and fused
+    passes from position 0)."""
     return torch.arange(keys) > positions[:, None] - window
 
 
 def windowed(seen: Visibility, start: int, n: int, end: int, window: int) -> Visibility:
-    """`seen` cut to a sliding window: each row keeps the last `window` keys of its own path (a token
-    tree's row sees one key per position up to its own, in order, so those are the keys of the window)."""
+    """`seen` cut to a sliding window: each row keeps the last `window` keys of its own path (a
+    token tree's row sees one key per position up to its own, in order, so those are the
+    keys of the window)."""
     if seen.rows is not None:
         rows = [r[-window:] for r in seen.rows]
         mask = torch.zeros(n, end, dtype=torch.bool)
         for i, r in enumerate(rows):
             mask[i, r] = True
         return Visibility(mask, rows)
-    mask = None if seen.mask is None else seen.mask & band(torch.arange(start, start + n), end, window)
+    mask = None if seen.mask is None else seen.mask & band(torch.arange(start, start + n),
+                                                           end, window)
     return Visibility(mask, None)
 
 
@@ -324,16 +345,17 @@ def attend(q: Tensor, k: Tensor, v: Tensor, segment: Segment, layer: int, window
         seen = windowed(seen, start, n, end, window)
     if n == 1 and seen.rows is None:  # a step: its keys are the last `window` (or all) before it
         first = 0 if window is None else max(0, end - window)
-        return F.scaled_dot_product_attention(q, keys[:, :, first:end], values[:, :, first:end], scale=scale,
-                                              enable_gqa=True)
-    if not by_rows(start, n):  # a prefill
-        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=seen.mask,
+        return F.scaled_dot_product_attention(q, keys[:, :, first:end], values[:, :, first:end],
                                               scale=scale, enable_gqa=True)
+    if not by_rows(start, n):  # a prefill
+        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end],
+                                              attn_mask=seen.mask, scale=scale, enable_gqa=True)
     if seen.rows is None:  # a chain verify pass: each row exactly as a one-token step computes it
         firsts = [0 if window is None else max(0, start + i + 1 - window) for i in range(n)]
         return torch.cat([F.scaled_dot_product_attention(
-            q[:, :, i:i + 1], keys[:, :, firsts[i]:start + i + 1], values[:, :, firsts[i]:start + i + 1],
-            scale=scale, enable_gqa=True) for i in range(n)], dim=2)
+            q[:, :, i:i + 1], keys[:, :, firsts[i]:start + i + 1],
+            values[:, :, firsts[i]:start + i + 1], scale=scale, enable_gqa=True) for i in range(n)],
+                         dim=2)
     # a tree node sees the prefix and its ancestors: the keys of the step at its position
     return torch.cat([F.scaled_dot_product_attention(
         q[:, :, i:i + 1], keys.index_select(2, rows), values.index_select(2, rows),
@@ -367,7 +389,8 @@ class Block(nn.Module):
         # Gemma 3 normalizes each sublayer's output too, before it joins the residual stream.
         self.post_attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.post_norms else None
         self.post_ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.post_norms else None
-        self.local_rope = c.local_rope(layer)  # rotates by the sliding layers' own rope (`Llama.decoder_pass`)
+        # rotates by the sliding layers' own rope (`Llama.decoder_pass`)
+        self.local_rope = c.local_rope(layer)
 
     def forward(self, x, cos, sin, kv, layer, linear=call):
         h = self.attention(self.attention_norm(x), cos, sin, kv, layer, linear)
@@ -401,7 +424,8 @@ class Llama(nn.Module):
         self._ensure_rope(capacity)
         return KVCache(self.config, capacity, self.dtype)
 
-    local_cos = local_sin = None  # the sliding layers' own rope tables, where they have them (Gemma 3)
+    # the sliding layers' own rope tables, where they have them (Gemma 3)
+    local_cos = local_sin = None
 
     def _ensure_rope(self, length: int) -> None:
         if length <= self._rope_len and self.rope_cos.dtype == self.dtype:
@@ -413,7 +437,8 @@ class Llama(nn.Module):
             self.local_cos, self.local_sin = self._rope_tables(length, c.rope_local_theta, None)
         self._rope_len = length
 
-    def _rope_tables(self, length: int, theta: float, scaling: dict | None) -> tuple[Tensor, Tensor]:
+    def _rope_tables(self, length: int, theta: float,
+                     scaling: dict | None) -> tuple[Tensor, Tensor]:
         """cos, sin [length, head_dim] of positions 0..length-1."""
         inv_freq = rope.inv_freq(theta, self.config.head_dim, scaling)
         angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
@@ -434,17 +459,20 @@ class Llama(nn.Module):
         head's input), which a feature draft reads; the logits are computed exactly as without it.
         A token tree passes each row's `positions` [n] and a `mask` [n, m]: which of the last m keys
         (m >= n: the new rows and some cached ones) each row sees, every earlier key being seen
-        (`visibility`). The default is a chain: consecutive positions, causal. `head`: another output
-        layer for a cached pass's rows (a narrowed head's kept rows, `weights.narrow_head`); the
-        logits are then its outputs. `ex`: how the pass runs (`Execution`; default torch's ops)."""
+        (`visibility`). The default is a chain: consecutive positions, causal. `head`: another
+        output layer for a cached pass's rows (a narrowed head's kept rows, `weights.narrow_head`);
+        the logits are then its outputs. `ex`: how the pass runs (`Execution`;
+        default torch's ops)."""
         if cache is None:
             n = ids.shape[-1]
             self._ensure_rope(n)
             rope = slice(0, n) if positions is None else positions
-            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope), ex)
+            x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None,
+                             self._local(rope), ex)
             logits = self._head(x, last_only, ex)
             return (logits, self.final_norm(x, ex)[0]) if return_hidden else logits
-        logits, hidden = self.stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden, head, ex)[0]
+        logits, hidden = self.stacked([Rows(ids, cache, positions, mask, last_only)], return_hidden,
+                                      head, ex)[0]
         return (logits, hidden) if return_hidden else logits
 
     def stacked(self, seqs: list[Rows], return_hidden: bool, head: nn.Module | None = None,
@@ -459,7 +487,8 @@ class Llama(nn.Module):
         for s in seqs:
             n, start = s.ids.shape[0], s.cache.length
             if start + n > s.cache.capacity:
-                raise ValueError(f"KV cache full: {start + n} positions needed, capacity {s.cache.capacity}")
+                raise ValueError(f"KV cache full: {start + n} positions needed, capacity "
+                                 f"{s.cache.capacity}")
             rope = slice(start, start + n) if s.positions is None else s.positions
             cos.append(self.rope_cos[rope])
             sin.append(self.rope_sin[rope])
@@ -488,7 +517,8 @@ class Llama(nn.Module):
 
     def _layers(self, ids, cos, sin, kv, local=None, ex: Execution = EAGER) -> Tensor:
         x = self.tok_embeddings(ids)
-        if self.config.scale_embeddings:  # as transformers' Gemma: times sqrt(hidden) rounded to the dtype
+        # as transformers' Gemma: times sqrt(hidden) rounded to the dtype
+        if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv, local, ex)
 
@@ -522,7 +552,8 @@ class Llama(nn.Module):
         return ex.linear(self.output, self.final_norm(x, ex))[0].float()
 
     def static_step(self, ids: Tensor, view: StaticView) -> Tensor:
-        """A cached chain step of fixed shapes on torch's ops, for torch.compile (`backends.compiled`):
+        """A cached chain step of fixed shapes on torch's ops, for torch.compile
+        (`backends.compiled`):
         attention over the whole cache buffer, the view's mask hiding slots past each query."""
         cos, sin = self.rope_cos[view.positions], self.rope_sin[view.positions]
         return self._head(self._layers(ids, cos, sin, view, self._local(view.positions)), False)
@@ -549,7 +580,8 @@ PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256)
 
 
 @torch.inference_mode()
-def invariant_rows(net: nn.Module, limit: int, dtype: torch.dtype, linear=call, kernel=lambda m: m) -> int:
+def invariant_rows(net: nn.Module, limit: int, dtype: torch.dtype, linear=call,
+                   kernel=lambda m: m) -> int:
     """The most rows, up to `limit`, that every linear layer of `net` takes at once while computing
     each row bit for bit as it computes that row alone (`dtype` inputs); 1 if none. Why it matters:
     the server stacks rows of several sequences into one pass, and each sequence must get exactly
@@ -560,15 +592,18 @@ def invariant_rows(net: nn.Module, limit: int, dtype: torch.dtype, linear=call, 
     says what runs it (layers of one kernel type and shape are probed once)."""
     layers = {}
     for module in net.modules():
-        if hasattr(module, "in_features") and hasattr(module, "out_features"):  # a linear layer, or wraps one
-            layers.setdefault((type(kernel(module)), module.in_features, module.out_features), module)
+        # a linear layer, or wraps one
+        if hasattr(module, "in_features") and hasattr(module, "out_features"):
+            layers.setdefault((type(kernel(module)), module.in_features, module.out_features),
+                              module)
     generator = torch.Generator().manual_seed(0)
     best = limit
     for layer in layers.values():
         x = torch.randn(limit, layer.in_features, generator=generator).to(dtype)
         for rows in (r for r in PROBE_ROWS + (limit,) if r <= best):
             together = linear(layer, x[:rows])
-            if not all(torch.equal(together[i], linear(layer, x[i:i + 1])[0]) for i in (0, rows - 1)):
+            if not all(torch.equal(together[i], linear(layer, x[i:i + 1])[0])
+                       for i in (0, rows - 1)):
                 best = max([1] + [r for r in PROBE_ROWS if r < rows])
                 break
     return best

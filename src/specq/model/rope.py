@@ -34,7 +34,8 @@ def _llama3(inv_freq: Tensor, p: dict, head_dim: int) -> Tensor:
 SCALINGS = {"linear": _linear, "llama3": _llama3}
 # The keys of each scaling's parameters (as transformers' `rope_parameters` spells them).
 SCALING_KEYS = {"linear": ("factor",),
-                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                           "original_max_position_embeddings")}
 
 
 def inv_freq(theta: float, head_dim: int, scaling: dict | None = None) -> Tensor:
@@ -48,8 +49,9 @@ def llama3_from_divisors(divisors: Tensor, theta: float, head_dim: int) -> dict 
     """The llama3 scaling whose frequencies are base / `divisors` ([head_dim / 2]), or None if none
     is. Why: llama.cpp's converter writes a Llama 3.x file's scaling as those divisors (the
     `rope_freqs` tensor), not as its parameters. They fix the factor (the largest divisor) and the
-    blend, which is linear in 1/wavelength between its two ends; two blended frequencies give the line,
-    and low_freq_factor = 1 picks the one of the equivalent parameter sets that Llama 3.x uses."""
+    blend, which is linear in 1/wavelength between its two ends; two blended frequencies give the
+    line, and low_freq_factor = 1 picks the one of the equivalent parameter sets
+    that Llama 3.x uses."""
     d = divisors.double()
     factor = float(d.max())
     blended = ((d > 1 + 1e-5) & (d < factor * (1 - 1e-5))).nonzero()[:, 0]
@@ -63,7 +65,8 @@ def llama3_from_divisors(divisors: Tensor, theta: float, head_dim: int) -> dict 
     if offset >= 0:
         return None
     high, original = 1 - 1 / offset, -slope / offset
-    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": _round(high),
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+               "high_freq_factor": _round(high),
                "original_max_position_embeddings": _round(original)}
     exact = inv_freq(theta, head_dim) / d
     if not torch.allclose(inv_freq(theta, head_dim, scaling), exact, rtol=1e-5, atol=0):
@@ -72,6 +75,7 @@ def llama3_from_divisors(divisors: Tensor, theta: float, head_dim: int) -> dict 
 
 
 def _round(value: float) -> float | int:
-    """A fitted parameter as the integer it was written as, when it is one (up to the fit's rounding)."""
+    """A fitted parameter as the integer it was written as, when it is one (up to
+    the fit's rounding)."""
     nearest = round(value)
     return int(nearest) if abs(value - nearest) <= 1e-4 * max(1.0, abs(value)) else value

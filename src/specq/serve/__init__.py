@@ -3,7 +3,8 @@
     pool.py       `specq.ModelPool`: the target per precision, its draft, gamma auto's memory
     schemas.py    request bodies (strict; unknown fields are a 400)
     options.py    a request -> the prompt, the draft choice, `specq.generate`'s options
-    engine.py     per served model: bounded queue, one worker thread that batches requests, timeout, cancellation
+    engine.py     per served model: bounded queue, one worker thread that batches requests,
+                  timeout, cancellation
     text.py       streamed text deltas (stop strings and partial characters held back)
     responses.py  OpenAI response bodies and server-sent events
     metrics.py    Prometheus metrics with vLLM's names

@@ -28,7 +28,8 @@ from .options import REGISTRY, plan
 from .responses import DONE, FINISH, Reply, event
 from .schemas import ChatRequest, CompletionRequest, invalid_body, unsupported_values
 
-DISCONNECT_POLL_S = 0.5  # how often a request with no response started checks that its client is still there
+# how often a request with no response started checks that its client is still there
+DISCONNECT_POLL_S = 0.5
 
 
 def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts: set[str],
@@ -53,8 +54,10 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
         if api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer KEY'",
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
+                                                                    api_key.encode()):
+            raise APIError(401, "invalid or missing API key: send the header 'Authorization: "
+                                "Bearer KEY'",
                            code="invalid_api_key")
 
     def engine_for(name: str) -> Engine:
@@ -70,8 +73,8 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
                     return engines[canonical]
         except SpecqError:  # not a ref, or not a precision: served by no engine
             pass
-        raise APIError(404, f"model '{name}' is not served here; served: {', '.join(engines)}", param="model",
-                       code="model_not_found")
+        raise APIError(404, f"model '{name}' is not served here; served: {', '.join(engines)}",
+                       param="model", code="model_not_found")
 
     async def parsed(request: Request, schema: type[BaseModel]) -> BaseModel:
         try:
@@ -86,7 +89,8 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
         engine = engine_for(body.model)
         job_plan = plan(body)
         if job_plan.draft not in (REGISTRY, None) and not servable(job_plan.draft, drafts):
-            raise APIError(400, f"unknown draft '{job_plan.draft}'; known: {', '.join(sorted(drafts)) or 'none'}, "
+            raise APIError(400, f"unknown draft '{job_plan.draft}'; known: "
+                                f"{', '.join(sorted(drafts)) or 'none'}, "
                            f"and {ngram.NAME}[:n=N][:k=K] alone or +one of those", param="draft",
                            code="draft_not_found")
         job = engine.new_job(job_plan)
@@ -109,7 +113,8 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
         authorize(request)
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "specq", "root": target,
-             "draft": engine.draft.ref if engine.draft else None} for name, engine in engines.items()]}
+             "draft": engine.draft.ref if engine.draft else None}
+            for name, engine in engines.items()]}
 
     @app.get("/health")
     async def health() -> Response:
@@ -182,7 +187,8 @@ async def stream(job: Job, reply: Reply, request: Request) -> Response:
         finally:
             job.cancel()  # a no-op once the generation has ended
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
 
 def servable(draft: str, drafts: set[str]) -> bool:

@@ -52,7 +52,8 @@ class Job:
 
     def post(self, *event) -> None:
         """Hand an event to the request's event loop: ("text", delta), ("done", Generation, last
-        delta) or ("error", APIError). A loop that has closed (server shutting down) gets nothing."""
+        delta) or ("error", APIError). A loop that has closed (server
+        shutting down) gets nothing."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
@@ -85,8 +86,8 @@ class Running:
 
 
 class Engine:
-    def __init__(self, name: str, pool: ModelPool, precision: str, metrics: Metrics, queue_size: int,
-                 timeout_s: float, max_batch: int, spec_max_batch: int | None):
+    def __init__(self, name: str, pool: ModelPool, precision: str, metrics: Metrics,
+                 queue_size: int, timeout_s: float, max_batch: int, spec_max_batch: int | None):
         self.name, self.pool, self.precision = name, pool, precision
         self.target, self.draft, self.note = pool.models(precision)
         self.gamma_memory = pool.gamma_memory(precision)  # gamma auto's, across requests
@@ -124,14 +125,16 @@ class Engine:
         self.jobs.put(None)
 
     def new_job(self, plan: Plan) -> Job:
-        return Job(plan=plan, loop=asyncio.get_running_loop(), deadline=time.monotonic() + self.timeout_s)
+        return Job(plan=plan, loop=asyncio.get_running_loop(),
+                   deadline=time.monotonic() + self.timeout_s)
 
     def submit(self, job: Job) -> None:
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
             self.metrics.rejected.labels(model=self.name, reason="queue_full").inc()
-            raise APIError(429, f"the queue of '{self.name}' is full ({self.jobs.maxsize} waiting): retry later",
+            raise APIError(429, f"the queue of '{self.name}' is full ({self.jobs.maxsize} "
+                                "waiting): retry later",
                            type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         self.metrics.waiting.labels(model=self.name).inc()
@@ -191,8 +194,8 @@ class Engine:
                 job.post("text", text.push(new))
             return job.keep_going()
 
-        sequence = api.start(self.target, ids, draft, max_new_tokens=max_tokens, on_tokens=on_tokens,
-                             gamma_memory=self.gamma_memory, **plan.options)
+        sequence = api.start(self.target, ids, draft, max_new_tokens=max_tokens,
+                             on_tokens=on_tokens, gamma_memory=self.gamma_memory, **plan.options)
         running = Running(job, sequence, draft, text, time.monotonic())
         sequence.prefill()
         return running
@@ -220,11 +223,12 @@ class Engine:
         except Exception as e:  # a bug: this request fails, the server stays up
             job.post("error", _error(e))
             return
-        reason = ("timeout" if job.timed_out else "abort") if out.finish_reason == "cancelled" else \
-            ("length" if out.finish_reason == "length" else "stop")
-        self.metrics.record(self.name, running.draft.ref if running.draft else None, reason, out.stats,
-                            time.monotonic() - job.arrived, running.started - job.arrived,
-                            running.first_token_at - job.arrived if running.first_token_at else None)
+        reason = (("timeout" if job.timed_out else "abort") if out.finish_reason == "cancelled" else
+                  ("length" if out.finish_reason == "length" else "stop"))
+        self.metrics.record(self.name, running.draft.ref if running.draft else None, reason,
+                            out.stats, time.monotonic() - job.arrived,
+                            running.started - job.arrived, running.first_token_at - job.arrived
+                            if running.first_token_at else None)
         if job.timed_out:
             job.post("error", _timeout(self.timeout_s))
         elif not job.cancelled:
@@ -242,13 +246,15 @@ class Engine:
                 encode_prompt(self.target, prompt)
         tokenizer = self.target.tokenizer
         if not getattr(tokenizer, "chat_template", None):
-            raise APIError(400, f"model '{self.name}' has no chat template: use /v1/completions", param="model")
+            raise APIError(400, f"model '{self.name}' has no chat template: use /v1/completions",
+                           param="model")
         ids = tokenizer.apply_chat_template(plan.prompt, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def _room(self, prompt_len: int, nodes: int) -> int:
         """A chat without max_tokens: up to the context, at most CHAT_MAX_TOKENS."""
-        limit = getattr(self.target.net.config, "max_position_embeddings", None) or prompt_len + CHAT_MAX_TOKENS
+        limit = (getattr(self.target.net.config, "max_position_embeddings", None)
+                 or prompt_len + CHAT_MAX_TOKENS)
         room = min(CHAT_MAX_TOKENS, limit - prompt_len - nodes - 1)
         if room < 1:
             check_context(self.target, nodes, 1, prompt_len)  # raises: the prompt fills the context

@@ -16,15 +16,17 @@ CODES = {400: "invalid_value", 401: "invalid_api_key", 404: "not_found", 405: "m
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
         self.code = code or CODES.get(status, "invalid_request")
         self.headers = headers
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -45,10 +47,13 @@ def install(app: FastAPI) -> None:
         return error.response()
 
     @app.exception_handler(HTTPException)
-    async def _http(request: Request, error: HTTPException) -> JSONResponse:  # unknown route, wrong method
+    # unknown route, wrong method
+    async def _http(request: Request, error: HTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return APIError(error.status_code, str(error.detail), type=kind, headers=error.headers).response()
+        return APIError(error.status_code, str(error.detail), type=kind,
+                        headers=error.headers).response()
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, error: Exception) -> JSONResponse:
-        return APIError(500, f"internal error: {type(error).__name__}: {error}", type="server_error").response()
+        return APIError(500, f"internal error: {type(error).__name__}: {error}",
+                        type="server_error").response()

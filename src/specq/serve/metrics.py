@@ -9,7 +9,8 @@ steps only) = 1 + accepted / num_drafts; specq's tau (every target pass, bonus t
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
 
 from ..core.stats import DecodeStats
 
@@ -24,39 +25,51 @@ class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()  # one per app: tests run several apps in one process
         r = self.registry
-        self.running = Gauge("specq:num_requests_running", "Requests generating now.", ["model"], registry=r)
-        self.waiting = Gauge("specq:num_requests_waiting", "Requests queued.", ["model"], registry=r)
-        self.rejected = Counter("specq:request_rejected", "Requests refused before running (queue_full, timeout).",
-                                ["model", "reason"], registry=r)
-        self.finished = Counter("specq:request_success", "Finished requests by reason (stop, length, abort, "
-                                "timeout).", [*REQUEST, "finished_reason"], registry=r)
-        self.prompt_tokens = Counter("specq:prompt_tokens", "Prompt tokens prefilled.", REQUEST, registry=r)
-        self.generation_tokens = Counter("specq:generation_tokens", "Tokens generated.", REQUEST, registry=r)
-        self.steps = Counter("specq:decode_steps", "Target forward passes after prefill (verify steps).", REQUEST,
+        self.running = Gauge("specq:num_requests_running", "Requests generating now.", ["model"],
                              registry=r)
-        self.drafts = Counter("specq:spec_decode_num_drafts", "Verify steps that checked a proposal.", REQUEST,
-                              registry=r)
-        self.draft_tokens = Counter("specq:spec_decode_num_draft_tokens", "Draft tokens proposed.", REQUEST,
-                                    registry=r)
-        self.accepted = Counter("specq:spec_decode_num_accepted_tokens", "Draft tokens accepted.", REQUEST,
-                                registry=r)
+        self.waiting = Gauge("specq:num_requests_waiting", "Requests queued.", ["model"],
+                             registry=r)
+        self.rejected = Counter("specq:request_rejected",
+                                "Requests refused before running (queue_full, timeout).",
+                                ["model", "reason"], registry=r)
+        self.finished = Counter("specq:request_success",
+                                "Finished requests by reason (stop, length, abort, "
+                                "timeout).", [*REQUEST, "finished_reason"], registry=r)
+        self.prompt_tokens = Counter("specq:prompt_tokens", "Prompt tokens prefilled.", REQUEST,
+                                     registry=r)
+        self.generation_tokens = Counter("specq:generation_tokens", "Tokens generated.", REQUEST,
+                                         registry=r)
+        self.steps = Counter("specq:decode_steps",
+                             "Target forward passes after prefill (verify steps).", REQUEST,
+                             registry=r)
+        self.drafts = Counter("specq:spec_decode_num_drafts",
+                              "Verify steps that checked a proposal.", REQUEST, registry=r)
+        self.draft_tokens = Counter("specq:spec_decode_num_draft_tokens",
+                                    "Draft tokens proposed.", REQUEST, registry=r)
+        self.accepted = Counter("specq:spec_decode_num_accepted_tokens",
+                                "Draft tokens accepted.", REQUEST, registry=r)
         self.accepted_per_pos = Counter("specq:spec_decode_num_accepted_tokens_per_pos",
-                                        "Accepted draft tokens per position (depth of a tree), from 0.",
+                                        "Accepted draft tokens per position (depth of a tree), "
+                                        "from 0.",
                                         [*REQUEST, "position"], registry=r)
-        self.latency = Histogram("specq:e2e_request_latency_seconds", "Arrival to last token.", REQUEST,
-                                 buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("specq:request_queue_time_seconds", "Arrival to start of generation.",
-                                    REQUEST, buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("specq:time_to_first_token_seconds", "Arrival to first token.", REQUEST,
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("specq:time_per_output_token_seconds", "Decode time per token after the first.",
-                              REQUEST, buckets=TOKEN_BUCKETS, registry=r)
+        self.latency = Histogram("specq:e2e_request_latency_seconds",
+                                 "Arrival to last token.", REQUEST, buckets=LATENCY_BUCKETS,
+                                 registry=r)
+        self.queue_time = Histogram("specq:request_queue_time_seconds",
+                                    "Arrival to start of generation.", REQUEST,
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("specq:time_to_first_token_seconds",
+                              "Arrival to first token.", REQUEST, buckets=LATENCY_BUCKETS,
+                              registry=r)
+        self.tpot = Histogram("specq:time_per_output_token_seconds",
+                              "Decode time per token after the first.", REQUEST,
+                              buckets=TOKEN_BUCKETS, registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    def record(self, model: str, draft: str | None, reason: str, stats: DecodeStats, latency_s: float,
-               queue_s: float, ttft_s: float | None) -> None:
+    def record(self, model: str, draft: str | None, reason: str, stats: DecodeStats,
+               latency_s: float, queue_s: float, ttft_s: float | None) -> None:
         """One finished generation (also an aborted or timed-out one: its tokens were computed)."""
         labels = dict(model=model, draft=draft or "none")
         self.finished.labels(**labels, finished_reason=reason).inc()

@@ -31,7 +31,8 @@ class ModelPool:
     def __init__(self, target: str, speculative: bool = True, draft: str | None = None):
         self.target = model_ref(checks.text("the target", target)).name
         self.speculative = speculative
-        self.draft = None if draft is None else checks.text("the draft", draft)  # None: the registry's
+        # None: the registry's
+        self.draft = None if draft is None else checks.text("the draft", draft)
         self._lock = threading.RLock()
         self._targets: dict[str, Model] = {}
         self._memories: dict[str, GammaMemory] = {}  # per target precision
@@ -64,7 +65,8 @@ class ModelPool:
         key = (precisions.canonical(precision), ref)
         with self._lock:
             if key not in self._drafts:
-                self._drafts[key] = load(ref, target=f"{self.target}@{key[0]}")  # `self@SPEC`: this target
+                # `self@SPEC`: this target
+                self._drafts[key] = load(ref, target=f"{self.target}@{key[0]}")
             return self._drafts[key]
 
     def models(self, precision: str = "fp32") -> tuple[Model, Model | None, str | None]:
@@ -79,13 +81,15 @@ class ModelPool:
                     draft_ref, note = self.draft, f"draft {self.draft} (given)"
                 else:
                     draft_ref, note = select_draft(f"{self.target}@{spec}")
-                self._pairs[spec] = (target, self.draft_model(spec, draft_ref) if draft_ref else None, note)
+                self._pairs[spec] = (target, self.draft_model(spec, draft_ref)
+                                     if draft_ref else None, note)
             return self._pairs[spec]
 
     def generate(self, prompt: str | list[int], precision: str = "fp32", **options) -> Generation:
         """`specq.generate` on the target at `precision` with the draft selected for it."""
         target, draft, note = self.models(precision)
-        if self.speculative and note and note.startswith("no draft"):  # none, or another precision's
+        # none, or another precision's
+        if self.speculative and note and note.startswith("no draft"):
             warnings.warn(note, stacklevel=2)
         memory = {"gamma_memory": self.gamma_memory(precision)}
         return generate(target, prompt, draft, **memory | options)

@@ -26,7 +26,8 @@ class Reply:
         self.id = self.id or f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
 
     def _head(self, chunk: bool) -> dict:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        kind = (("chat.completion.chunk" if chunk else "chat.completion")
+                if self.chat else "text_completion")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def whole(self, out: Generation) -> dict:
@@ -36,13 +37,15 @@ class Reply:
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
             choice["text"] = out.text
-        return self._head(False) | {"choices": [choice], "usage": usage(out), "specq": specq_stats(out)}
+        return self._head(False) | {"choices": [choice], "usage": usage(out),
+                                    "specq": specq_stats(out)}
 
     def chunk(self, text: str | None, finish: str | None = None, role: bool = False,
               with_usage: bool = False) -> str:
         """One streamed event; `role` opens a chat stream."""
         if self.chat:
-            delta = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
+            delta = (({"role": "assistant"} if role else {})
+                     | ({} if text is None else {"content": text}))
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -51,12 +54,14 @@ class Reply:
 
     def usage_chunk(self, out: Generation) -> str:
         """The last event when the client asked for stream_options.include_usage."""
-        return event(self._head(True) | {"choices": [], "usage": usage(out), "specq": specq_stats(out)})
+        return event(self._head(True) | {"choices": [], "usage": usage(out),
+                                         "specq": specq_stats(out)})
 
 
 def usage(out: Generation) -> dict:
     prompt, completion = len(out.prompt_ids), len(out.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 def specq_stats(out: Generation) -> dict:

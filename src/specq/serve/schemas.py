@@ -32,7 +32,8 @@ class _Common(BaseModel):
     model_config = STRICT
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)  # None: OpenAI's default, 1
+    # None: OpenAI's default, 1
+    temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=-1)  # 0 or -1 (vLLM's spelling): off
     seed: int | None = Field(None, ge=0, le=MAX_SEED)  # None: a fresh one per request
@@ -66,7 +67,8 @@ class Message(BaseModel):
 
     def as_template_input(self) -> dict[str, str]:
         """The message as chat templates read it (a developer message is a system message)."""
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        text = (self.content
+                if isinstance(self.content, str) else "".join(p.text for p in self.content))
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
@@ -85,8 +87,9 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
 
-NEUTRAL = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,), "logprobs": (None, False, 0),
-           "top_logprobs": (None,), "echo": (False,), "best_of": (None, 1), "suffix": (None, "")}
+NEUTRAL = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
+           "logprobs": (None, False, 0), "top_logprobs": (None,), "echo": (False,),
+           "best_of": (None, 1), "suffix": (None, "")}
 
 
 def unsupported_values(body: ChatRequest | CompletionRequest) -> None:
@@ -94,14 +97,16 @@ def unsupported_values(body: ChatRequest | CompletionRequest) -> None:
     for name, neutral in NEUTRAL.items():
         value = getattr(body, name, None)
         if name in body.model_fields_set and value not in neutral:
-            raise APIError(400, f"{name}={value!r} is not supported by specq serve (only {neutral[0]!r})",
+            raise APIError(400, f"{name}={value!r} is not supported by specq serve (only "
+                                f"{neutral[0]!r})",
                            param=name, code="unsupported_value")
     if body.stream_options is not None and not body.stream:
-        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options",
-                       code="invalid_value")
+        raise APIError(400, "stream_options is only allowed with stream=true",
+                       param="stream_options", code="invalid_value")
     if isinstance(body, CompletionRequest) and isinstance(body.prompt, list) and body.prompt \
             and isinstance(body.prompt[0], str) and len(body.prompt) != 1:
-        raise APIError(400, "one prompt per request (n must be 1)", param="prompt", code="unsupported_value")
+        raise APIError(400, "one prompt per request (n must be 1)", param="prompt",
+                       code="unsupported_value")
 
 
 FIELDS = {name for schema in (ChatRequest, CompletionRequest, Message, TextPart, StreamOptions)
@@ -115,18 +120,21 @@ def invalid_body(error: ValidationError) -> APIError:
     param = _path(problems[0]["loc"])
     kind = problems[0]["type"]
     if kind == "extra_forbidden":
-        param = ".".join(filter(None, [_path(problems[0]["loc"][:-1]), str(problems[0]["loc"][-1])]))
-        return APIError(400, f"unsupported parameter '{param}': specq serve does not implement it", param=param,
-                        code="unsupported_parameter")
+        param = ".".join(filter(None,
+                                [_path(problems[0]["loc"][:-1]), str(problems[0]["loc"][-1])]))
+        return APIError(400, f"unsupported parameter '{param}': specq serve does not implement it",
+                        param=param, code="unsupported_parameter")
     if kind == "finite_number":  # JSON as Python reads it allows NaN and Infinity
-        return APIError(400, f"{param}: must be a finite number, not {problems[0]['input']!r}", param=param,
-                        code="invalid_value")
+        return APIError(400, f"{param}: must be a finite number, not {problems[0]['input']!r}",
+                        param=param, code="invalid_value")
     if kind == "json_invalid":
-        return APIError(400, f"the body is not valid JSON ({problems[0].get('ctx', {}).get('error', 'parse error')})",
+        return APIError(400, "the body is not valid JSON "
+                             f"({problems[0].get('ctx', {}).get('error', 'parse error')})",
                         code="invalid_json")
     # a union (prompt: text or token ids) fails once per member: say every way it could be right
     messages = dict.fromkeys(p["msg"] for p in problems if _path(p["loc"]) == param)
-    return APIError(400, f"{param or 'the body'}: {' or '.join(messages)}", param=param, code="invalid_value")
+    return APIError(400, f"{param or 'the body'}: {' or '.join(messages)}", param=param,
+                    code="invalid_value")
 
 
 def _path(loc: tuple) -> str | None:

@@ -38,8 +38,8 @@ class ServeConfig:
     queue: int = 16  # requests waiting per served model, beyond the running ones
     timeout_s: float = 600.0  # arrival to last token
     max_batch: int = 16  # requests decoded together per served model (1: one at a time)
-    # speculate only in steps of at most this many requests, larger steps decode plainly (None: always);
-    # the default follows docs/performance.md, "The server under load"
+    # speculate only in steps of at most this many requests, larger steps decode plainly (None:
+    # always); the default follows docs/performance.md, "The server under load"
     spec_max_batch: int | None = SPEC_MAX_BATCH
 
     def __post_init__(self):
@@ -64,10 +64,11 @@ def build_app(config: ServeConfig) -> FastAPI:
     engines = {}
     for spec in config.precisions:
         name = f"{pool.target}@{spec}"
-        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s, config.max_batch,
-                               config.spec_max_batch)
-    drafts = known_drafts(pool.target) | {d.ref for e in engines.values() for d in [e.draft, *draft_models(e.draft)]
-                                           if d is not None}  # an n-gram draft's fallback too
+        engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s,
+                               config.max_batch, config.spec_max_batch)
+    drafts = known_drafts(pool.target) | {d.ref for e in engines.values()
+                                          for d in [e.draft, *draft_models(e.draft)]
+                                          if d is not None}  # an n-gram draft's fallback too
     return create_app(engines, metrics, pool.target, drafts, config.api_key)
 
 
@@ -91,5 +92,7 @@ def run(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
     import uvicorn
 
     host, port = sock.getsockname()[:2]
-    print(f"specq serve: {', '.join(app.state.engines)} on http://{host}:{port}", file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)).run(sockets=[sock])
+    print(f"specq serve: {', '.join(app.state.engines)} on http://{host}:{port}", file=sys.stderr,
+          flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)).run(
+        sockets=[sock])

@@ -1,4 +1,5 @@
-"""Streamed text: token ids arrive a step at a time, text leaves as deltas that are never taken back.
+"""Streamed text: token ids arrive a step at a time, text leaves as deltas that
+are never taken back.
 
 Held back until the next tokens decide: a tail that could be the start of a stop string (the stop
 string itself is never sent, as in the OpenAI API), and an incomplete UTF-8 character (a byte-level
@@ -40,5 +41,6 @@ class TextStream:
             end -= 1
         hold = 0  # the longest tail that starts some stop string
         for s in self.stop:
-            hold = max([hold] + [k for k in range(1, min(len(s) - 1, end) + 1) if text[:end].endswith(s[:k])])
+            hold = max([hold] + [k for k in range(1, min(len(s) - 1, end) + 1)
+                                 if text[:end].endswith(s[:k])])
         return end - hold

@@ -41,7 +41,8 @@ class CalibrationSettings:
     gamma: int = 4
 
 
-def acceptance(target: Model, draft: Model | Draft, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
+def acceptance(target: Model, draft: Model | Draft, prompts: list[str], gamma: int,
+               max_new_tokens: int) -> dict:
     """Greedy speculative runs without an early draft stop (so every proposal is gamma tokens):
     per-prompt acceptance rate and tau, with bootstrap CIs."""
     check_compatible(draft, target)
@@ -61,7 +62,8 @@ def has_chat(model: Model) -> bool:
 
 
 def default_out(draft_ref: str, target_precision: str) -> Path:
-    """Where a calibrated draft goes by default: the user's registry, named after draft and precision."""
+    """Where a calibrated draft goes by default: the user's registry, named after
+    draft and precision."""
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model_ref(draft_ref).name).name)
     return registry_dir() / f"{base}-for-{target_precision}"
 
@@ -98,16 +100,18 @@ def check_output(out: Path | str, force: bool = False, resume: bool = False) -> 
     out = checks.output(out, force, "--out")
     unfinished = (checkpoint_dir(out) / "last.pt").exists()
     if unfinished and not resume:
-        raise SpecqError(f"'{checkpoint_dir(out)}' holds an unfinished calibration for '{out}': add --resume "
-                         "to continue it, or remove it")
+        raise SpecqError(f"'{checkpoint_dir(out)}' holds an unfinished calibration for '{out}': "
+                         "add --resume to continue it, or remove it")
     if resume and not unfinished:
-        raise SpecqError(f"--resume: no unfinished calibration for '{out}' (no {checkpoint_dir(out) / 'last.pt'})")
+        raise SpecqError(f"--resume: no unfinished calibration for '{out}' (no "
+                         f"{checkpoint_dir(out) / 'last.pt'})")
     return out
 
 
-def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings = CalibrationSettings(),
-              out: Path | str | None = None, progress: bool = True, measure: bool = True, *,
-              force: bool = False, resume: bool = False, register: bool = False) -> dict:
+def calibrate(target: Model, draft: Model | Draft,
+              settings: CalibrationSettings = CalibrationSettings(), out: Path | str | None = None,
+              progress: bool = True, measure: bool = True, *, force: bool = False,
+              resume: bool = False, register: bool = False) -> dict:
     """Fine-tune `draft` on `target`'s own outputs and save it (by default into `registry_dir`);
     with `register`, add it to the user's registry for the target's precision, so that `generate`
     and `serve` pick it there. Returns the report, with acceptance before and after on held-out
@@ -115,7 +119,8 @@ def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings
     interrupted run continues only with `resume`."""
     check_compatible(draft, target)
     if not precision.is_float(draft.precision):
-        raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result afterwards")
+        raise SpecqError(f"calibrate the float draft (not {draft.precision}); quantize the result "
+                         "afterwards")
     kind = kinds.kind_of(draft)
     student_kind = students.of(kind)
     student_kind.check_base(draft, None)
@@ -123,14 +128,16 @@ def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings
     train_prompts = chat_prompts("train")[: settings.prompts]
     held_prompts = chat_prompts("held_out")[: settings.held_out]
     def measured(d: Model | Draft) -> dict | None:
-        return acceptance(target, d, held_prompts, settings.gamma, settings.max_new_tokens) if measure else None
+        return (acceptance(target, d, held_prompts, settings.gamma, settings.max_new_tokens)
+                if measure else None)
 
     before = measured(draft)
     teacher = float_teacher(target.net)  # batched answers; the same weights as the target
-    train = teacher_continuations(teacher, target.tokenizer, train_prompts, max_new_tokens=settings.max_new_tokens,
+    train = teacher_continuations(teacher, target.tokenizer, train_prompts,
+                                  max_new_tokens=settings.max_new_tokens,
                                   temperature=settings.temperature, progress=progress)
-    held = teacher_continuations(teacher, target.tokenizer, held_prompts, max_new_tokens=settings.max_new_tokens,
-                                 progress=progress)
+    held = teacher_continuations(teacher, target.tokenizer, held_prompts,
+                                 max_new_tokens=settings.max_new_tokens, progress=progress)
     del teacher
     if student_kind.reads_features:  # it learns from this target's own hidden states
         feats = target.runner or target.net
@@ -138,21 +145,25 @@ def calibrate(target: Model, draft: Model | Draft, settings: CalibrationSettings
     student = student_kind.from_base(draft, target, train, None)
     checkpoints = checkpoint_dir(out)  # an interrupted run resumes from here
     result = distill(student, train, held, steps=settings.steps, loss=settings.loss, lr=settings.lr,
-                     batch=settings.batch, checkpoint_dir=checkpoints, eval_every=max(1, settings.steps // 5),
-                     progress=progress, forward=student_kind.forward)
+                     batch=settings.batch, checkpoint_dir=checkpoints,
+                     eval_every=max(1, settings.steps // 5), progress=progress,
+                     forward=student_kind.forward)
     net = student_kind.finish(student, draft.net.dtype)
-    tuned = kinds.as_kind(kind, Model(ref=str(out), net=net, tokenizer=draft.tokenizer, eos_ids=draft.eos_ids,
-                                      source=str(out), precision=draft.precision))
+    tuned = kinds.as_kind(kind, Model(ref=str(out), net=net, tokenizer=draft.tokenizer,
+                                      eos_ids=draft.eos_ids, source=str(out),
+                                      precision=draft.precision))
     after = measured(tuned)
     kinds.save(tuned, out, {"base": draft.ref})
     shutil.rmtree(checkpoints, ignore_errors=True)
     target_name = model_ref(target.ref).name
     report = {"target": target.ref, "target_precision": target.precision, "base_draft": draft.ref,
               "draft": str(out), "settings": settings.__dict__, "before": before, "after": after,
-              "held_out_teacher": result["held_out"], "train_positions": train.positions(), "registered": register}
+              "held_out_teacher": result["held_out"], "train_positions": train.positions(),
+              "registered": register}
     info = {"base": draft.ref, "held_out_beta": result["held_out"]["beta"]}
     if measure:
-        info |= {"acceptance_before": before["acceptance_rate"][0], "acceptance_after": after["acceptance_rate"][0]}
+        info |= {"acceptance_before": before["acceptance_rate"][0],
+                 "acceptance_after": after["acceptance_rate"][0]}
     if register:
         registry.register(target_name, target.precision, out, info)
     return report

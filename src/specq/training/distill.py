@@ -43,7 +43,8 @@ class TeacherSet:
     start: list[int]
     top_ids: list[Tensor]
     top_logp: list[Tensor]
-    features: list[Tensor] = field(default_factory=list)  # the target's hidden states [n, H], for feature drafts
+    # the target's hidden states [n, H], for feature drafts
+    features: list[Tensor] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -51,13 +52,15 @@ class TeacherSet:
     def __add__(self, other: "TeacherSet") -> "TeacherSet":
         if len(self) and len(other) and bool(self.features) != bool(other.features):
             raise ValueError("cannot join teacher sets with and without target features")
-        return TeacherSet(self.ids + other.ids, self.start + other.start, self.top_ids + other.top_ids,
-                          self.top_logp + other.top_logp, self.features + other.features)
+        return TeacherSet(self.ids + other.ids, self.start + other.start,
+                          self.top_ids + other.top_ids, self.top_logp + other.top_logp,
+                          self.features + other.features)
 
     @torch.inference_mode()
     def with_features(self, target: Llama) -> "TeacherSet":
         """The same records with the target's final hidden states at every position."""
-        feats = [target.hidden_states(ids).to(torch.float16) for ids in tqdm(self.ids, desc="target features")]
+        feats = [target.hidden_states(ids).to(torch.float16)
+                 for ids in tqdm(self.ids, desc="target features")]
         return TeacherSet(self.ids, self.start, self.top_ids, self.top_logp, feats)
 
     def positions(self) -> int:
@@ -94,7 +97,8 @@ def chunk_tokens(tokenizer, texts: list[str], seq_len: int) -> list[Tensor]:
 
 
 @torch.no_grad()
-def teacher_on_text(target_hf, sequences: list[Tensor], k: int = TOP_K, batch: int = 8) -> TeacherSet:
+def teacher_on_text(target_hf, sequences: list[Tensor], k: int = TOP_K,
+                    batch: int = 8) -> TeacherSet:
     """The target's top-k distributions at every position of equal-length token windows."""
     data = TeacherSet([], [], [], [])
     for i in tqdm(range(0, len(sequences), batch), desc="teacher on text", unit="batch"):
@@ -113,18 +117,20 @@ def teacher_continuations(target_hf, tokenizer, prompts: list[str], *, max_new_t
     raw next-token distribution at every generated position: the draft learns on the target's
     own outputs, which is what it will be asked to predict."""
     torch.manual_seed(seed)
-    pad = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)  # masked
+    # masked
+    pad = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
     eos_ids = target_hf.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids]) | {tokenizer.eos_token_id}
     data = TeacherSet([], [], [], [])
-    for i in tqdm(range(0, len(prompts), batch), desc=f"continuations T={temperature}", unit="batch",
-                  disable=not progress):
+    for i in tqdm(range(0, len(prompts), batch), desc=f"continuations T={temperature}",
+                  unit="batch", disable=not progress):
         encoded = [answer_ids(tokenizer, p) for p in prompts[i:i + batch]]
         width = max(map(len, encoded))
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # left padding
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 \
-            else {"do_sample": False}
+        sampling = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                    if temperature > 0
+                    else {"do_sample": False})
         out = target_hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                  pad_token_id=pad, output_logits=True, return_dict_in_generate=True,
                                  **sampling)
@@ -134,7 +140,8 @@ def teacher_continuations(target_hf, tokenizer, prompts: list[str], *, max_new_t
             toks = new[j].tolist()
             n = next((t + 1 for t, tok in enumerate(toks) if tok in eos), len(toks))
             top_ids, top_logp = _topk(logits[j, :n], k)
-            data += TeacherSet([torch.tensor(prompt_ids + toks[:n])], [len(prompt_ids) - 1], [top_ids], [top_logp])
+            data += TeacherSet([torch.tensor(prompt_ids + toks[:n])], [len(prompt_ids) - 1],
+                               [top_ids], [top_logp])
     return data
 
 
@@ -155,7 +162,8 @@ def float_teacher(net: torch.nn.Module):
             sd[name + ".weight"] = module.quantized().dequantize().float()
     float_net = Llama(net.config)
     float_net.load_state_dict(sd)
-    teacher = AutoModelForCausalLM.from_config(net.config.to_hf()).float().eval()  # of the target's architecture
+    # of the target's architecture
+    teacher = AutoModelForCausalLM.from_config(net.config.to_hf()).float().eval()
     missing, unexpected = teacher.load_state_dict(native_to_hf_state_dict(float_net), strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"teacher conversion lost weights: {missing + unexpected}")
@@ -165,8 +173,8 @@ def float_teacher(net: torch.nn.Module):
 # ------------------------------------------------------------------------------ the draft
 
 
-def init_draft(config: LlamaConfig, target_embedding: Tensor | None = None, from_dir: str | Path | None = None,
-               seed: int = 0):
+def init_draft(config: LlamaConfig, target_embedding: Tensor | None = None,
+               from_dir: str | Path | None = None, seed: int = 0):
     """A new draft (a transformers LlamaForCausalLM, for batched training), randomly
     initialised, or from an existing draft directory. With `target_embedding`, the embedding
     (tied to the output head) starts as the PCA projection of the target's: tokens the target
@@ -178,7 +186,8 @@ def init_draft(config: LlamaConfig, target_embedding: Tensor | None = None, from
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config.to_hf()).float()
     if target_embedding is not None:
-        model.get_input_embeddings().weight.data.copy_(pca_embedding(target_embedding, config.hidden_size))
+        model.get_input_embeddings().weight.data.copy_(pca_embedding(target_embedding,
+                                                                     config.hidden_size))
     return model
 
 
@@ -214,21 +223,27 @@ def _batch(data: TeacherSet, rows: list[int]) -> tuple[Tensor, Tensor, Tensor, T
         m = data.top_ids[r].shape[0]
         flat.append(b * width + data.start[r] + torch.arange(m))
     top_ids = torch.cat([data.top_ids[r] for r in rows]).long()
-    top_logp = torch.cat([data.top_logp[r].float() for r in rows])  # float16 on disk: cat in float (autocast refuses half)
+    # float16 on disk: cat in float (autocast refuses half)
+    top_logp = torch.cat([data.top_logp[r].float() for r in rows])
     return ids, torch.cat(flat), top_ids, top_logp
 
 
-def sequence_forward(draft_hf, data: TeacherSet, rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
+def sequence_forward(draft_hf, data: TeacherSet,
+                     rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
     """A classic draft's per-position divergences on `rows` of `data` (and no extra loss)."""
     ids, flat, top_ids, top_logp = _batch(data, rows)
     hidden = draft_hf.model(input_ids=ids).last_hidden_state
-    hidden = hidden.reshape(-1, hidden.shape[-1])[flat]  # only the teacher positions: the head dominates
+    # only the teacher positions: the head dominates
+    hidden = hidden.reshape(-1, hidden.shape[-1])[flat]
     logq = torch.log_softmax(draft_hf.lm_head(hidden).float(), dim=-1)
-    return divergences(logq.gather(-1, top_ids), logq.argmax(-1), top_ids, top_logp), logq.new_zeros(())
+    return (divergences(logq.gather(-1, top_ids), logq.argmax(-1), top_ids, top_logp),
+            logq.new_zeros(()))
 
 
-FEATURE_NOISE = 0.1  # uniform input-feature noise in training, as a fraction of the features' std (EAGLE)
-FEATURE_LOSS_WEIGHT = 1.0  # smooth-L1 regression of the predicted next feature, next to the KL/TV loss
+# uniform input-feature noise in training, as a fraction of the features' std (EAGLE)
+FEATURE_NOISE = 0.1
+# smooth-L1 regression of the predicted next feature, next to the KL/TV loss
+FEATURE_LOSS_WEIGHT = 1.0
 # Training unrolls this many draft steps (training-time test): decoding feeds every step after the
 # first with the draft's own feature, so later steps are trained on exactly that input. Step k's
 # mean loss is weighted FEATURE_STEP_DECAY ** k (EAGLE-3), so the first step learns as without it.
@@ -249,7 +264,8 @@ def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str,
         ids[b, :n], feats[b, :n] = data.ids[r], data.features[r].float()
     inputs = feats[:, :-1]
     if draft.training and FEATURE_NOISE:
-        inputs = inputs + (torch.rand_like(inputs) - 0.5) * (2 * FEATURE_NOISE * float(inputs.std()))
+        inputs = (inputs
+                  + (torch.rand_like(inputs) - 0.5) * (2 * FEATURE_NOISE * float(inputs.std())))
     steps = FEATURE_UNROLL if draft.training else 1
     parts, regression = [], inputs.new_zeros(())
     for k, hidden in enumerate(draft.unrolled(ids, inputs, steps)):
@@ -260,7 +276,8 @@ def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str,
             flat.append(b * (width - 1) + data.start[r] + torch.arange(skip, m) - k - 1)
             tops.append(data.top_ids[r][skip:])
             logps.append(data.top_logp[r][skip:])
-        flat, top_ids, top_logp = torch.cat(flat), torch.cat(tops).long(), torch.cat([p.float() for p in logps])
+        flat, top_ids, top_logp = (torch.cat(flat), torch.cat(tops).long(),
+                                   torch.cat([p.float() for p in logps]))
         predicted = hidden.reshape(-1, hidden.shape[-1])[flat]
         logq = torch.log_softmax(draft.body.output(predicted).float(), dim=-1)
         where = draft.subset_index(top_ids)  # -1 for tokens outside the head's vocabulary
@@ -268,12 +285,17 @@ def feature_forward(draft, data: TeacherSet, rows: list[int]) -> tuple[dict[str,
         d = divergences(logq_top, draft.vocab_ids[logq.argmax(-1)], top_ids, top_logp)
         decay = FEATURE_STEP_DECAY ** k
         parts.append(d | {"weight": torch.full_like(d["kl"], decay / len(flat))})
-        true_next = torch.nn.functional.pad(feats[:, k + 1:], (0, 0, 0, k)).reshape(-1, feats.shape[-1])  # f_{r+k+1}
-        regression = regression + decay * torch.nn.functional.smooth_l1_loss(predicted, true_next[flat])
-    return {key: torch.cat([d[key] for d in parts]) for key in parts[0]}, FEATURE_LOSS_WEIGHT * regression
+        # f_{r+k+1}
+        true_next = torch.nn.functional.pad(feats[:, k + 1:], (0, 0, 0, k)).reshape(-1,
+                                                                                    feats.shape[-1])
+        regression = regression + decay * torch.nn.functional.smooth_l1_loss(predicted,
+                                                                             true_next[flat])
+    return ({key: torch.cat([d[key] for d in parts]) for key in parts[0]},
+            FEATURE_LOSS_WEIGHT * regression)
 
 
-def divergences(logq_top: Tensor, draft_top1: Tensor, top_ids: Tensor, top_logp: Tensor) -> dict[str, Tensor]:
+def divergences(logq_top: Tensor, draft_top1: Tensor, top_ids: Tensor,
+                top_logp: Tensor) -> dict[str, Tensor]:
     """Per-position KL(p||q), TV(p, q) on the top-k + tail partition; beta as sum over the
     top-k of min(p, q) (a lower bound of the true acceptance); top-1 agreement. `logq_top` is
     the draft's log-prob of each of the target's top-k tokens, `draft_top1` the draft's argmax."""
@@ -281,7 +303,8 @@ def divergences(logq_top: Tensor, draft_top1: Tensor, top_ids: Tensor, top_logp:
     q = logq_top.exp()
     p_tail = (1 - p.sum(-1)).clamp_min(0)
     q_tail = (1 - q.sum(-1)).clamp_min(1e-8)
-    kl = (p * (top_logp - logq_top.clamp_min(-14.0))).sum(-1) + torch.xlogy(p_tail, p_tail) - p_tail * q_tail.log()
+    kl = ((p * (top_logp - logq_top.clamp_min(-14.0))).sum(-1) + torch.xlogy(p_tail, p_tail)
+          - p_tail * q_tail.log())
     tv = 0.5 * ((p - q).abs().sum(-1) + (p_tail - q_tail).abs())
     beta = torch.minimum(p, q).sum(-1)
     top1 = (draft_top1 == top_ids[:, 0]).float()
@@ -310,7 +333,8 @@ def autocast(forward, compute: str):
         raise ValueError(f"compute must be one of {COMPUTE}, got {compute!r}")
     if compute == "fp32":
         return forward
-    # RMSNorm's float32 weight on bf16 activations takes torch's unfused path, which warns: expected here
+    # RMSNorm's float32 weight on bf16 activations takes torch's unfused path, which
+    # warns: expected here
     warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
 
     def bf16_forward(student, data, rows):
@@ -322,7 +346,8 @@ def autocast(forward, compute: str):
 
 
 @torch.no_grad()
-def evaluate(student, data: TeacherSet, batch: int = 8, forward=sequence_forward) -> dict[str, float]:
+def evaluate(student, data: TeacherSet, batch: int = 8,
+             forward=sequence_forward) -> dict[str, float]:
     """Position-weighted mean KL, TV, beta and top-1 agreement on `data`."""
     was_training = student.training
     student.eval()
@@ -349,13 +374,15 @@ def _lr_at(progress: float, lr: float, warmup: float = 0.03) -> float:
 
 
 def _order(n: int, seed: int, epoch: int) -> list[int]:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003
+                                                                     + epoch)).tolist()
 
 
-def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, time_budget_s: float | None = None,
-            loss: str = "kl", lr: float = 2e-3, batch: int = 8, checkpoint_dir: Path | str | None = None,
-            checkpoint_every: int = 100, resume: bool = True, eval_every: int = 200, seed: int = 0,
-            progress: bool = True, forward=sequence_forward, groups: list[dict] | None = None,
+def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int,
+            time_budget_s: float | None = None, loss: str = "kl", lr: float = 2e-3, batch: int = 8,
+            checkpoint_dir: Path | str | None = None, checkpoint_every: int = 100,
+            resume: bool = True, eval_every: int = 200, seed: int = 0, progress: bool = True,
+            forward=sequence_forward, groups: list[dict] | None = None,
             compute: str = "fp32") -> dict:
     """Train `draft_hf` towards the target distributions in `train`; return the final held-out
     metrics and the history. `forward(student, data, rows) -> (divergences, extra loss)` says
@@ -373,7 +400,8 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
     """
     forward = autocast(forward, compute)
     w = tv_weight(loss)
-    optimizer = torch.optim.AdamW(groups or draft_hf.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    optimizer = torch.optim.AdamW(groups or draft_hf.parameters(), lr=lr, betas=(0.9, 0.98),
+                                  weight_decay=0.01)
     state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "history": []}
     ckpt = Path(checkpoint_dir) / "last.pt" if checkpoint_dir is not None else None
     if checkpoint_dir is not None:
@@ -399,7 +427,8 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
 
     draft_hf.train()
     order = _order(len(train), seed, state["epoch"])
-    bar = tqdm(total=steps, initial=state["step"], disable=not progress, unit="step", desc="distill")
+    bar = tqdm(total=steps, initial=state["step"], disable=not progress, unit="step",
+               desc="distill")
     started = time.perf_counter() - state["elapsed"]
     shown: dict[str, str] = {}
     while state["step"] < steps:
@@ -431,8 +460,8 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
         shown.update(loss=f"{value.item():.3f}", train_beta=f"{d['beta'].mean().item():.3f}")
         if eval_every and state["step"] % eval_every == 0:
             metrics = evaluate(draft_hf, held_out, forward=forward)
-            log({"step": state["step"], "elapsed_s": round(time.perf_counter() - started, 1), "loss": value.item(),
-                 **{f"held_out_{k}": v for k, v in metrics.items()}})
+            log({"step": state["step"], "elapsed_s": round(time.perf_counter() - started, 1),
+                 "loss": value.item(), **{f"held_out_{k}": v for k, v in metrics.items()}})
             shown.update(beta=f"{metrics['beta']:.3f}", top1=f"{metrics['top1']:.3f}")
         bar.set_postfix(shown, refresh=False)
         if state["step"] % checkpoint_every == 0:
@@ -444,4 +473,5 @@ def distill(draft_hf, train: TeacherSet, held_out: TeacherSet, *, steps: int, ti
     log({"step": state["step"], "elapsed_s": round(state["elapsed"], 1), "final": True,
          **{f"held_out_{k}": v for k, v in final.items()}})
     save()
-    return {"held_out": final, "steps": state["step"], "elapsed_s": state["elapsed"], "history": state["history"]}
+    return {"held_out": final, "steps": state["step"], "elapsed_s": state["elapsed"],
+            "history": state["history"]}

@@ -23,7 +23,8 @@ from ..loading import kinds
 METRICS = ("kl_ab", "kl_ba", "js", "tv", "top1", "beta")
 
 
-def token_divergences(logits_a: Tensor, logits_b: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
+def token_divergences(logits_a: Tensor, logits_b: Tensor,
+                      temperature: float = 1.0) -> dict[str, Tensor]:
     """Per-position metrics for two [n, V] logit tensors (truncated to their shared vocabulary)."""
     v = min(logits_a.shape[-1], logits_b.shape[-1])
     la = torch.log_softmax(logits_a[..., :v].double() / temperature, dim=-1)
@@ -31,7 +32,8 @@ def token_divergences(logits_a: Tensor, logits_b: Tensor, temperature: float = 1
     pa, pb = la.exp(), lb.exp()
     m = 0.5 * (pa + pb)
     lm = m.clamp_min(1e-300).log()
-    kl = lambda p, lp, lq: torch.where(p > 0, p * (lp - lq), torch.zeros_like(p)).sum(-1)  # noqa: E731
+    kl = lambda p, lp, lq: torch.where(p > 0, p * (lp - lq),  # noqa: E731
+                                       torch.zeros_like(p)).sum(-1)
     tv = 0.5 * (pa - pb).abs().sum(-1)
     return {
         "kl_ab": kl(pa, la, lb),
@@ -77,14 +79,16 @@ def compare(a: Model, b: Model | Draft, chunks: list[list[int]], temperature: fl
             progress()
     out = {"tokens": tokens, "chunks": len(chunks), "temperature": temperature}
     for name in METRICS:
-        out[name] = dict(zip(("mean", "low", "high"), bootstrap_ci(per_chunk[name], resamples=resamples, seed=seed)))
+        out[name] = dict(zip(("mean", "low", "high"),
+                             bootstrap_ci(per_chunk[name], resamples=resamples, seed=seed)))
     for side in ("a", "b"):
         mean, low, high = bootstrap_ci(per_chunk[f"nll_{side}"], resamples=resamples, seed=seed)
         out[f"ppl_{side}"] = {"mean": math.exp(mean), "low": math.exp(low), "high": math.exp(high)}
     return out
 
 
-def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_tokens: int = 96) -> list[list[int]]:
+def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int,
+                    answer_tokens: int = 96) -> list[list[int]]:
     """Held-out Shakespeare chunks, plus held-out chat prompts with A's own greedy answers (the
     text a speculative run actually verifies)."""
     from ..core.decode import decode
@@ -93,7 +97,8 @@ def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_t
 
     context = getattr(a.net.config, "max_position_embeddings", None)
     if context and chunk_len > context:
-        raise SpecqError(f"chunks of {chunk_len} tokens exceed the context of '{a.ref}' ({context} tokens)")
+        raise SpecqError(f"chunks of {chunk_len} tokens exceed the context of '{a.ref}' ({context} "
+                         "tokens)")
     _, held = split(shakespeare_texts())
     chunks: list[list[int]] = []
     for text in held if n_text else []:
@@ -102,8 +107,8 @@ def held_out_chunks(a: Model, n_text: int, chunk_len: int, n_chat: int, answer_t
         if len(chunks) >= n_text:
             break
     if len(chunks) < n_text:
-        raise SpecqError(f"the held-out text gives {len(chunks)} chunks of {chunk_len} tokens, fewer than the "
-                         f"{n_text} asked for: ask for fewer or shorter chunks")
+        raise SpecqError(f"the held-out text gives {len(chunks)} chunks of {chunk_len} tokens, "
+                         f"fewer than the {n_text} asked for: ask for fewer or shorter chunks")
     chunks = chunks[:n_text]
     for prompt in chat_prompts("held_out")[:n_chat]:
         ids = encode_prompt(a, prompt, chat=True)

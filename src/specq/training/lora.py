@@ -32,7 +32,8 @@ def student(base: Model, rank: int, alpha: float | None = None, seed: int = 0) -
     torch.manual_seed(seed)
     hf = float_teacher(base.net)
     config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0,
-                        target_modules=[m for m in TARGET_MODULES if any(n.endswith(m) for n, _ in hf.named_modules())])
+                        target_modules=[m for m in TARGET_MODULES
+                                        if any(n.endswith(m) for n, _ in hf.named_modules())])
     return get_peft_model(hf, config)
 
 
@@ -54,7 +55,8 @@ def base_name(ref: str) -> str:
     return str(path.resolve()) if path.exists() else name
 
 
-def save(peft_model: nn.Module, out: Path, base_ref: str, dtype: torch.dtype = torch.float16) -> None:
+def save(peft_model: nn.Module, out: Path, base_ref: str,
+         dtype: torch.dtype = torch.float16) -> None:
     """The adapter alone into the folder `out`, in peft's format (`adapter_config.json`,
     `adapter_model.safetensors`, factors in `dtype`), its base named as specq loads it."""
     from peft import get_peft_model_state_dict
@@ -63,6 +65,8 @@ def save(peft_model: nn.Module, out: Path, base_ref: str, dtype: torch.dtype = t
     config = peft_model.peft_config["default"]
     config.base_model_name_or_path = base_ref
     config.save_pretrained(str(out))
-    factors = {k: v.to(dtype).contiguous()  # embeddings are not adapted: no look-up of the base online
-               for k, v in get_peft_model_state_dict(peft_model, save_embedding_layers=False).items()}
+    # embeddings are not adapted: no look-up of the base online
+    factors = {k: v.to(dtype).contiguous()
+               for k, v in get_peft_model_state_dict(peft_model,
+                                                     save_embedding_layers=False).items()}
     save_file(factors, str(Path(out) / "adapter_model.safetensors"))

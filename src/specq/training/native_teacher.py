@@ -46,14 +46,17 @@ def on_text(net: Llama, windows: list[Tensor], k: int = TOP_K) -> TeacherSet:
 
 
 @torch.inference_mode()
-def continuations(target: Model, prompts: list[str], *, max_new_tokens: int = 128, temperature: float = 0.0,
-                  k: int = TOP_K, batch: int = 16, seed: int = 0) -> TeacherSet:
+def continuations(target: Model, prompts: list[str], *, max_new_tokens: int = 128,
+                  temperature: float = 0.0, k: int = TOP_K, batch: int = 16,
+                  seed: int = 0) -> TeacherSet:
     """The target's own answers to chat prompts (greedy, or sampled at `temperature`), `batch` at a
     time, each with its distributions after the prompt's last token and its hidden states."""
     sampling = SamplingConfig(temperature=temperature)
     data = TeacherSet([], [], [], [])
-    for i in tqdm(range(0, len(prompts), batch), desc=f"native continuations T={temperature}", unit="batch"):
-        sequences = [Sequence(target, answer_ids(target.tokenizer, p), sampling=sampling, max_new_tokens=max_new_tokens,
+    for i in tqdm(range(0, len(prompts), batch), desc=f"native continuations T={temperature}",
+                  unit="batch"):
+        sequences = [Sequence(target, answer_ids(target.tokenizer, p), sampling=sampling,
+                              max_new_tokens=max_new_tokens,
                               generator=torch.Generator().manual_seed(seed + i + j))
                      for j, p in enumerate(prompts[i:i + batch])]
         for s in sequences:
@@ -62,6 +65,7 @@ def continuations(target: Model, prompts: list[str], *, max_new_tokens: int = 12
             step(active)
         for s in sequences:
             ids, _, _ = s.result()
-            whole = torch.tensor(s.prompt_ids + ids)  # as distill.teacher_continuations: one per new token
+            # as distill.teacher_continuations: one per new token
+            whole = torch.tensor(s.prompt_ids + ids)
             data += _record(target.runner, whole, len(s.prompt_ids) - 1, len(whole) - 1, k)
     return data

@@ -42,9 +42,11 @@ from .distill import TeacherSet, _batch, distill, divergences, evaluate
 from .train import DATA_SHARE, Budget, DistillSettings, check_run, teacher_data
 
 PULL = 0.49  # a latent starting from a float weight stays this many steps from its initial code
-VECTOR_LR_SCALE = 0.05  # norms and biases (of order 1) move this much slower than the scales (or codes)
-FLOAT_START = ("rtn", "gptq")  # methods whose float weights are in the quantized layers' coordinates
-# (AWQ folds per-channel scales into norms and weights: its latents start on the grid)
+# norms and biases (of order 1) move this much slower than the scales (or codes)
+VECTOR_LR_SCALE = 0.05
+# methods whose float weights are in the quantized layers' coordinates (AWQ folds per-channel scales
+# into norms and weights: its latents start on the grid)
+FLOAT_START = ("rtn", "gptq")
 
 
 class _RoundSTE(torch.autograd.Function):
@@ -91,7 +93,8 @@ class FakeQuantLinear(nn.Module):
         signed = self._grouped(qw.codes.float()) - self._zero()  # codes relative to the zero point
         latent = signed
         if start is not None:
-            latent = signed + (self._grouped(start.float()) / self.scales[..., None] - signed).clamp(-PULL, PULL)
+            latent = signed + (self._grouped(start.float()) / self.scales[..., None]
+                               - signed).clamp(-PULL, PULL)
         self.latent = nn.Parameter(latent.reshape(self.out_features, self.in_features).contiguous(),
                                    requires_grad=codes)
         self.log_gain = nn.Parameter(torch.zeros_like(self.scales), requires_grad=scales)
@@ -107,14 +110,16 @@ class FakeQuantLinear(nn.Module):
         return 0.0 if self.zeros is None else self.zeros[..., None]
 
     def _codes(self, rounded: Tensor) -> Tensor:
-        """Stored codes (signed, or unsigned from the zero point) [out, groups, group] of rounded latents."""
+        """Stored codes (signed, or unsigned from the zero point) [out, groups,
+        group] of rounded latents."""
         qmax = max_code(self.bits, self.symmetric)
         if self.zeros is None:
             return rounded.clamp(-qmax, qmax)
         return (rounded + self._zero()).clamp(0, qmax)
 
     def scale(self) -> Tensor:
-        """The groups' steps [out, groups] as stored: bf16 values (exactly the initial ones at gain 1)."""
+        """The groups' steps [out, groups] as stored: bf16 values (exactly the
+        initial ones at gain 1)."""
         if not self.log_gain.requires_grad and not self.log_gain.any():
             return self.scales
         return _RoundBF16.apply(self.scales * self.log_gain.exp())
@@ -127,8 +132,10 @@ class FakeQuantLinear(nn.Module):
         return self._codes(_RoundSTE.apply(self._grouped(self.latent))) - self._zero()
 
     def weight(self) -> Tensor:
-        """The fake-quantized weight [out, in]: exactly `QuantizedWeight.dequantize` of `quantized()`."""
-        return (self.signed() * self.scale()[..., None]).reshape(self.out_features, self.in_features)
+        """The fake-quantized weight [out, in]: exactly `QuantizedWeight.dequantize`
+        of `quantized()`."""
+        return (self.signed() * self.scale()[..., None]).reshape(self.out_features,
+                                                                 self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight(), self.bias)
@@ -140,21 +147,23 @@ class FakeQuantLinear(nn.Module):
         if not self.latent.requires_grad:
             del destination[prefix + "latent"]
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
         if not self.latent.requires_grad and prefix + "latent" in missing_keys:
             missing_keys.remove(prefix + "latent")
 
     @torch.no_grad()
     def quantized(self) -> QuantizedWeight:
         """The rounded codes on the fixed grid, in the storage format."""
-        codes = self._codes(torch.round(self._grouped(self.latent))).reshape(self.out_features, self.in_features)
+        codes = self._codes(torch.round(self._grouped(self.latent))).reshape(self.out_features,
+                                                                             self.in_features)
         return make_quantized(codes, self.scale(), self.zeros, self.bits, self.group_size)
 
 
-def student(quantized: Llama, reference: Llama | None, *, codes: bool = True, scales: bool = True) -> Llama:
+def student(quantized: Llama, reference: Llama | None, *, codes: bool = True,
+            scales: bool = True) -> Llama:
     """A trainable copy of a quantized native model: each quantized layer a `FakeQuantLinear`
     (its codes starting from `reference`'s float weight of the same name where given, and training
     only with `codes`; its scales training with `scales`), the float vectors trainable, embeddings
@@ -165,7 +174,8 @@ def student(quantized: Llama, reference: Llama | None, *, codes: bool = True, sc
     floats = dict(reference.named_parameters()) if reference is not None and codes else {}
     for name, m in quantized_layers(net).items():
         start = floats.get(f"{name}.weight")
-        net.set_submodule(name, FakeQuantLinear(m.quantized(), m.bias, None if start is None else start.detach(),
+        net.set_submodule(name, FakeQuantLinear(m.quantized(), m.bias,
+                                                None if start is None else start.detach(),
                                                 codes=codes, scales=scales))
     return net.train()
 
@@ -193,22 +203,26 @@ def export(net: Llama) -> Llama:
 
 
 def qad_forward(net: Llama, data: TeacherSet, rows: list[int]) -> tuple[dict[str, Tensor], Tensor]:
-    """`distill`'s forward for a native student: per-position divergences from the teacher on `rows`."""
+    """`distill`'s forward for a native student: per-position divergences from
+    the teacher on `rows`."""
     ids, flat, top_ids, top_logp = _batch(data, rows)
     n = ids.shape[1]
     net._ensure_rope(n)
     x = net._layers(ids, net.rope_cos[:n], net.rope_sin[:n], None, net._local(slice(0, n)))
-    hidden = net.norm(x).reshape(-1, x.shape[-1])[flat]  # only the teacher positions: the head is large
+    # only the teacher positions: the head is large
+    hidden = net.norm(x).reshape(-1, x.shape[-1])[flat]
     logq = torch.log_softmax(net.output(hidden).float(), dim=-1)
-    return divergences(logq.gather(-1, top_ids), logq.argmax(-1), top_ids, top_logp), logq.new_zeros(())
+    return (divergences(logq.gather(-1, top_ids), logq.argmax(-1), top_ids, top_logp),
+            logq.new_zeros(()))
 
 
 def qad_spec(spec_text: str):
-    """The `-qad` spec of a quantization spec given with or without the marker; float specs are refused."""
+    """The `-qad` spec of a quantization spec given with or without the marker;
+    float specs are refused."""
     spec = precision.parse(spec_text)
     if spec.is_float:
-        raise SpecqError(f"'{spec_text}' is a float precision: QAD recovers what integer weights lose "
-                         "(give e.g. int4-g64-rtn)")
+        raise SpecqError(f"'{spec_text}' is a float precision: QAD recovers what integer weights "
+                         "lose (give e.g. int4-g64-rtn)")
     return type(spec)(**(asdict(spec) | {"qad": True}))
 
 
@@ -218,7 +232,8 @@ def checkpoint_name(spec) -> str:
 
 
 def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: DistillSettings, *,
-        code_lr: float = 0.0, resume: bool = False, force: bool = False, since: float | None = None) -> dict:
+        code_lr: float = 0.0, resume: bool = False, force: bool = False,
+        since: float | None = None) -> dict:
     """Train `quantized` (a native model at the plain form of `spec`) towards `target` (its float
     model) and write the result to `out` as a quantized model directory at `spec` (`-qad`), with
     its provenance in quant_config.json; returns that provenance. The time budget
@@ -236,42 +251,50 @@ def run(target: Model, quantized: Model, spec, out: Path, work: Path, settings: 
     train, held = teacher_data(target, settings, work, budget=budget)
     data_s = time.perf_counter() - started
     if budget.skipped:
-        print(f"specq: the time budget stopped teacher data after {data_s / 60:.1f} of {settings.minutes:g} minutes: "
-              f"{budget.skipped} shards left out, training on the {len(train)} sequences there are",
+        print(f"specq: the time budget stopped teacher data after {data_s / 60:.1f} of "
+              f"{settings.minutes:g} minutes: {budget.skipped} shards left out, training on the "
+              f"{len(train)} sequences there are",
               file=sys.stderr, flush=True)
     if settings.lr <= 0 and code_lr <= 0:
         raise SpecqError("nothing to train: give the scales or the codes a learning rate")
-    net = student(quantized.net, target.net if spec.method in FLOAT_START else None, codes=code_lr > 0,
-                  scales=settings.lr > 0)
+    net = student(quantized.net, target.net if spec.method in FLOAT_START else None,
+                  codes=code_lr > 0, scales=settings.lr > 0)
     lr = max(settings.lr, code_lr)  # the schedule's peak; each group at its fraction of it
     evaluated = time.monotonic()
     before = evaluate(net, held, forward=qad_forward)
-    eval_s = time.monotonic() - evaluated  # the final evaluation costs as much: kept out of training's budget
+    # the final evaluation costs as much: kept out of training's budget
+    eval_s = time.monotonic() - evaluated
     train_budget_s = None if deadline is None else max(0.0, deadline - time.monotonic() - eval_s)
-    result = distill(net, train, held, steps=settings.steps, time_budget_s=train_budget_s, loss=settings.loss,
-                     lr=lr, batch=settings.batch, checkpoint_dir=ckpt,
-                     checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every, seed=settings.seed,
-                     forward=qad_forward,
+    result = distill(net, train, held, steps=settings.steps, time_budget_s=train_budget_s,
+                     loss=settings.loss, lr=lr, batch=settings.batch, checkpoint_dir=ckpt,
+                     checkpoint_every=settings.checkpoint_every, eval_every=settings.eval_every,
+                     seed=settings.seed, forward=qad_forward,
                      groups=param_groups(net, code_lr / lr, settings.lr / lr, VECTOR_LR_SCALE))
     provenance = {
         "method": "qad", "from": f"{model_ref(quantized.ref).name}@{quantized.precision}",
         "teacher": f"{model_ref(target.ref).name}@{target.precision}",
-        "trained": " and ".join(name for name, on in (("group scales (bf16, straight-through)", settings.lr > 0),
-                                                      ("codes (straight-through rounding)", code_lr > 0)) if on)
+        "trained": " and ".join(
+            name for name, on in (("group scales (bf16, straight-through)", settings.lr > 0),
+                                  ("codes (straight-through rounding)", code_lr > 0)) if on)
         + ", the float norms and biases",
-        "settings": {k: v for k, v in asdict(settings).items() if k in SETTINGS} | {"code_lr": code_lr}
+        "settings": {k: v for k, v in asdict(settings).items() if k in SETTINGS}
+        | {"code_lr": code_lr}
         | settings.extra,
-        "train_sequences": len(train), "train_positions": train.positions(), "held_out_positions": held.positions(),
-        "teacher_data_s": round(data_s, 1), "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
+        "train_sequences": len(train), "train_positions": train.positions(),
+        "held_out_positions": held.positions(), "teacher_data_s": round(data_s, 1),
+        "train_s": round(result["elapsed_s"], 1), "steps": result["steps"],
         "budget": None if deadline is None else {"minutes": settings.minutes,
                                                  "teacher_shards_left_out": budget.skipped},
-        "held_out_before": before, "held_out_after": result["held_out"], "history": result["history"],
-        "threads": torch.get_num_threads(),
+        "held_out_before": before, "held_out_after": result["held_out"],
+        "history": result["history"], "threads": torch.get_num_threads(),
     }
-    precision.save_quantized_dir(export(net), spec, target.tokenizer, target.eos_ids, out, provenance)
+    precision.save_quantized_dir(export(net), spec, target.tokenizer, target.eos_ids, out,
+                                 provenance)
     shutil.rmtree(ckpt, ignore_errors=True)  # finished: a later run of this spec starts afresh
     return provenance | {"out": str(out)}
 
 
-SETTINGS = ("texts", "prompts", "temperatures", "new_tokens", "text_windows", "seq_len", "steps", "minutes", "loss",
-            "lr", "batch", "eval_every", "checkpoint_every", "gen_batch", "seed")  # what a QAD run uses
+SETTINGS = ("texts", "prompts", "temperatures", "new_tokens", "text_windows", "seq_len", "steps",
+            "minutes", "loss",
+            # what a QAD run uses
+            "lr", "batch", "eval_every", "checkpoint_every", "gen_batch", "seed")

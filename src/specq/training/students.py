@@ -31,13 +31,16 @@ NEW_HEAD_VOCAB = 16384  # a new feature draft's head: its most frequent tokens i
 
 @dataclass(frozen=True)
 class Student:
-    forward: Callable  # (student, data, rows) -> (divergences, extra loss), as `distill.distill` takes it
+    # (student, data, rows) -> (divergences, extra loss), as `distill.distill` takes it
+    forward: Callable
     reads_features: bool  # its teacher data holds the target's hidden states
     head_vocab: bool  # --head-vocab applies (its head covers a vocabulary subset)
     new: Callable  # (target, train, settings, arch) -> a new student
-    check_base: Callable  # (base draft, head_vocab or None): it can be trained from (before any teacher data)
+    # (base draft, head_vocab or None): it can be trained from (before any teacher data)
+    check_base: Callable
     from_base: Callable  # (base draft, target, train, head_vocab or None) -> a student
-    finish: Callable[[nn.Module, object], nn.Module]  # (trained student, dtype) -> the draft's network
+    # (trained student, dtype) -> the draft's network
+    finish: Callable[[nn.Module, object], nn.Module]
 
 
 def feature_layers(name: str) -> int | None:
@@ -61,13 +64,16 @@ def architecture(name: str, vocab_size: int) -> LlamaConfig:
             layers_width = tuple(int(x) for x in name.lower().split("x"))
         except ValueError:
             layers_width = ()
-    if len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32 or layers_width[0] > MAX_LAYERS \
-            or layers_width[1] > MAX_WIDTH:
-        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with LAYERS <= {MAX_LAYERS} "
-                         f"and WIDTH a multiple of 32 up to {MAX_WIDTH} (e.g. 4x192), or feature[:LAYERS], got '{name}'")
+    if (len(layers_width) != 2 or min(layers_width) < 1 or layers_width[1] % 32
+        or layers_width[0] > MAX_LAYERS
+        or layers_width[1] > MAX_WIDTH):
+        raise SpecqError(f"--arch must be one of {sorted(ARCHITECTURES)}, LAYERSxWIDTH with LAYERS "
+                         f"<= {MAX_LAYERS} and WIDTH a multiple of 32 up to {MAX_WIDTH} (e.g. "
+                         f"4x192), or feature[:LAYERS], got '{name}'")
     layers, width = layers_width
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=3 * width, num_layers=layers,
-                       num_heads=max(1, width // 64), num_kv_heads=max(1, width // 128), head_dim=min(64, width),
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=3 * width,
+                       num_layers=layers, num_heads=max(1, width // 64),
+                       num_kv_heads=max(1, width // 128), head_dim=min(64, width),
                        rope_theta=100000.0, max_position_embeddings=8192)
 
 
@@ -99,28 +105,31 @@ def _sequence_from(base, target, train, head_vocab: int | None):
 
 
 def _new_feature(target, train, settings, arch: str):
-    head = frequent_tokens(train.ids, settings.head_vocab or NEW_HEAD_VOCAB, target.vocab_size, target.eos_ids)
+    head = frequent_tokens(train.ids, settings.head_vocab or NEW_HEAD_VOCAB, target.vocab_size,
+                           target.eos_ids)
     return new_feature_draft(target.net, head, feature_layers(arch), seed=settings.seed)
 
 
 def _check_feature_base(base, head_vocab: int | None) -> None:
     if (head_vocab or 0) > base.net.config.vocab_size:
-        raise SpecqError(f"--head-vocab {head_vocab} is more than the {base.net.config.vocab_size} tokens "
-                         f"of the head of '{base.ref}' (a base's head can only be narrowed)")
+        raise SpecqError(f"--head-vocab {head_vocab} is more than the {base.net.config.vocab_size} "
+                         f"tokens of the head of '{base.ref}' (a base's head can only be narrowed)")
 
 
 def _feature_from(base, target, train, head_vocab: int | None):
-    """A feature draft trains on a plain copy of its network, bound to this target; its head may be narrowed."""
+    """A feature draft trains on a plain copy of its network, bound to this target; its
+    head may be narrowed."""
     student = copy.deepcopy(base.net).float().attach(target.net)  # the loaded draft stays as it is
     if head_vocab is not None:
-        student = restrict_head(student, frequent_tokens(train.ids, head_vocab, target.vocab_size, target.eos_ids,
-                                                         within=student.vocab_ids))
+        student = restrict_head(student, frequent_tokens(train.ids, head_vocab, target.vocab_size,
+                                                         target.eos_ids, within=student.vocab_ids))
     return student.train()
 
 
 STUDENTS = {
     "sequence": Student(sequence_forward, reads_features=False, head_vocab=False, new=_new_sequence,
-                        check_base=_check_sequence_base, from_base=_sequence_from, finish=to_native),
+                        check_base=_check_sequence_base, from_base=_sequence_from,
+                        finish=to_native),
     FEATURE: Student(feature_forward, reads_features=True, head_vocab=True, new=_new_feature,
                      check_base=_check_feature_base, from_base=_feature_from,
                      finish=lambda student, dtype: student.to(dtype).eval()),
@@ -129,18 +138,20 @@ STUDENTS = {
 
 def _check_lora_base(base, head_vocab: int | None) -> None:
     if not isinstance(base.net, Llama) or not precision.is_float(base.precision):
-        raise SpecqError(f"--lora trains on the float weights of a model specq runs natively; '{base.ref}' is not one "
-                         f"(give --from without @, or @fp32)")
+        raise SpecqError("--lora trains on the float weights of a model specq runs natively; "
+                         f"'{base.ref}' is not one (give --from without @, or @fp32)")
 
 
-# A LoRA adapter on a base model (`lora.py`), whatever the base's kind: `train.run` builds it from the
-# rank (no `new` / `from_base`) and saves the adapter alone (no `finish`); it trains like a sequence draft.
-LORA = Student(lora.forward, reads_features=False, head_vocab=False, new=None, check_base=_check_lora_base,
-               from_base=None, finish=None)
+# A LoRA adapter on a base model (`lora.py`), whatever the base's kind: `train.run` builds it from
+# the rank (no `new` / `from_base`) and saves the adapter alone (no `finish`); it trains
+# like a sequence draft.
+LORA = Student(lora.forward, reads_features=False, head_vocab=False, new=None,
+               check_base=_check_lora_base, from_base=None, finish=None)
 
 
 def of(kind: Kind) -> Student:
     """How a kind of draft trains; one line for a kind that does not."""
     if kind.name not in STUDENTS:
-        raise SpecqError(f"{kind.about} is not trained: distil or calibrate a {' or '.join(STUDENTS)} draft")
+        raise SpecqError(f"{kind.about} is not trained: distil or calibrate a "
+                         f"{' or '.join(STUDENTS)} draft")
     return STUDENTS[kind.name]

@@ -27,12 +27,13 @@ class FileEmbedding(nn.Module):
     """`nn.Embedding`'s lookup over a file's stored rows. No buffers: the file is the storage."""
 
     def __init__(self, raw: np.ndarray, qtype: str, dim: int):
-        """raw: uint8 [vocab, row bytes], the stored rows (a memory map: only looked-up rows are read);
-        `qtype` the GGML type name; `dim` the embedding width."""
+        """raw: uint8 [vocab, row bytes], the stored rows (a memory map: only looked-up rows are
+        read); `qtype` the GGML type name; `dim` the embedding width."""
         super().__init__()
         self.raw, self.qtype = raw, qtype
         self.num_embeddings, self.embedding_dim = raw.shape[0], dim
-        self._rows: dict[int, Tensor] = {}  # id -> float32 [dim], in the order they were first looked up
+        # id -> float32 [dim], in the order they were first looked up
+        self._rows: dict[int, Tensor] = {}
 
     def forward(self, ids: Tensor) -> Tensor:
         """ids [...] int -> float32 [..., dim] (a new tensor: callers may write into it)."""
@@ -62,7 +63,9 @@ class FileEmbedding(nn.Module):
         return torch.from_numpy(to_float(self.raw, self.qtype))
 
     def __deepcopy__(self, memo: dict) -> "FileEmbedding":
-        return FileEmbedding(self.raw, self.qtype, self.embedding_dim)  # the file's bytes are read-only: shared
+        # the file's bytes are read-only: shared
+        return FileEmbedding(self.raw, self.qtype, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.qtype} rows looked up from the file"
+        return (f"{self.num_embeddings}, {self.embedding_dim}, {self.qtype} rows looked up from "
+                "the file")

@@ -1,5 +1,5 @@
-"""GGUF weight formats as one table (ggml's `type_traits`): a row per GGML type, so a new format is a
-row, not a branch.
+"""GGUF weight formats as one table (ggml's `type_traits`): a row per GGML type, so a new format is
+a row, not a branch.
 
 A row knows its block (`block_size` weights stored in `type_size` bytes) and turns a [rows, cols]
 tensor's stored bytes into the terms of specq's int8-activation kernel (`kernels/int8dot`): integer
@@ -11,7 +11,8 @@ weights are what the model was quantized to, and a second rounding is a differen
 K-quants' super-blocks of 256 become groups of 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) with the
 sub-scale already applied: an fp16 d times a 4-, 6- or 8-bit sub-scale is exact in float32, and
 gguf computes the same product in float32 before it multiplies the codes, so nothing rounds
-differently (the load path keeps the two factors and lets the kernel multiply them: `kernel_weight`).
+differently (the load path keeps the two factors and lets the kernel multiply
+them: `kernel_weight`).
 
 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K) codes go to the kernel's 6-bit codes (signed, in [-32,
 31]), 6.25 bits a weight beside the file's 5.5-6.6: decoding reads every weight once a step, so the
@@ -25,9 +26,9 @@ tensor is concatenated with another format's (a fused q/k/v with a Q5_K v): ther
 codes times exact group scales too (grid values with signs, ternary digits, e2m1 values), each
 format's codes 16 or fewer values: 4-bit codes, indices into a grid of those values (IQ3_XXS, MXFP4)
 or codes with offsets (IQ3_S's odd values); 3-bit indices into IQ2's grid of six values; or 2-bit
-codes with offsets (IQ1_S's three values, the ternary digits), read through gguf's own decoders for their grids (`_scaled_by_gguf`;
-gguf_repack.c reads them with gguf's grids): 2.25-6 bits a weight with their scales, beside the
-files' 1.6-3.4. F32, F16 and BF16 are float rows
+codes with offsets (IQ1_S's three values, the ternary digits), read through gguf's own decoders for
+their grids (`_scaled_by_gguf`; gguf_repack.c reads them with gguf's grids): 2.25-6 bits a weight
+with their scales, beside the files' 1.6-3.4. F32, F16 and BF16 are float rows
 (`floats`); a type without a row (IQ1_M, whose scale is spread over its sub-scales) is dequantized
 by gguf (`to_float`).
 
@@ -49,7 +50,8 @@ import torch
 
 from ..kernels import build, gguf_repack, int8dot
 
-CODE_DTYPES = {2: np.uint8, 3: np.uint8, 4: np.uint8, 6: np.int8, 8: np.int8}  # 2 to 4 bits unsigned
+# 2 to 4 bits unsigned
+CODE_DTYPES = {2: np.uint8, 3: np.uint8, 4: np.uint8, 6: np.int8, 8: np.int8}
 PACK = int8dot.PACKS  # code bits -> their packing
 
 
@@ -69,7 +71,8 @@ class KernelBlocks:
     d: np.ndarray  # [rows, cols // group_size] float32
     m: np.ndarray | None  # like d, or None: no offsets (6- and 8-bit only, and grid codes)
     group_size: int
-    grid: np.ndarray | None = field(default=None, compare=False)  # int8 [16]: what 4-bit codes index
+    # int8 [16]: what 4-bit codes index
+    grid: np.ndarray | None = field(default=None, compare=False)
     levels: Levels | None = field(default=None, compare=False)
 
     def values(self) -> np.ndarray:
@@ -84,20 +87,24 @@ class KernelBlocks:
             w = w + self.m[..., None]
         return w.reshape(rows, cols)
 
-    def widened(self, bits: int, group_size: int, offsets: bool, lookup: bool = False) -> KernelBlocks:
-        """The same weights as `bits`-bit codes in groups of `group_size` (dividing this one's), with
-        offsets if `offsets` (-0 where there were none: d * code + -0 is d * code, even a zero's
-        sign), grid codes kept as indices if `lookup`: exact, only more bytes."""
+    def widened(self, bits: int, group_size: int, offsets: bool,
+                lookup: bool = False) -> KernelBlocks:
+        """The same weights as `bits`-bit codes in groups of `group_size` (dividing this one's),
+        with offsets if `offsets` (-0 where there were none: d * code + -0 is d * code, even a
+        zero's sign), grid codes kept as indices if `lookup`: exact, only more bytes."""
         repeat = self.group_size // group_size
         d = np.repeat(self.d, repeat, axis=1)
-        m = None if not offsets else np.full_like(d, -0.0) if self.m is None else np.repeat(self.m, repeat, axis=1)
+        m = (None if not offsets else np.full_like(d, -0.0)
+             if self.m is None else np.repeat(self.m, repeat, axis=1))
         codes = self.codes if lookup else self.values()
         levels = None
         if self.levels is not None:  # -0 times a sub-offset of 0 is the -0 offset
             D, Mneg, sub_d, sub_m = self.levels
             sub_d = np.repeat(sub_d, repeat, axis=1)
-            sub_m = None if not offsets else np.zeros_like(sub_d) if sub_m is None else np.repeat(sub_m, repeat, axis=1)
-            levels = D, None if not offsets else np.full_like(D, -0.0) if Mneg is None else Mneg, sub_d, sub_m
+            sub_m = (None if not offsets else np.zeros_like(sub_d)
+                     if sub_m is None else np.repeat(sub_m, repeat, axis=1))
+            levels = (D, None if not offsets else np.full_like(D, -0.0) if Mneg is None else Mneg,
+                      sub_d, sub_m)
         return KernelBlocks(bits, codes.astype(CODE_DTYPES[bits], copy=False), d, m, group_size,
                             self.grid if lookup else None, levels)
 
@@ -122,13 +129,15 @@ def stack_rows(parts: list[KernelBlocks]) -> KernelBlocks:
     if len(parts) == 1:
         return parts[0]
     bits, group, offsets, lookup = common_form([(p.bits, p.group_size, p.m is not None,
-                                                 None if p.grid is None else p.grid.tobytes()) for p in parts])
+                                                 None if p.grid is None else p.grid.tobytes())
+                                                for p in parts])
     parts = [p.widened(bits, group, offsets, lookup) for p in parts]
     levels = None
     if all(p.levels is not None for p in parts):  # else one level, as gguf_repack.c does
         levels = tuple(None if p0 is None else np.concatenate([p.levels[i] for p in parts])
                        for i, p0 in enumerate(parts[0].levels))
-    return KernelBlocks(bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.d for p in parts]),
+    return KernelBlocks(bits, np.concatenate([p.codes for p in parts]),
+                        np.concatenate([p.d for p in parts]),
                         np.concatenate([p.m for p in parts]) if offsets else None, group,
                         parts[0].grid if lookup else None, levels)
 
@@ -136,17 +145,19 @@ def stack_rows(parts: list[KernelBlocks]) -> KernelBlocks:
 # A block decoder: blocks [n, type_size] uint8 -> codes [n, block_size], d and m (or None)
 # [n, block_size // group_size] float32 (each decoder's docstring gives its format's layout), and
 # for blocks of 256 the same scales in two levels where the decoder gives them
-Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None] | tuple[np.ndarray, np.ndarray, np.ndarray | None, Levels]
+Decoded = (tuple[np.ndarray, np.ndarray, np.ndarray | None]
+           | tuple[np.ndarray, np.ndarray, np.ndarray | None, Levels])
 
 
 @dataclass(frozen=True)
 class Format:
     """One GGML type: `block_size` weights in `type_size` bytes, read either into the kernel's terms
-    (`kernel`, `bits`-bit codes in groups of `group_size`) or, for float types, straight into float32
-    (`floats`: values [n, type_size] uint8 -> float32 [n, 1])."""
+    (`kernel`, `bits`-bit codes in groups of `group_size`) or, for float types, straight into
+    float32 (`floats`: values [n, type_size] uint8 -> float32 [n, 1])."""
 
     name: str
-    ggml: int  # ggml's type id (the file's number for it; `kernels/gguf_repack.c` reads blocks by it)
+    # ggml's type id (the file's number for it; `kernels/gguf_repack.c` reads blocks by it)
+    ggml: int
     block_size: int
     type_size: int
     bits: int = 0
@@ -154,21 +165,26 @@ class Format:
     kernel: Callable[[np.ndarray], Decoded] | None = None
     floats: Callable[[np.ndarray], np.ndarray] | None = None
     offsets: bool = False  # whether `kernel` gives offsets m
-    two_level: bool = False  # K-quants: the kernel can keep their scales as the file does (a float32 per
-    # super-block of 256 times an int8 sub-scale per group: the same float32 group scales, fewer bytes)
-    grid: np.ndarray | None = field(default=None, compare=False)  # int8 [16]: what `kernel`'s 4-bit codes index
+    # K-quants: the kernel can keep their scales as the file does (a float32 per super-block of 256
+    # times an int8 sub-scale per group: the same float32 group scales, fewer bytes)
+    two_level: bool = False
+    # int8 [16]: what `kernel`'s 4-bit codes index
+    grid: np.ndarray | None = field(default=None, compare=False)
 
     def form(self) -> Form:
         """The kernel's terms: code bits, group size, offsets, the grid the codes index."""
-        return self.bits, self.group_size, self.offsets, None if self.grid is None else self.grid.tobytes()
+        return (self.bits, self.group_size, self.offsets,
+                None if self.grid is None else self.grid.tobytes())
 
     def kernel_blocks(self, raw: np.ndarray) -> KernelBlocks:
         """A tensor's stored bytes, uint8 [rows, row bytes], in the kernel's terms."""
         rows = raw.shape[0]
         codes, d, m, *levels = self.kernel(np.ascontiguousarray(raw).reshape(-1, self.type_size))
-        levels = tuple(None if t is None else t.reshape(rows, -1) for t in levels[0]) if levels else None
+        levels = (tuple(None if t is None else t.reshape(rows, -1) for t in levels[0])
+                  if levels else None)
         return KernelBlocks(self.bits, codes.reshape(rows, -1), d.reshape(rows, -1),
-                            None if m is None else m.reshape(rows, -1), self.group_size, self.grid, levels)
+                            None if m is None else m.reshape(rows, -1), self.group_size,
+                            self.grid, levels)
 
     def to_float(self, raw: np.ndarray) -> np.ndarray:
         """A tensor's stored bytes, uint8 [rows, row bytes], as float32 [rows, cols]."""
@@ -255,7 +271,8 @@ def _k_scale_min(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _k_two_bits(qs: np.ndarray) -> np.ndarray:
     """Q2_K / Q3_K's 64 bytes of 2-bit values [n, 64] -> [n, 256]: per half of 128 values, 32 bytes;
     group 2j + p of the half (16 values each) sits at bits 2j of bytes 16p..16p + 15."""
-    q = qs.reshape(-1, 2, 1, 2, 16) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None, None]  # half, j, p, byte
+    # half, j, p, byte
+    q = qs.reshape(-1, 2, 1, 2, 16) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None, None]
     q &= 3
     return q.reshape(-1, 256)
 
@@ -269,16 +286,17 @@ def _q2_k(b: np.ndarray) -> Decoded:
 
 
 def _q3_k_scales(s: np.ndarray) -> np.ndarray:
-    """Q3_K's 12 bytes [n, 12] -> 16 6-bit scales minus 32 [n, 16], float32: scale i's low 4 bits are
-    byte i % 8's low (i < 8) or high nibble, its top 2 bits bits 2 (i // 4) of byte 8 + i % 4."""
+    """Q3_K's 12 bytes [n, 12] -> 16 6-bit scales minus 32 [n, 16], float32: scale i's low 4 bits
+    are byte i % 8's low (i < 8) or high nibble, its top 2 bits bits 2 (i // 4) of byte 8 +
+    i % 4."""
     low = (s[:, None, :8] >> np.array([[0], [4]], dtype=np.uint8)).reshape(-1, 16) & 0x0F
     high = (s[:, None, 8:] >> np.array([[0], [2], [4], [6]], dtype=np.uint8)).reshape(-1, 16) & 3
     return (low | (high << 4)).astype(np.float32) - np.float32(32)
 
 
 def _q3_k(b: np.ndarray) -> Decoded:
-    """32 bytes of high bits, 64 of 2-bit low bits, 12 of 6-bit sub-scales, fp16 d: w = (d * (scale -
-    32)) * (q - 4), q = low + 4 high in [0, 7], 16 groups of 16; value 16p + l of group 2b + p has
+    """32 bytes of high bits, 64 of 2-bit low bits, 12 of 6-bit sub-scales, fp16 d: w = (d * (scale
+    - 32)) * (q - 4), q = low + 4 high in [0, 7], 16 groups of 16; value 16p + l of group 2b + p has
     its high bit in bit b of byte 16p + l. As codes q with offset -4 (d * scale), exact: every term
     has at most 19 significant bits (up to the sign of zero, as Q4_0)."""
     high = (b[:, None, :32] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [n, bit b, byte]
@@ -303,12 +321,14 @@ def _q5_k(b: np.ndarray) -> Decoded:
 def _q6_k(b: np.ndarray) -> Decoded:
     """128 bytes of low nibbles, 64 of top 2 bits, 16 int8 sub-scales, fp16 d: w = (d * scale) *
     (q - 32), 16 groups of 16. Each half of 128 values takes 64 low-nibble bytes (values 0-63 in the
-    low nibbles, 64-127 in the high) and 32 top-bit bytes (value 32s + i in bits 2s, 2s + 1 of byte i)."""
+    low nibbles, 64-127 in the high) and 32 top-bit bytes (value 32s + i in bits 2s, 2s +
+    1 of byte i)."""
     low = b[:, :128].reshape(-1, 2, 1, 64)  # views; each step below is one pass into q
     q = np.empty((low.shape[0], 2, 2, 64), np.uint8)  # half, nibble, byte
     np.bitwise_and(low, 0x0F, out=q[:, :, :1])
     np.right_shift(low, 4, out=q[:, :, 1:])
-    high = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None]  # half, s, i
+    # half, s, i
+    high = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.arange(0, 8, 2, dtype=np.uint8)[:, None]
     high &= 3
     high <<= 4
     q = q.reshape(-1, 256)
@@ -319,20 +339,24 @@ def _q6_k(b: np.ndarray) -> Decoded:
 
 
 # IQ4_NL and IQ4_XS's 16 code values, a non-linear grid (ggml's kvalues_iq4nl)
-IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      np.int8)
 
 
 def _iq4_nl(b: np.ndarray) -> Decoded:
-    """fp16 d, 16 bytes of 4-bit indices (low nibbles first) into IQ4_VALUES: w = d * IQ4_VALUES[q]."""
+    """fp16 d, 16 bytes of 4-bit indices (low nibbles first) into IQ4_VALUES: w = d *
+    IQ4_VALUES[q]."""
     return _nibbles(b[:, 2:]), _f16(b[:, 0:2]), None
 
 
 def _iq4_xs(b: np.ndarray) -> Decoded:
     """fp16 d, 2 bytes of the sub-scales' top 2 bits (sub-block i at bits 2i), 4 of their low 4
     (sub-block 2k in byte k's low nibble, 2k + 1 in its high), then per sub-block of 32 values 16
-    bytes of indices into IQ4_VALUES as IQ4_NL's: w = (d * (scale - 32)) * IQ4_VALUES[q], 8 groups of 32."""
+    bytes of indices into IQ4_VALUES as IQ4_NL's: w = (d * (scale - 32)) *
+    IQ4_VALUES[q], 8 groups of 32."""
     low = (b[:, 4:8, None] >> np.array([0, 4], dtype=np.uint8)).reshape(-1, 8) & 0x0F
-    high = (np.ascontiguousarray(b[:, 2:4]).view(np.uint16) >> np.arange(0, 16, 2, dtype=np.uint16)) & 3
+    high = (np.ascontiguousarray(b[:, 2:4]).view(np.uint16) >> np.arange(0, 16, 2,
+                                                                         dtype=np.uint16)) & 3
     scales = (low | (high.astype(np.uint8) << 4)).astype(np.float32) - np.float32(32)
     return _nibbles(b[:, 8:].reshape(-1, 8, 16)).reshape(-1, 256), _f16(b[:, 0:2]) * scales, None
 
@@ -369,10 +393,10 @@ def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarr
     per_unit and offset d * unit * low / per_unit. `units`: blocks [n, type_size] -> float32 units
     [n, groups]. With `denominator` (a power of two making every unit an integer below 128, and a
     constant `low`), the scales also in two levels, as int8dot keeps K-quants': D = d * step /
-    (denominator * per_unit) and Mneg = d * low / (denominator * per_unit) per block, the units times
-    `denominator` as int8 sub-scales and sub-offsets, whose products are the same exact values. Why
-    through gguf: these formats' grids of 256 to 2048 entries and sign tables are gguf's to read;
-    what is specq's is only that their weights are 4-bit codes times a scale, which int8dot
+    (denominator * per_unit) and Mneg = d * low / (denominator * per_unit) per block, the units
+    times `denominator` as int8 sub-scales and sub-offsets, whose products are the same exact
+    values. Why through gguf: these formats' grids of 256 to 2048 entries and sign tables are gguf's
+    to read; what is specq's is only that their weights are 4-bit codes times a scale, which int8dot
     multiplies."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -385,8 +409,10 @@ def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarr
         n, groups = unit.shape
         # gguf decodes 16 rows of bytes per numpy call: rows of up to 256 blocks, not one (its own
         # loop over the blocks would otherwise cost more than the decoding)
-        v = dequantize(ones.reshape(-1, math.gcd(n, 256) * b.shape[1]), qtype).reshape(n, groups, -1)
-        v *= np.float32(per_unit) / unit[..., None]  # the codes, within a rounding of the exact quotient
+        v = dequantize(ones.reshape(-1, math.gcd(n, 256) * b.shape[1]), qtype).reshape(n,
+                                                                                       groups, -1)
+        # the codes, within a rounding of the exact quotient
+        v *= np.float32(per_unit) / unit[..., None]
         return np.rint(v, out=v).astype(np.int8)
 
     def decode(b: np.ndarray) -> Decoded:
@@ -394,7 +420,8 @@ def _scaled_by_gguf(name: str, d_at: int, units: Callable[[np.ndarray], np.ndarr
         # numpy releases the GIL: the blocks in as many parts as torch has threads, decoded at once
         parts = [p for p in np.array_split(np.arange(len(b)), torch.get_num_threads()) if len(p)]
         with ThreadPoolExecutor(len(parts)) as pool:
-            v = np.concatenate(list(pool.map(lambda p: codes(b[p[0]:p[-1] + 1], unit[p[0]:p[-1] + 1]), parts)))
+            v = np.concatenate(
+                list(pool.map(lambda p: codes(b[p[0]:p[-1] + 1], unit[p[0]:p[-1] + 1]), parts)))
         u, low, step = recode(v)
         d = _f16(b[:, d_at:d_at + 2])
         scaled = d * unit  # d * unit, exact
@@ -417,7 +444,8 @@ def _top_nibbles(words: np.ndarray) -> np.ndarray:
 
 def _nibble_scales(s: np.ndarray) -> np.ndarray:
     """Bytes [n, k] of two 4-bit scales each (low nibble first) -> [n, 2k], float32."""
-    return ((s[..., None] >> np.array([0, 4], dtype=np.uint8)) & 0x0F).reshape(len(s), -1).astype(np.float32)
+    return ((s[..., None] >> np.array([0, 4], dtype=np.uint8))
+            & 0x0F).reshape(len(s), -1).astype(np.float32)
 
 
 def _iq2_units(scales: np.ndarray) -> np.ndarray:
@@ -427,7 +455,8 @@ def _iq2_units(scales: np.ndarray) -> np.ndarray:
 
 def _iq1_s_units(b: np.ndarray) -> np.ndarray:
     """IQ1_S's per-32 units 2 * k + 1, k bits 12-14 of the sub-block's uint16 at byte 34."""
-    return (2 * ((np.ascontiguousarray(b[:, 34:50]).view(np.uint16) >> 12) & 7) + 1).astype(np.float32)
+    return (2 * ((np.ascontiguousarray(b[:, 34:50]).view(np.uint16) >> 12) & 7)
+            + 1).astype(np.float32)
 
 
 def _one_unit(b: np.ndarray) -> np.ndarray:
@@ -439,7 +468,8 @@ MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
 # The signed grid values of IQ2's grids ({8, 25, 43}: gguf's IQ2_XXS.grid_map) and IQ3_XXS's, as
 # 4-bit codes' grids (IQ2's 6 padded with zeros)
 IQ2_VALUES = np.array([-43, -25, -8, 8, 25, 43] + [0] * 10, np.int8)
-IQ3_VALUES = np.array([-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62], np.int8)
+IQ3_VALUES = np.array([-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62],
+                      np.int8)
 
 
 def _mxfp4(b: np.ndarray) -> Decoded:
@@ -451,7 +481,8 @@ def _mxfp4(b: np.ndarray) -> Decoded:
 
 
 def _iq1_low(v: np.ndarray) -> np.ndarray:
-    """IQ1_S's codes 8 g + delta (g in -1, 0, 1; delta +-1 per sub-block): each group's lowest, delta - 8."""
+    """IQ1_S's codes 8 g + delta (g in -1, 0, 1; delta +-1 per sub-block): each
+    group's lowest, delta - 8."""
     first = v[..., 0].astype(np.int16)
     return first - 8 * np.rint(first / 8).astype(np.int16) - 8
 
@@ -479,7 +510,8 @@ FORMATS = {f.name: f for f in (
     Format("IQ4_XS", 23, 256, 136, 4, 32, _iq4_xs, two_level=True, grid=IQ4_VALUES),
     # 4-bit codes times exact group scales (in numpy through gguf: `_scaled_by_gguf`)
     Format("IQ2_XXS", 16, 256, 66, 3, 32, _scaled_by_gguf("IQ2_XXS", 0, lambda b: _iq2_units(
-        _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])), _indices_into(IQ2_VALUES),
+        _top_nibbles(np.ascontiguousarray(b[:, 2:66]).view(np.uint32)[:, 1::2])),
+                                                          _indices_into(IQ2_VALUES),
         denominator=8), grid=IQ2_VALUES, two_level=True),
     Format("IQ2_XS", 17, 256, 74, 3, 16, _scaled_by_gguf("IQ2_XS", 0, lambda b: _iq2_units(
         _nibble_scales(b[:, 66:74])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES,
@@ -488,16 +520,21 @@ FORMATS = {f.name: f for f in (
         _nibble_scales(b[:, 74:82])), _indices_into(IQ2_VALUES), denominator=8), grid=IQ2_VALUES,
         two_level=True),
     Format("IQ3_XXS", 18, 256, 98, 4, 32, _scaled_by_gguf("IQ3_XXS", 0, lambda b: (
-        np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5), _indices_into(IQ3_VALUES), denominator=4),
+        np.float32(0.5) + _top_nibbles(b[:, 66:98])) * np.float32(0.5), _indices_into(IQ3_VALUES),
+                                                          denominator=4),
         grid=IQ3_VALUES, two_level=True),
     Format("IQ3_S", 21, 256, 110, 4, 32, _scaled_by_gguf(  # odd codes -15..15 = -15 + 2u
-        "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]), _affine(2, lambda v: np.full(v.shape[:2], -15)),
-        denominator=1), offsets=True, two_level=True),
-    Format("IQ1_S", 19, 256, 50, 2, 32, _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
+        "IQ3_S", 0, lambda b: 1 + 2 * _nibble_scales(b[:, 106:110]),
+        _affine(2, lambda v: np.full(v.shape[:2], -15)), denominator=1), offsets=True,
+           two_level=True),
+    Format("IQ1_S", 19, 256, 50, 2, 32,
+           _scaled_by_gguf("IQ1_S", 0, _iq1_s_units, _affine(8, _iq1_low), per_unit=8),
            offsets=True),
-    Format("TQ1_0", 34, 256, 54, 2, 256, _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
+    Format("TQ1_0", 34, 256, 54, 2, 256,
+           _scaled_by_gguf("TQ1_0", 52, _one_unit, _affine(1, lambda v: np.full(
         v.shape[:2], -1))), offsets=True),
-    Format("TQ2_0", 35, 256, 66, 2, 256, _scaled_by_gguf("TQ2_0", 64, _one_unit, _affine(1, lambda v: np.full(
+    Format("TQ2_0", 35, 256, 66, 2, 256,
+           _scaled_by_gguf("TQ2_0", 64, _one_unit, _affine(1, lambda v: np.full(
         v.shape[:2], -1))), offsets=True),
     Format("MXFP4", 39, 32, 17, 4, 32, _mxfp4, grid=MXFP4_VALUES),
 )}
@@ -514,7 +551,8 @@ def to_float(raw: np.ndarray, type_name: str) -> np.ndarray:
     return np.ascontiguousarray(dequantize(raw, GGMLQuantizationType[type_name]), dtype=np.float32)
 
 
-def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = None) -> int8dot.Int8DotWeight:
+def kernel_weight(parts: list[tuple[str, np.ndarray]],
+                  variant: str | None = None) -> int8dot.Int8DotWeight:
     """Tensors concatenated by rows, each (type name, its stored bytes uint8 [rows, row bytes]), as
     one int8dot weight in their `common_form`, laid out for `variant` (by default the process's).
     Where specq's kernels build, read by `kernels/gguf_repack.c` straight from the bytes (a file's
@@ -527,13 +565,15 @@ def kernel_weight(parts: list[tuple[str, np.ndarray]], variant: str | None = Non
     grid = formats[0].grid if lookup else None
     if build.available():
         n_in = parts[0][1].shape[1] // formats[0].type_size * formats[0].block_size
-        return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in, bits, group,
-                                  offsets, variant, all(f.two_level for f in formats), grid)
+        return gguf_repack.repack([(f.ggml, raw) for f, (_, raw) in zip(formats, parts)], n_in,
+                                  bits, group, offsets, variant,
+                                  all(f.two_level for f in formats), grid)
     kb = stack_rows([f.kernel_blocks(raw) for f, (_, raw) in zip(formats, parts)])
     codes, d, m = (None if a is None else torch.from_numpy(a) for a in (kb.codes, kb.d, kb.m))
     grid = None if kb.grid is None else torch.from_numpy(kb.grid)
     if kb.levels is not None:
-        return int8dot.pack_two_level(kb.bits, codes, *(None if a is None else torch.from_numpy(a) for a in kb.levels),
+        return int8dot.pack_two_level(kb.bits, codes, *(None if a is None else torch.from_numpy(a)
+                                                        for a in kb.levels),
                                       int8dot.SUPER_SHIFT, variant, grid)
     if grid is not None:
         return int8dot.pack_grid(codes, d, grid, variant)

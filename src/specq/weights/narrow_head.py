@@ -26,8 +26,9 @@ class NarrowHead(nn.Module):
         self.vocab_size = vocab_size
 
     def forward(self, x: Tensor, linear=None) -> Tensor:
-        """x [..., hidden] -> logits [..., vocab_size] (-inf outside the kept tokens); `linear(module,
-        x)` runs the kept rows as the caller's execution does (default: their own torch op)."""
+        """x [..., hidden] -> logits [..., vocab_size] (-inf outside the kept tokens);
+        `linear(module, x)` runs the kept rows as the caller's execution does (default:
+        their own torch op)."""
         kept = self.rows(x) if linear is None else linear(self.rows, x)
         out = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))
         return out.index_copy_(-1, self.keep, kept)

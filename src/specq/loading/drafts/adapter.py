@@ -36,8 +36,8 @@ class Adapter:
     path: Path
     base: str  # the base model's ref, as specq loads it
     digest: str  # sha256 of the weights file: which adapter a cached merge holds
-    # HF weight name (model.layers.0.self_attn.q_proj.weight) -> (B [out, r], A [r, in] times the scale);
-    # the products B @ A are made one weight at a time, as each is merged (`delta`)
+    # HF weight name (model.layers.0.self_attn.q_proj.weight) -> (B [out, r], A [r, in] times the
+    # scale); the products B @ A are made one weight at a time, as each is merged (`delta`)
     factors: dict[str, tuple[Tensor, Tensor]]
 
 
@@ -59,15 +59,19 @@ def _config(path: Path) -> dict:
     if not isinstance(config, dict):
         raise SpecqError(f"adapter '{path}': {CONFIG} is not a JSON object")
     if config.get("peft_type") != "LORA":
-        raise SpecqError(f"adapter '{path}': peft_type is {config.get('peft_type')!r}; specq merges LORA adapters only")
+        raise SpecqError(f"adapter '{path}': peft_type is {config.get('peft_type')!r}; specq "
+                         "merges LORA adapters only")
     for field, what in (("use_dora", "DoRA"), ("rank_pattern", "per-module ranks"),
-                        ("alpha_pattern", "per-module alphas"), ("fan_in_fan_out", "fan_in_fan_out"),
-                        ("lora_bias", "LoRA biases"), ("modules_to_save", "whole modules (modules_to_save)")):
+                        ("alpha_pattern", "per-module alphas"),
+                        ("fan_in_fan_out", "fan_in_fan_out"), ("lora_bias", "LoRA biases"),
+                        ("modules_to_save", "whole modules (modules_to_save)")):
         if config.get(field):
-            raise SpecqError(f"adapter '{path}': {what} ({field}) is not supported; merge it with peft first")
+            raise SpecqError(f"adapter '{path}': {what} ({field}) is not supported; merge it with "
+                             "peft first")
     base = config.get("base_model_name_or_path")
     if not isinstance(base, str) or not base.strip():
-        raise SpecqError(f"adapter '{path}': {CONFIG} names no base model (base_model_name_or_path)")
+        raise SpecqError(f"adapter '{path}': {CONFIG} names no base model "
+                         "(base_model_name_or_path)")
     alpha = config.get("lora_alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
         raise SpecqError(f"adapter '{path}': lora_alpha must be a positive number, got {alpha!r}")
@@ -75,7 +79,8 @@ def _config(path: Path) -> dict:
 
 
 def read(path: Path | str) -> Adapter:
-    """An adapter folder's factors, the scale folded into A; every way it can be broken is one line."""
+    """An adapter folder's factors, the scale folded into A; every way it can
+    be broken is one line."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -96,34 +101,40 @@ def read(path: Path | str) -> Adapter:
     for module, ab in sorted(by_module.items()):
         a, b = ab.get("A"), ab.get("B")
         if a is None or b is None or a.shape[0] != b.shape[1]:
-            raise SpecqError(f"adapter '{path}': {module} needs lora_A [r, in] and lora_B [out, r] of one rank r")
+            raise SpecqError(f"adapter '{path}': {module} needs lora_A [r, in] and lora_B [out, r] "
+                             "of one rank r")
         rank = a.shape[0]
-        factors[f"{module}.weight"] = (b, a * (config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)))
+        factors[f"{module}.weight"] = (
+            b, a * (config["lora_alpha"] / (math.sqrt(rank) if config.get("use_rslora") else rank)))
     if not factors:
         raise SpecqError(f"adapter '{path}': {WEIGHTS} holds no LoRA factors")
-    return Adapter(path, config["base_model_name_or_path"], hashlib.sha256(data).hexdigest(), factors)
+    return Adapter(path, config["base_model_name_or_path"],
+                   hashlib.sha256(data).hexdigest(), factors)
 
 
 def native_weights(adapter: Adapter, net: torch.nn.Module) -> dict[str, tuple[str, ...]]:
-    """The modules of `net` (a native base) the adapter changes, by name (`layers.0.attention.wqkv`),
-    each with the Hugging Face weights it stacks; an adapter weight that fits no module of the base,
-    or fits one at another shape, is an error."""
+    """The modules of `net` (a native base) the adapter changes, by name
+    (`layers.0.attention.wqkv`), each with the Hugging Face weights it stacks; an adapter weight
+    that fits no module of the base, or fits one at another shape, is an error."""
     config, changed, used = net.config, {}, set()
     for name, hf in hf_tensor_names(config).items():
         parts = [adapter.factors.get(h) for h in hf]
         if all(p is None for p in parts):
             continue
         module = net.get_submodule(name.removesuffix(".weight"))
-        rows = sum(p[0].shape[0] if p is not None else part_rows(h, config) for p, h in zip(parts, hf))
+        rows = sum(p[0].shape[0] if p is not None else part_rows(h, config)
+                   for p, h in zip(parts, hf))
         cols = {p[1].shape[1] for p in parts if p is not None}
         if cols != {module.in_features} or rows != module.out_features:
-            raise SpecqError(f"adapter '{adapter.path}': {name.removesuffix('.weight')} is {[rows, *sorted(cols)]}, its "
-                             f"base's weight {[module.out_features, module.in_features]}")
+            raise SpecqError(f"adapter '{adapter.path}': {name.removesuffix('.weight')} is "
+                             f"{[rows, *sorted(cols)]}, its base's weight "
+                             f"{[module.out_features, module.in_features]}")
         changed[name.removesuffix(".weight")] = hf
         used.update(h for h, p in zip(hf, parts) if p is not None)
     stray = sorted(set(adapter.factors) - used)
     if stray:
-        raise SpecqError(f"adapter '{adapter.path}': {stray[0]} is not a weight of its base '{adapter.base}'")
+        raise SpecqError(f"adapter '{adapter.path}': {stray[0]} is not a weight of its base "
+                         f"'{adapter.base}'")
     return changed
 
 
@@ -132,11 +143,14 @@ def delta(adapter: Adapter, hf: tuple[str, ...], config) -> Tensor:
     adapter leaves alone), float32 [out, in]."""
     parts = [adapter.factors.get(h) for h in hf]
     n_in = next(p for p in parts if p is not None)[1].shape[1]
-    return torch.cat([p[0] @ p[1] if p is not None else torch.zeros(part_rows(h, config), n_in) for p, h in zip(parts, hf)])
+    return torch.cat([p[0] @ p[1] if p is not None else torch.zeros(part_rows(h, config), n_in)
+                      for p, h in zip(parts, hf)])
 
 
-def merge_float(net: torch.nn.Module, adapter: Adapter, changed: dict[str, tuple[str, ...]]) -> None:
-    """Add the products of the `changed` modules (`native_weights`) to their float weights, in place."""
+def merge_float(net: torch.nn.Module, adapter: Adapter,
+                changed: dict[str, tuple[str, ...]]) -> None:
+    """Add the products of the `changed` modules (`native_weights`) to their
+    float weights, in place."""
     for name, hf in changed.items():
         weight = net.get_submodule(name).weight
         weight.data += delta(adapter, hf, net.config).to(weight.dtype)

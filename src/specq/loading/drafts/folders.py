@@ -16,12 +16,15 @@ from . import adapter
 class Folder:
     kind: str  # the draft kind (`kinds.KINDS`) a folder of this sort loads as
     marker: str  # the file that says so
-    weights: tuple[str, ...] = ()  # specq's own format: its weight files ((): a Hugging Face folder's)
+    # specq's own format: its weight files ((): a Hugging Face folder's)
+    weights: tuple[str, ...] = ()
     quantizable: bool = True  # by every method (a feature draft takes RTN only)
 
 
-FEATURE = Folder("feature", feature_draft.CONFIG_FILE, (feature_draft.WEIGHTS_FILE,), quantizable=False)
-ADAPTER = Folder("sequence", adapter.CONFIG, quantizable=False)  # at a float precision or a file's gguf-int4 only
+FEATURE = Folder("feature", feature_draft.CONFIG_FILE, (feature_draft.WEIGHTS_FILE,),
+                 quantizable=False)
+# at a float precision or a file's gguf-int4 only
+ADAPTER = Folder("sequence", adapter.CONFIG, quantizable=False)
 MODEL = Folder("sequence", "config.json")
 FOLDERS = (FEATURE, ADAPTER, MODEL)  # tried in this order
 

@@ -38,10 +38,13 @@ MANIFEST = "manifest.json"
 class Entry:
     target: str  # base target name, e.g. "smollm2-135m"
     precision: str  # the target precision it is registered for, e.g. "int4-g64-gptq"
-    draft: str  # draft directory, relative to the manifest's directory (or absolute); or a built-in's name
+    # draft directory, relative to the manifest's directory (or absolute); or a built-in's name
+    draft: str
     # keyword-only: a positional dict once landed in draft_spec and made the selected ref unloadable
-    draft_spec: str = field(default="", kw_only=True)  # the precision the draft runs at (e.g. "int8-head8"); "": as stored
-    builtin: bool = field(default=False, kw_only=True)  # `draft` names a built-in model (e.g. a packaged GGUF file)
+    # the precision the draft runs at (e.g. "int8-head8"); "": as stored
+    draft_spec: str = field(default="", kw_only=True)
+    # `draft` names a built-in model (e.g. a packaged GGUF file)
+    builtin: bool = field(default=False, kw_only=True)
     info: dict = field(default_factory=dict, compare=False, kw_only=True)
 
 
@@ -54,7 +57,8 @@ def precision_bits(spec: str) -> float:
     """Weight bits of a precision spec, for 'nearest precision' (fp32 32, bf16 16, int4 4, ...)."""
     if spec in ("fp32", "bf16", "fp16"):
         return {"fp32": 32, "bf16": 16, "fp16": 16}[spec]
-    if spec.split("-")[0] == "gguf":  # a GGUF file at its own precision (options too): 4-bit blocks mostly
+    # a GGUF file at its own precision (options too): 4-bit blocks mostly
+    if spec.split("-")[0] == "gguf":
         return 4
     m = re.match(r"int(\d)", spec)
     if not m:
@@ -73,13 +77,15 @@ def read(directory: Path | str, required: bool = False) -> list[Entry]:
         raw = json.loads(path.read_text())
         return [Entry(**e) for e in raw["drafts"]]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise SpecqError(f"draft registry {path} is corrupt ({type(e).__name__}: {e}); fix or delete it") from None
+        raise SpecqError(f"draft registry {path} is corrupt ({type(e).__name__}: {e}); fix or "
+                         "delete it") from None
 
 
 def add(directory: Path | str, entry: Entry) -> None:
     """Add or replace the entry for (target, precision, draft)."""
     key = (entry.target, entry.precision, entry.draft)
-    _write(directory, [e for e in read(directory) if (e.target, e.precision, e.draft) != key] + [entry])
+    _write(directory,
+           [e for e in read(directory) if (e.target, e.precision, e.draft) != key] + [entry])
 
 
 def register(target: str, precision: str, draft: Path | str, info: dict | None = None,
@@ -87,8 +93,8 @@ def register(target: str, precision: str, draft: Path | str, info: dict | None =
     """Add a draft folder to the user's registry for (target, precision): by its name when it lies
     in the registry's folder, else by its absolute path."""
     path, home = Path(draft).resolve(), user_dir().resolve()
-    entry = Entry(target, precision, path.name if path.parent == home else str(path), draft_spec=draft_spec,
-                  info=info or {})
+    entry = Entry(target, precision, path.name if path.parent == home else str(path),
+                  draft_spec=draft_spec, info=info or {})
     add(user_dir(), entry)
     return entry
 
@@ -105,7 +111,8 @@ def _write(directory: Path | str, entries: list[Entry]) -> None:
 
 
 def draft_path(directory: Path | str, entry: Entry) -> Path:
-    """The draft folder an entry names (relative to its manifest, or absolute); a built-in's name as is."""
+    """The draft folder an entry names (relative to its manifest, or absolute); a
+    built-in's name as is."""
     return Path(entry.draft) if entry.builtin else Path(directory) / entry.draft
 
 
@@ -114,20 +121,24 @@ def is_draft_dir(path: Path) -> bool:
     return folders.of(path) is not None
 
 
-def candidates(directory: Path | str, target: str, quantizable: bool = False) -> list[tuple[Path, Entry]]:
-    """(draft dir, entry) of every usable entry for `target` in a drafts directory, in manifest order:
+def candidates(directory: Path | str, target: str,
+               quantizable: bool = False) -> list[tuple[Path, Entry]]:
+    """(draft dir, entry) of every usable entry for `target` in a drafts
+    directory, in manifest order:
     the folder exists, and with `quantizable` it can be quantized by every method (a feature draft
     runs only at a float precision or with RTN weights; a built-in is what it is)."""
     return [(draft_path(directory, e), e) for e in read(directory)
             if e.target == target and (e.builtin or is_draft_dir(draft_path(directory, e)))
-            and not (quantizable and (e.builtin or not folders.of(draft_path(directory, e)).quantizable))]
+            and not (quantizable
+                     and (e.builtin or not folders.of(draft_path(directory, e)).quantizable))]
 
 
 def select(shipped: Path | str, user: Path | str, target: str, precision: str,
            quantizable: bool = False) -> tuple[Path, Entry, bool] | None:
     """(draft dir, entry, exact?) for the target at this precision by the rule in the module
     docstring, or None if no draft may be used."""
-    exact = [c for d in (shipped, user) for c in candidates(d, target, quantizable) if c[1].precision == precision]
+    exact = [c for d in (shipped, user) for c in candidates(d, target, quantizable)
+             if c[1].precision == precision]
     if exact:
         path, entry = exact[-1]
         return path, entry, True
@@ -135,5 +146,6 @@ def select(shipped: Path | str, user: Path | str, target: str, precision: str,
     if not stand_ins:
         return None
     step = 2.0 ** -precision_bits(precision)
-    path, entry = min(reversed(stand_ins), key=lambda c: abs(2.0 ** -precision_bits(c[1].precision) - step))
+    path, entry = min(reversed(stand_ins),
+                      key=lambda c: abs(2.0 ** -precision_bits(c[1].precision) - step))
     return path, entry, False

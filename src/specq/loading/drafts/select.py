@@ -29,7 +29,8 @@ def draft_dirs() -> list[Path]:
 def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None, str | None]:
     """(draft ref, note) for a target ref by `registry.select`'s rule: registered for the target's
     exact precision, else a shipped draft of the nearest precision (the note says so), else (None,
-    note). `quantizable`: only drafts that can be quantized by every method (not feature drafts: RTN only)."""
+    note). `quantizable`: only drafts that can be quantized by every method (not
+    feature drafts: RTN only)."""
     target = model_ref(target_ref)
     name, spec = target.name, precision.canonical(target.spec)
     found = registry.select(*draft_dirs(), name, spec, quantizable)
@@ -37,16 +38,17 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     if twin is not None:
         found = registry.select(*draft_dirs(), twin, spec, quantizable)
     if found is None:
-        unused = sorted({e.precision for _, e in registry.candidates(registry.user_dir(), name, quantizable)})
+        unused = sorted({e.precision for _, e in registry.candidates(registry.user_dir(), name,
+                                                                     quantizable)})
         return None, (f"no draft registered for {name}@{spec}: plain decoding" + (
-            f" (your registry's drafts for {', '.join(unused)} are used only at those precisions: pass --draft, "
-            f"or register one for {spec} with `specq drafts add`)" if unused else ""))
+            f" (your registry's drafts for {', '.join(unused)} are used only at those precisions: "
+            f"pass --draft, or register one for {spec} with `specq drafts add`)" if unused else ""))
     path, entry, exact = found
     at = f"@{entry.draft_spec}" if entry.draft_spec else ""
     ref = (entry.draft if entry.builtin else _draft_ref(path)) + at
     if twin is not None:
-        return ref, (f"draft {entry.draft}{at} (registered for {twin}@{entry.precision}; '{name}' has "
-                     f"{twin}'s architecture, shape and tokenizer)")
+        return ref, (f"draft {entry.draft}{at} (registered for {twin}@{entry.precision}; '{name}' "
+                     f"has {twin}'s architecture, shape and tokenizer)")
     if exact:
         return ref, f"draft {entry.draft}{at} (registered for {name}@{spec})"
     return ref, (f"no draft registered for {name}@{spec}; using the shipped {entry.draft}{at} "
@@ -90,12 +92,14 @@ def _identity(path: Path) -> tuple:
 
 def known_drafts(target: str) -> set[str]:
     """Refs of every draft the registries hold for a target name, at any precision."""
-    return {e.draft if e.builtin else _draft_ref(path) for d in draft_dirs() for path, e in registry.candidates(d, target)}
+    return {e.draft if e.builtin else _draft_ref(path) for d in draft_dirs()
+            for path, e in registry.candidates(d, target)}
 
 
 def _draft_ref(path: Path) -> str:
     """A shipped draft by its built-in name (portable), any other by its path."""
-    return path.name if path.parent == ASSETS / "drafts" and path.name in SHIPPED_DRAFTS else str(path)
+    return (path.name
+            if path.parent == ASSETS / "drafts" and path.name in SHIPPED_DRAFTS else str(path))
 
 
 def default_draft_ref(target_ref: str, quantizable: bool = False) -> str | None:

@@ -4,8 +4,9 @@ qwen2, qwen3, gemma3, phi3: `model/architectures.py`) with the `gguf` library.
 Why not transformers' GGUF loader: it needs `accelerate` only for this path, dequantizes every
 tensor to fp32, and cannot hand back the file's own quantized blocks. Reading the file here
 gives both: float weights for the one-off safetensors conversion, and the raw blocks of every
-format `weights.gguf_formats` lists for running the file at its own precision (`name@gguf`). The tokenizer still comes
-from transformers, which builds it from the file's metadata without `accelerate`.
+format `weights.gguf_formats` lists for running the file at its own precision (`name@gguf`). The
+tokenizer still comes from transformers, which builds it from the file's metadata
+without `accelerate`.
 """
 
 from __future__ import annotations
@@ -31,19 +32,22 @@ if TYPE_CHECKING:
 
 @dataclass
 class GGUFFile:
-    """A parsed GGUF file: the native config and its tensors by GGUF name (still in the file's format)."""
+    """A parsed GGUF file: the native config and its tensors by GGUF name (still
+    in the file's format)."""
 
     path: Path
     config: LlamaConfig
     tensors: dict  # name -> gguf.ReaderTensor
     header: Header | None = field(default=None, repr=False)  # the mapped file the tensors view
-    _floats: dict = field(default_factory=dict, repr=False)  # dequantized once (a tied embedding is read twice)
+    # dequantized once (a tied embedding is read twice)
+    _floats: dict = field(default_factory=dict, repr=False)
 
     def qtype(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor's stored rows, de-permuted like `float_tensor` (quantized: the byte blocks)."""
+        """The tensor's stored rows, de-permuted like `float_tensor`
+        (quantized: the byte blocks)."""
         data = np.asarray(self.tensors[name].data)
         return _unpermute(data, name, self.config)
 
@@ -51,7 +55,8 @@ class GGUFFile:
         """The tensor dequantized to float32, in the Hugging Face row order."""
         if name not in self._floats:
             data = float32_array(self.tensors[name])
-            self._floats[name] = torch.from_numpy(np.array(_unpermute(data, name, self.config), dtype=np.float32))
+            self._floats[name] = torch.from_numpy(np.array(_unpermute(data, name, self.config),
+                                                           dtype=np.float32))
         return self._floats[name]
 
     def native_names(self) -> dict[str, tuple[str, ...]]:
@@ -60,7 +65,8 @@ class GGUFFile:
 
     def float_state_dict(self) -> dict[str, Tensor]:
         """Every weight dequantized to float32, in the native module's fused layout."""
-        sd = {name: torch.cat([self.float_tensor(p) for p in parts]) if len(parts) > 1 else self.float_tensor(parts[0])
+        sd = {name: torch.cat([self.float_tensor(p) for p in parts])
+              if len(parts) > 1 else self.float_tensor(parts[0])
               for name, parts in self.native_names().items()}
         if self.config.tie_word_embeddings:
             sd["output.weight"] = sd["tok_embeddings.weight"]
@@ -68,9 +74,10 @@ class GGUFFile:
 
 
 def _unpermute(rows: np.ndarray, name: str, config: LlamaConfig) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (its rope pairs adjacent dims; HF's rotates halves) where
-    its converter applies it (llama files; not qwen2, qwen3, gemma3, phi3). Rows are output features
-    (of weights and biases), so the same permutation applies to float rows and quantized blocks."""
+    """Undo llama.cpp's q/k row permutation (its rope pairs adjacent dims; HF's rotates halves)
+    where its converter applies it (llama files; not qwen2, qwen3, gemma3, phi3). Rows are output
+    features (of weights and biases), so the same permutation applies to float rows
+    and quantized blocks."""
     if not architectures.ARCHITECTURES[config.architecture].permuted_qk:
         return rows
     if ".attn_q." in name:
@@ -84,7 +91,8 @@ def _unpermute(rows: np.ndarray, name: str, config: LlamaConfig) -> np.ndarray:
 
 
 def _field(reader, key: str, default=None):
-    """A metadata value from the `gguf` library's reader (`write_float32` copies every field with it)."""
+    """A metadata value from the `gguf` library's reader (`write_float32` copies
+    every field with it)."""
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -116,10 +124,12 @@ def read(path: Path) -> GGUFFile:
     used = [p for parts in gguf_file.native_names().values() for p in parts]
     missing = [p for p in used if p not in tensors]
     if missing:
-        raise SpecqError(f"'{path}' is missing tensors (e.g. {missing[0]}): truncated or not a full {arch} model")
+        raise SpecqError(f"'{path}' is missing tensors (e.g. {missing[0]}): truncated or not a "
+                         f"full {arch} model")
     unused = sorted(set(tensors) - set(used) - set(architectures.GGUF_CONFIG_TENSORS))
     if unused:  # e.g. biases the decoder has no place for: refuse rather than drop them
-        raise SpecqError(f"'{path}' holds tensors the native decoder does not use (e.g. {unused[0]})")
+        raise SpecqError(f"'{path}' holds tensors the native decoder does not use (e.g. "
+                         f"{unused[0]})")
     return gguf_file
 
 
@@ -146,10 +156,11 @@ def float32_array(tensor) -> np.ndarray:
 
 
 def write_float32(src: Path, dst: Path) -> None:
-    """Write GGUF file `src` again as `dst` with every tensor dequantized to float32 and its metadata
-    copied (the file type set to all-F32). Why: so llama.cpp can run exactly the float weights that
-    specq's fp32 model is converted from, for a like-for-like comparison. Tensors are dequantized
-    one at a time (the F32 file can be several times the source's size); `dst` appears atomically."""
+    """Write GGUF file `src` again as `dst` with every tensor dequantized to float32 and its
+    metadata copied (the file type set to all-F32). Why: so llama.cpp can run exactly the float
+    weights that specq's fp32 model is converted from, for a like-for-like comparison. Tensors are
+    dequantized one at a time (the F32 file can be several times the source's size);
+    `dst` appears atomically."""
     import gguf
 
     reader = gguf.GGUFReader(src)
@@ -202,8 +213,8 @@ def _copy_metadata(reader, writer) -> None:
 # ------------------------------------------------------------------ the file's own precision
 
 def _kernel_weight(g: GGUFFile, parts: tuple[str, ...]) -> FileBlocks | None:
-    """These (row-concatenated) tensors as one `FileBlocks`, or None when one of them is a float type
-    or has no row in `gguf_formats`."""
+    """These (row-concatenated) tensors as one `FileBlocks`, or None when one of them is a float
+    type or has no row in `gguf_formats`."""
     from ...weights.quant.modules import FileBlocks
 
     formats = [FORMATS.get(g.qtype(p)) for p in parts]
@@ -249,24 +260,27 @@ def load_at_file_precision(g: GGUFFile, given: dict[str, nn.Module] | None = Non
     floats, notes = {}, set()
     names = g.native_names()
     (embedding,) = names.pop("tok_embeddings.weight")
-    net.tok_embeddings = FileEmbedding(np.asarray(g.raw(embedding)).view(np.uint8), g.qtype(embedding),
-                                       g.config.hidden_size)
+    net.tok_embeddings = FileEmbedding(np.asarray(g.raw(embedding)).view(np.uint8),
+                                       g.qtype(embedding), g.config.hidden_size)
     if g.config.tie_word_embeddings:
         names["output.weight"] = (embedding,)
     for name, parts in names.items():
         if g.header is not None:  # the tensors converted so far are not read again (the embedding's
             g.header.drop_pages()  # rows are looked up from the file: they map again when read)
         blocks = (given or {}).get(name.removesuffix(".weight"))
-        if blocks is None and name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight", "output.weight")):
+        if (blocks is None and name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight",
+                                              "output.weight"))):
             blocks = _kernel_weight(g, parts)
         if blocks is not None:
             net.set_submodule(name.removesuffix(".weight"), blocks)
             continue
-        floats[name] = torch.cat([g.float_tensor(p) for p in parts]) if len(parts) > 1 else g.float_tensor(parts[0])
+        floats[name] = (torch.cat([g.float_tensor(p) for p in parts])
+                        if len(parts) > 1 else g.float_tensor(parts[0]))
         if not name.endswith("norm.weight"):
             notes.update(note for p in parts if (note := _note(g.qtype(p))))
     missing, unexpected = net.load_state_dict(floats, strict=False, assign=True)
     left = [n for n, t in (*net.named_parameters(), *net.named_buffers()) if t.is_meta]
     if unexpected or missing or left:
-        raise SpecqError(f"'{g.path}': tensors do not fit the model ({(unexpected or missing or left)[0]})")
+        raise SpecqError(f"'{g.path}': tensors do not fit the model "
+                         f"({(unexpected or missing or left)[0]})")
     return net.eval(), sorted(notes)

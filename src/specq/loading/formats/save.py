@@ -27,7 +27,10 @@ def write_native(model: Model, directory: Path) -> None:
     net = model.net
     if not isinstance(net, Llama):
         raise SpecqError("only native Llama models can be saved this way")
-    net.config.to_hf().save_pretrained(directory)  # names the architecture, as converters and servers read it
-    save_file(native_to_hf_state_dict(net), directory / "model.safetensors", metadata={"format": "pt"})
+    # names the architecture, as converters and servers read it
+    net.config.to_hf().save_pretrained(directory)
+    save_file(native_to_hf_state_dict(net), directory / "model.safetensors",
+              metadata={"format": "pt"})
     model.tokenizer.save_pretrained(directory)
-    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(model.eos_ids)}))
+    (directory / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": sorted(model.eos_ids)}))

@@ -23,14 +23,16 @@ from ...model.llama import Llama, LlamaConfig, native_to_hf_state_dict
 from .. import precision
 from ..drafts import adapter, folders
 
-# a tokenizer transformers can build from the folder: a fast tokenizer's file, or a slow one's vocabulary
+# a tokenizer transformers can build from the folder: a fast tokenizer's file, or a
+# slow one's vocabulary
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
-SETTINGS_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json")  # JSON objects
+# JSON objects
+SETTINGS_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 # config fields that size a network: each must be a positive integer wherever a config has it
-SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-         "num_key_value_heads", "max_position_embeddings")
-JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false",
-              type(None): "null"}
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number",
+              bool: "true or false", type(None): "null"}
 IGNORED = ("rotary_emb.inv_freq",)  # buffers older checkpoints hold and every loader recomputes
 
 
@@ -61,8 +63,9 @@ def check_hf_dir(path: Path) -> None:
     shapes = _headers([f for f in _weight_files(path) if f.suffix == ".safetensors"])
     if unsupported(config) is None and shapes:
         if config.num_attention_heads % config.num_key_value_heads:
-            raise SpecqError(f"'{path / 'config.json'}': num_key_value_heads ({config.num_key_value_heads}) does not "
-                             f"divide num_attention_heads ({config.num_attention_heads})")
+            raise SpecqError(f"'{path / 'config.json'}': num_key_value_heads "
+                             f"({config.num_key_value_heads}) does not divide num_attention_heads "
+                             f"({config.num_attention_heads})")
         _match(path, _native_shapes(LlamaConfig.from_hf(config), shapes), shapes)
 
 
@@ -73,11 +76,14 @@ def causal_lm(path, dtype: torch.dtype, local_only: bool):
     import transformers
     from transformers import AutoModelForCausalLM
 
-    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity(logging.ERROR)  # the load report: its content is in the error below
+    verbosity, bars = (transformers.logging.get_verbosity(),
+                       transformers.logging.is_progress_bar_enabled())
+    # the load report: its content is in the error below
+    transformers.logging.set_verbosity(logging.ERROR)
     transformers.logging.disable_progress_bar()
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only,
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                           local_files_only=local_only,
                                                            output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as e:
         raise SpecqError(f"cannot load '{path}' with transformers: {_line(e)}") from None
@@ -87,7 +93,8 @@ def causal_lm(path, dtype: torch.dtype, local_only: bool):
             transformers.logging.enable_progress_bar()
     problems = [f"{len(info[k])} weights {what} (e.g. {sorted(info[k])[0]})"
                 for k, what in (("missing_keys", "missing from the checkpoint"),
-                                ("unexpected_keys", "in the checkpoint that the architecture does not have"),
+                                ("unexpected_keys",
+                                 "in the checkpoint that the architecture does not have"),
                                 ("mismatched_keys", "of another shape"))
                 if info.get(k)]
     if problems:
@@ -113,7 +120,8 @@ def _json_object(path: Path) -> dict:
     except ValueError as e:
         raise SpecqError(f"'{path}' is not valid JSON ({e})") from None
     if not isinstance(value, dict):
-        raise SpecqError(f"'{path}' holds {JSON_KINDS.get(type(value), 'a value')}, not a JSON object")
+        raise SpecqError(f"'{path}' holds {JSON_KINDS.get(type(value), 'a value')}, not a JSON "
+                         "object")
     return value
 
 
@@ -128,12 +136,15 @@ def _config(path: Path):
         raise SpecqError(f"'{path / 'config.json'}' names no architecture (no 'model_type')")
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # transformers raises many kinds (ValueError, KeyError, its dataclass validators)
+    except Exception as e:
+        # transformers raises many kinds (ValueError, KeyError, its dataclass validators)
         raise SpecqError(f"'{path / 'config.json'}': {_line(e)}") from None
     for name in SIZES:
         value = getattr(config, name, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise SpecqError(f"'{path / 'config.json'}': {name} must be a positive integer, got {value!r}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise SpecqError(f"'{path / 'config.json'}': {name} must be a positive integer, got "
+                             f"{value!r}")
     return config
 
 
@@ -150,7 +161,8 @@ def _tokenizer(path: Path) -> None:
         try:
             Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises a bare Exception
-            raise SpecqError(f"'{path / 'tokenizer.json'}' is not a readable tokenizer ({_line(e)})") from None
+            raise SpecqError(f"'{path / 'tokenizer.json'}' is not a readable tokenizer "
+                             f"({_line(e)})") from None
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -159,7 +171,8 @@ def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = _json_object(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        if (not isinstance(weight_map, dict)
+            or not all(isinstance(f, str) for f in weight_map.values())):
             raise SpecqError(f"'{index}' has no 'weight_map' of tensor names to files")
         files = [path / name for name in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.is_file()]
@@ -192,7 +205,8 @@ def _native_shapes(config: LlamaConfig, present: dict) -> dict[str, tuple[int, .
     architecture, as `write_native` saves them; a tied head may be stored as well."""
     with torch.device("meta"):
         net = Llama(config)
-    expected = {k.removeprefix("model."): tuple(v.shape) for k, v in native_to_hf_state_dict(net).items()}
+    expected = {k.removeprefix("model."): tuple(v.shape)
+                for k, v in native_to_hf_state_dict(net).items()}
     if config.tie_word_embeddings and "lm_head.weight" in present:
         expected["lm_head.weight"] = (config.vocab_size, config.hidden_size)
     return expected
@@ -213,7 +227,8 @@ def _match(path: Path, expected: dict[str, tuple], shapes: dict[str, tuple]) -> 
     if unexpected:
         problems.append(f"{len(unexpected)} the config has no place for (e.g. {unexpected[0]})")
     if problems:
-        raise SpecqError(f"the weights in '{path}' do not match its config.json: {'; '.join(problems)}")
+        raise SpecqError(f"the weights in '{path}' do not match its config.json: "
+                         f"{'; '.join(problems)}")
 
 
 def _shape(shape: tuple) -> str:

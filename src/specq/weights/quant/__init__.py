@@ -20,8 +20,9 @@ from .sequential import CalibrationConfig
 from .spec import QuantSpec, parse_spec
 
 __all__ = [
-    "CalibrationConfig", "DequantizedLinear", "Int4Linear", "Int8Linear", "QuantLinear", "QuantSpec",
-    "QuantizedWeight", "WeightBytes", "calibration_samples", "load_quantized", "make_quant_linear",
-    "pack_bits", "parse_spec", "quant_targets", "quantize_model", "quantize_rtn", "quantized_layers",
-    "read_spec", "save_quantized", "unpack_bits", "weight_bytes",
+    "CalibrationConfig", "DequantizedLinear", "Int4Linear", "Int8Linear", "QuantLinear",
+    "QuantSpec", "QuantizedWeight", "WeightBytes", "calibration_samples", "load_quantized",
+    "make_quant_linear", "pack_bits", "parse_spec", "quant_targets", "quantize_model",
+    "quantize_rtn", "quantized_layers", "read_spec", "save_quantized", "unpack_bits",
+    "weight_bytes",
 ]

@@ -42,20 +42,23 @@ def layer_group_sizes(targets: dict[str, nn.Linear], spec: QuantSpec) -> dict[st
         if m.in_features % group:
             fallback = math.gcd(group, m.in_features)
             if fallback < MIN_FALLBACK_GROUP:
-                raise ValueError(f"group size {group} does not divide in_features={m.in_features} of layer "
-                                 f"{name!r} ({m.out_features}x{m.in_features}) and the largest group that "
-                                 f"splits both is {fallback}; pick a divisor or drop -g for per-channel scales")
+                raise ValueError(f"group size {group} does not divide in_features={m.in_features} "
+                                 f"of layer {name!r} ({m.out_features}x{m.in_features}) and the "
+                                 f"largest group that splits both is {fallback}; pick a divisor or "
+                                 "drop -g for per-channel scales")
             fallbacks.setdefault((m.in_features, fallback), []).append(name)
             group = fallback
         sizes[name] = group
     for (n_in, group), names in fallbacks.items():
         warnings.warn(f"{spec}: group size {spec.group_size} does not divide in_features={n_in}; "
-                      f"using group {group} for {len(names)} layers ({names[0]}, ...)", stacklevel=3)
+                      f"using group {group} for {len(names)} layers ({names[0]}, ...)",
+                      stacklevel=3)
     return sizes
 
 
-def quantize_model(model: nn.Module, spec: QuantSpec | str, calibration: Sequence[Tensor] | None = None,
-                   packed: bool = True, progress: bool = True,
+def quantize_model(model: nn.Module, spec: QuantSpec | str,
+                   calibration: Sequence[Tensor] | None = None, packed: bool = True,
+                   progress: bool = True,
                    config: CalibrationConfig = CalibrationConfig()) -> nn.Module:
     """Quantize `model` in place to `spec` and return it.
 
@@ -77,11 +80,12 @@ def quantize_model(model: nn.Module, spec: QuantSpec | str, calibration: Sequenc
         if spec.method == "rtn":
             quantized: dict[str, QuantizedWeight] = {}
             for name, m in targets.items():
-                quantized[name] = quantize_rtn(m.weight, spec.bits, group_sizes[name], spec.symmetric)
+                quantized[name] = quantize_rtn(m.weight, spec.bits, group_sizes[name],
+                                               spec.symmetric)
                 bar.update()
         else:
-            quantized = quantize_calibrated(model, spec, calibration or [], targets, group_sizes, config,
-                                            lambda _name: bar.update())
+            quantized = quantize_calibrated(model, spec, calibration or [], targets,
+                                            group_sizes, config, lambda _name: bar.update())
     for name, qw in quantized.items():
         model.set_submodule(name, make_quant_linear(qw, biases[name], packed, dtypes[name]))
     if spec.head_int8:

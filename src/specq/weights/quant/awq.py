@@ -20,7 +20,8 @@ from .stats import output_error
 
 def _fake_quantize_groups(w: Tensor, bits: int, group_size: int, symmetric: bool) -> Tensor:
     out, n_in = w.shape
-    return fake_quantize(w.view(out, n_in // group_size, group_size), bits, symmetric).view(out, n_in)
+    return fake_quantize(w.view(out, n_in // group_size, group_size), bits,
+                         symmetric).view(out, n_in)
 
 
 def search_scale(weight: Tensor, hessian: Tensor, act_mean: Tensor, bits: int, group_size: int,
@@ -43,13 +44,15 @@ def search_scale(weight: Tensor, hessian: Tensor, act_mean: Tensor, bits: int, g
 
 def search_clip(weight: Tensor, hessian: Tensor, bits: int, group_size: int, symmetric: bool,
                 grid: int = 20, max_shrink: float = 0.5) -> Tensor:
-    """`weight` with each (row, group) clamped to the shrunken range [-m, m], m = absmax*(1 - i/grid),
-    that minimizes that group's share of the output error (its diagonal block of `hessian`)."""
+    """`weight` with each (row, group) clamped to the shrunken range [-m, m], m = absmax*(1 -
+    i/grid), that minimizes that group's share of the output error (its diagonal
+    block of `hessian`)."""
     w = weight.detach().float()
     out, n_in = w.shape
     n_groups = n_in // group_size
     wg = w.view(out, n_groups, group_size)
-    blocks = hessian.view(n_groups, group_size, n_groups, group_size).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+    blocks = hessian.view(n_groups, group_size, n_groups,
+                          group_size).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
     absmax = wg.abs().amax(-1, keepdim=True)
     best_max, best_err = absmax, torch.full(absmax.shape, float("inf"))
     for i in range(int(max_shrink * grid)):

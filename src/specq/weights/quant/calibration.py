@@ -21,10 +21,12 @@ def calibration_samples(token_ids: Sequence[Tensor], n_samples: int = 32, seq_le
     asked for (a short corpus) gives a warning and all that fit."""
     if n_samples < 1 or seq_len < 1:
         raise ValueError(f"need n_samples >= 1 and seq_len >= 1, got {n_samples} and {seq_len}")
-    stream = torch.cat([t.reshape(-1).long() for t in token_ids]) if token_ids else torch.zeros(0, dtype=torch.long)
+    stream = (torch.cat([t.reshape(-1).long() for t in token_ids])
+              if token_ids else torch.zeros(0, dtype=torch.long))
     n_windows = stream.numel() // seq_len
     if n_windows == 0:
-        raise ValueError(f"calibration corpus has {stream.numel()} tokens, fewer than seq_len={seq_len}")
+        raise ValueError(f"calibration corpus has {stream.numel()} tokens, fewer than "
+                         f"seq_len={seq_len}")
     if n_windows < n_samples:
         warnings.warn(f"calibration corpus holds {n_windows} windows of {seq_len} tokens, "
                       f"fewer than the {n_samples} requested; using all of them", stacklevel=2)

@@ -38,14 +38,18 @@ def save_quantized(model: nn.Module, spec: QuantSpec | str, directory: str | os.
     crash never leaves a half-written checkpoint under `directory`."""
     spec = parse_spec(spec) if isinstance(spec, str) else spec
     layers = {name: {"bits": m.bits, "group_size": m.group_size, "symmetric": m.symmetric,
-                     "out_features": m.out_features, "in_features": m.in_features, "bias": m.bias is not None}
+                     "out_features": m.out_features, "in_features": m.in_features,
+                     "bias": m.bias is not None}
               for name, m in quantized_layers(model).items()}
-    if spec.is_float == bool(layers) or any(meta["bits"] not in (spec.bits, 8 if spec.head_int8 else spec.bits)
+    if spec.is_float == bool(layers) or any(meta["bits"] not in (spec.bits,
+                                                                 8 if spec.head_int8 else spec.bits)
                                             for meta in layers.values()):
-        raise ValueError(f"model does not hold {spec} layers: quantize it with quantize_model first")
+        raise ValueError(f"model does not hold {spec} layers: quantize it with quantize_model "
+                         "first")
     float_dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     dtype = str(float_dtypes.pop()).removeprefix("torch.") if len(float_dtypes) == 1 else None
-    config = {"format": FORMAT, "version": VERSION, "spec": str(spec), "dtype": dtype, "layers": layers}
+    config = {"format": FORMAT, "version": VERSION, "spec": str(spec), "dtype": dtype,
+              "layers": layers}
     if provenance is not None:
         config["provenance"] = provenance
 
@@ -69,7 +73,8 @@ def read_spec(directory: str | os.PathLike) -> QuantSpec:
     return parse_spec(read_config(directory)["spec"])
 
 
-def load_quantized(model: nn.Module, directory: str | os.PathLike, packed: bool = True) -> nn.Module:
+def load_quantized(model: nn.Module, directory: str | os.PathLike,
+                   packed: bool = True) -> nn.Module:
     """Load a checkpoint into `model`, a float skeleton of the same architecture, in place.
 
     The skeleton is first cast to the float dtype the model had when saved (so norms, embeddings
@@ -85,11 +90,12 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, packed: bool 
             linear = model.get_submodule(name)
             shape = (meta["out_features"], meta["in_features"])
             if not isinstance(linear, nn.Linear) or tuple(linear.weight.shape) != shape:
-                raise ValueError(f"checkpoint layer {name!r} ({shape[0]}x{shape[1]}) does not match "
-                                 f"the model's {linear}")
+                raise ValueError(f"checkpoint layer {name!r} ({shape[0]}x{shape[1]}) does not "
+                                 f"match the model's {linear}")
             zeros = None if meta["symmetric"] else f.get_tensor(f"{name}.zeros")
-            qw = from_storage(f.get_tensor(f"{name}.qweight"), f.get_tensor(f"{name}.scales"), zeros,
-                              meta["bits"], meta["group_size"], shape)
+            qw = from_storage(f.get_tensor(f"{name}.qweight"),
+                              f.get_tensor(f"{name}.scales"), zeros, meta["bits"],
+                              meta["group_size"], shape)
             bias = f.get_tensor(f"{name}.bias") if meta["bias"] else None
             model.set_submodule(name, make_quant_linear(qw, bias, packed, linear.weight.dtype))
     load_model(model, path, strict=True)

@@ -18,7 +18,8 @@ from .rtn import QuantizedWeight, dequantize_codes, fit_grid, make_quantized, qu
 
 
 def gptq_quantize(weight: Tensor, hessian: Tensor, bits: int, group_size: int, symmetric: bool,
-                  damp: float = 0.01, act_order: bool = False, block_size: int = 128) -> QuantizedWeight:
+                  damp: float = 0.01, act_order: bool = False,
+                  block_size: int = 128) -> QuantizedWeight:
     """Quantize `weight` [out, in] given the Hessian [in, in] of its inputs."""
     w = weight.detach().float().clone()
     rows, cols = w.shape
@@ -46,7 +47,8 @@ def gptq_quantize(weight: Tensor, hessian: Tensor, bits: int, group_size: int, s
         for i in range(i2 - i1):
             g = group_of[i1 + i]
             if not fitted[g]:
-                scale, zero = fit_grid(w[:, position[g * group_size:(g + 1) * group_size]], bits, symmetric)
+                scale, zero = fit_grid(w[:, position[g * group_size:(g + 1) * group_size]], bits,
+                                       symmetric)
                 scales[:, g] = scale[:, 0]
                 if zeros is not None:
                     zeros[:, g] = zero[:, 0]

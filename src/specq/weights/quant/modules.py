@@ -49,7 +49,8 @@ class Int8DotForm:
     does, from `int8dot_weight`; the module's own forward runs a torch op)."""
 
     def int8dot_weight(self) -> int8dot.Int8DotWeight | None:
-        """This weight in the int8-activation kernel's layout, or None when the kernel cannot take it."""
+        """This weight in the int8-activation kernel's layout, or None when the
+        kernel cannot take it."""
         raise NotImplementedError
 
 
@@ -77,14 +78,16 @@ class QuantLinear(nn.Module):
                             (self.out_features, self.in_features))
 
     def stored_bytes(self) -> int:
-        return sum(t.nbytes for t in (self.qweight, self.scales, self.zeros, self.bias) if t is not None)
+        return sum(t.nbytes for t in (self.qweight, self.scales, self.zeros, self.bias)
+                   if t is not None)
 
     def executed_bytes(self) -> int:
         raise NotImplementedError
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-                f"group_size={self.group_size}, symmetric={self.symmetric}, kernel={self.kernel!r}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bits={self.bits}, group_size={self.group_size}, symmetric={self.symmetric}, "
+                f"kernel={self.kernel!r}")
 
 
 class DequantizedLinear(QuantLinear):
@@ -162,23 +165,26 @@ class Int4Linear(Int8DotForm, QuantLinear):
         return int8dot.PACKS[bits](unsigned, scale, m)
 
     def forward(self, x: Tensor) -> Tensor:
-        return int4_linear(x, self._weight, self.group_size, self._scales_zeros, self.bias, self.out_features)
+        return int4_linear(x, self._weight, self.group_size, self._scales_zeros, self.bias,
+                           self.out_features)
 
     def executed_bytes(self) -> int:
         return self._weight.nbytes + self._scales_zeros.nbytes + _nbytes(self.bias)
 
 
 def int4_kernel_tensors(unsigned: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor]:
-    """The packed weight and bf16 scales-and-zeros [groups, out, 2] of `_weight_int4pack_mm_for_cpu`,
-    which computes w = (u - 8) * scale + zero per group, from codes u [out, in] in [0, 15] and
-    float scale / zero [out, groups]."""
-    weight = torch._convert_weight_to_int4pack_for_cpu(unsigned.to(torch.int32).contiguous(), INT4_INNER_K_TILES)
-    scales_zeros = torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    """The packed weight and bf16 scales-and-zeros [groups, out, 2] of
+    `_weight_int4pack_mm_for_cpu`, which computes w = (u - 8) * scale + zero per group, from codes u
+    [out, in] in [0, 15] and float scale / zero [out, groups]."""
+    weight = torch._convert_weight_to_int4pack_for_cpu(unsigned.to(torch.int32).contiguous(),
+                                                       INT4_INNER_K_TILES)
+    scales_zeros = torch.stack([scale.float(), zero.float()],
+                               -1).transpose(0, 1).contiguous().to(torch.bfloat16)
     return weight, scales_zeros
 
 
-def int4_linear(x: Tensor, weight: Tensor, group_size: int, scales_zeros: Tensor, bias: Tensor | None,
-                out_features: int) -> Tensor:
+def int4_linear(x: Tensor, weight: Tensor, group_size: int, scales_zeros: Tensor,
+                bias: Tensor | None, out_features: int) -> Tensor:
     """x [..., in] (any float dtype) times a packed int4 weight, in x's dtype."""
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.reshape(-1, x.shape[-1]).to(torch.bfloat16), weight, group_size, scales_zeros)
@@ -197,8 +203,8 @@ class FileBlocks(Int8DotForm, nn.Module):
     large model on the kernels). The file is the storage, so these modules keep no buffers."""
 
     def __init__(self, blocks: int8dot.Int8DotWeight, kind: str):
-        """`blocks`: the file's weights in the kernel's layout (`weights.gguf_formats.kernel_weight`);
-        `kind` names the file's format(s)."""
+        """`blocks`: the file's weights in the kernel's layout
+        (`weights.gguf_formats.kernel_weight`); `kind` names the file's format(s)."""
         super().__init__()
         self._blocks = blocks
         self.out_features, self.in_features = blocks.out_features, blocks.in_features
@@ -220,7 +226,8 @@ class FileBlocks(Int8DotForm, nn.Module):
                 and self.out_features % 16 == 0)
 
     def _eager_form(self) -> tuple[Tensor, ...]:
-        """The eager path's tensors: torch's packed int4 weight and scales-and-zeros, or a bf16 weight."""
+        """The eager path's tensors: torch's packed int4 weight and
+        scales-and-zeros, or a bf16 weight."""
         if self._eager is None:
             if self._torch_int4():
                 codes, d, m = int8dot.unpack(self._blocks)
@@ -242,7 +249,8 @@ class FileBlocks(Int8DotForm, nn.Module):
     def executed_bytes(self) -> int:
         """What forward reads, counted without building the eager form (a copy of the weight)."""
         if self._torch_int4():  # two codes per byte, a bf16 scale and zero per group
-            return self.out_features * self.in_features // 2 + 4 * self.out_features * (self.in_features // self.group_size)
+            return (self.out_features * self.in_features // 2
+                    + 4 * self.out_features * (self.in_features // self.group_size))
         return 2 * self.out_features * self.in_features  # bf16 weights
 
 
@@ -271,7 +279,8 @@ def make_quant_linear(qw: QuantizedWeight, bias: Tensor | None, packed: bool,
     packed kernel that accepts it, else dequantized to bf16."""
     name = f"int{qw.bits}"
     if not packed:
-        return DequantizedLinear(qw, bias, dtype, f"{name} simulated ({str(dtype).removeprefix('torch.')} weights)")
+        return DequantizedLinear(qw, bias, dtype,
+                                 f"{name} simulated ({str(dtype).removeprefix('torch.')} weights)")
     blocker = kernel_blocker(qw)
     if blocker is None:
         return Int8Linear(qw, bias) if qw.bits == 8 else Int4Linear(qw, bias)

@@ -28,7 +28,8 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
         raise ValueError(f"codes must lie in [0, {1 << bits}) to pack at {bits} bits")
     if bits == 8:
         return flat.to(torch.uint8)
-    words = (F.pad(flat, (0, -n % 8)).view(-1, 8) << (torch.arange(8) * bits)).sum(1)  # disjoint fields
+    # disjoint fields
+    words = (F.pad(flat, (0, -n % 8)).view(-1, 8) << (torch.arange(8) * bits)).sum(1)
     packed = ((words.unsqueeze(1) >> (torch.arange(bits) * 8)) & 0xFF).to(torch.uint8).reshape(-1)
     return packed[: (n * bits + 7) // 8]
 

@@ -138,6 +138,8 @@ def quantize_two_level(weight: Tensor, bits: int, group_size: int) -> TwoLevel:
     m_row = lo.abs().amax(-1, keepdim=True) / 127
     sub_d = torch.where(d_row > 0, step / d_row, 0).round().clamp(0, 127)
     sub_m = torch.where(m_row > 0, lo / m_row, 0).round().clamp(-127, 127)
-    d, m = (d_row * sub_d)[..., None], (m_row * sub_m)[..., None]  # float32 products, as the kernel's
+    # float32 products, as the kernel's
+    d, m = (d_row * sub_d)[..., None], (m_row * sub_m)[..., None]
     codes = torch.where(d > 0, (w - m) / d, 0).round().clamp(0, qmax)
-    return TwoLevel(codes.view(out, n_in).to(torch.uint8), d_row, m_row, sub_d.to(torch.int8), sub_m.to(torch.int8))
+    return TwoLevel(codes.view(out, n_in).to(torch.uint8), d_row, m_row, sub_d.to(torch.int8),
+                    sub_m.to(torch.int8))

@@ -63,18 +63,23 @@ class Fold:
 
 def quantize_calibrated(model: nn.Module, spec: QuantSpec, samples: Sequence[Tensor],
                         targets: dict[str, nn.Linear], group_sizes: dict[str, int],
-                        config: CalibrationConfig, on_layer: Callable[[str], None]) -> dict[str, QuantizedWeight]:
-    """GPTQ or AWQ codes for every target, calibrated block by block on `samples` (1-D id tensors)."""
-    reachable = {f"layers.{i}.{n}" for i, block in enumerate(model.layers) for n, m in block.named_modules()
+                        config: CalibrationConfig,
+                        on_layer: Callable[[str], None]) -> dict[str, QuantizedWeight]:
+    """GPTQ or AWQ codes for every target, calibrated block by block on
+    `samples` (1-D id tensors)."""
+    reachable = {f"layers.{i}.{n}" for i, block in enumerate(model.layers)
+                 for n, m in block.named_modules()
                  if isinstance(m, nn.Linear)} | {"output"}
     if unreachable := sorted(set(targets) - reachable):
-        raise ValueError(f"{spec.method} calibrates decoder blocks and the head only; cannot reach {unreachable}")
+        raise ValueError(f"{spec.method} calibrates decoder blocks and the head only; cannot reach "
+                         f"{unreachable}")
     if not samples:
         raise ValueError(f"{spec.method} needs calibration samples (see calibration_samples)")
     method = _gptq_group if spec.method == "gptq" else _awq_group
     result: dict[str, QuantizedWeight] = {}
 
-    def quantize(prefix: str, linears: dict[str, nn.Linear], collect: Collect, folds: dict[str, Fold]) -> None:
+    def quantize(prefix: str, linears: dict[str, nn.Linear], collect: Collect,
+                 folds: dict[str, Fold]) -> None:
         chosen = {n: m for n, m in linears.items() if prefix + n in targets}
         if chosen:
             groups = {n: group_sizes[prefix + n] for n in chosen}
@@ -86,11 +91,13 @@ def quantize_calibrated(model: nn.Module, spec: QuantSpec, samples: Sequence[Ten
         xs = embed(model, samples)
         for i, block in enumerate(model.layers):
             linears = {n: m for n, m in block.named_modules() if isinstance(m, nn.Linear)}
-            quantize(f"layers.{i}.", linears, lambda chosen: _collect(chosen, lambda x: run_block(model, i, x), xs),
+            quantize(f"layers.{i}.", linears,
+                     lambda chosen: _collect(chosen, lambda x: run_block(model, i, x), xs),
                      _llama_folds(block))
             xs = [run_block(model, i, x) for x in xs]
         norm = model.norm
-        quantize("", {"output": model.output}, lambda chosen: _collect(chosen, lambda x: model.output(norm(x)), xs),
+        quantize("", {"output": model.output},
+                 lambda chosen: _collect(chosen, lambda x: model.output(norm(x)), xs),
                  {"output": Fold(lambda s: norm.weight.div_(s.to(norm.weight.dtype)))})
     return result
 
@@ -109,16 +116,19 @@ def _llama_folds(block: nn.Module) -> dict[str, Fold]:
         att.wqkv.weight[v_rows] /= s_kv.to(att.wqkv.weight.dtype).unsqueeze(1)
 
     return {
-        "attention.wqkv": Fold(lambda s: block.attention_norm.weight.div_(s.to(block.attention_norm.weight.dtype))),
+        "attention.wqkv": Fold(
+            lambda s: block.attention_norm.weight.div_(s.to(block.attention_norm.weight.dtype))),
         "attention.wo": Fold(fold_wo, tie_wo),
-        "feed_forward.w13": Fold(lambda s: block.ffn_norm.weight.div_(s.to(block.ffn_norm.weight.dtype))),
+        "feed_forward.w13": Fold(
+            lambda s: block.ffn_norm.weight.div_(s.to(block.ffn_norm.weight.dtype))),
         "feed_forward.w2": Fold(lambda s: ffn.w13.weight[ffn.intermediate:].div_(
             s.to(ffn.w13.weight.dtype).unsqueeze(1))),
     }
 
 
 class _Collected(Exception):
-    """Raised once every watched linear has seen its input: the rest of the forward is not needed."""
+    """Raised once every watched linear has seen its input: the rest of the
+    forward is not needed."""
 
 
 def _collect(linears: dict[str, nn.Linear], forward: Callable[[Tensor], object],
@@ -169,8 +179,9 @@ def _awq_group(linears: dict[str, nn.Linear], group_sizes: dict[str, int], colle
     if unknown := sorted(set(linears) - set(folds)):
         raise ValueError(f"AWQ does not know where to fold the scales of {unknown}")
     stats = collect(linears)
-    scales = {name: search_scale(linear.weight, stats[name].hessian, folds[name].tie(stats[name].abs_mean),
-                                 spec.bits, group_sizes[name], spec.symmetric, config.awq_grid)
+    scales = {name: search_scale(linear.weight, stats[name].hessian,
+                                 folds[name].tie(stats[name].abs_mean), spec.bits,
+                                 group_sizes[name], spec.symmetric, config.awq_grid)
               for name, linear in linears.items()}
     for name, s in scales.items():
         _set_weight(linears[name], linears[name].weight.float() * s)
@@ -178,8 +189,10 @@ def _awq_group(linears: dict[str, nn.Linear], group_sizes: dict[str, int], colle
     for name, linear in linears.items():
         w = linear.weight
         if config.awq_clip and name != "attention.wqkv":
-            scaled_hessian = stats[name].hessian / torch.outer(scales[name], scales[name])  # inputs are x / s
-            w = search_clip(w, scaled_hessian, spec.bits, group_sizes[name], spec.symmetric, config.awq_grid)
+            # inputs are x / s
+            scaled_hessian = stats[name].hessian / torch.outer(scales[name], scales[name])
+            w = search_clip(w, scaled_hessian, spec.bits, group_sizes[name], spec.symmetric,
+                            config.awq_grid)
         qw = quantize_rtn(w, spec.bits, group_sizes[name], spec.symmetric)
         _set_weight(linear, qw.dequantize())
         yield name, qw

@@ -30,11 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
-FLOAT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FLOAT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                        "fp16": torch.float16}
 METHODS = ("rtn", "gptq", "awq")
 MAX_GROUP = 1 << 16  # weights per quantization group: more than any layer's row
-VALID_FORMS = ("fp32 | bf16 | fp16 | int{2..8}[-g<group>][-rtn|-gptq|-awq][-sym|-asym][-head|-head8][-qad] "
-               "(e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn)")
+VALID_FORMS = ("fp32 | bf16 | fp16 | "
+               "int{2..8}[-g<group>][-rtn|-gptq|-awq][-sym|-asym][-head|-head8][-qad] (e.g. int8, "
+               "int4-g128-gptq, int3-g64-awq, int2-g32-rtn)")
 
 
 @dataclass(frozen=True)
@@ -51,20 +53,24 @@ class QuantSpec:
     symmetric: bool | None = None
     quantize_head: bool = False  # the head quantized like the body
     head_int8: bool = False  # the head as per-channel int8 RTN (`-head8`)
-    qad: bool = False  # codes recovered by quantization-aware distillation (`-qad`, `training/qad.py`)
+    # codes recovered by quantization-aware distillation (`-qad`, `training/qad.py`)
+    qad: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
             if self.dtype not in FLOAT_DTYPES.values():
-                raise ValueError(f"unsupported float dtype {self.dtype}; valid specs: {VALID_FORMS}")
-            if (self.bits, self.group_size, self.method, self.symmetric, self.quantize_head, self.head_int8,
-                self.qad) != (None, None, "rtn", None, False, False, False):
-                raise ValueError(f"a float spec takes no quantization options; valid specs: {VALID_FORMS}")
+                raise ValueError(f"unsupported float dtype {self.dtype}; valid specs: "
+                                 f"{VALID_FORMS}")
+            if (self.bits, self.group_size, self.method, self.symmetric, self.quantize_head,
+                self.head_int8, self.qad) != (None, None, "rtn", None, False, False, False):
+                raise ValueError("a float spec takes no quantization options; valid specs: "
+                                 f"{VALID_FORMS}")
             return
         if self.bits is None or not 2 <= self.bits <= 8:
             raise ValueError(f"bits must be 2..8, got {self.bits}; valid specs: {VALID_FORMS}")
         if self.group_size is not None and self.group_size < 1:
-            raise ValueError(f"group size must be positive, got {self.group_size}; valid specs: {VALID_FORMS}")
+            raise ValueError(f"group size must be positive, got {self.group_size}; valid specs: "
+                             f"{VALID_FORMS}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; valid specs: {VALID_FORMS}")
         if self.quantize_head and self.head_int8:
@@ -104,7 +110,8 @@ def _bad(spec: str, why: str) -> ValueError:
 
 
 def parse_spec(spec: str) -> QuantSpec:
-    """Parse a spec string (case-insensitive) into a `QuantSpec`; ValueError lists the valid forms."""
+    """Parse a spec string (case-insensitive) into a `QuantSpec`; ValueError
+    lists the valid forms."""
     text = spec.strip().lower()
     if text in FLOAT_DTYPES:
         return QuantSpec(dtype=FLOAT_DTYPES[text])
