@@ -74,3 +74,32 @@ def test_explain_names_the_kernel_build_and_the_cpu():
         text = console.export_text()
         assert (shown in text and "3 linear layers: int8dot" in text
                 and "1 linear layer: f32dot" in text)
+
+
+@pytest.mark.parametrize("backend", ["eager", "kernels"])
+def test_a_runner_of_some_layers_runs_the_model_cut_to_them(backend):
+    """`layers=(0, 3)`: the same weights as a two-layer network (a draft made of the target's own
+    layers), with a cache of two layers: a prefill, a chain and a step give the logits of the model
+    cut to those layers, bit for bit; the whole model's differ; the modules stay as they were."""
+    import copy
+    from dataclasses import replace
+
+    net = tiny_model(hidden=64, layers=4, scale=3.0).net
+    cut = copy.deepcopy(net)
+    cut.layers = torch.nn.ModuleList(cut.layers[i] for i in (0, 3))
+    cut.config = replace(cut.config, num_layers=2)
+    part = backends.runner(net, backend, layers=(0, 3))
+    want, whole = backends.runner(cut, backend), backends.runner(net, backend)
+    assert (part.stack is not None) == (backend == "kernels" and decoder.available())
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    with torch.inference_mode():
+        caches = [run.new_cache(16) for run in (part, want, whole)]
+        assert caches[0].k.shape[0] == 2 and caches[2].k.shape[0] == 4
+        out = [[run(ids[:4], c), run(ids[4:7], c), run(ids[7:], c)]
+               for run, c in zip((part, want, whole), caches)]
+    assert all(torch.equal(a, b) for a, b in zip(out[0], out[1]))
+    assert not torch.allclose(out[0][1], out[2][1], atol=1e-3)
+    assert len(net.layers) == 4 and net.config.num_layers == 4
+    for layers in ((), (3, 0), (1, 1), (0, 4)):
+        with pytest.raises(ValueError, match="increasing indices"):
+            backends.runner(net, backend, layers=layers)

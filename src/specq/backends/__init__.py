@@ -31,19 +31,20 @@ from .runner import CompiledRunner, ModuleRunner, Runner
 @dataclass(frozen=True)
 class Backend:
     name: str
-    make: Callable[[nn.Module], Runner]  # a runner of a native network on this backend
+    make: Callable[..., Runner]  # (net, layers=None): a runner of a native network on this backend
     about: str  # one line for --help
 
 
-def _kernels(net: nn.Module) -> Runner:
+def _kernels(net: nn.Module, layers: tuple[int, ...] | None = None) -> Runner:
     table = fastpath.kernels(net)
-    return Runner(net, "kernels", table, fastpath.layer_stack(decoder(net), table))
+    return Runner(net, "kernels", table, fastpath.layer_stack(decoder(net), table, layers), layers)
 
 
 BACKENDS = {b.name: b for b in (
     Backend("kernels", _kernels,
             "specq's CPU kernels where they take a layer, torch's ops elsewhere"),
-    Backend("eager", lambda net: Runner(net, "eager"), "torch's ops only (the reference)"),
+    Backend("eager", lambda net, layers=None: Runner(net, "eager", layers=layers),
+            "torch's ops only (the reference)"),
     Backend("compiled", CompiledRunner,
             "torch.compile of fixed-shape chain steps (a minute per new shape)"),
 )}
@@ -57,17 +58,27 @@ def check_name(name: str) -> str:
     return name
 
 
-def runner(net: nn.Module, name: str = DEFAULT) -> Runner:
+def runner(net: nn.Module, name: str = DEFAULT, layers: tuple[int, ...] | None = None) -> Runner:
     """A runner of `net` on backend `name`; `net` is left as it is. Networks the native decoder
     does not run (transformers' modules) run on torch's ops whatever is asked, and a feature draft
     (one small layer fed the target's features) is not compiled: the runner's `backend` says what
-    it runs on."""
+    it runs on. `layers`: only these decoder layers of a `Llama`, in increasing order (the same
+    weights as a cheaper network: a draft of the target's own layers), on the eager or kernels
+    backend."""
     backend = BACKENDS[check_name(name)]
     if not native(net):
         return ModuleRunner(net, "eager")
     if backend.name == "compiled" and not isinstance(net, Llama):
         backend = BACKENDS["kernels"]
-    return backend.make(net)
+    if layers is None:
+        return backend.make(net)
+    layers = tuple(layers)
+    count = len(net.layers) if isinstance(net, Llama) else 0
+    if backend.name == "compiled" or not layers or list(layers) != sorted(set(layers)) \
+            or not 0 <= layers[0] <= layers[-1] < count:
+        raise ValueError(f"layers {layers}: increasing indices of a Llama's {count} layers, "
+                         "on the eager or kernels backend")
+    return backend.make(net, layers)
 
 
 def native(net: nn.Module) -> bool:

@@ -131,14 +131,16 @@ def _prefix(module: Int8DotForm) -> str:
     return "" if bits >= 4 else f"int{bits} codes on the "
 
 
-def layer_stack(net: Llama, table: dict[nn.Module, Kernel]) -> decoder.Stack | None:
-    """All of `net`'s decoder layers as one C call (`decoder.Stack`), if every linear layer runs on
-    int8dot or f32dot without a bias of its own and the norms and q/k/v biases are float32; else
-    None (the modules run one by one, on torch's ops between the linear layers)."""
+def layer_stack(net: Llama, table: dict[nn.Module, Kernel],
+                only: tuple[int, ...] | None = None) -> decoder.Stack | None:
+    """All of `net`'s decoder layers (or those of `only`, in order) as one C call
+    (`decoder.Stack`), if every linear layer runs on int8dot or f32dot without a bias of its own and
+    the norms and q/k/v biases are float32; else None (the modules run one by one, on torch's ops
+    between the linear layers)."""
     if not decoder.available():
         return None
     layers = []
-    for block in net.layers:
+    for block in (net.layers[i] for i in only or range(len(net.layers))):
         attention, ffn = block.attention, block.feed_forward
         weights = [_stack_weight(table.get(m))
                    for m in (attention.wqkv, attention.wo, ffn.w13, ffn.w2)]

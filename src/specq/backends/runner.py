@@ -42,11 +42,14 @@ class Runner:
     from the module."""
 
     def __init__(self, net: nn.Module, backend: str, kernels: dict[nn.Module, Kernel] | None = None,
-                 stack=None):
+                 stack=None, layers: tuple[int, ...] | None = None):
+        """`layers`: run only these decoder layers, in order (`Execution.layers`; None: all)."""
         self.net = net
         self.backend = backend
         self.kernels = kernels or {}
-        self.execution = Execution(self.linear, stack) if self.kernels or stack else EAGER
+        self.layers = layers
+        self.execution = (Execution(self.linear, stack, layers) if self.kernels or stack or layers
+                          else EAGER)
         self._stack_limit: int | None = None
 
     @property
@@ -72,12 +75,14 @@ class Runner:
         return module(x)
 
     def __getattr__(self, name: str):  # the module's own attributes: vocab_ids, full_vocab, ...
-        if name.startswith("_") or name in ("net", "execution", "kernels", "backend"):
+        if name.startswith("_") or name in ("net", "execution", "kernels", "backend", "layers"):
             raise AttributeError(name)
         return getattr(self.net, name)
 
     def new_cache(self, capacity: int) -> KVCache:
-        return self.net.new_cache(capacity)
+        if self.layers is None:
+            return self.net.new_cache(capacity)
+        return self.net.new_cache(capacity, len(self.layers))
 
     def __call__(self, *args, **kwargs):
         """The module's forward (`Llama.forward`, a feature draft's) on this runner's kernels."""

@@ -39,11 +39,14 @@ class Execution:
     """How a pass runs the modules, which it never changes (`backends` builds one per loaded model):
     `linear(module, x)` runs each linear layer (its kernel in the runner's table, or its torch op),
     and `stack`, where set, runs every decoder layer of a cached float32 inference pass in one C
-    call (`kernels.decoder.Stack`), the final norm on its kernel too. Why passed in, not set on the
-    model: the same weights run eagerly (training, the reference) and on kernels side by side."""
+    call (`kernels.decoder.Stack`), the final norm on its kernel too; `layers`, where set, the
+    decoder layers a pass runs, in order (a draft made of the target's own layers), cache layer j
+    holding layer layers[j]. Why passed in, not set on the model: the same weights run eagerly
+    (training, the reference), on kernels and in part, side by side."""
 
     linear: Callable[[nn.Module, Tensor], Tensor] = call
     stack: decoder.Stack | None = None
+    layers: tuple[int, ...] | None = None
 
 
 EAGER = Execution()
@@ -114,8 +117,10 @@ class KVCache:
     Rolling back after a rejected draft is `crop(n)`: later writes overwrite the stale tail.
     """
 
-    def __init__(self, config: LlamaConfig, capacity: int, dtype: torch.dtype):
-        shape = (config.num_layers, 1, config.num_kv_heads, capacity, config.head_dim)
+    def __init__(self, config: LlamaConfig, capacity: int, dtype: torch.dtype,
+                 layers: int | None = None):
+        """`layers`: how many decoder layers write into it (default: the config's)."""
+        shape = (layers or config.num_layers, 1, config.num_kv_heads, capacity, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
         self.capacity = capacity
@@ -420,9 +425,10 @@ class Llama(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.norm.weight.dtype
 
-    def new_cache(self, capacity: int) -> KVCache:
+    def new_cache(self, capacity: int, layers: int | None = None) -> KVCache:
+        """A cache of `capacity` positions for `layers` decoder layers (default: all of them)."""
         self._ensure_rope(capacity)
-        return KVCache(self.config, capacity, self.dtype)
+        return KVCache(self.config, capacity, self.dtype, layers)
 
     # the sliding layers' own rope tables, where they have them (Gemma 3)
     local_cos = local_sin = None
@@ -534,8 +540,9 @@ class Llama(nn.Module):
         if (ex.stack is not None and isinstance(kv, list) and decoder.takes(x)
                 and all(by_rows(s.cache.length, s.rows.stop - s.rows.start) for s in kv)):
             return ex.stack(x.contiguous(), cos, sin, kv, local)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, *(local if layer.local_rope else (cos, sin)), kv, i, ex.linear)
+        for j, i in enumerate(ex.layers or range(len(self.layers))):  # j: its layer in the cache
+            layer = self.layers[i]
+            x = layer(x, *(local if layer.local_rope else (cos, sin)), kv, j, ex.linear)
         return x
 
     def final_norm(self, x: Tensor, ex: Execution = EAGER) -> Tensor:
