@@ -22,7 +22,7 @@ def test_cheaper_draft_speculates_losslessly_on_the_pair(spec):
     assert draft.precision == spec and isinstance(draft.net.output, NarrowHead)
     assert 32768 <= draft.net.output.keep.numel() < 33500  # the ranked tokens and the special ones
     assert len(draft.net.layers) == (18 if spec.endswith("keep18") else 24)
-    described = backends.describe(draft.net)
+    described = backends.describe(draft.runner)
     assert (described["layer_stack"]
             and all("int8dot" in kernel for kernel in described["linear_layers"]))
     for prompt in (CODE_TASKS[0], EDIT_TASKS[0]):
@@ -66,7 +66,7 @@ def test_an_adapter_merges_into_the_real_files_4bit_body(tmp_path, monkeypatch):
             and draft.net.layers[0].feed_forward.w2.bits == 4)
     # untouched: the plain 4-bit body's
     assert "adapter" not in draft.net.layers[0].feed_forward.w13.kind
-    described = backends.describe(draft.net)
+    described = backends.describe(draft.runner)
     assert (described["layer_stack"]
             and all("int8dot" in kernel for kernel in described["linear_layers"]))
     plain = specq.generate(target, CODE_TASKS[0], None, max_new_tokens=64, chat=True,

@@ -34,7 +34,7 @@ def pair():
 def test_the_pair_runs_at_the_files_precision_on_specqs_kernels(pair):
     target, draft = pair
     assert target.precision == draft.precision == "gguf"
-    described = backends.describe(target.net)
+    described = backends.describe(target.runner)
     assert described["backend"] == "kernels" and described["layer_stack"]
     assert all("int8dot" in kernel for kernel in described["linear_layers"])
     assert select_draft(target.ref)[0] == "qwen2.5-coder-0.5b@gguf-int4-head32k"
