@@ -53,20 +53,9 @@ UNHELPED = {
 def commands() -> dict[str, argparse.ArgumentParser]:
     """Every leaf command of `specq` by its words ("generate", "drafts add")."""
     os.environ.pop("SPECQ_API_KEY", None)  # --api-key's default reads it: keep a key out of the doc
-    from specq.cli import build_parser
+    from specq.cli import build_parser, leaf_commands
 
-    found: dict[str, argparse.ArgumentParser] = {}
-
-    def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs and words:
-            found[" ".join(words)] = parser
-        for sub in subs:
-            for name, child in sub.choices.items():
-                walk(child, [*words, name])
-
-    walk(build_parser(), [])
-    return found
+    return leaf_commands(build_parser())
 
 
 def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
 from specq.bench.config import BenchConfig
-from specq.cli import build_parser
+from specq.cli import build_parser, leaf_commands
 from specq.serve.metrics import Metrics
 from specq.weights.gguf_formats import FORMATS
 
@@ -35,18 +35,7 @@ def blocks() -> dict[str, str]:
 def commands(monkeypatch) -> dict[str, argparse.ArgumentParser]:
     """Every leaf command by its words ("generate", "drafts add")."""
     monkeypatch.delenv("SPECQ_API_KEY", raising=False)  # --api-key's default
-    found = {}
-
-    def walk(parser, words):
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs and words:
-            found[" ".join(words)] = parser
-        for sub in subs:
-            for name, child in sub.choices.items():
-                walk(child, [*words, name])
-
-    walk(build_parser(), [])
-    return found
+    return leaf_commands(build_parser())
 
 
 def names(parser: argparse.ArgumentParser) -> set[str]:

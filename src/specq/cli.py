@@ -283,6 +283,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+
+def leaf_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every leaf command under `parser` by its words ("generate", "drafts add"): what the
+    reference lists (docs/reference.md)."""
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(node: argparse.ArgumentParser, words: list[str]) -> None:
+        subs = [a for a in node._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs and words:
+            found[" ".join(words)] = node
+        for sub in subs:
+            for name, child in sub.choices.items():
+                walk(child, [*words, name])
+
+    walk(parser, [])
+    return found
+
 def _precisions(text: str) -> tuple[str, ...]:
     specs = tuple(p.strip() for p in text.split(","))
     if not all(specs):
