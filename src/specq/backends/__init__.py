@@ -103,7 +103,7 @@ def describe(run: Runner) -> dict:
                       for m in run.net.modules() if _is_linear(m))
     return {"backend": run.backend, "kernel_build": build.variant(), "cpu": build.cpu_model(),
             "linear_layers": dict(linears.most_common()),
-            "layer_stack": native(run.net) and run.stack is not None}
+            "layer_stack": run.stack is not None}
 
 
 def _is_linear(m: nn.Module) -> bool:

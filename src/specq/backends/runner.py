@@ -47,7 +47,6 @@ class Runner:
         self.net = net
         self.backend = backend
         self.kernels = kernels or {}
-        self.layers = layers
         self.execution = (Execution(self.linear, stack, layers) if self.kernels or stack or layers
                           else EAGER)
         self._stack_limit: int | None = None
@@ -75,14 +74,15 @@ class Runner:
         return module(x)
 
     def __getattr__(self, name: str):  # the module's own attributes: vocab_ids, full_vocab, ...
-        if name.startswith("_") or name in ("net", "execution", "kernels", "backend", "layers"):
+        if name.startswith("_") or name in ("net", "execution", "kernels", "backend"):
             raise AttributeError(name)
         return getattr(self.net, name)
 
     def new_cache(self, capacity: int) -> KVCache:
-        if self.layers is None:
+        layers = self.execution.layers
+        if layers is None:
             return self.net.new_cache(capacity)
-        return self.net.new_cache(capacity, len(self.layers))
+        return self.net.new_cache(capacity, len(layers))
 
     def __call__(self, *args, **kwargs):
         """The module's forward (`Llama.forward`, a feature draft's) on this runner's kernels."""

@@ -15,7 +15,6 @@ passes run the modules' torch ops.
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import functools
 from typing import NamedTuple, Protocol
@@ -153,9 +152,9 @@ class Stack:
     calling a dozen modules per layer; this removes it. Rows are computed the same whatever rows
     are beside them, so a verify row equals the one-token step at its position bit for bit
     (tests/kernels/test_decoder_kernels.py); the modules' torch ops (prefills, long passes) round
-    differently, within float tolerance. The weights' addresses are read once; a copy of the model
-    gets a `Stack` of its own copied weights. It runs on the kernel variant of the process at its
-    making, which every weight must have been laid out for."""
+    differently, within float tolerance. The weights' addresses are read once. It runs on the
+    kernel variant of the process at its making, which every weight must have been laid out
+    for."""
 
     def __init__(self, layers: list[LayerWeights], shape: Shape):
         if shape.activation not in ACTIVATIONS:
@@ -183,9 +182,6 @@ class Stack:
             row.window, row.local_rope = layer.window or 0, layer.local_rope
         self._table = table
         self.local_rope = any(layer.local_rope for layer in layers)
-
-    def __deepcopy__(self, memo: dict) -> "Stack":
-        return Stack(copy.deepcopy(self.layers, memo), self.shape)
 
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, segments: list,
                  local: tuple[Tensor, Tensor] | None = None) -> Tensor:
