@@ -52,10 +52,18 @@ def print_generation(out, console: Console | None = None) -> None:
             ("per-position a_i (conditional)",
              " ".join(_fmt(x, ".2f") for x in s.per_position_conditional)),
             ("draft cost share", _fmt(s.draft_share, ".2f")),
+            ("steps per route (drafted / accepted)", routes(s.routes)),
         ]
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
+
+
+def routes(counts: dict[str, dict[str, int]]) -> str:
+    """Which drafter proposed how much: `lookup 12 (40 / 31), model 20 (...), plain 5`."""
+    return ", ".join(f"{route} {c['steps']}" + (f" ({c['drafted']} / {c['accepted']})"
+                                               if route != "plain" else "")
+                     for route, c in sorted(counts.items(), key=lambda rc: rc[0] == "plain"))
 
 
 def print_comparison(result: dict, console: Console | None = None) -> None:

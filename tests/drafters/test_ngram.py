@@ -1,6 +1,7 @@
 """N-gram (prompt lookup) drafts: the index, the spelling, and lossless decoding with them, alone,
 in front of a model draft (`ngram+MODEL`) and under a hierarchy; CLI, bench and server."""
 
+import copy
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from specq import api
 from specq.cli import main
 from specq.core import acceptance
 from specq.core.sampling import SamplingConfig
+from specq.core.types import Proposal
 from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape
 from specq.drafters.ngram import DEFAULT_K, NgramIndex
 from specq.errors import SpecqError
@@ -253,6 +255,62 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
                       max_new_tokens=40)
     run(plain)
     assert set(plain.choosers) == {""}  # one drafter: one route
+
+
+class WrongLookup:
+    """A lookup that matches after every token and is always wrong (`token` repeated, a token the
+    target never emits)."""
+
+    needs_target_features = False
+    proposals = 0
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def nodes(self, gamma):
+        return min(gamma, 4)
+
+    def start(self, prompt, capacity, features=None):
+        pass
+
+    def has_proposal(self, seq):
+        return True
+
+    def propose(self, seq, gamma, sampling, generator):
+        self.proposals += 1
+        return Proposal.chain(torch.full((self.nodes(gamma),), self.token))
+
+    def rollback(self, length, features, path):
+        pass
+
+
+def test_gamma_auto_routes_each_step_to_the_drafter_that_pays(monkeypatch):
+    """A lookup that matches everywhere but is always wrong is tried, rejected and then passed
+    over for the model (here the target itself: always right), with a try now and then; the
+    stats count each route's steps; the output stays the target's. Costs are scripted (a draft
+    token a tenth of a one-row pass, each more row a twentieth), so the choice is the machine's
+    on a model draft a tenth of its target's size, whatever this machine's timings."""
+    from specq.core.decode import run
+    from specq.core.gamma import CostAwareGamma
+
+    observe = CostAwareGamma.observe
+    monkeypatch.setattr(CostAwareGamma, "observe", lambda self, cap, drafted, accepted, _d, _v:
+                        observe(self, cap, drafted, accepted, 0.1 * drafted, 1 + drafted / 20))
+    target = tiny_model(scale=3.0, seed=4)
+    prompt = [5, 6, 7]
+    base = specq.generate(target, prompt, None, max_new_tokens=80)
+    never = min(set(range(target.vocab_size)) - set(base.token_ids))
+    model = api.start(target, prompt, copy.deepcopy(target), gamma="auto").drafter
+    lookup = WrongLookup(never)
+    sequence = api.start(target, prompt, gamma="auto", max_new_tokens=80,
+                         drafter=FallbackDrafter(lookup, model, 4))
+    run(sequence)
+    assert sequence.generated == base.token_ids
+    routes = sequence.stats.routes
+    assert routes["lookup"]["drafted"] > 0 and routes["lookup"]["accepted"] == 0  # rejected
+    assert routes["model"]["accepted"] > 0
+    assert routes["model"]["steps"] > 3 * routes["lookup"]["steps"] > 0
+    assert lookup.proposals == routes["lookup"]["steps"]
 
 
 def test_greedy_ngram_under_a_hierarchy_equals_the_target():

@@ -87,6 +87,8 @@ class Sequence:
         self.choosers: dict[str, CostAwareGamma] = {}  # gamma auto's, per route (`types.Routed`)
         self.memory, self.memory_key = memory or GammaMemory(), memory_key
         self.chooser: CostAwareGamma | None = None  # this step's
+        self.asked: list[CostAwareGamma] = []  # the other routes' choosers asked this step
+        self.route = "draft"  # which drafter proposed this step (`stats.routes`)
         self.max_new_tokens, self.on_tokens = max_new_tokens, on_tokens
         self.stats = DecodeStats(gamma=self.gamma, prompt_tokens=len(prompt_ids))
         self.stopper = StopChecker(target.tokenizer, frozenset() if ignore_eos else target.eos_ids,
@@ -131,23 +133,45 @@ class Sequence:
         target verifies: the last token (the root) and every draft node, a tree's with its
         positions and mask."""
         self.chosen = speculate and self.adaptive  # gamma auto learns from its own choices only
-        if self.chosen:
-            routed = isinstance(self.drafter, Routed)
-            route = self.drafter.route(self.seq) if routed else ""
-            if route not in self.choosers:
-                longest = self.drafter.longest(route, self.gamma) if routed else self.gamma
-                self.choosers[route] = self.memory.chooser(self.memory_key, route, longest)
-            self.chooser = self.choosers[route]
-        cap = self.chooser.next() if self.chosen else (self.gamma if speculate else 0)
+        cap = self._choose() if self.chosen else (self.gamma if speculate else 0)
         self.cap = min(cap, self.max_new_tokens - len(self.generated) - 1)
         started = time.perf_counter()
         self.proposal = (self.drafter.propose(self.seq, self.cap, self.sampling, self.generator)
                          if self.cap > 0
                          else EMPTY)
         self.draft_s = time.perf_counter() - started
+        self.route = self.drafter.proposed() if isinstance(self.drafter, Routed) else "draft"
         tokens, parents = self.proposal.tokens, self.proposal.parents
         tree = {} if is_chain(parents) else verify_layout(parents, self.cache.length)
         return Rows(torch.cat([torch.tensor(self.seq[-1:]), tokens]), self.cache, **tree)
+
+    def _choose(self) -> int:
+        """gamma auto's cap on this step's proposal. A drafter of several routes (`types.Routed`)
+        proposes on the route whose chooser expects the most tokens per second at its own cap (a
+        route not yet timed is tried first); when that cap is 0 the step is plain and every route
+        asked learns its cost. A route passed over for its interval of steps is tried once at its
+        cap or 1 (`CostAwareGamma.idle`), or a lookup priced out early in a text would never learn
+        that a later stretch copies."""
+        routes = self.drafter.routes(self.seq) if isinstance(self.drafter, Routed) else [""]
+        asked = []
+        for route in routes:
+            if route not in self.choosers:
+                longest = self.drafter.longest(route, self.gamma) if route else self.gamma
+                self.choosers[route] = self.memory.chooser(self.memory_key, route, longest)
+            chooser = self.choosers[route]
+            cap = chooser.next()
+            if len(routes) == 1:
+                rate = 0.0
+            elif chooser.idle >= chooser.interval:
+                cap, rate = max(cap, 1), float("inf")
+            else:
+                rate = chooser.rate(cap)
+            asked.append((rate, -len(asked), route, chooser, cap))
+        _, _, route, self.chooser, cap = max(asked, key=lambda a: a[:2])
+        self.asked = [c for _, _, r, c, _ in asked if r != route]
+        if route:
+            self.drafter.use(route)
+        return cap
 
     def accept(self, logits: Tensor, features: Tensor | None, verify_s: float) -> None:
         """The target's logits [rows, V] (and hidden states, for a feature drafter) for this
@@ -164,9 +188,11 @@ class Sequence:
         self.stats.draft_s += self.draft_s
         self.stats.verify_s += verify_s
         self.stats.record_step(len(tokens), len(path),
-                               int(depths(parents).max()) if len(tokens) else 0)
+                               int(depths(parents).max()) if len(tokens) else 0, self.route)
         if self.chosen:
             self.chooser.observe(self.cap, len(tokens), len(path), self.draft_s, verify_s)
+            for chooser in self.asked:  # a plain step prices plain decoding for every route
+                chooser.observe(0, 0, 0, 0.0, verify_s) if not len(tokens) else chooser.passed()
 
         rows = torch.tensor([0] + [node + 1 for node in path])
         new = tokens[path].tolist() + [next_token]

@@ -35,7 +35,8 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
 A drafter of several drafters (`ngram+MODEL`: a free lookup where the text repeats, a model
 elsewhere; `types.Routed`) gets one chooser per route: a lookup's cost and acceptance say
 nothing about the model's, and one mean of both would price the lookup too high and the model too
-low.
+low. Each step proposes on the route with the most expected tokens per second (`rate`); a plain
+step is taken only where no route beats it.
 
 `GammaMemory` carries a chooser from one run to the next of the same target and draft in a
 process (a server's requests, a bench's prompts; whoever runs them keeps one memory per target and
@@ -105,6 +106,7 @@ class CostAwareGamma:
         self.draft_s: float | None = None  # one draft forward
         self.verify_s: dict[int, float] = {}  # rows -> one verify pass
         self.drafting_steps = 0  # steps that drafted, ever (not decayed)
+        self.idle = 0  # steps in a row another route proposed on (`passed`)
 
     def next(self) -> int:
         """The cap on the next step's proposal length."""
@@ -124,12 +126,27 @@ class CostAwareGamma:
             return best + 1  # one cap lately: learn what one more token would bring
         return best
 
+    def rate(self, cap: int) -> float:
+        """Expected tokens per second of a step at `cap`; infinite while a cost it needs is untimed
+        (such a step is the one that times it)."""
+        if (cap > 0 and self.draft_s is None) or not self.verify_s:
+            return float("inf")
+        return self.tokens_per_second(cap)
+
+    def passed(self) -> None:
+        """Another route proposed this step. After `interval` such steps in a row this route is
+        tried once (`decode.Sequence`), and the next wait is twice as long."""
+        self.idle += 1
+
     def observe(self, cap: int, drafted: int, accepted: int, draft_s: float,
                 verify_s: float) -> None:
         """Record one step: its cap, how many tokens it drafted and had accepted, and the seconds
         drafting and verifying took."""
         self.recent_caps.append(cap)
         self.drafting_steps += drafted > 0
+        if self.idle >= self.interval:  # the try after passing: the next one waits longer
+            self.interval = min(2 * self.interval, MAX_PROBE_EVERY)
+        self.idle = 0
         for j in range(self.max_gamma):
             self.allowed[j] *= COUNT_DECAY
             self.drafted_past[j] *= COUNT_DECAY
@@ -197,6 +214,7 @@ class GammaMemory:
         chooser.recent_caps.clear()
         chooser.probed_from = None
         chooser.drafting_steps = 0
+        chooser.idle = 0
         chooser.interval = PROBE_EVERY
         return chooser
 

@@ -8,6 +8,9 @@
   i tokens: proposals cut short (by the token budget or the draft's confidence stop) do not count
   at the positions they never drafted, so on few steps U_i need not fall monotonically
 - draft cost share: draft time / decode time (prefill is timed separately)
+- per route (`routes`): steps, drafted and accepted tokens of each drafter of a drafter made of
+  several (`ngram+MODEL`: "lookup", "model"), "draft" for a single drafter, "plain" for the steps
+  that drafted nothing
 """
 
 from __future__ import annotations
@@ -31,16 +34,24 @@ class DecodeStats:
     drafted_at: list[int] = field(default_factory=list)  # per draft position i = 1..gamma
     reached_at: list[int] = field(default_factory=list)  # positions 1..i-1 were all accepted
     accepted_at: list[int] = field(default_factory=list)
+    routes: dict[str, dict[str, int]] = field(default_factory=dict)  # route -> steps, drafted, ...
 
     def __post_init__(self):
         for name in ("drafted_at", "reached_at", "accepted_at"):
             if not getattr(self, name):
                 setattr(self, name, [0] * self.gamma)
 
-    def record_step(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+    def record_step(self, drafted: int, accepted: int, depth: int | None = None,
+                    route: str = "draft") -> None:
         """One verify pass: `drafted` nodes (a chain's tokens), `depth` levels deep (a chain's depth
-        is its length), `accepted` of them on the accepted path. Per-position counters are per
-        depth: a tree's level d counts once, however many nodes it holds."""
+        is its length), `accepted` of them on the accepted path, proposed by `route` (a step that
+        drafted nothing counts as "plain"). Per-position counters are per depth: a tree's level d
+        counts once, however many nodes it holds."""
+        counts = self.routes.setdefault(route if drafted else "plain",
+                                        {"steps": 0, "drafted": 0, "accepted": 0})
+        counts["steps"] += 1
+        counts["drafted"] += drafted
+        counts["accepted"] += accepted
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted

@@ -133,11 +133,19 @@ class Drafter(Protocol):
 @runtime_checkable
 class Routed(Protocol):
     """A drafter made of drafters that differ in cost and agreement (`ngram+MODEL`): which of them
-    would propose next, so gamma "auto" keeps costs and acceptance per route (`decode.py`)
-    rather than one mix of a free lookup's and a model's."""
+    could propose next, so gamma "auto" keeps costs and acceptance per route (`decode.py`) and
+    picks, each step, the route it expects the most tokens per second of, rather than one mix of
+    a free lookup's and a model's."""
 
-    def route(self, seq: list[int]) -> str:
-        """The name of the drafter that proposes next after `seq` (every token so far)."""
+    def routes(self, seq: list[int]) -> list[str]:
+        """The names of the drafters that could propose next after `seq` (every token so far), the
+        one that proposes when none is chosen first."""
+
+    def use(self, route: str) -> None:
+        """The next proposal is `route`'s (one of the last `routes`)."""
+
+    def proposed(self) -> str:
+        """The route the last proposal came from (the stats count each route's steps)."""
 
     def longest(self, route: str, gamma: int) -> int:
         """The longest proposal `route` makes in a run whose longest is `gamma`: gamma "auto"

@@ -1,11 +1,13 @@
 """Two drafters as one: the first one's proposal when it has one, else the second's.
 
 Built for `ngram+MODEL`: the n-gram lookup costs nothing and is right where the text repeats
-itself; the model drafts the other steps. Only one proposal is verified per step, so the target
-never pays verify rows for both. Each step both drafters learn what settled (`rollback`): the
-one that proposed keeps its accepted nodes; the other is told, as after a plain step, that none
-of its own were (a model draft's cache holds settled tokens only and takes the rest with its next
-proposal; a feature draft still receives the target's hidden states of every accepted row).
+itself; the model drafts the other steps. With gamma "auto" the loop chooses the route each step
+(`types.Routed`): where a lookup matches but has been wrong on this text, the model drafts.
+Only one proposal is verified per step, so the target never pays verify rows for both. Each step
+both drafters learn what settled (`rollback`): the one that proposed keeps its accepted nodes;
+the other is told, as after a plain step, that none of its own were (a model draft's cache holds
+settled tokens only and takes the rest with its next proposal; a feature draft still receives
+the target's hidden states of every accepted row).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..core.sampling import SamplingConfig
-from ..core.types import Drafter, Proposal
+from ..core.types import EMPTY, Drafter, Proposal
 from .ngram import NgramDrafter
 
 LOOKUP, MODEL = "lookup", "model"  # the routes (`base.Routed`)
@@ -28,6 +30,7 @@ class FallbackDrafter:
         self.first, self.then, self.then_gamma = first, then, then_gamma
         self.needs_target_features = first.needs_target_features or then.needs_target_features
         self.proposer: Drafter | None = None  # whose proposal this step's verify pass checks
+        self.chosen: str | None = None  # the route `use` chose for the next proposal
 
     def nodes(self, gamma: int) -> int:
         return max(self.first.nodes(gamma), self.then.nodes(min(gamma, self.then_gamma)))
@@ -36,9 +39,15 @@ class FallbackDrafter:
         self.first.start(prompt, capacity, features)
         self.then.start(prompt, capacity, features)
 
-    def route(self, seq: list[int]) -> str:
-        """LOOKUP where the n-gram lookup has a proposal, else MODEL."""
-        return LOOKUP if self.first.has_proposal(seq) else MODEL
+    def routes(self, seq: list[int]) -> list[str]:
+        """LOOKUP first where the n-gram lookup has a proposal; MODEL always."""
+        return [LOOKUP, MODEL] if self.first.has_proposal(seq) else [MODEL]
+
+    def use(self, route: str) -> None:
+        self.chosen = route
+
+    def proposed(self) -> str:
+        return LOOKUP if self.proposer is self.first else MODEL
 
     def longest(self, route: str, gamma: int) -> int:
         """The lookup's k, or the model draft's own gamma (each at most the run's `gamma`)."""
@@ -46,7 +55,9 @@ class FallbackDrafter:
 
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
-        proposal = self.first.propose(seq, gamma, sampling, generator)
+        chosen, self.chosen = self.chosen, None
+        proposal = (self.first.propose(seq, gamma, sampling, generator) if chosen != MODEL
+                    else EMPTY)
         self.proposer = self.first
         if not len(proposal.tokens):
             proposal = self.then.propose(seq, min(gamma, self.then_gamma), sampling, generator)
