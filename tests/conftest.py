@@ -239,7 +239,7 @@ def assert_speculative_is_plain(target: Model, draft: Model,
 
     accepted = rejected = 0
     for prompt in prompts:
-        base = generate(target, prompt, max_new_tokens=24)
+        base = generate(target, prompt, None, max_new_tokens=24)
         spec = generate(target, prompt, draft, gamma=4, max_new_tokens=24)
         assert spec.token_ids == base.token_ids and len(base.token_ids) == 24
         accepted += spec.stats.accepted

@@ -7,6 +7,8 @@
     print(out.text, out.stats.tau)
     # its own int8 weights
     out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))
+    out = specq.generate(target, "...")  # the default draft: out.draft_note says which
+    out = specq.generate(target, "...", draft=None)  # plain decoding
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
     memory = specq.GammaMemory()  # gamma auto's estimates, carried from each run to the next
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -32,13 +35,17 @@ from .drafters import TreeShape, ngram
 from .drafters.base import DEFAULT_GAMMA, default_gamma
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
-from .loading.kinds import for_levels
+from .loading.drafts.default import AUTO, load_default
+from .loading.kinds import for_levels, load
 from .loading.refs import ngram_ref
 from .loading.vocab import check_compatible, check_target
 
 # what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram draft (or its
-# text spec), or a list of them, cheapest first (a hierarchy)
+# text spec), or a list of them, cheapest first (a hierarchy); "auto": the target's default; None:
+# plain decoding
 DraftArg = Model | Draft | ngram.NgramDraft | str | list | None
+# the default draft per target, loaded once: id(target) -> (draft, note), dropped with the target
+_DEFAULTS: dict[int, tuple[DraftArg, str]] = {}
 
 
 @dataclass
@@ -50,10 +57,12 @@ class Generation:
     stats: DecodeStats
     target: str
     draft: str | None
+    draft_note: str | None = None  # how the default draft was chosen (draft "auto")
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-                "target": self.target, "draft": self.draft, "stats": self.stats.to_dict()}
+                "target": self.target, "draft": self.draft, "draft_note": self.draft_note,
+                "stats": self.stats.to_dict()}
 
 
 def check_options(gamma: int | str | None = None, max_new_tokens: int = 128,
@@ -90,15 +99,18 @@ def _stop_strings(stop: list[str] | str | None) -> list[str] | None:
     return list(stop)
 
 
-def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
+def generate(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
              gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
              stop: list[str] | None = None, ignore_eos: bool = False,
              draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
              tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
              ) -> Generation:
-    """Generate from `target`; speculatively when `draft` (or a ready `drafter`) is given.
-    The output is the target's own: token for token when greedy, in distribution when sampling.
+    """Generate from `target`, speculatively unless `draft` is None. The output is the target's
+    own: token for token when greedy, in distribution when sampling. "auto" (the default) is the
+    target's default draft (`loading/drafts/default.py`: its registered draft, else a smaller model
+    with its tokenizer, behind an n-gram lookup; loaded once per target), its note in
+    `Generation.draft_note`.
     gamma "auto" (the default when greedy) chooses each step's draft length, 0 (plain) to 4, from
     measured acceptance and costs: this run's, starting from what earlier runs of the same target
     and draft kept in `gamma_memory` (a `GammaMemory` the caller keeps per target, across the runs
@@ -113,12 +125,29 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
     default with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it.
     `on_tokens`: called with each step's new token ids (streaming); returning False stops the run
     (finish reason 'cancelled')."""
+    draft, note = resolve_draft(target, draft, drafter)
     sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
                      stop=stop, ignore_eos=ignore_eos, draft_confidence=draft_confidence,
                      drafter=drafter, tree=tree, on_tokens=on_tokens, gamma_memory=gamma_memory)
     run(sequence)
-    return finish(sequence, _draft(draft))
+    return finish(sequence, _draft(draft), note)
+
+
+def resolve_draft(target: Model, draft: DraftArg, drafter=None) -> tuple[DraftArg, str | None]:
+    """(the draft, a note on how it was chosen): "auto" as the target's default (unless a ready
+    `drafter` is given), loaded on first use and kept while the target lives; any other as is."""
+    if not isinstance(draft, str) or draft != AUTO:
+        return draft, None
+    if drafter is not None:
+        return None, None
+    check_target(target)
+    key = id(target)
+    if key not in _DEFAULTS:
+        _DEFAULTS[key] = load_default(target.ref, lambda ref: load(ref, target.runner.backend,
+                                                                 target=target))
+        weakref.finalize(target, _DEFAULTS.pop, key, None)
+    return _DEFAULTS[key]
 
 
 def _draft(draft: DraftArg) -> DraftArg:
@@ -139,7 +168,7 @@ def _draft(draft: DraftArg) -> DraftArg:
     return lookup.draft
 
 
-def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
+def start(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
           gamma: int | str | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
           top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
           stop: list[str] | None = None, ignore_eos: bool = False,
@@ -149,6 +178,7 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
     """`generate` up to the decoding (options checked, prompt encoded, drafter built): a `Sequence`
     to prefill and step with `decode.step`, alone or beside others (the server's batching)."""
     check_target(target)
+    draft = resolve_draft(target, draft, drafter)[0]
     gamma = default_gamma(tree, greedy=temperature == 0) if gamma is None else gamma
     (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k,
                                                       top_p, seed, stop, draft_confidence)
@@ -179,7 +209,7 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
                     memory_key=memory_key)
 
 
-def finish(sequence: Sequence, draft: DraftArg) -> Generation:
+def finish(sequence: Sequence, draft: DraftArg, note: str | None = None) -> Generation:
     """A finished sequence as a `Generation` (the text ends before a stop string)."""
     ids, reason, stats = sequence.result()
     text = sequence.target.tokenizer.decode(ids, skip_special_tokens=True)
@@ -187,7 +217,7 @@ def finish(sequence: Sequence, draft: DraftArg) -> Generation:
         text = trim_at_stop(text, sequence.stopper.stop_strings)
     return Generation(text=text, token_ids=ids, prompt_ids=sequence.prompt_ids,
                       finish_reason=reason, stats=stats, target=sequence.target.ref,
-                      draft=_refs(_levels(draft)) or None)
+                      draft=_refs(_levels(draft)) or None, draft_note=note)
 
 
 def _levels(draft: DraftArg) -> list:

@@ -341,7 +341,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from . import api, backends
-    from .loading.drafts.select import select_draft
+    from .loading.drafts.default import load_default
     from .loading.kinds import load
     from .report import print_backends, print_generation
 
@@ -363,12 +363,11 @@ def cmd_generate(args) -> int:
     options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args, used),
                               gamma_memory=GammaMemory())
     target = load(args.target, args.backend)
-    note = None
-    if used is None and not args.no_speculative:
-        registered, note = select_draft(args.target)
-        used = draft_ref(registered) if registered else None
-    draft = None if used is None else \
-        used.for_target(args.target).build(lambda ref: load(ref, args.backend))
+    note, draft = None, None
+    if used is not None:
+        draft = used.for_target(args.target).build(lambda ref: load(ref, args.backend))
+    elif not args.no_speculative:
+        draft, note = load_default(args.target, lambda ref: load(ref, args.backend))
     models = [target, *ngram.draft_models(draft)]
     explained = {m.ref: backends.describe(m.runner) for m in models}
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings

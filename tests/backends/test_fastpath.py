@@ -45,7 +45,7 @@ def test_greedy_equality_on_the_fast_path(spec, gamma):
     draft = at(perturbed(base, 0.5), "fp32", fast=True)
     accepted = rejected = 0
     for prompt in ([1, 2, 3], [7, 7, 7, 7, 8, 9, 10, 11]):
-        plain = generate(target, prompt, max_new_tokens=40)
+        plain = generate(target, prompt, None, max_new_tokens=40)
         spec_out = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40,
                             draft_confidence=0.0)
         assert spec_out.token_ids == plain.token_ids
@@ -68,7 +68,7 @@ def test_greedy_trees_on_the_fast_path_at_every_precision(spec, shape):
     for draft in drafts:
         rejected = 0
         for prompt in ([1, 2, 3], [7, 7, 7, 7, 8, 9, 10, 11]):
-            plain = generate(target, prompt, max_new_tokens=30)
+            plain = generate(target, prompt, None, max_new_tokens=30)
             tree = generate(target, prompt, draft, tree=shape, max_new_tokens=30)
             assert tree.token_ids == plain.token_ids
             rejected += tree.stats.drafted - tree.stats.accepted
@@ -98,7 +98,7 @@ def test_the_compiled_backend_stays_lossless():
     """The compiled backend (real inductor, not a stub backend) runs torch's modules, not the fast
     path's, and gives the eager output token for token beside a fast-path draft."""
     model = tiny_model(scale=3.0, hidden=64)
-    base = generate(model, [1, 2, 3], max_new_tokens=12)
+    base = generate(model, [1, 2, 3], None, max_new_tokens=12)
     compiled = copy.copy(model)
     compiled.runner = backends.runner(model.net, "compiled")
     assert (compiled.runner.backend == "compiled" and compiled.runner.kernels == {}

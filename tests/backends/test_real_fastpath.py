@@ -38,7 +38,7 @@ def test_verify_rows_are_one_token_steps(target, capsys):
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
 def test_greedy_speculative_equals_target(target, feature_draft, gamma):
     prompt = "Give me three tips for learning a new language."
-    base = specq.generate(target, prompt, max_new_tokens=48, chat=True)
+    base = specq.generate(target, prompt, None, max_new_tokens=48, chat=True)
     spec = specq.generate(target, prompt, feature_draft, gamma=gamma, max_new_tokens=48, chat=True,
                           draft_confidence=0.0)
     assert spec.token_ids == base.token_ids
@@ -51,7 +51,7 @@ def test_greedy_trees_equal_target(target, feature_draft, shape):
     """Token trees of 4-64 nodes from the feature draft, on every precision: the
     target's own output."""
     prompt = "Give me three tips for learning a new language."
-    base = specq.generate(target, prompt, max_new_tokens=32, chat=True)
+    base = specq.generate(target, prompt, None, max_new_tokens=32, chat=True)
     spec = specq.generate(target, prompt, feature_draft, tree=shape, max_new_tokens=32, chat=True)
     assert spec.token_ids == base.token_ids
     assert 0 < spec.stats.accepted < spec.stats.drafted
@@ -61,7 +61,7 @@ def test_greedy_trees_equal_target(target, feature_draft, shape):
 def test_greedy_tree_from_the_sequence_draft_equals_target():
     target = specq.load("smollm2-135m@int4-g64-rtn-head8")
     prompt = "Give me three tips for learning a new language."
-    base = specq.generate(target, prompt, max_new_tokens=32, chat=True)
+    base = specq.generate(target, prompt, None, max_new_tokens=32, chat=True)
     spec = specq.generate(target, prompt, specq.load("smollm2-135m-draft"),
                           tree=TreeShape(16, 4, 4), max_new_tokens=32, chat=True)
     assert spec.token_ids == base.token_ids

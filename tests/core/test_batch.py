@@ -214,7 +214,8 @@ def test_batched_sampling_follows_each_requests_seed():
 
 def test_step_refuses_sequences_of_different_targets():
     a, b = tiny_model(), tiny_model(seed=1)
-    sequences = [api.start(a, [1, 2], max_new_tokens=3), api.start(b, [1, 2], max_new_tokens=3)]
+    sequences = [api.start(a, [1, 2], None, max_new_tokens=3),
+                 api.start(b, [1, 2], None, max_new_tokens=3)]
     for s in sequences:
         s.prefill()
     with pytest.raises(ValueError, match="share their target"):

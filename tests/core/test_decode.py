@@ -22,7 +22,7 @@ def test_greedy_equality_native(gamma, noise, confidence):
     draft = perturbed(target, noise)
     accepted = rejected = 0
     for prompt in PROMPTS:
-        base = generate(target, prompt, max_new_tokens=40)
+        base = generate(target, prompt, None, max_new_tokens=40)
         spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=40,
                         draft_confidence=confidence)
         assert spec.token_ids == base.token_ids
@@ -40,7 +40,7 @@ def test_greedy_equality_other_draft_architecture():
     draft = tiny_model(vocab=40, layers=1, hidden=16, seed=5, ref="other")
     draft.tokenizer = target.tokenizer
     for prompt in PROMPTS:
-        base = generate(target, prompt, max_new_tokens=30)
+        base = generate(target, prompt, None, max_new_tokens=30)
         assert (generate(target, prompt, draft, gamma=3, max_new_tokens=30).token_ids
                 == base.token_ids)
 
@@ -51,7 +51,7 @@ def test_greedy_equality_transformers_backend(gamma):
     target = tiny_hf_qwen2(0)
     draft = tiny_model(scale=3.0, seed=2)  # native draft, transformers target
     for prompt in PROMPTS:
-        base = generate(target, prompt, max_new_tokens=24)
+        base = generate(target, prompt, None, max_new_tokens=24)
         assert (generate(target, prompt, draft, gamma=gamma, max_new_tokens=24).token_ids
                 == base.token_ids)
 
@@ -85,7 +85,7 @@ def test_stats_count_a_known_accept_reject_pattern():
     step, until the budget shortens the last proposals (50 tokens: 1 from prefill, 15 steps of 3,
     one of 3 tokens from a 3-token proposal, one plain step)."""
     target = tiny_model(scale=3.0)
-    expected = generate(target, [1, 2, 3], max_new_tokens=50).token_ids
+    expected = generate(target, [1, 2, 3], None, max_new_tokens=50).token_ids
     ids, _, s = decode(target, [1, 2, 3], drafter=_Scripted(expected, target.vocab_size), gamma=4,
                        max_new_tokens=50)
     assert ids == expected
@@ -94,7 +94,7 @@ def test_stats_count_a_known_accept_reject_pattern():
     assert s.drafted_at == [16, 16, 16, 15] and s.accepted_at == [16, 16, 0, 0]
     assert s.per_position_unconditional == [1.0, 1.0, 0.0, 0.0]
     assert s.per_position_conditional == [1.0, 1.0, 0.0, None]  # position 4 never reached
-    plain = generate(target, [1, 2, 3], max_new_tokens=50).stats
+    plain = generate(target, [1, 2, 3], None, max_new_tokens=50).stats
     assert (plain.tau, plain.steps, plain.drafted) == (1.0, 49, 0)
 
 
@@ -111,7 +111,7 @@ def test_confidence_stop_shortens_proposals():
 
 def test_stops_never_emit_past_eos_or_stop_string():
     target = tiny_model(scale=3.0)
-    base = generate(target, [1, 2, 3], max_new_tokens=30).token_ids
+    base = generate(target, [1, 2, 3], None, max_new_tokens=30).token_ids
     eos = base[10]
     first = base.index(eos)
     stopper = tiny_model(scale=3.0, eos=(eos,))
@@ -162,7 +162,7 @@ def test_compiled_static_path_stays_lossless():
     for gamma in (3, 4):
         assert (generate(target, [1, 2, 3], draft, gamma=gamma, max_new_tokens=30).token_ids
                 == base.token_ids)
-    assert generate(target, [1, 2, 3], max_new_tokens=30).token_ids == base.token_ids
+    assert generate(target, [1, 2, 3], None, max_new_tokens=30).token_ids == base.token_ids
 
 
 def test_on_tokens_streams_exactly_the_output_and_can_cancel():

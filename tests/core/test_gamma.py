@@ -295,7 +295,7 @@ def test_greedy_equality_under_outcome_driven_schedules(scripted, kind):
     target = tiny_model(vocab=32, scale=3.0, seed=4)
     draft = perturbed(target, 0.1) if kind == "sequence" else _feature_model(target)
     for prompt in PROMPTS:
-        base = generate(target, prompt, max_new_tokens=40)
+        base = generate(target, prompt, None, max_new_tokens=40)
         scripted.clear()
         spec = generate(target, prompt, draft, gamma="auto", max_new_tokens=40)
         assert spec.token_ids == base.token_ids
@@ -307,7 +307,7 @@ def test_auto_is_lossless_end_to_end(kind):
     target = tiny_model(vocab=32, scale=3.0, seed=4)
     draft = perturbed(target, 0.1) if kind == "sequence" else _feature_model(target)
     for prompt in PROMPTS:
-        base = generate(target, prompt, max_new_tokens=40)
+        base = generate(target, prompt, None, max_new_tokens=40)
         spec = generate(target, prompt, draft, gamma="auto", max_new_tokens=40)
         assert spec.token_ids == base.token_ids and spec.stats.gamma == AUTO_MAX_GAMMA
 

@@ -33,7 +33,7 @@ def test_greedy_hierarchy_equals_the_target(kind, tree):
     levels = _levels(target, kind)
     rejected_by_middle = rejected_by_target = 0
     for prompt in ([1, 2, 3], [5, 6, 7, 8, 9]):
-        base = generate(target, prompt, max_new_tokens=40)
+        base = generate(target, prompt, None, max_new_tokens=40)
         drafter = for_levels(levels, target, 0.0, tree)
         spec = generate(target, prompt, levels, drafter=drafter, gamma=3, max_new_tokens=40,
                         tree=tree)

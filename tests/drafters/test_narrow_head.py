@@ -53,7 +53,7 @@ def test_greedy_speculation_with_a_narrowed_head_is_plain_decoding():
     is outside the head."""
     target = tiny_model(scale=3.0)
     draft = narrowed(perturbed(target, 0.3), list(range(0, 32, 2)) + [1, 3])
-    plain = generate(target, [1, 2, 3], max_new_tokens=24).token_ids
+    plain = generate(target, [1, 2, 3], None, max_new_tokens=24).token_ids
     # the target writes tokens the draft cannot
     assert set(plain) - set(draft.net.output.keep.tolist())
     assert_speculative_is_plain(target, draft)

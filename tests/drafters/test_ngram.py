@@ -166,7 +166,7 @@ def _greedy_runs(target, draft, **options) -> tuple[int, int, int]:
     rejected, plain steps)."""
     accepted = rejected = plain = 0
     for prompt in PROMPTS:
-        base = specq.generate(target, prompt, max_new_tokens=40)
+        base = specq.generate(target, prompt, None, max_new_tokens=40)
         spec = specq.generate(target, prompt, draft, max_new_tokens=40, **options)
         assert spec.token_ids == base.token_ids
         accepted += spec.stats.accepted
@@ -217,7 +217,7 @@ def test_greedy_ngram_with_a_model_fallback_equals_the_target(kind):
     accepted = rejected = 0
     counts = {"first": 0, "then": 0}
     for prompt in PROMPTS:
-        base = specq.generate(target, prompt, max_new_tokens=40)
+        base = specq.generate(target, prompt, None, max_new_tokens=40)
         drafter = for_pair(draft, target, 0.0, tree, 2)
         assert isinstance(drafter, FallbackDrafter) and isinstance(drafter.first, NgramDrafter)
         spied = _spied(first=drafter.first, then=drafter.then)
@@ -242,7 +242,7 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
     draft = NgramDraft(k=7, fallback=perturbed(target, 0.3, seed=2))
     routes = set()
     for prompt in PROMPTS:
-        base = specq.generate(target, prompt, max_new_tokens=40)
+        base = specq.generate(target, prompt, None, max_new_tokens=40)
         sequence = api.start(target, prompt, draft, gamma="auto", max_new_tokens=40)
         run(sequence)
         assert sequence.generated == base.token_ids

@@ -28,7 +28,7 @@ def test_greedy_self_speculation_equals_the_target(options):
     draft = _self_draft(target)
     rejected = 0
     for prompt in ([1, 2, 3], [5, 6, 7, 8, 9]):
-        base = generate(target, prompt, max_new_tokens=40)
+        base = generate(target, prompt, None, max_new_tokens=40)
         spec = generate(target, prompt, draft, max_new_tokens=40, draft_confidence=0.0, **options)
         assert spec.token_ids == base.token_ids
         assert spec.stats.accepted > 0

@@ -85,7 +85,7 @@ def test_greedy_equality_with_trees(kind, shape):
     draft = perturbed(target, 0.2) if kind == "sequence" else _feature_model(target)
     rejected = accepted_deeper = 0
     for prompt in ([1, 2, 3], [5, 6, 7, 8, 9]):
-        base = generate(target, prompt, max_new_tokens=30)
+        base = generate(target, prompt, None, max_new_tokens=30)
         for gamma in (shape.depth, "auto"):
             spec = generate(target, prompt, draft, tree=shape, gamma=gamma, max_new_tokens=30)
             assert spec.token_ids == base.token_ids

@@ -58,7 +58,7 @@ def test_a_drafter_rolled_back_before_it_proposes_keeps_its_prefill():
     for draft in (specq.NgramDraft(fallback=model), specq.NgramDraft(fallback=windowed(model, 2))):
         for p in ([3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [7, 7, 8, 9, 10, 11] * 4):
             assert specq.generate(target, p, draft, max_new_tokens=30).token_ids == \
-                specq.generate(target, p, max_new_tokens=30).token_ids
+                specq.generate(target, p, None, max_new_tokens=30).token_ids
 
 
 def test_a_windowed_draft_samples_the_targets_distribution():

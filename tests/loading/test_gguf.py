@@ -95,7 +95,7 @@ def test_builtin_target_converts_from_an_empty_cache(tmp_path, monkeypatch):
     assert path == tmp_path / "smollm2-135m" and (path / "model.safetensors").is_file()
     target = specq.load("smollm2-135m")
     assert target.source == str(path)
-    out = specq.generate(target, "The capital of France is", max_new_tokens=4)
+    out = specq.generate(target, "The capital of France is", None, max_new_tokens=4)
     assert "Paris" in out.text  # a wrong q/k order or head would not answer this
 
 

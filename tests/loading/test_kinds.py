@@ -84,7 +84,7 @@ def test_self_loads_from_python_with_its_target_and_is_lossless(folders):
     assert_speculative_is_plain(target, draft)  # accepted and rejected drafts
     with pytest.raises(SpecqError,
                        match="is a self draft: it drafts for a target and cannot be one"):
-        specq.generate(draft, [1, 2])
+        specq.generate(draft, [1, 2], None)
 
 
 def test_a_feature_draft_loads_as_a_draft_never_a_target(folders):
@@ -95,7 +95,7 @@ def test_a_feature_draft_loads_as_a_draft_never_a_target(folders):
     assert_speculative_is_plain(target, draft)
     with pytest.raises(SpecqError,
                        match="is a feature draft: it drafts for a target and cannot be one"):
-        specq.generate(draft, [1, 2])
+        specq.generate(draft, [1, 2], None)
     kinds.save(draft, folders / "feature-again", {"base": draft.ref})
     again = specq.load(str(folders / "feature-again"))
     assert again.kind is draft.kind and torch.equal(again.net.vocab_ids, draft.net.vocab_ids)
@@ -113,7 +113,7 @@ def test_sequence_and_ngram_drafts_load_through_specq_load(folders):
     with_self = specq.load("ngram+self@int8-head8", target=target)
     assert with_self.fallback.kind is kinds.KINDS["self"]
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
-    plain = specq.generate(target, prompt, max_new_tokens=24).token_ids
+    plain = specq.generate(target, prompt, None, max_new_tokens=24).token_ids
     for draft in (sequence, lookup, with_model, with_self):
         assert specq.generate(target, prompt, draft, max_new_tokens=24,
                               draft_confidence=0.0).token_ids == plain

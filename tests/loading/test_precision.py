@@ -41,7 +41,7 @@ def test_quantized_target_stays_lossless(tiny_dir, spec):
     # noise on the weights, before any packing
     draft = perturbed(specq.load(str(tiny_dir), backend=None), 0.05)
     for prompt in ([1, 2, 3], [4, 4, 5, 6]):
-        base = specq.generate(target, prompt, max_new_tokens=30)
+        base = specq.generate(target, prompt, None, max_new_tokens=30)
         for gamma in (1, 4):
             assert (specq.generate(target, prompt, draft, gamma=gamma, max_new_tokens=30).token_ids
                     == base.token_ids)

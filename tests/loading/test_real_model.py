@@ -45,13 +45,13 @@ def test_shipped_drafts_are_chosen_by_their_builtin_names(tmp_path, monkeypatch)
 
 
 def test_builtin_target_answers(real_target):
-    out = specq.generate(real_target, "The capital of France is", max_new_tokens=4)
+    out = specq.generate(real_target, "The capital of France is", None, max_new_tokens=4)
     assert "Paris" in out.text
 
 
 @pytest.mark.parametrize("prompt,chat", PROMPTS)
 def test_greedy_speculative_equals_target(real_target, draft, prompt, chat):
-    base = specq.generate(real_target, prompt, max_new_tokens=64, chat=chat)
+    base = specq.generate(real_target, prompt, None, max_new_tokens=64, chat=chat)
     for gamma in (1, 2, 4, 8):
         spec = specq.generate(real_target, prompt, draft, gamma=gamma, max_new_tokens=64, chat=chat)
         assert spec.token_ids == base.token_ids, f"gamma={gamma}"
@@ -61,6 +61,6 @@ def test_greedy_speculative_equals_target(real_target, draft, prompt, chat):
 def test_quantized_real_target_stays_lossless(draft):
     target = specq.load("smollm2-135m@int4-g64-rtn")  # packed int4 kernel
     prompt = "Give me three tips for learning a new language."
-    base = specq.generate(target, prompt, max_new_tokens=48, chat=True)
+    base = specq.generate(target, prompt, None, max_new_tokens=48, chat=True)
     spec = specq.generate(target, prompt, draft, gamma=4, max_new_tokens=48, chat=True)
     assert spec.token_ids == base.token_ids

@@ -1,6 +1,8 @@
 """Draft registry: exact precision (the user's first), then the nearest shipped precision, never a
 user's draft at another precision; corrupt or missing manifests are clear errors."""
 
+import re
+
 import pytest
 
 from specq.errors import SpecqError
@@ -93,15 +95,18 @@ def test_model_pool_picks_the_draft_per_request_precision(tmp_path, monkeypatch)
         save_native(perturbed(target, 0.3, ref=name), drafts / name)
         registry.add(drafts, registry.Entry(str(tmp_path / "target"), spec, name))
     pool = specq.ModelPool(str(tmp_path / "target"))
-    assert pool.models("int4-g32-rtn")[1].source.endswith("for-int4")
-    assert pool.models("fp32")[1].source.endswith("for-fp32")
+    # each behind an n-gram lookup (the default)
+    assert pool.models("int4-g32-rtn")[1].fallback.source.endswith("for-int4")
+    assert pool.models("fp32")[1].fallback.source.endswith("for-fp32")
     quantized = specq.load(f"{tmp_path / 'target'}@int4-g32-rtn")
-    plain = specq.generate(quantized, [1, 2, 3], max_new_tokens=16)
+    plain = specq.generate(quantized, [1, 2, 3], None, max_new_tokens=16)
     out = pool.generate([1, 2, 3], precision="int4-g32-rtn", gamma=3, max_new_tokens=16)
     assert out.token_ids == plain.token_ids and out.draft.endswith("for-int4")
-    with pytest.warns(UserWarning, match="no draft registered .* used only at those precisions"):
-        # none shipped
-        assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft is None
+    # none shipped, and the registered drafts are as large as the target: the lookup alone
+    _, draft, note = pool.models("int8")
+    assert isinstance(draft, specq.NgramDraft) and draft.fallback is None
+    assert re.search("no draft registered .* used only at those precisions", note)
+    assert pool.generate([1, 2, 3], precision="int8", max_new_tokens=4).draft == draft.ref
 
 
 def test_an_entry_can_name_the_drafts_own_precision(tmp_path, monkeypatch):

@@ -122,7 +122,7 @@ def check_logits(model, hf) -> None:
 
 def check_decoding(model, hf, draft) -> None:
     """Greedy tokens as transformers' generate; speculative == plain."""
-    assert (generate(model, SEQUENCE[:5].tolist(), max_new_tokens=20).token_ids
+    assert (generate(model, SEQUENCE[:5].tolist(), None, max_new_tokens=20).token_ids
             == hf_greedy(hf, model, 20))
     check_speculative(model, draft)
 
@@ -132,7 +132,7 @@ def check_speculative(model, draft) -> None:
     tokens; rejections seen."""
     rejected = 0
     for prompt in PROMPTS:
-        base = generate(model, prompt, max_new_tokens=24).token_ids
+        base = generate(model, prompt, None, max_new_tokens=24).token_ids
         for kind in ({"gamma": 3}, {"tree": TreeShape(6, 3, 2)}):
             spec = generate(model, prompt, draft, max_new_tokens=24, **kind)
             assert spec.token_ids == base, kind
@@ -461,7 +461,7 @@ def test_unsupported_model_runs_on_transformers_with_a_note(tmp_path, capsys):
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specq:")]
     assert (len(notes) == 1 and "runs on transformers" in notes[0]
             and "feed-forward biases" in notes[0])
-    assert (generate(model, SEQUENCE[:5].tolist(), max_new_tokens=8).token_ids
+    assert (generate(model, SEQUENCE[:5].tolist(), None, max_new_tokens=8).token_ids
             == hf_greedy(hf, model, 8))
 
 

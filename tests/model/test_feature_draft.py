@@ -26,7 +26,7 @@ def _teacher_set(target: Model, n: int, seed: int) -> TeacherSet:
     out = TeacherSet([], [], [], [])
     for _ in range(n):
         prompt = torch.randint(0, VOCAB, (3,), generator=g).tolist()
-        ids = torch.tensor(prompt + generate(target, prompt, max_new_tokens=20).token_ids)
+        ids = torch.tensor(prompt + generate(target, prompt, None, max_new_tokens=20).token_ids)
         with torch.no_grad():
             logits = target.net(ids, None)
         top_logp, top_ids = torch.log_softmax(logits, -1).topk(8, dim=-1)
@@ -59,7 +59,7 @@ def test_greedy_equality(trained, gamma, confidence):
     target, draft, _, _ = trained
     accepted = rejected = 0
     for prompt in PROMPTS:
-        base = generate(target, prompt, max_new_tokens=30)
+        base = generate(target, prompt, None, max_new_tokens=30)
         spec = generate(target, prompt, draft, gamma=gamma, max_new_tokens=30,
                         draft_confidence=confidence)
         assert spec.token_ids == base.token_ids
@@ -72,7 +72,7 @@ def test_greedy_equality_with_a_vocabulary_subset():
     target = tiny_model(vocab=VOCAB, scale=3.0, seed=4)
     draft = _feature_model(target, vocab_ids=list(range(0, VOCAB, 2)), seed=3)
     for prompt in PROMPTS:
-        base = generate(target, prompt, max_new_tokens=25)
+        base = generate(target, prompt, None, max_new_tokens=25)
         spec = generate(target, prompt, draft, gamma=3, max_new_tokens=25, draft_confidence=0.0)
         assert spec.token_ids == base.token_ids
 
@@ -122,7 +122,7 @@ def test_unrolled_training_steps_match_decoding(trained):
     """Training-time test: step k of `unrolled` at row j equals the k-th draft step of a proposal
     whose true features end at f_j (its own earlier outputs as features, the true next tokens)."""
     target, draft, _, _ = trained
-    seq = torch.tensor(PROMPTS[0] + generate(target, PROMPTS[0], max_new_tokens=12).token_ids)
+    seq = torch.tensor(PROMPTS[0] + generate(target, PROMPTS[0], None, max_new_tokens=12).token_ids)
     with torch.no_grad():
         feats = target.net.hidden_states(seq)
         steps = draft.net.unrolled(seq.unsqueeze(0), feats[:-1].unsqueeze(0), 3)
@@ -203,7 +203,7 @@ def test_compare_scores_sequence_and_feature_drafts(trained):
     from specq.training.divergence import compare
 
     target, draft, _, _ = trained
-    chunks = [[1, 2, 3] + generate(target, [1, 2, 3], max_new_tokens=12).token_ids,
+    chunks = [[1, 2, 3] + generate(target, [1, 2, 3], None, max_new_tokens=12).token_ids,
               [5, 6, 7, 8, 9, 10]]
     same = compare(target, target, chunks, resamples=100)
     assert same["kl_ab"]["mean"] < 1e-9 and abs(same["beta"]["mean"] - 1) < 1e-9
@@ -248,7 +248,7 @@ def test_a_feature_draft_with_rtn_integer_weights(trained, tmp_path):
     assert len(kernels) == 1 + 4 + 1 and all("int8dot" in k for k in kernels)
     accepted = rejected = 0
     for prompt in PROMPTS[:3]:
-        plain = generate(target, prompt, max_new_tokens=24)
+        plain = generate(target, prompt, None, max_new_tokens=24)
         out = generate(target, prompt, cheap, gamma=3, max_new_tokens=24, draft_confidence=0.0)
         assert out.token_ids == plain.token_ids
         accepted += out.stats.accepted
@@ -316,7 +316,7 @@ def test_a_narrowed_head_keeps_its_rows_and_stays_lossless(trained, tmp_path):
     drafted = rejected = 0
     for prompt in PROMPTS:
         out = generate(target, prompt, loaded, gamma=3, max_new_tokens=25, draft_confidence=0.0)
-        assert out.token_ids == generate(target, prompt, max_new_tokens=25).token_ids
+        assert out.token_ids == generate(target, prompt, None, max_new_tokens=25).token_ids
         assert set(out.token_ids) - set(keep.tolist())  # the target wrote tokens the draft cannot
         drafted += out.stats.drafted
         rejected += out.stats.drafted - out.stats.accepted

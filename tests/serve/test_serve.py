@@ -418,7 +418,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, di
              ({"tree": 6, "tree_depth": 3}, dict(draft=draft, tree=TreeShape(6, 3, 2)))]
     jobs = [(prompts[i % len(prompts)], 12 + 5 * i, extra, options)
             for i, (extra, options) in enumerate(cases)]
-    want = [specq.generate(target, prompt, max_new_tokens=n, **options).text
+    want = [specq.generate(target, prompt, None, max_new_tokens=n, **options).text
             for prompt, n, _, options in jobs]
     slow_steps[0] = 0.02
 

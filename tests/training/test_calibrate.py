@@ -41,7 +41,7 @@ def test_calibrate_registers_draft_for_target_precision(dirs):
     ref, _ = select_draft(f"{dirs / 'target'}@int4-g32-rtn")
     assert ref == str(out) and entry.draft_spec == "" and entry.info["base"] == draft.ref
     tuned = specq.load(ref)  # the calibrated draft still gives the target's own output
-    base = specq.generate(target, [1, 2, 3], max_new_tokens=20)
+    base = specq.generate(target, [1, 2, 3], None, max_new_tokens=20)
     assert (specq.generate(target, [1, 2, 3], tuned, gamma=3, max_new_tokens=20).token_ids
             == base.token_ids)
 

@@ -64,7 +64,7 @@ def test_answers_are_the_targets_greedy_decoding(gguf_target):
     prompts = ["t1 t2 t3", "t9", "t4 t4 t5 t6 t7"]
     data = native_teacher.continuations(gguf_target, prompts, max_new_tokens=6, k=4, batch=2)
     for prompt, ids, start, top in zip(prompts, data.ids, data.start, data.top_ids):
-        alone = specq.generate(gguf_target, prompt, max_new_tokens=6)
+        alone = specq.generate(gguf_target, prompt, None, max_new_tokens=6)
         assert (ids.tolist() == alone.prompt_ids + alone.token_ids
                 and start == len(alone.prompt_ids) - 1)
         assert top[:, 0].tolist() == alone.token_ids
@@ -117,7 +117,7 @@ def test_distil_a_feature_draft_for_a_gguf_target(gguf_target, tmp_path):
     assert isinstance(draft.net, FeatureDraft)
     accepted = rejected = 0
     for prompt in ([1, 2, 3], [9, 4], [30, 31, 5, 6]):
-        plain = specq.generate(gguf_target, prompt, max_new_tokens=24)
+        plain = specq.generate(gguf_target, prompt, None, max_new_tokens=24)
         fast = specq.generate(gguf_target, prompt, draft, gamma=3, max_new_tokens=24)
         assert fast.token_ids == plain.token_ids
         accepted += fast.stats.accepted

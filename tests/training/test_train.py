@@ -42,7 +42,7 @@ def test_distill_trains_saves_and_registers(files, capsys):
     assert exact and path == out
     assert entry.draft_spec == "" and entry.info["base"] == "new:2x32"  # the draft runs as stored
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
-    base = specq.generate(target, [1, 2, 3], max_new_tokens=16)
+    base = specq.generate(target, [1, 2, 3], None, max_new_tokens=16)
     assert (specq.generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=16).token_ids
             == base.token_ids)
     # the teacher data is cached: a second run (from the first draft) computes none of it
@@ -95,7 +95,7 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
     assert exact and path == out
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
     assert isinstance(draft.net, FeatureDraft)
-    base = specq.generate(target, [1, 2, 3], max_new_tokens=16)
+    base = specq.generate(target, [1, 2, 3], None, max_new_tokens=16)
     assert (specq.generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=16).token_ids
             == base.token_ids)
 
@@ -105,7 +105,7 @@ def test_distill_a_feature_draft_then_calibrate_it(files, capsys):
               out=files / "drafts" / "feat-int8", progress=False)
     tuned = specq.load(str(files / "drafts" / "feat-int8"))
     assert isinstance(tuned.net, FeatureDraft)
-    base = specq.generate(other, [4, 5], max_new_tokens=16)
+    base = specq.generate(other, [4, 5], None, max_new_tokens=16)
     assert (specq.generate(other, [4, 5], tuned, gamma=2, max_new_tokens=16).token_ids
             == base.token_ids)
     assert main(["generate", "t1 t2", "--target", f"{files / 'target'}@int8", "--draft",
@@ -136,7 +136,7 @@ def test_distill_a_lora_adapter_on_a_base(files, capsys):
     assert not (out / "config.json").exists()  # no copy of the base's weights
     target, draft = specq.load(f"{files / 'target'}@int4-g32-rtn"), specq.load(str(out))
     assert draft.precision == "fp32" and draft.source == str(out)
-    base = specq.generate(target, [1, 2, 3], max_new_tokens=16)
+    base = specq.generate(target, [1, 2, 3], None, max_new_tokens=16)
     assert (specq.generate(target, [1, 2, 3], draft, gamma=3, max_new_tokens=16).token_ids
             == base.token_ids)
 

@@ -24,11 +24,13 @@ from ..drafters.tree import DEFAULT_TREE, TreeShape
 from ..errors import SpecqError
 from ..loading import precision
 from ..loading.builtins import BUILTINS
+from ..loading.drafts import default
 from ..loading.drafts.select import default_draft_ref
 from ..loading.refs import ModelRef, check_ref, draft_ref, model_ref
 from .prompts import SETS, Prompt
 
-REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
+REGISTRY = "registry"  # a draft entry meaning "the registry's draft for this target"
+DEFAULT = "default"  # a draft entry meaning "the target's default draft" (`drafts/default.py`)
 # the most nodes (and children per node) of a token tree, as `specq generate --tree`
 MAX_TREE = MAX_GAMMA
 
@@ -43,7 +45,7 @@ def registry_draft(target_ref: str, quantizable: bool = False) -> str | None:
 class BenchConfig:
     targets: list[str] = dataclasses.field(default_factory=lambda: ["smollm2-135m"])
     target_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with targets
-    drafts: list[str] = dataclasses.field(default_factory=lambda: [REGISTRY])
+    drafts: list[str] = dataclasses.field(default_factory=lambda: [DEFAULT])
     draft_quant: list[str] = dataclasses.field(default_factory=list)  # crossed with drafts
     # N or "auto"
     gamma: list[int | str] = dataclasses.field(default_factory=lambda: [DEFAULT_GAMMA])
@@ -88,7 +90,9 @@ HELP = {
     "targets": "target model refs, optionally name@spec",
     "target_quant": "precisions / quant specs crossed with every target (fp32, int8, int4-g64-rtn, "
                     "...)",
-    "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the "
+    "drafts": "draft model refs, 'default' (each target's default: its registered draft, else a "
+              "smaller model with its tokenizer, behind an n-gram lookup), 'registry' (the "
+              "registry's draft alone), self@SPEC (the "
               "target's own weights at SPEC), REF:window=W (a model draft reading the prompt's "
               "last W tokens), ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the "
               "draft length), ngram+REF (the model REF where nothing matches), or refs joined by "
@@ -141,6 +145,9 @@ def _cross(refs: list[str], specs: list[str]) -> list[str]:
     for text in refs:
         if text == REGISTRY:
             out += [REGISTRY if not specs else f"{REGISTRY}@{s}" for s in specs or [None]]
+            continue
+        if text == DEFAULT:  # its model runs at the precision the default gives it
+            out.append(DEFAULT)
             continue
         ref = draft_ref(text)
         if len(ref.levels) > 1:
@@ -291,7 +298,7 @@ def check_models_exist(config: BenchConfig) -> None:
             name = ref.name
             path_like = name.startswith((".", "/", "~")) or name.endswith(".gguf")
             hub_id = "/" in name and not path_like
-            named_later = key == "drafts" and (name == REGISTRY or ref.is_self)
+            named_later = key == "drafts" and (name in (REGISTRY, DEFAULT) or ref.is_self)
             if named_later or name in BUILTINS or hub_id:
                 continue
             if name and Path(name).expanduser().exists():
@@ -439,6 +446,11 @@ def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) ->
     for entry in config.draft_entries():
         ref = draft_ref(entry)
         first = ref.levels[0]
+        if entry == DEFAULT:
+            choice = default.choose(target)
+            notes.append(f"default draft for {target}: {choice.ref} ({choice.note})")
+            out.append(draft_ref(choice.ref).for_target(target).text)
+            continue
         if len(ref.levels) > 1 or ref.lookup is not None or first.name != REGISTRY:
             out.append(ref.for_target(target).text)  # self resolved, n-gram spelled in full
             continue

@@ -140,7 +140,8 @@ class Sequence:
                          if self.cap > 0
                          else EMPTY)
         self.draft_s = time.perf_counter() - started
-        self.route = self.drafter.proposed() if isinstance(self.drafter, Routed) else "draft"
+        self.route = (self.drafter.proposed() if isinstance(self.drafter, Routed)
+                      else getattr(self.drafter, "route", "draft"))
         tokens, parents = self.proposal.tokens, self.proposal.parents
         tree = {} if is_chain(parents) else verify_layout(parents, self.cache.length)
         return Rows(torch.cat([torch.tensor(self.seq[-1:]), tokens]), self.cache, **tree)

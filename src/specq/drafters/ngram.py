@@ -135,6 +135,7 @@ class NgramDrafter:
     """Proposes the continuation of the latest match; its index learns each settled token once."""
 
     needs_target_features = False
+    route = "lookup"  # its steps' name in the stats (`DecodeStats.routes`)
 
     def __init__(self, draft: NgramDraft):
         self.draft = draft

@@ -21,7 +21,7 @@ from ..model.llama import Llama
 from ..paths import cache_dir
 from . import file_spec, precision
 from .builtins import BUILTINS
-from .drafts import adapter
+from .drafts import adapter, known
 from .formats import hf
 from .formats.gguf_load import model_at_file_precision
 from .refs import ModelRef, check_adapter_precision, gguf_file, model_ref, resolve
@@ -35,11 +35,22 @@ def load_model(ref: ModelRef, backend: str | None = backends.DEFAULT) -> Model:
     compiled) for good, as its `runner`; None leaves it on torch's ops (an eager runner), for code
     that quantizes, trains or saves the weights, or makes a runner itself."""
     model = _load(ref)
+    _remember(ref)
     if backend is not None:
         model.runner = backends.runner(model.net, backend)
         model.info["backend"] = model.runner.backend
     _return_freed_heap()
     return model
+
+
+def _remember(ref: ModelRef) -> None:
+    """A user's own GGUF file or model folder, noted as known (`drafts/known.py`): a later target
+    with its tokenizer may draft with it. Built-ins are known already; hub ids are not files."""
+    if ref.name in BUILTINS:
+        return
+    path = Path(ref.name).expanduser()
+    if path.suffix == ".gguf" and path.is_file() or path.is_dir() and not adapter.is_adapter(path):
+        known.remember(ref.base, path)
 
 
 def _return_freed_heap() -> None:

@@ -4,16 +4,17 @@ and getting the draft calibrated for it.
     pool = specq.ModelPool("smollm2-135m")
     pool.generate("Why is the sea salty?", precision="int4-g64-gptq", chat=True)
 
-Models load on first use and stay loaded; the draft comes from the registries (exact precision,
-else the nearest, with a warning), as for `specq generate`, unless the pool is given one draft for
-every precision. Loading is thread-safe (`specq serve` runs one worker thread per precision). Each
-target keeps gamma auto's estimates across its runs (`gamma_memory`; keyed inside by the draft).
+Models load on first use and stay loaded; the draft is each precision's default, as for `specq
+generate` (`loading/drafts/default.py`: the registries' draft for that precision, else the nearest,
+else a smaller model with the target's tokenizer, behind an n-gram lookup), unless the pool is
+given one draft for every precision. Loading is thread-safe (`specq serve` runs one worker thread
+per precision). Each target keeps gamma auto's estimates across its runs (`gamma_memory`; keyed
+inside by the draft).
 """
 
 from __future__ import annotations
 
 import threading
-import warnings
 from dataclasses import replace
 
 from .. import checks
@@ -22,7 +23,7 @@ from ..core.gamma import GammaMemory
 from ..core.types import Draft, Model
 from ..drafters import ngram
 from ..loading import precision as precisions
-from ..loading.drafts.select import select_draft
+from ..loading.drafts.default import load_default
 from ..loading.kinds import load
 from ..loading.refs import model_ref, ngram_ref
 
@@ -76,20 +77,18 @@ class ModelPool:
             if spec not in self._pairs:
                 target = self.target_model(spec)
                 if not self.speculative:
-                    draft_ref, note = None, None
+                    draft, note = None, None
                 elif self.draft is not None:
-                    draft_ref, note = self.draft, f"draft {self.draft} (given)"
+                    draft, note = (self.draft_model(spec, self.draft),
+                                   f"draft {self.draft} (given)")
                 else:
-                    draft_ref, note = select_draft(f"{self.target}@{spec}")
-                self._pairs[spec] = (target, self.draft_model(spec, draft_ref)
-                                     if draft_ref else None, note)
+                    draft, note = load_default(f"{self.target}@{spec}",
+                                               lambda ref: self.draft_model(spec, ref))
+                self._pairs[spec] = (target, draft, note)
             return self._pairs[spec]
 
     def generate(self, prompt: str | list[int], precision: str = "fp32", **options) -> Generation:
         """`specq.generate` on the target at `precision` with the draft selected for it."""
-        target, draft, note = self.models(precision)
-        # none, or another precision's
-        if self.speculative and note and note.startswith("no draft"):
-            warnings.warn(note, stacklevel=2)
+        target, draft, _ = self.models(precision)
         memory = {"gamma_memory": self.gamma_memory(precision)}
         return generate(target, prompt, draft, **memory | options)

@@ -56,14 +56,30 @@ class Header:
             raise SpecqError(f"'{path}' is GGUF version {version}; specq reads versions 2 and 3")
         n_tensors, n_fields = self._unpack("QQ")
         self.fields = {}
+        self._skipped: dict[str, tuple[int, int]] = {}  # a string array's (offset, count)
         for _ in range(n_fields):
             key = self._string()
+            at = self._at
             self.fields[key] = self._value(self._unpack("I")[0])
+            if self.fields[key] is SKIPPED:
+                self._skipped[key] = (at + 16, struct.unpack_from("<Q", self._buf, at + 8)[0])
         table = [self._tensor_info() for _ in range(n_tensors)]
         alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
         start = -(-self._at // alignment) * alignment
         self.tensors = [self._tensor(name, dims, kind, start + offset)
                         for name, dims, kind, offset in table]
+
+    def strings(self, key: str) -> list[str]:
+        """A string array's values, read when asked (a vocabulary: ~150,000 strings)."""
+        if key not in self._skipped:
+            raise SpecqError(f"'{self.path}' has no string array '{key}'")
+        at, count = self._skipped[key]
+        out, buf = [], self._buf
+        for _ in range(count):
+            n, = struct.unpack_from("<Q", buf, at)
+            out.append(buf[at + 8:at + 8 + n].decode("utf-8", errors="replace"))
+            at += 8 + n
+        return out
 
     def drop_pages(self) -> None:
         """Unmap the pages read so far from this process (they stay in the page cache; a later read
