@@ -42,7 +42,10 @@ step is taken only where no route beats it.
 process (a server's requests, a bench's prompts; whoever runs them keeps one memory per target and
 passes it to each run): costs in full and acceptance at a quarter of its
 weight, so a run starts from them instead of from a warm-up and its own text soon outweighs the
-last one's; whether plain decoding beats drafting is decided again on each run's own text.
+last one's. A run after one that had evidence enough to weigh plain decoding weighs it from its
+first step (a draft that does not pay on this machine costs each run its MIN_EVIDENCE drafting
+steps otherwise: on short requests that alone made the default slower than plain decoding), and
+probes from PROBE_EVERY steps on, so a text that suits the draft is still found.
 
 Any choice of g is lossless: the verify pass decides what is emitted, g only how much is proposed.
 """
@@ -201,10 +204,10 @@ class GammaMemory:
     def chooser(self, key: str, route: str, max_gamma: int) -> CostAwareGamma:
         """A chooser for a new run: the kept one's costs, its acceptance at CARRIED_ACCEPTANCE of
         its weight (the machine's costs carry over; how well the draft agrees is the text's, and a
-        position a run seldom drafts past would keep another text's rate for long), and its verdict
-        on plain decoding to be earned again (MIN_EVIDENCE drafting steps, probes from
-        PROBE_EVERY): a new text may suit the draft better, and a run that starts plain would learn
-        that only by probes up to MAX_PROBE_EVERY steps apart."""
+        position a run seldom drafts past would keep another text's rate for long), its evidence
+        for weighing plain decoding, and probes from PROBE_EVERY again: a new text may suit the
+        draft better, and a run that starts plain would otherwise learn that only by probes up to
+        MAX_PROBE_EVERY steps apart."""
         kept = self._kept.get((key, route))
         if kept is None or kept.max_gamma != max_gamma:
             return CostAwareGamma(max_gamma)
@@ -213,7 +216,6 @@ class GammaMemory:
             counts[:] = [CARRIED_ACCEPTANCE * c for c in counts]
         chooser.recent_caps.clear()
         chooser.probed_from = None
-        chooser.drafting_steps = 0
         chooser.idle = 0
         chooser.interval = PROBE_EVERY
         return chooser
