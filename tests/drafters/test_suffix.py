@@ -236,3 +236,21 @@ def test_the_lookup_walks_a_bounded_chain(monkeypatch):
     monkeypatch.setattr(cache, "_tokens", spied)
     assert cache.continuation([0, 1, 2], 2, 1) == [199]  # the newest of the two-token matches
     assert 0 < len(compared) <= MAX_CHAIN + 1
+
+
+def test_a_pool_keeps_one_cache_per_precision_and_key(tmp_path, monkeypatch):
+    """`ModelPool.generate` drafts from and feeds its key's cache at that precision only; a pool
+    with suffix_tokens 0 keeps none."""
+    from specq.loading.formats.save import save_native
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    save_native(tiny_model(scale=3.0, seed=4), tmp_path / "tiny")
+    pool = specq.ModelPool(str(tmp_path / "tiny"), draft="ngram")
+    mine = pool.suffix_cache("fp32", "me")
+    assert pool.suffix_cache("fp32", "me") is mine
+    others = [pool.suffix_cache("fp32"), pool.suffix_cache("bf16", "me")]
+    pool.generate(FRESH, key="me", max_new_tokens=8)
+    assert len(mine) == len(FRESH) + 8 + 1 and all(len(c) == 0 for c in others)
+    assert specq.ModelPool(str(tmp_path / "tiny"), suffix_tokens=0).suffix_cache() is None
+    with pytest.raises(SpecqError, match="0 .no suffix cache. or at least 4"):
+        specq.ModelPool(str(tmp_path / "tiny"), suffix_tokens=2)

@@ -26,6 +26,7 @@ from array import array
 from collections import deque
 
 from ..checks import integer
+from ..errors import SpecqError
 
 SEP = -1  # ends each text: no token id equals it, so no match or continuation crosses texts
 GRAM = 2  # tokens in a key: the shortest match the cache serves
@@ -35,6 +36,16 @@ MAX_CHAIN = 16
 # slots kept per cache when the owner does not say (a token each, one per text's end): the index
 # costs two array slots per token and a dictionary entry per distinct pair
 DEFAULT_TOKENS = 1 << 18
+MIN_TOKENS = GRAM + 2  # room for one pair, the token after it, and its text's end
+
+
+def check_tokens(name: str, tokens: int) -> int:
+    """A cache size an owner takes: 0 (no cache) or at least MIN_TOKENS."""
+    integer(name, tokens)
+    if 0 < tokens < MIN_TOKENS:
+        raise SpecqError(f"{name} must be 0 (no suffix cache) or at least {MIN_TOKENS}, "
+                         f"got {tokens}")
+    return tokens
 
 
 def _key(a: int, b: int) -> int:
@@ -46,7 +57,7 @@ class SuffixCache:
     thread-safe: a server's requests end and look up from several threads."""
 
     def __init__(self, max_tokens: int = DEFAULT_TOKENS):
-        self.max_tokens = integer("the suffix cache's size in tokens", max_tokens, GRAM + 2)
+        self.max_tokens = integer("the suffix cache's size in tokens", max_tokens, MIN_TOKENS)
         self._lock = threading.Lock()
         self._tokens = array("q")  # from position floor on: the texts, each followed by SEP
         self._prev = array("q")  # the same positions: the previous one after the same pair, or -1
