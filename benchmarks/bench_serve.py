@@ -49,9 +49,11 @@ COUNTERS = ("specq:spec_decode_num_draft_tokens_total",
 
 def start_server(precisions: list[str], threads: int, queue: int, max_batch: int,
                  spec_max_batch: int | None = None) -> tuple[subprocess.Popen, str]:
+    # rounds repeat the same prompts: with a suffix cache an n-gram draft would copy each answer
+    # from its earlier round
     cmd = [sys.executable, "-m", "specq.cli", "serve", "--precisions", ",".join(precisions),
            "--port", "0", "--threads", str(threads), "--queue", str(queue),
-           "--max-batch", str(max_batch)]
+           "--max-batch", str(max_batch), "--suffix-cache", "0"]
     if spec_max_batch is not None:
         cmd += ["--spec-max-batch", str(spec_max_batch)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)

@@ -55,6 +55,9 @@ BAD = [
     (["serve", "--timeout", "0"], "--timeout"),
     (["serve", "--queue", "0"], "--queue"),
     (["serve", "--api-key", " "], "--api-key"),
+    (["serve", "--api-key", "sk-a,,sk-b"], "--api-key"),
+    (["serve", "--suffix-cache", "2"], "--suffix-cache"),
+    (["serve", "--suffix-cache", "-1"], "--suffix-cache"),
     (["serve", "--host", "192.0.2.1"], "cannot listen"),  # an address of no interface here
 ]
 

@@ -5,6 +5,7 @@ from .core.gamma import GammaMemory
 from .core.sampling import SamplingConfig
 from .core.types import Draft, Model
 from .drafters.ngram import NgramDraft
+from .drafters.suffix import SuffixCache
 from .errors import SpecqError
 from .loading.kinds import load
 from .loading.vocab import check_compatible
@@ -12,4 +13,5 @@ from .serve.pool import ModelPool
 from .version import __version__
 
 __all__ = ["Draft", "GammaMemory", "Generation", "Model", "ModelPool", "NgramDraft",
-           "SamplingConfig", "SpecqError", "__version__", "check_compatible", "generate", "load"]
+           "SamplingConfig", "SpecqError", "SuffixCache", "__version__", "check_compatible",
+           "generate", "load"]

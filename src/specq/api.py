@@ -13,6 +13,8 @@
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
     memory = specq.GammaMemory()  # gamma auto's estimates, carried from each run to the next
     out = specq.generate(target, "...", draft=draft, gamma_memory=memory)
+    earlier = specq.SuffixCache()  # earlier runs' text, where n-gram drafts also look
+    out = specq.generate(target, "...", draft="ngram", suffix_cache=earlier)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .core.types import Draft, Model
 from .drafters import TreeShape, ngram
 from .drafters.base import DEFAULT_GAMMA, default_gamma
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
+from .drafters.suffix import SuffixCache
 from .errors import SpecqError
 from .loading.drafts.default import AUTO, load_default
 from .loading.kinds import for_levels, load
@@ -104,8 +107,8 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
              stop: list[str] | None = None, ignore_eos: bool = False,
              draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
-             tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
-             ) -> Generation:
+             tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None,
+             suffix_cache: SuffixCache | None = None) -> Generation:
     """Generate from `target`, speculatively unless `draft` is None. The output is the target's
     own: token for token when greedy, in distribution when sampling. "auto" (the default) is the
     target's default draft (`loading/drafts/default.py`: its registered draft, else a smaller model
@@ -120,7 +123,10 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
     proposed before the target sees it (`drafters/hierarchy.py`). An n-gram draft ("ngram",
     "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
     prompt and the text so far; its k is then the draft length, and a fixed gamma
-    only its fallback's.
+    only its fallback's. With a `suffix_cache` (a `SuffixCache` the caller keeps per target, as
+    gamma_memory) an n-gram draft also looks where the text has no match in the earlier runs'
+    text, and this run's prompt and output join it when the run ends. Lossless either way; but a
+    sampled run's proposals, and so the tokens its seed draws, then depend on what the cache holds.
     `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the
     default with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it.
     `on_tokens`: called with each step's new token ids (streaming); returning False stops the run
@@ -129,9 +135,10 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
     sequence = start(target, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
                      stop=stop, ignore_eos=ignore_eos, draft_confidence=draft_confidence,
-                     drafter=drafter, tree=tree, on_tokens=on_tokens, gamma_memory=gamma_memory)
+                     drafter=drafter, tree=tree, on_tokens=on_tokens, gamma_memory=gamma_memory,
+                     suffix_cache=suffix_cache)
     run(sequence)
-    return finish(sequence, _draft(draft), note)
+    return finish(sequence, _draft(draft), suffix_cache, note)
 
 
 def resolve_draft(target: Model, draft: DraftArg, drafter=None) -> tuple[DraftArg, str | None]:
@@ -173,12 +180,17 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
           top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = False,
           stop: list[str] | None = None, ignore_eos: bool = False,
           draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE, drafter=None,
-          tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None
-          ) -> Sequence:
+          tree: TreeShape | None = None, on_tokens=None, gamma_memory: GammaMemory | None = None,
+          suffix_cache: SuffixCache | None = None) -> Sequence:
     """`generate` up to the decoding (options checked, prompt encoded, drafter built): a `Sequence`
-    to prefill and step with `decode.step`, alone or beside others (the server's batching)."""
+    to prefill and step with `decode.step`, alone or beside others (the server's batching).
+    `suffix_cache`: where the drafter also looks (a ready `drafter` keeps its own); `finish` adds
+    the run to the cache it is given."""
     check_target(target)
     draft = resolve_draft(target, draft, drafter)[0]
+    if suffix_cache is not None and not isinstance(suffix_cache, SuffixCache):
+        raise SpecqError(f"suffix_cache must be a specq.SuffixCache, got "
+                         f"{type(suffix_cache).__name__}")
     gamma = default_gamma(tree, greedy=temperature == 0) if gamma is None else gamma
     (gamma, adaptive), sampling, stop = check_options(gamma, max_new_tokens, temperature, top_k,
                                                       top_p, seed, stop, draft_confidence)
@@ -191,7 +203,8 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
     if levels:
         for level in ngram.draft_models(levels):
             check_compatible(level, target)
-        drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma)
+        drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma,
+                                        suffix_cache)
         # its k is the draft length (a fixed gamma its fallback's)
         if isinstance(draft, ngram.NgramDraft):
             gamma = draft.longest(gamma)
@@ -209,9 +222,13 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
                     memory_key=memory_key)
 
 
-def finish(sequence: Sequence, draft: DraftArg, note: str | None = None) -> Generation:
-    """A finished sequence as a `Generation` (the text ends before a stop string)."""
+def finish(sequence: Sequence, draft: DraftArg, suffix_cache: SuffixCache | None = None,
+           note: str | None = None) -> Generation:
+    """A finished sequence as a `Generation` (the text ends before a stop string); its prompt and
+    output join `suffix_cache`, if given, for later runs to draft from."""
     ids, reason, stats = sequence.result()
+    if suffix_cache is not None:
+        suffix_cache.add(sequence.prompt_ids + ids)
     text = sequence.target.tokenizer.decode(ids, skip_special_tokens=True)
     if reason == "stop":
         text = trim_at_stop(text, sequence.stopper.stop_strings)

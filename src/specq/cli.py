@@ -18,6 +18,8 @@ from .core.gamma import AUTO, MAX_GAMMA, GammaMemory
 from .drafters import ngram
 from .drafters.base import DEFAULT_GAMMA, SAMPLING_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
+from .drafters.suffix import DEFAULT_TOKENS as DEFAULT_SUFFIX_TOKENS
+from .drafters.suffix import check_tokens
 from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafts_cli import add_drafts_parser
 from .errors import SpecqError
@@ -258,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=arg_int(0, 65535), default=8000,
                    help="port (default 8000; 0: any free port)")
     s.add_argument("--api-key", default=os.environ.get("SPECQ_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: "
+                   help="require 'Authorization: Bearer KEY' on /v1 routes; several keys "
+                        "separated by commas, each with its own suffix cache (default: "
                         "$SPECQ_API_KEY, else none)")
     s.add_argument("--queue", type=arg_int(1, 100_000), default=16,
                    help="requests waiting per served model beyond the running ones; more get 429 "
@@ -273,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=arg_float(0.001), default=600.0,
                    help="seconds from a request's arrival to its last token; later ones are "
                         "cancelled (default 600)")
+    s.add_argument("--suffix-cache", type=arg_int(0), default=DEFAULT_SUFFIX_TOKENS,
+                   metavar="TOKENS",
+                   help="tokens of earlier requests (prompts and outputs) kept per served model "
+                        "and API key, where n-gram drafts also look (default "
+                        f"{DEFAULT_SUFFIX_TOKENS}; 0: none)")
     s.add_argument("--threads", type=_threads, default=None, help="torch CPU threads")
     s.set_defaults(func=cmd_serve)
 
@@ -317,13 +325,15 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(args.threads)
     if model_ref(checks.text("--target", args.target)).has_spec:
         raise SpecqError("give the target without @spec; list precisions with --precisions")
-    if (args.api_key is not None
-        and (not args.api_key.strip() or any(c.isspace() for c in args.api_key))):
-        raise SpecqError("--api-key must be a non-empty string without spaces")
+    keys = () if args.api_key is None else tuple(args.api_key.split(","))
+    if any(not key or any(c.isspace() for c in key) for key in keys):
+        raise SpecqError("--api-key must be one or more non-empty keys without spaces, separated "
+                         "by commas")
+    check_tokens("--suffix-cache", args.suffix_cache)
     given = {} if args.spec_max_batch is None else {"spec_max_batch": args.spec_max_batch}
     config = ServeConfig(target=args.target, precisions=args.precisions, draft=args.draft,
-                         api_key=args.api_key, queue=args.queue, timeout_s=args.timeout,
-                         max_batch=args.max_batch, **given)
+                         api_keys=keys, queue=args.queue, timeout_s=args.timeout,
+                         max_batch=args.max_batch, suffix_tokens=args.suffix_cache, **given)
     sock = bind(args.host, args.port)  # before the models load
     run(build_app(config), sock)
     return 0

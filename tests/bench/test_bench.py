@@ -324,8 +324,11 @@ def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
     ("sweep-gamma-quantized", 4 * 2 * (1 + 3 * 6)),
     # 5 targets x 2 lengths x 2 sets x (baseline + 3 drafts x 2)
     ("sweep-length", 5 * 2 * 2 * (1 + 3 * 2)),
+    # 1 target x 1 set x (baseline + 2 n-gram drafts x without and with the suffix cache)
+    ("suffix", 1 * 1 * (1 + 2 * 2)),
 ])
-def test_presets_are_valid(name, expected):
+def test_presets_are_valid(name, expected, monkeypatch):
+    monkeypatch.chdir(PRESETS.parents[1])  # a preset's prompt file is named from the repository
     config = load_config(str(PRESETS / f"{name}.toml"))
     sets = {s: prompt_sets()["chat"] for s in config.prompt_sets}
     cells, _ = plan(config, sets, registry=lambda target, quantizable=False: "smollm2-135m-draft")

@@ -34,6 +34,7 @@ from specq.serve import engine as engine_module
 from conftest import perturbed, tiny_model
 
 KEY = "sk-test-key"
+OTHER_KEY = "sk-other-key"  # a second namespace: its requests never see KEY's
 MAX_BATCH = 3
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # the tiny vocabulary's "chat"
 PROMPT = "t1 t2 t3"
@@ -52,10 +53,10 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(dirs):
     """(port, app) of a live server: the tiny target at fp32 and bf16 with the perturbed draft,
-    decoding up to MAX_BATCH requests together per precision."""
+    decoding up to MAX_BATCH requests together per precision, open to two API keys."""
     config = ServeConfig(target=str(dirs / "target"), precisions=("fp32", "bf16"),
-                         draft=str(dirs / "draft"), api_key=KEY, queue=2, timeout_s=30,
-                         max_batch=MAX_BATCH)
+                         draft=str(dirs / "draft"), api_keys=(KEY, OTHER_KEY), queue=2,
+                         timeout_s=30, max_batch=MAX_BATCH)
     app = build_app(config)
     sock = bind("127.0.0.1", 0)
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -325,6 +326,9 @@ def test_api_key_is_required(server, dirs):
     assert status == 401  # before the body is read
     with pytest.raises(openai.AuthenticationError):
         client(port, key="wrong").models.list()
+    with pytest.raises(openai.AuthenticationError):  # both keys in one is neither
+        client(port, key=f"{KEY},{OTHER_KEY}").models.list()
+    assert client(port, key=OTHER_KEY).models.list().data  # either key opens the server
 
 
 def test_a_client_that_disconnects_cancels_its_generation(server, dirs, slow_steps):

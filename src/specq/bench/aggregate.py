@@ -8,7 +8,8 @@ averaged; the plain runs are those timed right next to each speculative run when
 paired (so a machine that slows down mid-sweep cannot fake a gain), else the baseline cell's.
 A greedy speculative output that differs from the baseline's is a correctness failure: it is
 listed in every row that holds it, never averaged away. A token tree cell is a row of its own
-(`tree`, `tree_topk`; its `gamma` is the tree's depth), compared with the same baseline.
+(`tree`, `tree_topk`; its `gamma` is the tree's depth), compared with the same baseline; so is a
+cell whose n-gram draft also read earlier prompts' text (`suffix_cache`).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def summarize(records: list[dict], *, resamples: int = 2000, confidence: float =
     rows.sort(key=lambda r: (r["target"], r["max_new_tokens"], r["temperature"],
                              r["threads"], r["set"], KIND_ORDER[r["kind"]], r["draft"] or "",
                              r["tree"], r["tree_topk"] or 0, r["draft_confidence"] or 0,
-                             gamma_order(r["gamma"])))
+                             r["suffix_cache"], gamma_order(r["gamma"])))
     return rows
 
 
@@ -140,6 +141,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "draft_confidence": params.get("draft_confidence"),
         # tree: gamma is its depth
         "tree": tree.size if tree else 0, "tree_topk": tree.topk if tree else None,
+        "suffix_cache": params.get("suffix_cache", False),
         "max_new_tokens": params["max_new_tokens"],
         "temperature": params["temperature"], "threads": params["threads"],
         "set": "+".join(sorted({c["cell"]["set"] for c in members})), "prompts": len(units),
@@ -252,7 +254,8 @@ def _mark_best_gamma(rows: list[dict]) -> None:
         # a tree shape's depths are swept apart from the chain's gammas
         if r["kind"] == "speculative":
             key = (r["target"], r["draft"], r["draft_confidence"], r["tree"], r["tree_topk"],
-                   r["max_new_tokens"], r["temperature"], r["threads"], r["set"])
+                   r["suffix_cache"], r["max_new_tokens"], r["temperature"], r["threads"],
+                   r["set"])
             groups.setdefault(key, []).append(r)
     for group in groups.values():
         if len({r["gamma"] for r in group}) > 1:
@@ -271,6 +274,7 @@ def failures(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         tree = f" tree={r['tree']} topk={r['tree_topk']}" if r.get("tree") else ""
+        tree += " suffix_cache" if r.get("suffix_cache") else ""
         for m in r.get("mismatches", []):
             out.append(f"{r['target']} + {r['draft']} gamma={r['gamma']}{tree} "
                        f"n={r['max_new_tokens']}: {m['set']} prompt {m['prompt']} repeat "

@@ -27,7 +27,8 @@ def add_bench_parser(sub) -> None:
         flag = "--" + f.name.replace("_", "-")
         if f.name in LIST_KEYS:
             kind = LIST_KEYS[f.name]
-            kind = _int_or_word if f.name == "gamma" else None if kind is str else kind
+            kind = (_int_or_word if f.name == "gamma" else _truth if kind is bool
+                    else None if kind is str else kind)
             b.add_argument(flag, nargs="+", type=kind, help=HELP[f.name])
         elif isinstance(f.default, bool):
             b.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
@@ -43,6 +44,13 @@ def add_bench_parser(sub) -> None:
 def _int_or_word(text: str) -> int | str:
     """gamma values: numbers become ints, words ("auto", or a typo) are left for `validate`."""
     return int(text) if text.lstrip("-").isdigit() else text
+
+
+def _truth(text: str) -> bool:
+    """true / false values (TOML's spelling), as `--suffix-cache false true`."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+    return text.lower() == "true"
 
 
 def add_report_parser(sub) -> None:

@@ -55,6 +55,9 @@ class BenchConfig:
     tree: list[int] = dataclasses.field(default_factory=lambda: [0])
     # crossed with tree
     tree_topk: list[int] = dataclasses.field(default_factory=lambda: [DEFAULT_TREE.topk])
+    # n-gram drafts also look in the earlier prompts' text of the cell (a suffix cache): a prompt's
+    # numbers then depend on the prompts before it, so off unless asked
+    suffix_cache: list[bool] = dataclasses.field(default_factory=lambda: [False])
     max_new_tokens: list[int] = dataclasses.field(default_factory=lambda: [64])
     temperature: list[float] = dataclasses.field(default_factory=lambda: [0.0])
     prompt_sets: list[str] = dataclasses.field(default_factory=lambda: ["chat"])
@@ -106,6 +109,9 @@ HELP = {
              f"depth, up to {AUTO_MAX_GAMMA}); 0 = a chain (default)"),
     "tree_topk": "children per expanded tree node and nodes expanded per level (default "
                  f"{DEFAULT_TREE.topk})",
+    "suffix_cache": "n-gram drafts also look in the text (prompt and output) of the prompts run "
+                    "before in the same cell and repeat, as `specq serve` does across requests; "
+                    "true, false or both (default false: each prompt measured on its own)",
     "max_new_tokens": "output lengths",
     "temperature": "0 = greedy (outputs checked against the baseline token for token)",
     "prompt_sets": "chat, gsm8k, code, edit, long-edit (standard library modules to edit), corpus "
@@ -134,7 +140,7 @@ HELP = {
 KEYS = tuple(f.name for f in dataclasses.fields(BenchConfig))
 LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": str, "gamma": int,
              "draft_confidence": float, "tree": int, "tree_topk": int, "max_new_tokens": int,
-             "temperature": float, "prompt_sets": str, "threads": int}
+             "temperature": float, "prompt_sets": str, "threads": int, "suffix_cache": bool}
 
 
 def _cross(refs: list[str], specs: list[str]) -> list[str]:
@@ -219,7 +225,7 @@ def validate(raw: dict) -> BenchConfig:
     _check("results", not Path(config.results).is_dir(),
            f"'{config.results}' is a folder; give a .jsonl file")
     for key in ("targets", "drafts", "gamma", "draft_confidence", "tree", "tree_topk",
-                "max_new_tokens", "temperature", "prompt_sets"):
+                "max_new_tokens", "temperature", "prompt_sets", "suffix_cache"):
         _check(key, bool(getattr(config, key)), "must not be empty")
     for s in config.prompt_sets:
         _check("prompt_sets", s in SETS, f"unknown prompt set '{s}' (valid: {', '.join(SETS)})")
@@ -339,13 +345,18 @@ class Cell:
     # speculative cells: a token tree of up to this many nodes, `gamma` levels deep (0: a chain)
     tree: int = 0
     tree_topk: int | None = None  # ... with this many children per expanded node
+    # n-gram cells: each prompt also drafts from the text of the prompts before it (per repeat)
+    suffix_cache: bool = False
 
     def params(self) -> dict:
-        """The cell's parameters as stored and hashed; a chain's hold no tree fields, so its key and
-        record are those it had before token trees existed."""
+        """The cell's parameters as stored and hashed; a chain's hold no tree fields, and a cell
+        without a suffix cache no `suffix_cache`, so its key and record are those it had before
+        either existed."""
         params = dataclasses.asdict(self)
         if not self.tree:
             del params["tree"], params["tree_topk"]
+        if not self.suffix_cache:
+            del params["suffix_cache"]
         return params
 
     def tree_shape(self) -> TreeShape | None:
@@ -374,7 +385,8 @@ def tree_shape(params: dict) -> TreeShape | None:
 def related(params: dict, kind: str) -> dict:
     """The params of the baseline (or peer) cell a speculative cell is compared with."""
     if kind == "baseline":
-        params = {k: v for k, v in params.items() if k not in ("tree", "tree_topk")}
+        params = {k: v for k, v in params.items()
+                  if k not in ("tree", "tree_topk", "suffix_cache")}
         return {**params, "kind": "baseline", "draft": None, "gamma": None,
                 "draft_confidence": None, "paired": False}
     if kind == "peer":
@@ -406,6 +418,8 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
         for draft in _drafts_for(target, config, registry, notes):
             parsed = draft_ref(draft)
             alone = parsed.lookup_alone  # its k is the draft length; it has no early stop
+            # only an n-gram draft reads a suffix cache
+            caches = config.suffix_cache if parsed.lookup is not None else [False]
             gammas = config.gamma if not alone else \
                 list(dict.fromkeys(g if g == AUTO else parsed.lookup.draft.k for g in config.gamma))
             if 0 in config.tree:  # chains
@@ -414,16 +428,18 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                     for g in gammas:
                         for conf in [None] if alone else config.draft_confidence:
                             cells += [Cell(kind=kind, target=target, draft=draft, gamma=g,
-                                           draft_confidence=conf,
+                                           draft_confidence=conf, suffix_cache=cache,
                                            paired=config.paired and kind == "speculative", **c)
                                       for c in common if kind == "speculative"
-                                      or c["temperature"] == 0 and g != AUTO]
+                                      or c["temperature"] == 0 and g != AUTO
+                                      for cache in caches]
             # token trees: `gamma` is the depth; a tree has no early stop, so no draft_confidence
             cells += [Cell(kind="speculative", target=target, draft=draft, gamma=g,
-                           draft_confidence=None, paired=config.paired, tree=n, tree_topk=k, **c)
+                           draft_confidence=None, paired=config.paired, tree=n, tree_topk=k,
+                           suffix_cache=cache, **c)
                       for n in config.tree if n and not alone for k in config.tree_topk
                       for g in config.gamma
-                      for c in common]
+                      for c in common for cache in caches]
     if config.peer and any(t > 0 for t in config.temperature):
         notes.append("peer baseline (transformers assisted generation) runs greedy only: skipped "
                      "for temperature > 0")
@@ -433,6 +449,8 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
         notes.append("n-gram drafts: an n-gram alone drafts k tokens (one cell per fixed gamma's "
                      "k), grows no trees and has no early stop"
                      + "; no peer baseline for them" * config.peer)
+    if True in config.suffix_cache and any(draft_ref(d).lookup is None for d in config.drafts):
+        notes.append("suffix_cache: only n-gram drafts read one; other drafts' cells run without")
     if any(config.tree):
         if config.peer:
             notes.append("peer baseline drafts chains only: none for token tree cells")

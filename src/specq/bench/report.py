@@ -203,9 +203,15 @@ def _tree(r: dict) -> str:
     return f" | tree {r['tree']} k{r['tree_topk']}" if r.get("tree") else ""
 
 
+def _suffix(r: dict) -> str:
+    """' | suffix cache' where the n-gram draft also read earlier prompts' text, else ''."""
+    return " | suffix cache" if r.get("suffix_cache") else ""
+
+
 def _pair(r: dict) -> str:
     stop = r.get("draft_confidence")
-    return f"{r['target']} | {r['draft']}" + (f" | stop < {stop:g}" if stop else "") + _tree(r)
+    return (f"{r['target']} | {r['draft']}" + (f" | stop < {stop:g}" if stop else "") + _tree(r)
+            + _suffix(r))
 
 
 def _err(values: list) -> tuple[list, list]:
@@ -296,7 +302,7 @@ def _vs_tree(spec: list[dict]) -> str | None:
         if r.get("tree") or any(o.get("tree") and o["gamma"] == r["gamma"]
                                 and o["draft"] == r["draft"]
                                 and o["target"] == r["target"] for o in rows):
-            label = f"{r['target_precision']} | {r['draft']} | depth {r['gamma']}"
+            label = f"{r['target_precision']} | {r['draft']} | depth {r['gamma']}{_suffix(r)}"
             lines.setdefault(label, []).append(r)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, group in lines.items():
@@ -362,7 +368,7 @@ def _per_precision(spec: list[dict]) -> str | None:
                            (axes[1], "speedup", "speedup")):
         series: dict[str, dict] = {}
         for r in rows:
-            series.setdefault(r["draft"] + _tree(r), {})[r["target"]] = r[key]
+            series.setdefault(r["draft"] + _tree(r) + _suffix(r), {})[r["target"]] = r[key]
         _bars(ax, targets, series, label)
     axes[0].set_ylim(0, 1)
     axes[1].axhline(1, color="grey", lw=0.8)

@@ -7,6 +7,8 @@ Why the numbers can be trusted: every model pair gets an untimed warm-up generat
 first timed one; the thread count is set per cell and recorded; each cell is appended to the
 store the moment it finishes (a killed sweep resumes with nothing lost or duplicated); the run
 record holds the config, machine and library versions, and each cell the hashes of its models.
+A cell with a suffix cache (`suffix_cache`) gives each repeat its own: prompt i drafts from prompts
+0..i-1 of that repeat, never from its own earlier run, the warm-up or the paired plain runs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .. import api, backends
 from ..core.gamma import GammaMemory
 from ..core.prompt import encode_prompt
 from ..core.types import Draft, Model
+from ..drafters.suffix import SuffixCache
 from ..errors import SpecqError
 from ..kernels import build
 from ..loading import kinds, precision
@@ -237,7 +240,7 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
     if cell.kind == "peer":
         hf_target, hf_draft = pool.hf_model(target), pool.hf_model(draft)
 
-        def one(prompt_ids: list[int], n: int):
+        def one(prompt_ids: list[int], n: int, suffix_cache: None = None):  # a peer has none
             return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos,
                                target.eos_ids, cell.draft_confidence or 0.0)
     else:
@@ -246,12 +249,13 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
         tree = {"tree": shape} if shape else {}
         memory = pool.gamma_memory(cell.target)
 
-        def one(prompt_ids: list[int], n: int, alone: bool = False):
+        def one(prompt_ids: list[int], n: int, alone: bool = False,
+                suffix_cache: SuffixCache | None = None):
             return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1,
                             max_new_tokens=n, temperature=cell.temperature, seed=cell.seed,
                             ignore_eos=cell.ignore_eos,
                             draft_confidence=cell.draft_confidence or 0.0, gamma_memory=memory,
-                            **({} if alone else tree))
+                            suffix_cache=suffix_cache, **({} if alone else tree))
 
     # a tree's first pass warms up too
     pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))
@@ -259,6 +263,8 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
         one(ids[0], min(WARMUP_TOKENS, cell.max_new_tokens))
         warmed.add(pair)
     runs, prefill = [], {"target": [], "draft": []}
+    # per repeat: each pass over the prompts sees only that pass's earlier prompts
+    caches = [SuffixCache() if cell.suffix_cache else None for _ in range(cell.repeats)]
     for prompt, prompt_ids in zip(prompts, ids):
         if cell.kind != "peer":
             prefill["target"].append(prefill_ms(target, prompt_ids))
@@ -269,7 +275,7 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
             plain_first = (prompt.index + repeat) % 2 == 1
             plain = (one(prompt_ids, cell.max_new_tokens, alone=True)
                      if cell.paired and plain_first else None)
-            out = one(prompt_ids, cell.max_new_tokens)
+            out = one(prompt_ids, cell.max_new_tokens, suffix_cache=caches[repeat])
             if cell.paired and not plain_first:
                 plain = one(prompt_ids, cell.max_new_tokens, alone=True)
             runs.append({"set": prompt.set, "prompt": prompt.index, "repeat": repeat,

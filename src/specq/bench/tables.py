@@ -37,13 +37,14 @@ def ci(value, spec: str = ".2f") -> str:
 
 def gamma_label(row: dict) -> str:
     """gamma, and the draft-confidence stop when one was used; a token tree's
-    size, depth and topk."""
+    size, depth and topk; '+ suffix cache' where the n-gram draft read earlier prompts' text."""
+    suffix = " + suffix cache" if row.get("suffix_cache") else ""
     if row.get("tree"):
-        return tree_label(row)
+        return tree_label(row) + suffix
     stop = row.get("draft_confidence")
     # N, "auto" or -
     gamma = row["gamma"] if isinstance(row["gamma"], str) else num(row["gamma"], "d")
-    return gamma + (f" (stop < {stop:g})" if stop else "")
+    return gamma + (f" (stop < {stop:g})" if stop else "") + suffix
 
 
 def tree_label(row: dict, brief: bool = False) -> str:
@@ -164,7 +165,8 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
         target = r["target"] if len(bases) > 1 else r["target_precision"]
         stop = f" <{r['draft_confidence']:g}" if r.get("draft_confidence") else ""
         gamma = (r["gamma"] if isinstance(r["gamma"], str) else num(r["gamma"], "d")) + stop
-        gamma = tree_label(r, brief=True) if r.get("tree") else gamma
+        gamma = (tree_label(r, brief=True) if r.get("tree") else gamma
+                 ) + " +suffix" * bool(r.get("suffix_cache"))
         cells = [target, short_draft(r), gamma] + [str(r["max_new_tokens"])] * (len(headers) == 4)
         speedup = ci(r["speedup"]) if r["kind"] == "speculative" else "1 (ref)"
         flag = ("*" if r["warmup_dominated"]
@@ -174,6 +176,8 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
     table.caption = ("gamma N <c: proposals end early below draft confidence c; "
                      + ("tree N dD kK: a token tree of up to N nodes, D levels deep, K children "
                         "per node; " * trees)
+                     + ("+suffix: the n-gram draft also read the text of the prompts run before "
+                        "it (a suffix cache); " * any(r.get("suffix_cache") for r in shown))
                      + "tau = tokens per target pass; "
                      "speedup = tokens/s over the target alone on the same prompt, "
                      f"mean [{confidence:.0%} bootstrap CI over prompts]; * = see the report's "

@@ -59,7 +59,8 @@ class Kind:
     # a parsed draft ref (`loading.refs`: a model or n-gram ref) names this kind, or its folder does
     recognizes: Callable[[object], bool]
     load: Callable[..., object]  # (parsed ref, backend, target) -> the loaded draft
-    drafter: Callable[..., object]  # (draft, target, min_confidence, tree, gamma) -> a `Drafter`
+    # (draft, target, min_confidence, tree, gamma, suffix cache) -> a `Drafter`
+    drafter: Callable[..., object]
     rows: Callable | None = None  # (runner, ids [n], cache): the draft's network alone on n rows
     # (target runner, draft runner, ids [n]) -> (target, draft logits, next ids)
     next_token_logits: Callable | None = None

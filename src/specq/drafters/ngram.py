@@ -8,7 +8,8 @@ sampled, so each is a point mass (`Proposal.probs` None): sampling verifies them
 
 Spelled `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` wherever a draft is named (parsed by
 `loading/refs.py`): match the last N tokens first, then fewer down to MIN, propose up to K;
-`+MODEL`: that model draft proposes on the steps with no match (`fallback.py`).
+`+MODEL`: that model draft proposes on the steps with no match (`fallback.py`). Given a
+`SuffixCache` (`suffix.py`), a step with no match in the current text looks in earlier runs' text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..core.gamma import MAX_GAMMA
 from ..core.sampling import SamplingConfig
 from ..core.types import EMPTY, Draft, Model, Proposal
 from ..errors import SpecqError
+from .suffix import SuffixCache
 
 NAME = "ngram"
 # Shortest n-gram matched. A one-token match fires on most steps, after any token seen before,
@@ -132,14 +134,17 @@ class NgramIndex:
 
 
 class NgramDrafter:
-    """Proposes the continuation of the latest match; its index learns each settled token once."""
+    """Proposes the continuation of the latest match; its index learns each settled token once.
+    Where the prompt and the text so far have none, `earlier` (a shared `SuffixCache`, if any)
+    is looked up: what followed the same last tokens in an earlier run."""
 
     needs_target_features = False
     route = "lookup"  # its steps' name in the stats (`DecodeStats.routes`)
 
-    def __init__(self, draft: NgramDraft):
-        self.draft = draft
+    def __init__(self, draft: NgramDraft, earlier: SuffixCache | None = None):
+        self.draft, self.earlier = draft, earlier
         self.index = NgramIndex(draft.n_min, draft.n_max)
+        self.looked_up: tuple[int, list[int]] = (-1, [])  # (text length, `earlier`'s k tokens)
 
     def nodes(self, gamma: int) -> int:
         return min(gamma, self.draft.k)
@@ -147,18 +152,32 @@ class NgramDrafter:
     def start(self, prompt: Tensor, capacity: int, features: Tensor | None = None) -> None:
         self.index = NgramIndex(self.draft.n_min, self.draft.n_max)
         self.index.extend(prompt.tolist())
+        self.looked_up = (-1, [])
 
     def has_proposal(self, seq: list[int]) -> bool:
         """Whether an n-gram matches the end of `seq` (what `propose` would then continue)."""
         self.index.extend(seq[len(self.index):])  # every token of seq is settled
-        return self.index.match() is not None
+        return self.index.match() is not None or bool(self._earlier())
 
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:
         """Nothing when no n-gram matches: the loop then takes a plain step."""
         self.index.extend(seq[len(self.index):])  # every token of seq is settled
-        tokens = self.index.continuation(self.nodes(gamma))
+        nodes = self.nodes(gamma)
+        tokens = self.index.continuation(nodes) or self._earlier()[:nodes]
         return Proposal.chain(torch.tensor(tokens, dtype=torch.long)) if tokens else EMPTY
+
+    def _earlier(self) -> list[int]:
+        """Up to k tokens from `earlier` after the text's last n_max tokens ([] without a cache);
+        looked up once per text length (`has_proposal`, then `propose`)."""
+        if self.earlier is None:
+            return []
+        length = len(self.index)
+        if self.looked_up[0] != length:
+            tail = self.index.tokens[-self.draft.n_max:]
+            self.looked_up = (length, self.earlier.continuation(tail, self.draft.n_min,
+                                                                self.draft.k))
+        return self.looked_up[1]
 
     def rollback(self, length: int, features: Tensor | None, path: list[int]) -> None:
         """Nothing to forget: the index holds settled tokens only (it takes the accepted ones,

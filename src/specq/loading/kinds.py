@@ -33,6 +33,7 @@ from ..drafters.fallback import FallbackDrafter
 from ..drafters.feature import FeatureDrafter
 from ..drafters.hierarchy import HierarchicalDrafter
 from ..drafters.sequence import DEFAULT_DRAFT_CONFIDENCE, SequenceDrafter
+from ..drafters.suffix import SuffixCache
 from ..drafters.tree import TreeShape
 from ..errors import SpecqError
 from ..model import feature_draft
@@ -57,7 +58,7 @@ def _trees_need_a_native(target: Model, tree: TreeShape | None) -> None:
 
 
 def _sequence_drafter(draft, target: Model, min_confidence: float, tree: TreeShape | None,
-                      gamma: int):
+                      gamma: int, suffix_cache: SuffixCache | None):
     _trees_need_a_native(target, tree)
     if tree is not None and not isinstance(draft.net, Llama):
         raise SpecqError("token trees need a Llama-architecture draft on specq's own module, not "
@@ -116,7 +117,7 @@ def _load_feature(ref: ModelRef, backend: str | None, target=None) -> Draft:
 
 
 def _feature_drafter(draft: Draft, target: Model, min_confidence: float, tree: TreeShape | None,
-                     gamma: int):
+                     gamma: int, suffix_cache: SuffixCache | None):
     _trees_need_a_native(target, tree)
     if not isinstance(target.net, Llama):
         raise SpecqError(f"feature draft '{draft.ref}' needs a Llama-architecture target, not "
@@ -157,14 +158,14 @@ def _load_ngram(ref: NgramRef, backend: str | None, target) -> ngram.NgramDraft:
 
 
 def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float,
-                   tree: TreeShape | None, gamma: int):
-    """Its proposals are looked up; its fallback model (proposing up to `gamma` deep) drafts where
-    nothing matches."""
+                   tree: TreeShape | None, gamma: int, suffix_cache: SuffixCache | None):
+    """Its proposals are looked up (in the text, then in `suffix_cache`'s earlier runs); its
+    fallback model (proposing up to `gamma` deep) drafts where nothing matches."""
     if draft.fallback is None:
         if tree is not None:
             raise SpecqError(ngram.NO_TREES)
-        return ngram.NgramDrafter(draft)
-    return FallbackDrafter(ngram.NgramDrafter(draft),
+        return ngram.NgramDrafter(draft, suffix_cache)
+    return FallbackDrafter(ngram.NgramDrafter(draft, suffix_cache),
                            for_pair(draft.fallback, target, min_confidence, tree), gamma)
 
 
@@ -244,18 +245,21 @@ def save(draft: Model | Draft, out: Path | str, info: dict | None = None) -> Non
 
 
 def for_pair(draft, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
-             tree: TreeShape | None = None, gamma: int = LONGEST_DEFAULT):
+             tree: TreeShape | None = None, gamma: int = LONGEST_DEFAULT,
+             suffix_cache: SuffixCache | None = None):
     """The drafter a loaded draft makes for `target`, by its kind. `tree`: propose dynamic token
-    trees of that shape instead of chains (native Llama models only)."""
-    return kind_of(draft).drafter(draft, target, min_confidence, tree, gamma)
+    trees of that shape instead of chains (native Llama models only). `suffix_cache`: earlier
+    runs' text, where an n-gram draft also looks (other kinds ignore it)."""
+    return kind_of(draft).drafter(draft, target, min_confidence, tree, gamma, suffix_cache)
 
 
 def for_levels(drafts: list, target: Model, min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
-               tree: TreeShape | None = None, gamma: int = LONGEST_DEFAULT):
+               tree: TreeShape | None = None, gamma: int = LONGEST_DEFAULT,
+               suffix_cache: SuffixCache | None = None):
     """A drafter for a hierarchy of loaded drafts, cheapest first: the first proposes (a tree if
     `tree`), each next one verifies what the levels below proposed (`hierarchy.py`). One draft is
     just `for_pair`; only a kind that scores tokens on its own can be a level above the first."""
-    drafter = for_pair(drafts[0], target, min_confidence, tree, gamma)
+    drafter = for_pair(drafts[0], target, min_confidence, tree, gamma, suffix_cache)
     for middle in drafts[1:]:
         kind = kind_of(middle)
         if not kind.verifies:

@@ -33,9 +33,10 @@ DISCONNECT_POLL_S = 0.5
 
 
 def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts: set[str],
-               api_key: str | None = None) -> FastAPI:
+               api_keys: tuple[str, ...] = ()) -> FastAPI:
     """`engines` by served name (`target@precision`, the first is the bare name's); `drafts`: the
-    draft refs a request may name (the registry's for the target, and the server's own)."""
+    draft refs a request may name (the registry's for the target, and the server's own);
+    `api_keys`: one of them is required (none: open), and each is its requests' own namespace."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -50,15 +51,19 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
     errors.install(app)
     created = int(time.time())
 
-    def authorize(request: Request) -> None:
-        if api_key is None:
-            return
+    def authorize(request: Request) -> str:
+        """The request's API key ("" on an open server); a 401 without one of `api_keys`."""
+        if not api_keys:
+            return ""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
-                                                                    api_key.encode()):
+        sent = token.strip().encode()
+        # every key compared, in constant time: which one matched takes no longer to find
+        matched = [key for key in api_keys if secrets.compare_digest(sent, key.encode())]
+        if scheme.lower() != "bearer" or not matched:
             raise APIError(401, "invalid or missing API key: send the header 'Authorization: "
                                 "Bearer KEY'",
                            code="invalid_api_key")
+        return matched[0]
 
     def engine_for(name: str) -> Engine:
         if name in engines:
@@ -83,7 +88,7 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
             raise invalid_body(e) from None
 
     async def serve(request: Request, schema: type[BaseModel]) -> Response:
-        authorize(request)
+        key = authorize(request)
         body = await parsed(request, schema)
         unsupported_values(body)
         engine = engine_for(body.model)
@@ -93,7 +98,7 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
                                 f"{', '.join(sorted(drafts)) or 'none'}, "
                            f"and {ngram.NAME}[:n=N][:k=K] alone or +one of those", param="draft",
                            code="draft_not_found")
-        job = engine.new_job(job_plan)
+        job = engine.new_job(job_plan, key)
         engine.submit(job)
         reply = Reply(chat=schema is ChatRequest, model=engine.name)
         if job_plan.stream:

@@ -12,6 +12,9 @@ The worker owns the model and its tokenizer: prompts are encoded, generated and 
 thread only. It talks to a request's event loop through `Job.post`; the event loop talks back
 through two flags read after every decoding step: the client went away (`cancel`), or the
 request outlived the server's timeout.
+
+Each request drafts from, and when it ends joins, the earlier requests of its API key
+(`ModelPool.suffix_cache`), except a sampled request with its own seed, which only joins them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..core.gamma import parse as parse_gamma
 from ..core.prompt import check_context, encode_prompt, token_ids
 from ..core.types import Model
 from ..drafters.ngram import NgramDraft
+from ..drafters.suffix import SuffixCache
 from ..errors import SpecqError
 from .errors import APIError, bad_request
 from .metrics import Metrics
@@ -45,6 +49,7 @@ class Job:
     plan: Plan
     loop: asyncio.AbstractEventLoop
     deadline: float  # time.monotonic() after which the request is abandoned
+    key: str = ""  # the API key it came with: whose earlier requests it drafts from
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
@@ -77,6 +82,7 @@ class Running:
     draft: Model | NgramDraft | None
     text: TextStream | None  # streamed requests only
     started: float  # time.monotonic() when it left the queue
+    suffix_cache: SuffixCache | None  # its key's earlier requests, which it joins when it ends
     first_token_at: float | None = None
     error: APIError | None = None  # it failed while stepping
 
@@ -124,9 +130,9 @@ class Engine:
             running.job.cancel()
         self.jobs.put(None)
 
-    def new_job(self, plan: Plan) -> Job:
+    def new_job(self, plan: Plan, key: str = "") -> Job:
         return Job(plan=plan, loop=asyncio.get_running_loop(),
-                   deadline=time.monotonic() + self.timeout_s)
+                   deadline=time.monotonic() + self.timeout_s, key=key)
 
     def submit(self, job: Job) -> None:
         try:
@@ -194,9 +200,11 @@ class Engine:
                 job.post("text", text.push(new))
             return job.keep_going()
 
+        earlier = self.pool.suffix_cache(self.precision, job.key)
         sequence = api.start(self.target, ids, draft, max_new_tokens=max_tokens,
-                             on_tokens=on_tokens, gamma_memory=self.gamma_memory, **plan.options)
-        running = Running(job, sequence, draft, text, time.monotonic())
+                             on_tokens=on_tokens, gamma_memory=self.gamma_memory,
+                             suffix_cache=None if plan.repeatable else earlier, **plan.options)
+        running = Running(job, sequence, draft, text, time.monotonic(), earlier)
         sequence.prefill()
         return running
 
@@ -219,7 +227,7 @@ class Engine:
             job.post("error", running.error)
             return
         try:
-            out = api.finish(running.sequence, running.draft)
+            out = api.finish(running.sequence, running.draft, running.suffix_cache)
         except Exception as e:  # a bug: this request fails, the server stays up
             job.post("error", _error(e))
             return

@@ -28,6 +28,9 @@ class Plan:
     stream: bool = False
     include_usage: bool = False
     options: dict = field(default_factory=dict)  # specq.generate's keyword options
+    # sampled with the request's own seed: it drafts from its own text only (not from earlier
+    # requests', which change what the seed draws), so the same request repeats its output
+    repeatable: bool = False
 
 
 def plan(body: ChatRequest | CompletionRequest) -> Plan:
@@ -51,7 +54,7 @@ def plan(body: ChatRequest | CompletionRequest) -> Plan:
     return Plan(prompt=prompt, chat=chat, max_tokens=max_tokens, draft=_draft(body),
                 stream=body.stream,
                 include_usage=bool(body.stream_options and body.stream_options.include_usage),
-                options=options)
+                options=options, repeatable=temperature > 0 and body.seed is not None)
 
 
 def _draft(body) -> str | None:

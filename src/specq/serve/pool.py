@@ -9,7 +9,8 @@ generate` (`loading/drafts/default.py`: the registries' draft for that precision
 else a smaller model with the target's tokenizer, behind an n-gram lookup), unless the pool is
 given one draft for every precision. Loading is thread-safe (`specq serve` runs one worker thread
 per precision). Each target keeps gamma auto's estimates across its runs (`gamma_memory`; keyed
-inside by the draft).
+inside by the draft), and its earlier runs' text for n-gram drafts per key (`suffix_cache`: whose
+runs see whose).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..api import Generation, generate
 from ..core.gamma import GammaMemory
 from ..core.types import Draft, Model
 from ..drafters import ngram
+from ..drafters.suffix import DEFAULT_TOKENS, SuffixCache, check_tokens
 from ..loading import precision as precisions
 from ..loading.drafts.default import load_default
 from ..loading.kinds import load
@@ -29,7 +31,8 @@ from ..loading.refs import model_ref, ngram_ref
 
 
 class ModelPool:
-    def __init__(self, target: str, speculative: bool = True, draft: str | None = None):
+    def __init__(self, target: str, speculative: bool = True, draft: str | None = None,
+                 suffix_tokens: int = DEFAULT_TOKENS):
         self.target = model_ref(checks.text("the target", target)).name
         self.speculative = speculative
         # None: the registry's
@@ -37,6 +40,9 @@ class ModelPool:
         self._lock = threading.RLock()
         self._targets: dict[str, Model] = {}
         self._memories: dict[str, GammaMemory] = {}  # per target precision
+        # tokens of earlier runs kept per target precision and key (0: no suffix cache)
+        self.suffix_tokens = check_tokens("suffix_tokens", suffix_tokens)
+        self._suffixes: dict[tuple[str, str], SuffixCache] = {}
         self._drafts: dict[tuple[str, str], Model] = {}
         self._pairs: dict[str, tuple[Model, Model | None, str | None]] = {}
 
@@ -53,6 +59,18 @@ class ModelPool:
         spec = precisions.canonical(precision)
         with self._lock:
             return self._memories.setdefault(spec, GammaMemory())
+
+    def suffix_cache(self, precision: str = "fp32", key: str = "") -> SuffixCache | None:
+        """The earlier runs' text of `key` on the target at `precision`, where n-gram drafts also
+        look; runs of one key never see another key's (the server's key is the request's API
+        key). None when the pool keeps none (suffix_tokens 0)."""
+        if not self.suffix_tokens:
+            return None
+        slot = (precisions.canonical(precision), key)
+        with self._lock:
+            if slot not in self._suffixes:
+                self._suffixes[slot] = SuffixCache(self.suffix_tokens)
+            return self._suffixes[slot]
 
     def draft_model(self, precision: str, ref: str) -> Model | Draft | ngram.NgramDraft:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
@@ -87,8 +105,11 @@ class ModelPool:
                 self._pairs[spec] = (target, draft, note)
             return self._pairs[spec]
 
-    def generate(self, prompt: str | list[int], precision: str = "fp32", **options) -> Generation:
-        """`specq.generate` on the target at `precision` with the draft selected for it."""
+    def generate(self, prompt: str | list[int], precision: str = "fp32", key: str = "",
+                 **options) -> Generation:
+        """`specq.generate` on the target at `precision` with the draft selected for it, from and
+        into `key`'s earlier runs (`suffix_cache`)."""
         target, draft, _ = self.models(precision)
-        memory = {"gamma_memory": self.gamma_memory(precision)}
-        return generate(target, prompt, draft, **memory | options)
+        kept = {"gamma_memory": self.gamma_memory(precision),
+                "suffix_cache": self.suffix_cache(precision, key)}
+        return generate(target, prompt, draft, **kept | options)

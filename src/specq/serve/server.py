@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from .. import checks
 from ..drafters.ngram import draft_models
+from ..drafters.suffix import DEFAULT_TOKENS, check_tokens
 from ..errors import SpecqError
 from ..loading.drafts.select import known_drafts
 from ..loading.precision import canonical
@@ -34,13 +35,15 @@ class ServeConfig:
     target: str = "smollm2-135m"
     precisions: tuple[str, ...] = ("fp32",)
     draft: str | None = None  # one draft for every precision (None: the registry's per precision)
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # one is required (none: open); each its own suffix cache
     queue: int = 16  # requests waiting per served model, beyond the running ones
     timeout_s: float = 600.0  # arrival to last token
     max_batch: int = 16  # requests decoded together per served model (1: one at a time)
     # speculate only in steps of at most this many requests, larger steps decode plainly (None:
     # always); the default follows docs/performance.md, "The server under load"
     spec_max_batch: int | None = SPEC_MAX_BATCH
+    # tokens of earlier requests kept per served model and API key for n-gram drafts (0: none)
+    suffix_tokens: int = DEFAULT_TOKENS
 
     def __post_init__(self):
         specs = [canonical(p) for p in self.precisions]
@@ -52,6 +55,9 @@ class ServeConfig:
         for ref in draft_ref(self.draft).models if self.draft is not None else []:
             check_ref(ref)
         checks.integer("max_batch", self.max_batch, 1)
+        check_tokens("suffix_tokens", self.suffix_tokens)
+        if any(not key or any(c.isspace() or c == "," for c in key) for key in self.api_keys):
+            raise SpecqError("an API key must be a non-empty string without spaces or commas")
         if self.spec_max_batch is not None:
             checks.integer("spec_max_batch", self.spec_max_batch, 0)
         object.__setattr__(self, "precisions", tuple(specs))
@@ -59,7 +65,7 @@ class ServeConfig:
 
 def build_app(config: ServeConfig) -> FastAPI:
     """Load every served model (the engines start, warm up and take requests with the app)."""
-    pool = ModelPool(config.target, draft=config.draft)
+    pool = ModelPool(config.target, draft=config.draft, suffix_tokens=config.suffix_tokens)
     metrics = Metrics()
     engines = {}
     for spec in config.precisions:
@@ -69,7 +75,7 @@ def build_app(config: ServeConfig) -> FastAPI:
     drafts = known_drafts(pool.target) | {d.ref for e in engines.values()
                                           for d in [e.draft, *draft_models(e.draft)]
                                           if d is not None}  # an n-gram draft's fallback too
-    return create_app(engines, metrics, pool.target, drafts, config.api_key)
+    return create_app(engines, metrics, pool.target, drafts, config.api_keys)
 
 
 def bind(host: str, port: int) -> socket.socket:
