@@ -128,8 +128,8 @@ def check_decoding(model, hf, draft) -> None:
 
 
 def check_speculative(model, draft) -> None:
-    """Speculative decoding (chains and token trees) gives plain decoding's
-    tokens; rejections seen."""
+    """Speculative decoding (chains and token trees, and the default draft: a model with no file
+    gets the n-gram lookup) gives plain decoding's tokens; rejections seen."""
     rejected = 0
     for prompt in PROMPTS:
         base = generate(model, prompt, None, max_new_tokens=24).token_ids
@@ -137,6 +137,8 @@ def check_speculative(model, draft) -> None:
             spec = generate(model, prompt, draft, max_new_tokens=24, **kind)
             assert spec.token_ids == base, kind
             rejected += spec.stats.drafted - spec.stats.accepted
+        by_default = generate(model, prompt, max_new_tokens=24)
+        assert by_default.token_ids == base and by_default.draft.startswith("ngram")
     assert rejected > 0  # the reject path ran
 
 

@@ -422,7 +422,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, di
              ({"tree": 6, "tree_depth": 3}, dict(draft=draft, tree=TreeShape(6, 3, 2)))]
     jobs = [(prompts[i % len(prompts)], 12 + 5 * i, extra, options)
             for i, (extra, options) in enumerate(cases)]
-    want = [specq.generate(target, prompt, None, max_new_tokens=n, **options).text
+    want = [specq.generate(target, prompt, max_new_tokens=n, **options).text
             for prompt, n, _, options in jobs]
     slow_steps[0] = 0.02
 
@@ -497,8 +497,9 @@ def test_the_serve_command(dirs):
         out = client(port).chat.completions.create(model=str(dirs / "target"), temperature=0,
                                                    max_tokens=5,
                                                    messages=[{"role": "user", "content": PROMPT}])
-        # no registry draft
-        assert out.usage.completion_tokens == 5 and out.model_extra["specq"]["draft"] is None
+        # no registered draft, no smaller model with its tokenizer: the n-gram lookup
+        assert out.usage.completion_tokens == 5
+        assert out.model_extra["specq"]["draft"] == "ngram:n=2-3:k=4"
     finally:
         proc.terminate()
         proc.wait(20)

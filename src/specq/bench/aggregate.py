@@ -36,8 +36,13 @@ def merge(items: list[dict]) -> DecodeStats:
         if f.name == "gamma":
             continue
         for d in items:
-            value = d[f.name]
-            if isinstance(value, list):
+            value = d.get(f.name, {}) if f.name == "routes" else d[f.name]
+            if isinstance(value, dict):  # per route: each count summed
+                for route, counts in value.items():
+                    total = out.routes.setdefault(route, dict.fromkeys(counts, 0))
+                    for name, v in counts.items():
+                        total[name] = total.get(name, 0) + v
+            elif isinstance(value, list):
                 total = getattr(out, f.name)
                 total += [0] * (len(value) - len(total))
                 for i, v in enumerate(value):
