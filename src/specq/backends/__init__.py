@@ -81,6 +81,20 @@ def runner(net: nn.Module, name: str = DEFAULT, layers: tuple[int, ...] | None =
     return backend.make(net, layers)
 
 
+def subset(run: Runner, layers: tuple[int, ...]) -> Runner:
+    """A runner of only these decoder layers of `run`'s `Llama`, on `run`'s kernel table: the same
+    weights in the same kernel layouts, not a second copy of any (a draft made of a target's own
+    layers beside the target). A compiled runner's subset runs on a kernel table of its own."""
+    if not isinstance(run.net, Llama):
+        raise ValueError(f"only a Llama's layers run in part, not a {type(run.net).__name__}'s")
+    part = runner(run.net, "eager", layers)  # checks the layers
+    if run.backend != "kernels":
+        return part if run.backend == "eager" else runner(run.net, "kernels", layers)
+    layers = part.execution.layers
+    return Runner(run.net, "kernels", run.kernels,
+                  fastpath.layer_stack(run.net, run.kernels, layers), layers)
+
+
 def native(net: nn.Module) -> bool:
     """Whether specq's own decoder (and so its kernels) runs this network: it is one, or wraps one
     (a feature draft's layers are a `Llama` body)."""
