@@ -368,7 +368,7 @@ def cmd_generate(args) -> int:
         registered, note = select_draft(args.target)
         used = draft_ref(registered) if registered else None
     draft = None if used is None else \
-        used.for_target(args.target).build(lambda ref: load(ref, args.backend))
+        used.for_target(args.target).build(lambda ref: load(ref, args.backend, target=target))
     models = [target, *ngram.draft_models(draft)]
     explained = {m.ref: backends.describe(m.runner) for m in models}
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings
