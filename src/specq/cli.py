@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None,
                    help="draft model ref (default: the registry's for the target's precision, see "
                         "`specq drafts which`); self@SPEC: the "
-                        "target's own weights at SPEC (e.g. self@int8-head8); REF:window=W: a "
+                        "target's own weights at SPEC (e.g. self@int8-head8); self@skip[=LAYERS]: "
+                        "some of the target's own layers, on its weights (those skipped chosen by "
+                        "a short calibration, cached, or listed: skip=3-9+14); REF:window=W: a "
                         "model draft that reads only the prompt's last W tokens; refs joined by "
                         "commas, cheapest first: a hierarchy, each level verifying the ones below; "
                         f"{ngram.NAME}[:n=N|n=MIN-MAX][:k=K]: n-gram lookup in the prompt and the "
