@@ -66,13 +66,16 @@ def test_self_skip_refs_name_the_target_and_its_layers():
     ("self@skip=", "bad layer-skip spec 'skip='"), ("self@skip=5-3", "at '5-3'"),
     ("self@skip=1,2", "skips with '+'"), ("self@skip=x", "at 'x'"),
     ("self@skip@skip", "without a window or skip of its own"),
-    ("self@int9@skip", "bad quant spec 'int9'")])
+    ("self@int9@skip", "bad quant spec 'int9'"), ("smollm2-135m@int9@skip", "bad quant spec")])
 def test_a_bad_skip_ref_is_one_line_before_any_model_loads(ref, needle, monkeypatch, capsys):
     monkeypatch.setattr(kinds, "load", lambda *a, **k: pytest.fail("a model loaded"))
     with pytest.raises(SpecqError, match=re.escape(needle)):
         for level in draft_ref(ref).for_target("smollm2-135m").models:
             check_ref(level)
     assert main(["generate", "--target", "smollm2-135m", "--draft", ref, "t1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+    assert main(["bench", "--targets", "smollm2-135m", "--drafts", ref]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
 

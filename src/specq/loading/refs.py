@@ -72,8 +72,9 @@ class ModelRef:
     @property
     def parsed_spec(self):
         """The spec parsed: a `file_spec.FileSpec` (a GGUF file's own blocks), a
-        `layer_skip.SkipSpec` or a quant spec."""
-        if layer_skip.names_skip(self.spec):
+        `layer_skip.SkipSpec` (its model's own spec checked too) or a quant spec."""
+        if self.skips is not None:
+            self.skips.parsed_spec  # noqa: B018 (a bad spec is an error here)
             return layer_skip.parse(self.spec)
         if file_spec.names_file(self.spec):
             return file_spec.parse(self.spec)
