@@ -126,8 +126,13 @@ def test_greedy_skip_speculation_equals_the_target(options):
     assert accepted > 0 and rejected > 0
 
 
-def test_greedy_skip_speculation_accepts_and_rejects():
-    target = tiny_model(layers=4, scale=3.0, seed=2)
+@pytest.mark.parametrize("switches", [{}, dict(scale_embeddings=True, sliding_window=4,
+                                                sliding_layers=(1, 2), rope_local_theta=100.0)],
+                         ids=["llama", "gemma-like"])
+def test_greedy_skip_speculation_accepts_and_rejects(switches):
+    """Also where the kept layers slide over windows of their own, with a rope of their own."""
+    target = tiny_model(layers=4, scale=3.0, seed=2, **switches)
+    target.runner = backends.runner(target.net, "kernels")
     assert_speculative_is_plain(target, specq.load("self@skip=1", target=target))
 
 
