@@ -103,6 +103,8 @@ def test_where_a_skip_draft_cannot_load_it_says_so_in_one_line():
         specq.load("self@skip=2-4", target=target)
     with pytest.raises(SpecqError, match="skip some of them, not all"):
         specq.load("self@skip=0-3", target=target)
+    with pytest.raises(SpecqError, match="none between the first and the last"):
+        specq.load("self@skip", target=tiny_model(layers=2))
     with pytest.raises(SpecqError, match="load it with its target"):
         specq.load("self@skip")
     with pytest.raises(SpecqError, match="native decoder"):

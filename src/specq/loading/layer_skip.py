@@ -89,6 +89,9 @@ def draft(base: Model, spec: SkipSpec, ref: str) -> Model:
     total = len(base.net.layers)
     info: dict = {}
     if spec.skipped is None:
+        if total < 3:
+            raise SpecqError(f"'{ref}': '{base.ref}' has {total} layers, none between the first "
+                             "and the last for a calibration to skip: list those to skip (skip=N)")
         choice = chosen(base)
         kept = tuple(choice["kept"])
         info["calibration"] = {k: v for k, v in choice.items() if k != "kept"}
