@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None,
                    help="draft model ref (default: the registry's for the target's precision, see "
                         "`specq drafts which`); self@SPEC: the "
-                        "target's own weights at SPEC (e.g. self@int8-head8); REF:window=W: a "
+                        "target's own weights at SPEC (e.g. self@int8-head8); self@skip[=LAYERS]: "
+                        "some of the target's own layers, on its weights (those skipped chosen by "
+                        "a short calibration, cached, or listed: skip=3-9+14); REF:window=W: a "
                         "model draft that reads only the prompt's last W tokens; refs joined by "
                         "commas, cheapest first: a hierarchy, each level verifying the ones below; "
                         f"{ngram.NAME}[:n=N|n=MIN-MAX][:k=K]: n-gram lookup in the prompt and the "
@@ -374,10 +376,11 @@ def cmd_generate(args) -> int:
                               gamma_memory=GammaMemory())
     target = load(args.target, args.backend)
     note, draft = None, None
+    load_draft = lambda ref: load(ref, args.backend, target=target)  # noqa: E731
     if used is not None:
-        draft = used.for_target(args.target).build(lambda ref: load(ref, args.backend))
+        draft = used.for_target(args.target).build(load_draft)
     elif not args.no_speculative:
-        draft, note = load_default(args.target, lambda ref: load(ref, args.backend))
+        draft, note = load_default(args.target, load_draft)
     models = [target, *ngram.draft_models(draft)]
     explained = {m.ref: backends.describe(m.runner) for m in models}
     if not args.no_warmup:  # first calls pay for allocation and lazy init: keep them out of timings

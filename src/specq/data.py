@@ -329,6 +329,11 @@ CHAT_PROMPTS: list[str] = [
 ]
 
 
+def code_prompts(n: int) -> list[str]:
+    """`n` short requests for a Python function (the first of the code tasks), a fixed list."""
+    return [_CODE_TEMPLATES[0].format(lang="Python", task=task) for task in _CODE_TASKS[:n]]
+
+
 def synthetic_chat_prompts(n: int, seed: int = 0) -> list[str]:
     """`n` distinct training prompts made from templates x topics (a fixed seed gives a fixed
     list). Drafts need many more chat answers than a hand-written list holds; none of these

@@ -16,8 +16,9 @@ def print_backends(explained: dict[str, dict], console: Console | None = None) -
     for ref, d in explained.items():
         cpu = f" for {d['cpu']}" if d.get("cpu") else ""
         console.print(f"{ref}: backend {d['backend']}, kernel build {d['kernel_build']}{cpu}, "
-                      f"whole cached passes in one C call: {'yes' if d['layer_stack'] else 'no'}",
-                      markup=False, highlight=False)
+                      f"whole cached passes in one C call: {'yes' if d['layer_stack'] else 'no'}"
+                      + (f", decoder layers run: {d['decoder_layers']}" if d.get("decoder_layers")
+                         else ""), markup=False, highlight=False)
         for kernel, count in d["linear_layers"].items():
             console.print(f"  {count:4d} linear layer{'s' * (count != 1)}: {kernel}", markup=False,
                           highlight=False)

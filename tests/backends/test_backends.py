@@ -103,3 +103,29 @@ def test_a_runner_of_some_layers_runs_the_model_cut_to_them(backend):
     for layers in ((), (3, 0), (1, 1), (0, 4)):
         with pytest.raises(ValueError, match="increasing indices"):
             backends.runner(net, backend, layers=layers)
+
+
+@pytest.mark.parametrize("backend", ["eager", "kernels"])
+def test_a_subset_of_a_runner_shares_its_kernels(backend):
+    """`subset`: the layers of a loaded model's runner on that runner's own kernel table (no
+    second copy of a weight), computing what a fresh runner of those layers computes, bit for bit,
+    and described as those layers; a network that is not a Llama has no layers to run in part."""
+    net = tiny_model(hidden=64, layers=4, scale=3.0).net
+    whole = backends.runner(net, backend)
+    part, fresh = backends.subset(whole, (0, 2, 3)), backends.runner(net, backend, (0, 2, 3))
+    assert part.net is net and part.backend == backend
+    assert part.kernels is whole.kernels if backend == "kernels" else not part.kernels
+    assert (part.stack is not None) == (backend == "kernels" and decoder.available())
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    with torch.inference_mode():
+        caches = [run.new_cache(16) for run in (part, fresh)]
+        out = [[run(ids[:5], c), run(ids[5:6], c), run(ids[6:], c), run(ids, None)]
+               for run, c in zip((part, fresh), caches)]
+    assert all(torch.equal(a, b) for a, b in zip(*out)) and caches[0].k.shape[0] == 3
+    described = backends.describe(part)  # --explain: the layers it runs, and their linear layers
+    assert described["decoder_layers"] == "3 of 4" and "decoder_layers" not in backends.describe(
+        whole) and sum(described["linear_layers"].values()) == 3 * 4 + 1
+    with pytest.raises(ValueError, match="increasing indices"):
+        backends.subset(whole, (2, 1))
+    with pytest.raises(ValueError, match="only a Llama"):
+        backends.subset(backends.runner(torch.nn.Linear(2, 2), backend), (0,))

@@ -40,13 +40,14 @@ def folders(tmp_path_factory):
 def test_each_kind_is_recognized_from_its_ref_or_folder(folders):
     cases = {"ngram": "ngram", "ngram:n=2-3:k=4": "ngram", f"ngram+{folders / 'draft'}": "ngram",
              "self@int8-head8": "self", "self@int4-g64-gptq": "self",
+             "self@skip": "skip", "self@gguf-int4@skip=3-5": "skip", "smollm2-135m@skip": "skip",
              str(folders / "feature"): "feature", f"{folders / 'feature'}@int8-head8": "feature",
              "smollm2-135m-feature-draft": "feature",  # shipped: its folder is in the package
              str(folders / "draft"): "sequence", "smollm2-135m-draft": "sequence",
              "model.gguf": "sequence", "org/name": "sequence"}
     assert {ref: kinds.recognize(ref).name for ref in cases} == cases
     # every kind, the catch-all last
-    assert list(kinds.KINDS) == ["ngram", "self", "feature", "sequence"]
+    assert list(kinds.KINDS) == ["ngram", "skip", "self", "feature", "sequence"]
 
 
 @pytest.mark.parametrize("ref,needle",

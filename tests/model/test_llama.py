@@ -103,3 +103,28 @@ def test_atomic_writes_publish_normal_permissions(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "a.txt").st_mode) == 0o644 & ~mask
     assert stat.S_IMODE(os.stat(tmp_path / "d").st_mode) == 0o755 & ~mask
     assert stat.S_IMODE(os.stat(tmp_path / "d" / "f").st_mode) == 0o644 & ~mask
+
+
+def test_layer_states_are_the_pass_the_execution_runs():
+    """`layer_states`: the residual stream before each layer the execution runs and after the last,
+    whose final norm and head give a whole-sequence pass's logits bit for bit; from the states
+    entering a layer the rest of the pass continues as it would (also on a Gemma-style model:
+    scaled embeddings, sliding layers with a rope of their own)."""
+    from specq import backends
+    from conftest import tiny_model
+
+    for switches in ({}, dict(scale_embeddings=True, sliding_window=4, sliding_layers=(1, 2),
+                              rope_local_theta=100.0)):
+        net = tiny_model(layers=4, scale=3.0, **switches).net
+        ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
+        for layers in (None, (0, 2, 3)):
+            run = backends.runner(net, "eager", layers)
+            with torch.inference_mode():
+                states = net.layer_states(ids, run.execution)
+                logits = net.output(net.final_norm(states[-1]))
+                assert torch.equal(logits, run(ids, None))
+                rest = net.layer_states(ids, backends.runner(net, "eager", (2, 3)).execution,
+                                        states[-3])
+            assert len(states) == len(layers or range(4)) + 1 and states[0].shape == (10, 32)
+            assert all(torch.equal(a, b) for a, b in zip(rest, states[-3:]))
+            assert not torch.equal(states[1], states[0])

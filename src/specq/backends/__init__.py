@@ -81,6 +81,20 @@ def runner(net: nn.Module, name: str = DEFAULT, layers: tuple[int, ...] | None =
     return backend.make(net, layers)
 
 
+def subset(run: Runner, layers: tuple[int, ...]) -> Runner:
+    """A runner of only these decoder layers of `run`'s `Llama`, on `run`'s kernel table: the same
+    weights in the same kernel layouts, not a second copy of any (a draft made of a target's own
+    layers beside the target). A compiled runner's subset runs on a kernel table of its own."""
+    if not isinstance(run.net, Llama):
+        raise ValueError(f"only a Llama's layers run in part, not a {type(run.net).__name__}'s")
+    part = runner(run.net, "eager", layers)  # checks the layers
+    if run.backend != "kernels":
+        return part if run.backend == "eager" else runner(run.net, "kernels", layers)
+    layers = part.execution.layers
+    return Runner(run.net, "kernels", run.kernels,
+                  fastpath.layer_stack(run.net, run.kernels, layers), layers)
+
+
 def native(net: nn.Module) -> bool:
     """Whether specq's own decoder (and so its kernels) runs this network: it is one, or wraps one
     (a feature draft's layers are a `Llama` body)."""
@@ -97,13 +111,19 @@ def decoder(net: nn.Module) -> Llama | None:
 def describe(run: Runner) -> dict:
     """What each part of a model runs on: the backend, the kernel build for this CPU (and the CPU's
     model name), how many linear layers run on which kernel, and whether cached passes run as one C
-    call (`--explain`)."""
+    call, and where it runs only some decoder layers, how many (`--explain`)."""
+    layers = run.execution.layers
+    skipped = set() if layers is None else {m for i, block in enumerate(run.net.layers)
+                                            if i not in layers for m in block.modules()}
     linears = Counter(run.kernels[m].name if m in run.kernels else getattr(m, "kernel", None)
                       or _torch_kernel(m)
-                      for m in run.net.modules() if _is_linear(m))
-    return {"backend": run.backend, "kernel_build": build.variant(), "cpu": build.cpu_model(),
-            "linear_layers": dict(linears.most_common()),
-            "layer_stack": run.stack is not None}
+                      for m in run.net.modules() if _is_linear(m) and m not in skipped)
+    out = {"backend": run.backend, "kernel_build": build.variant(), "cpu": build.cpu_model(),
+           "linear_layers": dict(linears.most_common()),
+           "layer_stack": run.stack is not None}
+    if layers is not None:  # a draft of some of a model's layers
+        out["decoder_layers"] = f"{len(layers)} of {len(run.net.layers)}"
+    return out
 
 
 def _is_linear(m: nn.Module) -> bool:

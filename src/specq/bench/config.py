@@ -283,7 +283,7 @@ def _check_specs(key: str, refs: list[str], specs: list[str]) -> None:
         try:
             ref = draft_ref(text)
             for model in ref.models:
-                precision.canonical(model.spec)
+                model.parsed_spec  # noqa: B018 (a bad spec is an error here)
         except SpecqError as e:
             raise SpecqError(f"bench config '{key}': {e}") from None
         if specs and len(ref.levels) > 1:

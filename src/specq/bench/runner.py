@@ -35,7 +35,7 @@ from ..drafters.suffix import SuffixCache
 from ..errors import SpecqError
 from ..kernels import build
 from ..loading import kinds, precision
-from ..loading.refs import draft_ref
+from ..loading.refs import draft_ref, model_ref
 from ..version import __version__
 from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
@@ -88,10 +88,14 @@ class _Models:
 
     def get(self, ref: str) -> tuple[Model, dict]:
         if ref not in self.loaded:
-            model = self.load(ref)
+            # a layer-skip draft runs some of a loaded model's layers, on that model's runner
+            skips = model_ref(ref).skips
+            base = None if skips is None else self.get(skips.text)[0]
+            model = self.load(ref) if base is None else self.load(ref, target=base)
             info = {"ref": ref, "precision": model.precision, "source": model.source,
                     "sha256": model_hash(model)}
-            model.runner = backends.runner(model.net, self.backend)
+            if base is None:
+                model.runner = backends.runner(model.net, self.backend)
             self.loaded[ref] = (model, info)
         return self.loaded[ref]
 

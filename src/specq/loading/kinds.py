@@ -5,13 +5,15 @@ it is scored against its target and how it is saved (training: `training/student
 | kind       | named by                                 | loads as                            |
 |------------|------------------------------------------|-------------------------------------|
 | `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    |
+| `skip`     | `MODEL@skip[=LAYERS]` (`self@skip`)      | `Draft`: some of MODEL's layers     |
 | `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   |
 | `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               |
 | `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    |
 
-Drafters: `NgramDrafter` (ngram), `SequenceDrafter` (self, sequence), `FeatureDrafter` (feature).
+Drafters: `NgramDrafter` (ngram), `SequenceDrafter` (skip, self, sequence), `FeatureDrafter`
+(feature).
 
-A model draft (sequence or self) named `REF:window=W` drafts from the prompt's last W tokens.
+A model draft (sequence, self or skip) named `REF:window=W` drafts from the prompt's last W tokens.
 
 `load` here is `specq.load`: any ref, a target's or a draft's. Only a `Model` can be a target.
 """
@@ -39,13 +41,13 @@ from ..errors import SpecqError
 from ..model import feature_draft
 from ..model.llama import Llama
 from ..weights.quant import quantize_model
-from . import precision
+from . import layer_skip, precision
 from .builtins import local_path
 from .drafts import folders
 from .formats import hf, validate
 from .formats.save import write_native
 from .models import load_model
-from .refs import NGRAM_ABOUT, WINDOW_APPLIES, Level, ModelRef, NgramRef, level
+from .refs import NGRAM_ABOUT, SELF, WINDOW_APPLIES, Level, ModelRef, NgramRef, level, model_ref
 
 
 def _trees_need_a_native(target: Model, tree: TreeShape | None) -> None:
@@ -83,6 +85,22 @@ def _load_self(ref: ModelRef, backend: str | None, target) -> Draft:
                          f"load it with its target (specq.load('{ref.base}', target=...))")
     target_ref = target if isinstance(target, str) else target.ref
     return Draft(SELF_KIND, load_model(ref.for_target(target_ref), backend))
+
+
+def _load_skip(ref: ModelRef, backend: str | None, target) -> Draft:
+    """`MODEL@skip[=LAYERS]` (`layer_skip.py`): some of MODEL's layers. Beside a loaded target
+    that MODEL names (`self@skip`, or the target's own ref), the target's modules on its runner's
+    kernels; else MODEL loads first (`self@SPEC` as the target's own weights at SPEC)."""
+    inner, spec = ref.skips, layer_skip.parse(ref.spec)
+    if inner.is_self and target is None:
+        raise SpecqError(f"'{ref.base}' runs the target's own layers: load it with its target "
+                         f"(specq.load('{ref.base}', target=...))")
+    given = target.ref if isinstance(target, Model) else target
+    named = model_ref(given) if ref.name == SELF else inner.for_target(given)
+    shared = isinstance(target, Model) and named.canonical() == model_ref(given).canonical()
+    base = target if shared else load_model(named, backend)
+    return Draft(SKIP, layer_skip.draft(base, spec, ref.for_target(given).base if given
+                                        else ref.base))
 
 
 # ------------------------------------------------------------------------------ feature
@@ -173,6 +191,10 @@ def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float
 
 NGRAM = Kind("ngram", NGRAM_ABOUT, lambda ref: isinstance(ref, NgramRef), _load_ngram,
              _ngram_drafter)
+SKIP = Kind("skip", "a layer-skip draft (some of a model's own layers, no copy of its weights)",
+            lambda ref: isinstance(ref, ModelRef) and ref.skips is not None, _load_skip,
+            _sequence_drafter, rows=_sequence_rows, next_token_logits=_sequence_logits,
+            verifies=True)
 SELF_KIND = Kind("self", "a self draft (the target's own weights at another precision)",
                  lambda ref: isinstance(ref, ModelRef) and ref.is_self, _load_self,
                  _sequence_drafter, rows=_sequence_rows, next_token_logits=_sequence_logits,
@@ -186,7 +208,7 @@ SEQUENCE = Kind("sequence", "a sequence draft (a model of its own)", lambda ref:
                 write=lambda draft, directory, info: write_native(draft, directory),
                 verifies=True, transformers=True, is_model=True)
 # recognized in this order: sequence takes the rest
-KINDS = {k.name: k for k in (NGRAM, SELF_KIND, FEATURE, SEQUENCE)}
+KINDS = {k.name: k for k in (NGRAM, SKIP, SELF_KIND, FEATURE, SEQUENCE)}
 LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM}  # loaded drafts that are not a `Draft`, by type
 
 
@@ -227,7 +249,7 @@ def load(ref: str, backend: str | None = backends.DEFAULT, target: Model | str |
 def _load(ref: Level, backend: str | None, target):
     kind = _recognized(ref)
     window = ref.window if isinstance(ref, ModelRef) else None
-    if window is not None and kind not in (SEQUENCE, SELF_KIND):
+    if window is not None and kind not in (SEQUENCE, SELF_KIND, SKIP):
         raise SpecqError(f"'{ref.text}': " + WINDOW_APPLIES.format(kind.about))
     loaded = kind.load(ref, backend, target)
     if window is None:

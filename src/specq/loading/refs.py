@@ -3,7 +3,9 @@
 A model ref is `NAME[@SPEC][:window=W]`: NAME a built-in, a local folder, a `.gguf` file or a hub
 id (in a draft also `self`: the target's own weights at SPEC); SPEC a precision (`fp32`, `int8`,
 `int4-g64-gptq`, ...) or a GGUF file's own blocks with options (`gguf[-int4][-head32k]`,
-`file_spec`); a window W makes a model draft read only the prompt's last W tokens. A draft ref is
+`file_spec`); a window W makes a model draft read only the prompt's last W tokens. In a draft,
+`MODEL@skip[=LAYERS]` is some of MODEL's own layers (`layer_skip`; MODEL a model ref without a
+window, e.g. `self`, `self@gguf-int4`). A draft ref is
 one level or several joined by commas, cheapest first (a hierarchy): a level is a model ref or, as
 the first level only, an n-gram draft `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` (prompt lookup;
 `+MODEL`: a model draft on the steps with no match).
@@ -15,13 +17,14 @@ also reads a local folder's files, so a bad ref fails before any model loads. `r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from ..drafters.ngram import DEFAULT_K, DEFAULT_N_MAX, DEFAULT_N_MIN, NAME, NgramDraft
 from ..errors import SpecqError
-from . import file_spec, precision
+from . import file_spec, layer_skip, precision
 from .builtins import BUILTIN_GGUF, BUILTINS, PACKAGED_GGUF
 from .drafts import adapter
 from .formats import validate
@@ -48,7 +51,13 @@ class ModelRef:
 
     @property
     def is_self(self) -> bool:
-        return self.name == SELF
+        """Whether it names the target's own weights (`self@SPEC`, `self...@skip`)."""
+        return self.name == SELF or (self.skips is not None and self.skips.is_self)
+
+    @property
+    def skips(self) -> ModelRef | None:
+        """The model whose layers a layer-skip draft (`MODEL@skip...`) runs; None for other refs."""
+        return model_ref(self.name) if layer_skip.names_skip(self.spec) else None
 
     @property
     def has_spec(self) -> bool:
@@ -62,21 +71,33 @@ class ModelRef:
 
     @property
     def parsed_spec(self):
-        """The spec parsed: a `file_spec.FileSpec` (a GGUF file's own blocks) or a quant spec."""
+        """The spec parsed: a `file_spec.FileSpec` (a GGUF file's own blocks), a
+        `layer_skip.SkipSpec` (its model's own spec checked too) or a quant spec."""
+        if self.skips is not None:
+            self.skips.parsed_spec  # noqa: B018 (a bad spec is an error here)
+            return layer_skip.parse(self.spec)
         if file_spec.names_file(self.spec):
             return file_spec.parse(self.spec)
         return precision.parse(self.spec)
 
     def for_target(self, target: str) -> ModelRef:
         """`self@SPEC` as the target's own model at SPEC (QSPEC-style self-speculation: no draft to
-        train or ship, the same tokenizer by construction); any other ref as it is."""
+        train or ship, the same tokenizer by construction); `self@skip` as the target's own ref
+        `TARGET@skip` (its layers, beside it: `layer_skip`); any other ref as it is."""
         if not self.is_self:
             return self
+        if self.skips is not None:
+            base = target if self.name == SELF else self.skips.for_target(target).text
+            return ModelRef(f"{base}@{self.spec}{self._window}", base, self.spec, self.window)
         name = split_ref(target)[0]
         return ModelRef(f"{name}@{self.spec}{self._window}", name, self.spec, self.window)
 
     def canonical(self, spec: str | None = None) -> str:
-        """`name@spec` at `spec` when given, else at its own, spelled canonically; its window."""
+        """`name@spec` at `spec` when given, else at its own, spelled canonically; its window (a
+        layer-skip draft: its model's at `spec`)."""
+        if self.skips is not None:
+            base = self.name if self.name == SELF else self.skips.canonical(spec)
+            return f"{base}@{layer_skip.parse(self.spec)}{self._window}"
         return f"{self.name}@{precision.canonical(spec or self.spec)}{self._window}"
 
     @property
@@ -165,6 +186,11 @@ def model_ref(text: str) -> ModelRef:
     name, spec = split_ref(base.strip())
     if not name:
         raise SpecqError(f"empty model reference '{base}'")
+    if layer_skip.names_skip(spec):
+        inner = model_ref(name)
+        if inner.skips is not None or inner.window is not None:
+            raise SpecqError(f"'{text}': a layer-skip draft is MODEL@{layer_skip.FORM.split()[0]}"
+                             "[=LAYERS] with MODEL a model without a window or skip of its own")
     return ModelRef(text, name, spec, window)
 
 
@@ -241,6 +267,10 @@ def draft_ref(text: str) -> DraftRef:
     for i, part in enumerate(text.split(",")):
         if not part.strip():
             raise SpecqError(f"draft '{text}': an empty level")
+        if i and re.fullmatch(r"\d+(-\d+)?", part.strip()) and isinstance(levels[-1], ModelRef) \
+                and levels[-1].skips is not None:
+            raise SpecqError(f"draft '{text}': join the layers a layer-skip draft skips with '+' "
+                             "(skip=3-9+14); a comma starts another level")
         levels.append(level(part))
         if i and isinstance(levels[-1], NgramRef):
             raise SpecqError(f"draft '{text}': an n-gram draft can only be the first (cheapest) "
@@ -273,6 +303,10 @@ def check_ref(ref: str | ModelRef) -> None:
     folder's files (`validate.check_dir`), so a bad ref fails before another model loads."""
     ref = ref if isinstance(ref, ModelRef) else model_ref(ref)
     ref.parsed_spec  # noqa: B018 (a bad spec is an error here)
+    if ref.skips is not None:
+        if ref.name != SELF:
+            check_ref(ref.skips)
+        return
     path = Path(ref.name).expanduser()
     if ref.name not in BUILTINS and not ref.is_self and path.is_dir():
         validate.check_dir(path)

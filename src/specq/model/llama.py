@@ -521,12 +521,34 @@ class Llama(nn.Module):
         x = self._layers(ids, self.rope_cos[rope], self.rope_sin[rope], None, self._local(rope), ex)
         return self.final_norm(x, ex)[0]
 
+    def layer_states(self, ids: Tensor, ex: Execution = EAGER,
+                     x: Tensor | None = None) -> list[Tensor]:
+        """A whole sequence (no cache) through the decoder layers the execution runs: the hidden
+        states [n, hidden] entering each of those layers and leaving the last (`final_norm` and
+        the output layer of that give `forward`'s logits). How much a layer changes its input says
+        how much skipping it may cost (`loading.skip_calibration`). `x`: the states entering the
+        first of them, where known (default: the embeddings of ids)."""
+        n = ids.shape[0]
+        self._ensure_rope(n)
+        cos, sin, local = self.rope_cos[:n], self.rope_sin[:n], self._local(slice(0, n))
+        x = self._embed(ids) if x is None else x.unsqueeze(0)
+        states = [x[0]]
+        for i in ex.layers or range(len(self.layers)):
+            layer = self.layers[i]
+            x = layer(x, *(local if layer.local_rope else (cos, sin)), None, 0, ex.linear)
+            states.append(x[0])
+        return states
+
     def _layers(self, ids, cos, sin, kv, local=None, ex: Execution = EAGER) -> Tensor:
+        return self.decoder_pass(self._embed(ids), cos, sin, kv, local, ex)
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings [1, n, hidden] of ids [n] (or [B, n, hidden] of ids [B, n])."""
         x = self.tok_embeddings(ids)
         # as transformers' Gemma: times sqrt(hidden) rounded to the dtype
         if self.config.scale_embeddings:
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
-        return self.decoder_pass(x.unsqueeze(0) if x.dim() == 2 else x, cos, sin, kv, local, ex)
+        return x.unsqueeze(0) if x.dim() == 2 else x
 
     def decoder_pass(self, x: Tensor, cos: Tensor, sin: Tensor, kv,
                      local: tuple[Tensor, Tensor] | None = None, ex: Execution = EAGER) -> Tensor:

@@ -84,8 +84,8 @@ class ModelPool:
         key = (precisions.canonical(precision), ref)
         with self._lock:
             if key not in self._drafts:
-                # `self@SPEC`: this target
-                self._drafts[key] = load(ref, target=f"{self.target}@{key[0]}")
+                # `self@SPEC`: this target (`self@skip`: its layers, beside it)
+                self._drafts[key] = load(ref, target=self.target_model(key[0]))
             return self._drafts[key]
 
     def models(self, precision: str = "fp32") -> tuple[Model, Model | None, str | None]:
