@@ -6,6 +6,8 @@
                                             probs [N, V] or None)
     rollback(length, features, path)        keep seq[:length + 1] and the accepted
                                             path, forget the rest
+    verified(choices)                       optional (`SeesVerify`): the target's argmax at
+                                            every verify row, before rollback
 
 `features` are the target's final hidden states of the rows it just ran (prompt, or the root and
 accepted nodes of a verify pass) when the drafter sets `needs_target_features`, else None.
