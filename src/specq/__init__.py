@@ -4,6 +4,7 @@ from .api import Generation, generate
 from .core.gamma import GammaMemory
 from .core.sampling import SamplingConfig
 from .core.types import Draft, Model
+from .drafters.lookahead import LookaheadDraft
 from .drafters.ngram import NgramDraft
 from .errors import SpecqError
 from .loading.kinds import load
@@ -11,5 +12,6 @@ from .loading.vocab import check_compatible
 from .serve.pool import ModelPool
 from .version import __version__
 
-__all__ = ["Draft", "GammaMemory", "Generation", "Model", "ModelPool", "NgramDraft",
-           "SamplingConfig", "SpecqError", "__version__", "check_compatible", "generate", "load"]
+__all__ = ["Draft", "GammaMemory", "Generation", "LookaheadDraft", "Model", "ModelPool",
+           "NgramDraft", "SamplingConfig", "SpecqError", "__version__", "check_compatible",
+           "generate", "load"]

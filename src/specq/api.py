@@ -9,6 +9,7 @@
     out = specq.generate(target, "...", draft=specq.load("self@int8-head8", target=target))
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
+    out = specq.generate(target, "...", draft="lookahead")  # the target's own guesses: no model
     memory = specq.GammaMemory()  # gamma auto's estimates, carried from each run to the next
     out = specq.generate(target, "...", draft=draft, gamma_memory=memory)
 """
@@ -28,17 +29,17 @@ from .core.sampling import SamplingConfig
 from .core.stats import DecodeStats
 from .core.stopping import trim_at_stop
 from .core.types import Draft, Model
-from .drafters import TreeShape, ngram
+from .drafters import TreeShape, lookahead, ngram
 from .drafters.base import DEFAULT_GAMMA, default_gamma
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .errors import SpecqError
 from .loading.kinds import for_levels
-from .loading.refs import ngram_ref
+from .loading.refs import free_ref
 from .loading.vocab import check_compatible, check_target
 
-# what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram draft (or its
-# text spec), or a list of them, cheapest first (a hierarchy)
-DraftArg = Model | Draft | ngram.NgramDraft | str | list | None
+# what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram or lookahead
+# draft (or its text spec), or a list of them, cheapest first (a hierarchy)
+DraftArg = Model | Draft | ngram.NgramDraft | lookahead.LookaheadDraft | str | list | None
 
 
 @dataclass
@@ -108,7 +109,8 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
     proposed before the target sees it (`drafters/hierarchy.py`). An n-gram draft ("ngram",
     "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
     prompt and the text so far; its k is then the draft length, and a fixed gamma
-    only its fallback's.
+    only its fallback's. A lookahead draft ("lookahead", "lookahead:w=4:n=3:g=3" or a
+    `LookaheadDraft`) guesses from the target's own verify passes; its shape sets the depth.
     `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the
     default with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it.
     `on_tokens`: called with each step's new token ids (streaming); returning False stops the run
@@ -122,17 +124,17 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
 
 
 def _draft(draft: DraftArg) -> DraftArg:
-    """A draft as given to `generate`: text is an n-gram spec (a model draft is loaded with
-    `specq.load`); a list is a hierarchy, cheapest first."""
+    """A draft as given to `generate`: text is an n-gram or lookahead spec (a model draft is
+    loaded with `specq.load`); a list is a hierarchy, cheapest first."""
     if isinstance(draft, list):
         return [_draft(level) for level in draft]
     if not isinstance(draft, str):
         return draft
-    lookup = ngram_ref(draft)
+    lookup = free_ref(draft)
     if lookup is None:
         raise SpecqError(f"a draft given as text is an n-gram draft ('{ngram.NAME}', "
-                         f"'{ngram.NAME}:n=2-3:k=4'), not '{draft}': load a model draft with "
-                         "specq.load")
+                         f"'{ngram.NAME}:n=2-3:k=4') or a lookahead draft ('{lookahead.NAME}'), "
+                         f"not '{draft}': load a model draft with specq.load")
     if lookup.fallback is not None:
         raise SpecqError(f"give an n-gram draft's fallback as a loaded model: "
                          f"specq.NgramDraft(..., fallback=specq.load('{lookup.fallback.text}'))")
@@ -162,8 +164,8 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = None, *,
         for level in ngram.draft_models(levels):
             check_compatible(level, target)
         drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma)
-        # its k is the draft length (a fixed gamma its fallback's)
-        if isinstance(draft, ngram.NgramDraft):
+        # its k (a lookahead draft's shape) is the draft length (a fixed gamma its fallback's)
+        if isinstance(draft, (ngram.NgramDraft, lookahead.LookaheadDraft)):
             gamma = draft.longest(gamma)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens,
                   len(prompt_ids))

@@ -25,7 +25,7 @@ from ..errors import SpecqError
 from ..loading import precision
 from ..loading.builtins import BUILTINS
 from ..loading.drafts.select import default_draft_ref
-from ..loading.refs import ModelRef, check_ref, draft_ref, model_ref
+from ..loading.refs import LookaheadRef, ModelRef, NgramRef, check_ref, draft_ref, model_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the adaptive choice for this target"
@@ -91,8 +91,9 @@ HELP = {
     "drafts": "draft model refs, 'registry' (the adaptive choice for each target), self@SPEC (the "
               "target's own weights at SPEC), REF:window=W (a model draft reading the prompt's "
               "last W tokens), ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the "
-              "draft length), ngram+REF (the model REF where nothing matches), or refs joined by "
-              "commas, cheapest first (a hierarchy)",
+              "draft length), ngram+REF (the model REF where nothing matches), "
+              "lookahead[:w=W][:n=N][:g=G] (lookahead decoding, no model; its shape sets the "
+              "depth), or refs joined by commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (the default: each step's "
               "length chosen from measured costs, up to 4)"),
@@ -398,9 +399,9 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                   for c in common]
         for draft in _drafts_for(target, config, registry, notes):
             parsed = draft_ref(draft)
-            alone = parsed.lookup_alone  # its k is the draft length; it has no early stop
-            gammas = config.gamma if not alone else \
-                list(dict.fromkeys(g if g == AUTO else parsed.lookup.draft.k for g in config.gamma))
+            alone = parsed.lookup_alone  # its k (shape) is the draft length; it has no early stop
+            gammas = config.gamma if not alone else list(dict.fromkeys(
+                g if g == AUTO else parsed.lookup.draft.longest(g) for g in config.gamma))
             if 0 in config.tree:  # chains
                 peer = config.peer and parsed.lookup is None
                 for kind in ("speculative", "peer") if peer else ("speculative",):
@@ -422,9 +423,13 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                      "for temperature > 0")
     if config.peer and AUTO in config.gamma:
         notes.append("peer baseline runs at fixed gammas only: none for gamma 'auto'")
-    if any(draft_ref(d).lookup is not None for d in config.drafts):
+    if any(isinstance(draft_ref(d).lookup, NgramRef) for d in config.drafts):
         notes.append("n-gram drafts: an n-gram alone drafts k tokens (one cell per fixed gamma's "
                      "k), grows no trees and has no early stop"
+                     + "; no peer baseline for them" * config.peer)
+    if any(isinstance(draft_ref(d).lookup, LookaheadRef) for d in config.drafts):
+        notes.append("lookahead drafts: the depth is their shape's (one cell for the fixed "
+                     "gammas), they grow their own trees and have no early stop"
                      + "; no peer baseline for them" * config.peer)
     if any(config.tree):
         if config.peer:

@@ -20,9 +20,11 @@ from ..core.types import Drafter, Proposal
 from .fallback import FallbackDrafter
 from .feature import FeatureDrafter
 from .hierarchy import HierarchicalDrafter
+from .lookahead import LookaheadDraft, LookaheadDrafter
 from .ngram import NgramDraft, NgramDrafter
 from .sequence import SequenceDrafter
 from .tree import TreeShape
 
-__all__ = ["Drafter", "FallbackDrafter", "FeatureDrafter", "HierarchicalDrafter", "NgramDraft",
-           "NgramDrafter", "Proposal", "SequenceDrafter", "TreeShape"]
+__all__ = ["Drafter", "FallbackDrafter", "FeatureDrafter", "HierarchicalDrafter", "LookaheadDraft",
+           "LookaheadDrafter", "NgramDraft", "NgramDrafter", "Proposal", "SequenceDrafter",
+           "TreeShape"]

@@ -5,11 +5,13 @@ it is scored against its target and how it is saved (training: `training/student
 | kind       | named by                                 | loads as                            |
 |------------|------------------------------------------|-------------------------------------|
 | `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    |
+| `lookahead`| `lookahead[:w=W][:n=N][:g=G]`            | `LookaheadDraft` (no model)         |
 | `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   |
 | `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               |
 | `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    |
 
-Drafters: `NgramDrafter` (ngram), `SequenceDrafter` (self, sequence), `FeatureDrafter` (feature).
+Drafters: `NgramDrafter` (ngram), `LookaheadDrafter` (lookahead), `SequenceDrafter` (self,
+sequence), `FeatureDrafter` (feature).
 
 A model draft (sequence or self) named `REF:window=W` drafts from the prompt's last W tokens.
 
@@ -28,7 +30,7 @@ from torch import Tensor
 from .. import atomic, backends
 from ..core.gamma import LONGEST_DEFAULT
 from ..core.types import Draft, Kind, Model
-from ..drafters import ngram
+from ..drafters import lookahead, ngram
 from ..drafters.fallback import FallbackDrafter
 from ..drafters.feature import FeatureDrafter
 from ..drafters.hierarchy import HierarchicalDrafter
@@ -44,7 +46,8 @@ from .drafts import folders
 from .formats import hf, validate
 from .formats.save import write_native
 from .models import load_model
-from .refs import NGRAM_ABOUT, WINDOW_APPLIES, Level, ModelRef, NgramRef, level
+from .refs import (LOOKAHEAD_ABOUT, NGRAM_ABOUT, WINDOW_APPLIES, Level, LookaheadRef, ModelRef,
+                   NgramRef, level)
 
 
 def _trees_need_a_native(target: Model, tree: TreeShape | None) -> None:
@@ -168,10 +171,22 @@ def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float
                            for_pair(draft.fallback, target, min_confidence, tree), gamma)
 
 
+# ------------------------------------------------------------------------------ lookahead
+
+
+def _lookahead_drafter(draft: lookahead.LookaheadDraft, target: Model, min_confidence: float,
+                       tree: TreeShape | None, gamma: int):
+    if tree is not None:
+        raise SpecqError(lookahead.NO_TREES)
+    return lookahead.LookaheadDrafter(draft)
+
+
 # ------------------------------------------------------------------------------ the table
 
 NGRAM = Kind("ngram", NGRAM_ABOUT, lambda ref: isinstance(ref, NgramRef), _load_ngram,
              _ngram_drafter)
+LOOKAHEAD = Kind("lookahead", LOOKAHEAD_ABOUT, lambda ref: isinstance(ref, LookaheadRef),
+                 lambda ref, backend, target=None: ref.draft, _lookahead_drafter)
 SELF_KIND = Kind("self", "a self draft (the target's own weights at another precision)",
                  lambda ref: isinstance(ref, ModelRef) and ref.is_self, _load_self,
                  _sequence_drafter, rows=_sequence_rows, next_token_logits=_sequence_logits,
@@ -185,8 +200,9 @@ SEQUENCE = Kind("sequence", "a sequence draft (a model of its own)", lambda ref:
                 write=lambda draft, directory, info: write_native(draft, directory),
                 verifies=True, transformers=True, is_model=True)
 # recognized in this order: sequence takes the rest
-KINDS = {k.name: k for k in (NGRAM, SELF_KIND, FEATURE, SEQUENCE)}
-LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM}  # loaded drafts that are not a `Draft`, by type
+KINDS = {k.name: k for k in (NGRAM, LOOKAHEAD, SELF_KIND, FEATURE, SEQUENCE)}
+# loaded drafts that are not a `Draft`, by type
+LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM, lookahead.LookaheadDraft: LOOKAHEAD}
 
 
 def recognize(ref: str) -> Kind:
@@ -199,13 +215,15 @@ def _recognized(ref: Level) -> Kind:
 
 
 def kind_of(draft) -> Kind:
-    """The kind of a loaded draft: a `Draft`'s own, a `Model`'s (sequence) or an `NgramDraft`'s."""
+    """The kind of a loaded draft: a `Draft`'s own, a `Model`'s (sequence), an `NgramDraft`'s or
+    a `LookaheadDraft`'s."""
     if isinstance(draft, Draft):
         return draft.kind
     kind = LOADED.get(type(draft))
     if kind is None:
         raise SpecqError("a draft is a model or draft from specq.load, an n-gram draft "
-                         f"(specq.NgramDraft) or a list of them, got {type(draft).__name__}")
+                         "(specq.NgramDraft), a lookahead draft (specq.LookaheadDraft) or a list "
+                         f"of them, got {type(draft).__name__}")
     return kind
 
 
@@ -255,6 +273,8 @@ def for_levels(drafts: list, target: Model, min_confidence: float = DEFAULT_DRAF
     """A drafter for a hierarchy of loaded drafts, cheapest first: the first proposes (a tree if
     `tree`), each next one verifies what the levels below proposed (`hierarchy.py`). One draft is
     just `for_pair`; only a kind that scores tokens on its own can be a level above the first."""
+    if len(drafts) > 1 and kind_of(drafts[0]) is LOOKAHEAD:
+        raise SpecqError(f"{LOOKAHEAD_ABOUT} is a draft alone, not a level of a hierarchy")
     drafter = for_pair(drafts[0], target, min_confidence, tree, gamma)
     for middle in drafts[1:]:
         kind = kind_of(middle)

@@ -20,11 +20,11 @@ from .. import checks
 from ..api import Generation, generate
 from ..core.gamma import GammaMemory
 from ..core.types import Draft, Model
-from ..drafters import ngram
+from ..drafters import lookahead, ngram
 from ..loading import precision as precisions
 from ..loading.drafts.select import select_draft
 from ..loading.kinds import load
-from ..loading.refs import model_ref, ngram_ref
+from ..loading.refs import free_ref, model_ref
 
 
 class ModelPool:
@@ -53,11 +53,13 @@ class ModelPool:
         with self._lock:
             return self._memories.setdefault(spec, GammaMemory())
 
-    def draft_model(self, precision: str, ref: str) -> Model | Draft | ngram.NgramDraft:
+    def draft_model(self, precision: str, ref: str
+                    ) -> Model | Draft | ngram.NgramDraft | lookahead.LookaheadDraft:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
         draft binds to its target's embedding, and precisions may decode at the same time. An
-        n-gram draft loads nothing; its fallback model is loaded like any other draft."""
-        lookup = ngram_ref(ref)
+        n-gram or lookahead draft loads nothing; an n-gram draft's fallback model is loaded like
+        any other draft."""
+        lookup = free_ref(ref)
         if lookup is not None:
             fallback = lookup.fallback
             return lookup.draft if fallback is None else \
