@@ -9,6 +9,7 @@ import torch
 import specq
 from specq import api
 from specq.cli import main
+from specq.core.acceptance import depths
 from specq.core.sampling import SamplingConfig
 from specq.core.types import SeesVerify
 from specq.drafters import LookaheadDraft, LookaheadDrafter, TreeShape
@@ -143,6 +144,20 @@ def test_candidates_share_their_prefixes_and_respect_the_caps():
                              torch.Generator())
     assert capped.parents.tolist() == [-1] * len(capped.tokens) and len(capped.tokens) <= 4
     assert draft.nodes(1) == 4 and draft.nodes(8) == 2 + 3 * 3 and draft.depth == 3
+
+
+def test_the_text_continuation_goes_as_deep_as_the_tree():
+    """Copied text goes on: the text's continuation is the window's depth, the pool's n-grams
+    n - 1 tokens."""
+    draft = LookaheadDraft(w=4, n=3, g=2)
+    drafter = LookaheadDrafter(draft)
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4]
+    drafter.start(torch.tensor(prompt), 64)
+    proposal = drafter.propose(prompt + [5], 4, GREEDY, torch.Generator())
+    tokens, parents = proposal.tokens.tolist(), proposal.parents.tolist()
+    assert tokens[:4] == [6, 7, 3, 4] and parents[:4] == [-1, 0, 1, 2]
+    assert len(tokens) <= draft.nodes(4) == 4 + 4 + 2
+    assert max(depths(proposal.parents).tolist()) == 4
 
 
 # ---------------------------------------------------------------------------------- the spelling

@@ -8,9 +8,9 @@ Each proposal is a token tree under the root (the last token), verified in one t
   choices are the next step's guesses (one Jacobi iteration per step, shifted by what was
   accepted, the end padded from the pool). Where the window has converged on the target's own
   text, the chain is accepted as it stands.
-- up to `g` candidate n-grams that continue the root: the latest continuation of the text's last
-  few tokens (prompt lookup, as `ngram.py`), then the pool's latest n-grams that start with the
-  root.
+- up to `g` candidates that continue the root: the latest continuation of the text's last few
+  tokens (prompt lookup, as `ngram.py`; as deep as the tree, since copied text goes on), then the
+  pool's latest n-grams that start with the root (n - 1 tokens each).
 
 The pool holds n-grams of `n` tokens, keyed by their first: every n-gram of the prompt and the
 text so far, and those the window's trajectory leaves. A slot of the window remembers the guesses
@@ -45,9 +45,10 @@ from .ngram import DEFAULT_N_MAX, DEFAULT_N_MIN, NgramIndex
 
 NAME = "lookahead"
 # Window length, n-gram length and candidates per step. Every node is a verify row, and on a CPU
-# each row costs, so the tree stays small: at most 4 + 3 * 2 = 10 nodes (fewer where candidates
-# share a prefix), 11 rows. Short n-grams (two proposed tokens each) leave rows for more of them:
-# the first token of a candidate decides most of what it brings.
+# each row costs, so the tree stays small: at most 4 (window) + 4 (the text's continuation) + 2 * 2
+# = 12 nodes (fewer where candidates share a prefix or the text has no match), 13 rows. Short
+# n-grams (two proposed tokens each) leave rows for more of them: the first token of a candidate
+# decides most of what it brings.
 DEFAULT_W = 4
 DEFAULT_N = 3
 DEFAULT_G = 3
@@ -73,9 +74,9 @@ class LookaheadDraft:
         integer("g", self.g, 0, MAX_GAMMA)
         integer("the pool size", self.pool, 1)
         if self.nodes(self.depth) > MAX_GAMMA:
-            raise SpecqError(f"a lookahead draft verifies w + g * (n - 1) nodes a step, at most "
-                             f"{MAX_GAMMA}; w={self.w}, n={self.n}, g={self.g} make "
-                             f"{self.nodes(self.depth)}")
+            raise SpecqError(f"w={self.w}, n={self.n}, g={self.g} verify up to "
+                             f"{self.nodes(self.depth)} guessed tokens a step; a lookahead draft "
+                             f"verifies at most {MAX_GAMMA}")
 
     @property
     def ref(self) -> str:
@@ -92,8 +93,10 @@ class LookaheadDraft:
         return self.depth
 
     def nodes(self, gamma: int) -> int:
-        """The most nodes of a proposal at most `gamma` deep."""
-        return min(self.w, gamma) + self.g * min(self.n - 1, gamma)
+        """The most nodes of a proposal at most `gamma` deep: the window, the text's continuation
+        (as deep as the tree) and g - 1 n-grams."""
+        text = min(self.depth, gamma) if self.g else 0
+        return min(self.w, gamma) + text + max(self.g - 1, 0) * min(self.n - 1, gamma)
 
 
 class NgramPool:
@@ -172,7 +175,7 @@ class LookaheadDrafter:
         while len(self.window) < self.draft.w:
             self.window.append((self._guess(self.window[-1][-1] if self.window else root),))
         trie = _Trie()
-        for candidate in self._candidates(root, min(self.draft.n - 1, gamma)):
+        for candidate in self._candidates(root, gamma):
             trie.insert(candidate)
         self.spine = trie.insert([slot[-1] for slot in self.window[:gamma]])
         return Proposal(torch.tensor(trie.tokens, dtype=torch.long),
@@ -183,16 +186,16 @@ class LookaheadDrafter:
         after = self.pool.after(before)
         return after[0][0] if after else before
 
-    def _candidates(self, root: int, length: int) -> list[tuple[int, ...]]:
-        """Up to g continuations of `root`, `length` tokens each at most: the text's latest
-        continuation of its last tokens, then the pool's n-grams, most recent first."""
-        out = []
-        match = tuple(self.index.continuation(length))
-        if match:
-            out.append(match)
+    def _candidates(self, root: int, gamma: int) -> list[tuple[int, ...]]:
+        """Up to g continuations of `root`, at most `gamma` deep: the text's latest continuation
+        of its last tokens (as deep as the tree), then the pool's n-grams, most recent first (none
+        a prefix of one before it: it would add no row)."""
+        match = tuple(self.index.continuation(min(self.draft.depth, gamma)))
+        out = [match] if match else []
         for rest in self.pool.after(root):
-            if rest[:length] not in out:
-                out.append(rest[:length])
+            gram = rest[:gamma]
+            if not any(kept[:len(gram)] == gram for kept in out):
+                out.append(gram)
         return out[:self.draft.g]
 
     def verified(self, choices: Tensor) -> None:
