@@ -6,6 +6,7 @@ from test_serve import client, dirs, models, name, post, server  # noqa: F401 (f
 import specq
 from specq.serve.app import servable
 from specq.serve.errors import APIError
+from specq.serve.server import ServeConfig, build_app
 
 
 def test_serve_takes_lookahead_drafts_per_request(server, dirs, models):  # noqa: F811
@@ -29,3 +30,15 @@ def test_lookahead_is_servable_without_a_model():
     assert servable("lookahead", set()) and servable("lookahead:g=0", set())
     with pytest.raises(APIError, match="w must be"):
         servable("lookahead:w=0", set())
+
+
+def test_a_pool_and_a_server_with_lookahead_for_every_precision(dirs, models):  # noqa: F811
+    """`specq serve --draft lookahead`: no model to load for it, the target's own output."""
+    pool = specq.ModelPool(str(dirs / "target"), draft="lookahead")
+    _, draft, note = pool.models("fp32")
+    assert isinstance(draft, specq.LookaheadDraft) and note == "draft lookahead (given)"
+    prompt = "t1 t2 t3 t1 t2 t3 t1"
+    out = pool.generate(prompt, max_new_tokens=16)
+    assert out.text == specq.generate(models["fp32"], prompt, None, max_new_tokens=16).text
+    assert out.draft == "lookahead:w=4:n=3:g=3" and out.stats.drafted > 0
+    build_app(ServeConfig(target=str(dirs / "target"), precisions=("fp32",), draft="lookahead"))
