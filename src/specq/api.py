@@ -11,6 +11,7 @@
     out = specq.generate(target, "...", draft=None)  # plain decoding
     out = specq.generate(target, "...", draft="ngram")  # n-gram lookup: no draft model
     out = specq.generate(target, "...", draft=specq.NgramDraft(k=5, fallback=draft))
+    out = specq.generate(target, "...", draft="lookahead")  # the target's own guesses: no model
     memory = specq.GammaMemory()  # gamma auto's estimates, carried from each run to the next
     out = specq.generate(target, "...", draft=draft, gamma_memory=memory)
     earlier = specq.SuffixCache()  # earlier runs' text, where n-gram drafts also look
@@ -33,20 +34,20 @@ from .core.sampling import SamplingConfig
 from .core.stats import DecodeStats
 from .core.stopping import trim_at_stop
 from .core.types import Draft, Model
-from .drafters import TreeShape, ngram
+from .drafters import TreeShape, lookahead, ngram
 from .drafters.base import DEFAULT_GAMMA, default_gamma
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.suffix import SuffixCache
 from .errors import SpecqError
 from .loading.drafts.default import AUTO, load_default
 from .loading.kinds import for_levels, load
-from .loading.refs import ngram_ref
+from .loading.refs import free_ref
 from .loading.vocab import check_compatible, check_target
 
-# what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram draft (or its
-# text spec), or a list of them, cheapest first (a hierarchy); "auto": the target's default; None:
-# plain decoding
-DraftArg = Model | Draft | ngram.NgramDraft | str | list | None
+# what `generate` takes as its draft: a model or draft from `specq.load`, an n-gram or lookahead
+# draft (or its text spec), or a list of them, cheapest first (a hierarchy); "auto": the target's
+# default; None: plain decoding
+DraftArg = Model | Draft | ngram.NgramDraft | lookahead.LookaheadDraft | str | list | None
 # the default draft per target, loaded once: id(target) -> (draft, note), dropped with the target
 _DEFAULTS: dict[int, tuple[DraftArg, str]] = {}
 
@@ -127,6 +128,8 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
     gamma_memory) an n-gram draft also looks where the text has no match in the earlier runs'
     text, and this run's prompt and output join it when the run ends. Lossless either way; but a
     sampled run's proposals, and so the tokens its seed draws, then depend on what the cache holds.
+    A lookahead draft ("lookahead", "lookahead:w=4:n=3:g=3" or a
+    `LookaheadDraft`) guesses from the target's own verify passes; its shape sets the depth.
     `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the
     default with a tree) is then the tree's depth, and "auto" chooses each step's depth up to it.
     `on_tokens`: called with each step's new token ids (streaming); returning False stops the run
@@ -158,17 +161,17 @@ def resolve_draft(target: Model, draft: DraftArg, drafter=None) -> tuple[DraftAr
 
 
 def _draft(draft: DraftArg) -> DraftArg:
-    """A draft as given to `generate`: text is an n-gram spec (a model draft is loaded with
-    `specq.load`); a list is a hierarchy, cheapest first."""
+    """A draft as given to `generate`: text is an n-gram or lookahead spec (a model draft is
+    loaded with `specq.load`); a list is a hierarchy, cheapest first."""
     if isinstance(draft, list):
         return [_draft(level) for level in draft]
     if not isinstance(draft, str):
         return draft
-    lookup = ngram_ref(draft)
+    lookup = free_ref(draft)
     if lookup is None:
         raise SpecqError(f"a draft given as text is an n-gram draft ('{ngram.NAME}', "
-                         f"'{ngram.NAME}:n=2-3:k=4'), not '{draft}': load a model draft with "
-                         "specq.load")
+                         f"'{ngram.NAME}:n=2-3:k=4') or a lookahead draft ('{lookahead.NAME}'), "
+                         f"not '{draft}': load a model draft with specq.load")
     if lookup.fallback is not None:
         raise SpecqError(f"give an n-gram draft's fallback as a loaded model: "
                          f"specq.NgramDraft(..., fallback=specq.load('{lookup.fallback.text}'))")
@@ -205,8 +208,8 @@ def start(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
             check_compatible(level, target)
         drafter = drafter or for_levels(levels, target, draft_confidence, tree, gamma,
                                         suffix_cache)
-        # its k is the draft length (a fixed gamma its fallback's)
-        if isinstance(draft, ngram.NgramDraft):
+        # its k (a lookahead draft's shape) is the draft length (a fixed gamma its fallback's)
+        if isinstance(draft, (ngram.NgramDraft, lookahead.LookaheadDraft)):
             gamma = draft.longest(gamma)
     check_context(target, drafter.nodes(gamma) if drafter is not None else 0, max_new_tokens,
                   len(prompt_ids))

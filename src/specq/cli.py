@@ -15,7 +15,7 @@ from . import checks
 from .bench.cli import add_bench_parser, add_report_parser
 from .checks import MAX_SEED, MAX_THREADS, arg_float, arg_int, arg_path, read_text
 from .core.gamma import AUTO, MAX_GAMMA, GammaMemory
-from .drafters import ngram
+from .drafters import lookahead, ngram
 from .drafters.base import DEFAULT_GAMMA, SAMPLING_GAMMA
 from .drafters.sequence import DEFAULT_DRAFT_CONFIDENCE
 from .drafters.suffix import DEFAULT_TOKENS as DEFAULT_SUFFIX_TOKENS
@@ -24,7 +24,7 @@ from .drafters.tree import DEFAULT_TREE, TreeShape
 from .drafts_cli import add_drafts_parser
 from .errors import SpecqError
 from .kernels import build as kernel_build
-from .loading.refs import DraftRef, check_ref, draft_ref, model_ref
+from .loading.refs import DraftRef, LookaheadRef, check_ref, draft_ref, model_ref
 from .qad_cli import add_qad_parser
 
 # `distill --lora`: an adapter of a higher rank is no longer small beside its base
@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="the prompt text, or @FILE to read it from a file")
     g.add_argument("--target", default="smollm2-135m", help="model ref (default: smollm2-135m)")
     g.add_argument("--draft", default=None,
-                   help="draft model ref (default: the registry's for the target's precision, see "
-                        "`specq drafts which`); self@SPEC: the "
+                   help="draft model ref (default: the target's own default: its registered draft, "
+                        "else the smallest known model with its tokenizer, behind an n-gram "
+                        "lookup; the note after the output says which); self@SPEC: the "
                         "target's own weights at SPEC (e.g. self@int8-head8); self@skip[=LAYERS]: "
                         "some of the target's own layers, on its weights (those skipped chosen by "
                         "a short calibration, cached, or listed: skip=3-9+14); REF:window=W: a "
@@ -78,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "text so far, no model (match the last N tokens, then fewer down to MIN, "
                         f"propose up to K; default n={ngram.DEFAULT_N_MIN}-{ngram.DEFAULT_N_MAX}, "
                         f"k={ngram.DEFAULT_K}); {ngram.NAME}+REF: the model REF drafts where "
-                        "nothing matches")
+                        f"nothing matches; {lookahead.NAME}[:w=W][:n=N][:g=G]: lookahead "
+                        "decoding, no model (a window of W guesses from the target's own verify "
+                        "passes and G n-grams of N tokens; default "
+                        f"w={lookahead.DEFAULT_W}, n={lookahead.DEFAULT_N}, "
+                        f"g={lookahead.DEFAULT_G})")
     g.add_argument("--gamma", type=_gamma, default=None,
                    help=f"draft tokens per step, or '{DEFAULT_GAMMA}' (the default when greedy; "
                         f"sampling: {SAMPLING_GAMMA}, so that a seed repeats its output; --tree: "
@@ -256,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "TARGET is the first")
     s.add_argument("--draft", default=None,
                    help="one draft for every precision (default: the registry's for each); "
-                        f"{ngram.NAME}[:n=N][:k=K] or {ngram.NAME}+REF as for generate")
+                        f"{ngram.NAME}[:n=N][:k=K], {ngram.NAME}+REF or "
+                        f"{lookahead.NAME}[:w=W][:n=N][:g=G] as for generate")
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1, this machine only)")
     s.add_argument("--port", type=arg_int(0, 65535), default=8000,
@@ -407,17 +413,23 @@ def cmd_generate(args) -> int:
 def _tree(args, draft: DraftRef | None) -> TreeShape | None:
     """--tree's shape; the lowest level of the `draft` used grows the trees."""
     if args.tree and draft is not None and not draft.grows_trees:
-        raise SpecqError(ngram.NO_TREES)
+        raise SpecqError(lookahead.NO_TREES if isinstance(draft.lookup, LookaheadRef)
+                         else ngram.NO_TREES)
     return TreeShape(args.tree, args.tree_depth, args.tree_topk) if args.tree else None
 
 
 def _decode_gamma(args, draft: DraftRef | None) -> int | str:
     """--gamma, or its default; with --tree a tree's depth is --tree-depth, with an n-gram draft
-    alone its length is its k, and only 'auto' may be given with either."""
+    alone its length is its k, with a lookahead draft its shape's, and only 'auto' may be given
+    with any of them."""
     if args.tree and args.gamma not in (None, AUTO):
         raise SpecqError(f"with --tree the depth is --tree-depth, not --gamma (only --gamma {AUTO} "
                          "goes with --tree)")
     if draft is not None and draft.lookup_alone and args.gamma not in (None, AUTO):
+        if isinstance(draft.lookup, LookaheadRef):
+            raise SpecqError(f"a lookahead draft's depth is its window's or its n-grams' "
+                             f"({lookahead.NAME}:w=W:n=N), not --gamma (only --gamma {AUTO} "
+                             "goes with it)")
         raise SpecqError(f"an n-gram draft's length is its k ({ngram.NAME}:k=N), not --gamma (only "
                          f"--gamma {AUTO} goes with it)")
     return args.gamma  # None: the default (drafters.base.default_gamma)

@@ -98,6 +98,43 @@ def test_stats_count_a_known_accept_reject_pattern():
     assert (plain.tau, plain.steps, plain.drafted) == (1.0, 49, 0)
 
 
+class _Seeing(_Scripted):
+    """_Scripted that also sees every verify row (`types.SeesVerify`) and logs the calls."""
+
+    def __init__(self, expected: list[int], vocab: int):
+        super().__init__(expected, vocab)
+        self.calls = []
+
+    def propose(self, seq, gamma, sampling, generator):
+        proposal = super().propose(seq, gamma, sampling, generator)
+        self.before, self.rows = list(seq[:-1]), seq[-1:] + proposal.tokens.tolist()
+        return proposal
+
+    def verified(self, choices):
+        self.calls.append(("verified", self.before, self.rows, choices.tolist()))
+
+    def rollback(self, length, features, path):
+        self.calls.append(("rollback", path))
+
+
+def test_a_drafter_that_sees_verify_gets_the_target_choice_at_every_row():
+    """Rows past a rejection included (what lookahead's window guesses next), before rollback;
+    a drafter without `verified` is not asked."""
+    target = tiny_model(scale=3.0)
+    expected = generate(target, [1, 2, 3], max_new_tokens=12).token_ids
+    drafter = _Seeing(expected, target.vocab_size)
+    ids, _, _ = decode(target, [1, 2, 3], drafter=drafter, gamma=4, max_new_tokens=12)
+    assert ids == expected
+    verified = [call for call in drafter.calls if call[0] == "verified"]
+    assert [call[0] for call in drafter.calls] == ["verified", "rollback"] * len(verified)
+    for _, before, rows, choices in verified:
+        with torch.inference_mode():
+            logits = target.runner(torch.tensor(before + rows), None)[len(before):]
+        assert choices == logits.argmax(-1).tolist() and len(choices) == len(rows)
+    assert any(len(call[2]) == 5 for call in verified)  # 4 nodes: 2 past the rejection
+    assert not hasattr(_Scripted, "verified")
+
+
 def test_confidence_stop_shortens_proposals():
     target = tiny_model(scale=3.0)
     draft = perturbed(target, 0.05)

@@ -39,6 +39,7 @@ def folders(tmp_path_factory):
 
 def test_each_kind_is_recognized_from_its_ref_or_folder(folders):
     cases = {"ngram": "ngram", "ngram:n=2-3:k=4": "ngram", f"ngram+{folders / 'draft'}": "ngram",
+             "lookahead": "lookahead", "lookahead:w=2:g=1": "lookahead",
              "self@int8-head8": "self", "self@int4-g64-gptq": "self",
              "self@skip": "skip", "self@gguf-int4@skip=3-5": "skip", "smollm2-135m@skip": "skip",
              str(folders / "feature"): "feature", f"{folders / 'feature'}@int8-head8": "feature",
@@ -47,7 +48,7 @@ def test_each_kind_is_recognized_from_its_ref_or_folder(folders):
              "model.gguf": "sequence", "org/name": "sequence"}
     assert {ref: kinds.recognize(ref).name for ref in cases} == cases
     # every kind, the catch-all last
-    assert list(kinds.KINDS) == ["ngram", "skip", "self", "feature", "sequence"]
+    assert list(kinds.KINDS) == ["ngram", "lookahead", "skip", "self", "feature", "sequence"]
 
 
 @pytest.mark.parametrize("ref,needle",
@@ -102,7 +103,7 @@ def test_a_feature_draft_loads_as_a_draft_never_a_target(folders):
     assert again.kind is draft.kind and torch.equal(again.net.vocab_ids, draft.net.vocab_ids)
 
 
-def test_sequence_and_ngram_drafts_load_through_specq_load(folders):
+def test_sequence_ngram_and_lookahead_drafts_load_through_specq_load(folders):
     target = specq.load(str(folders / "target"))
     sequence = specq.load(str(folders / "draft"))
     # it can be a target too
@@ -113,9 +114,12 @@ def test_sequence_and_ngram_drafts_load_through_specq_load(folders):
     assert type(with_model.fallback) is Model and with_model.k == 3
     with_self = specq.load("ngram+self@int8-head8", target=target)
     assert with_self.fallback.kind is kinds.KINDS["self"]
+    lookahead = specq.load("lookahead:w=3")
+    assert isinstance(lookahead, specq.LookaheadDraft) and lookahead.w == 3
+    assert kinds.kind_of(lookahead) is kinds.KINDS["lookahead"]
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     plain = specq.generate(target, prompt, None, max_new_tokens=24).token_ids
-    for draft in (sequence, lookup, with_model, with_self):
+    for draft in (sequence, lookup, with_model, with_self, lookahead):
         assert specq.generate(target, prompt, draft, max_new_tokens=24,
                               draft_confidence=0.0).token_ids == plain
 

@@ -41,12 +41,12 @@ def test_the_pair_runs_at_the_files_precision_on_specqs_kernels(pair):
 
 
 @needs_pair
-@pytest.mark.parametrize("draft_kind", ["model", "ngram", "ngram+model"])
+@pytest.mark.parametrize("draft_kind", ["model", "ngram", "ngram+model", "lookahead"])
 def test_speculative_equals_plain_on_the_pair(pair, draft_kind):
     target, model = pair
-    draft = {"model": model, "ngram": "ngram",
-             "ngram+model": specq.NgramDraft(fallback=model)}[draft_kind]
-    prompt = EDIT_TASKS[0] if draft_kind != "model" else CODE_TASKS[0]
+    draft = {"model": model, "ngram": "ngram", "ngram+model": specq.NgramDraft(fallback=model),
+             "lookahead": "lookahead"}[draft_kind]
+    prompt = EDIT_TASKS[0] if draft_kind.startswith("ngram") else CODE_TASKS[0]
     plain = specq.generate(target, prompt, None, max_new_tokens=64, chat=True, ignore_eos=True)
     fast = specq.generate(target, prompt, draft, gamma=4, max_new_tokens=64, chat=True,
                           ignore_eos=True, draft_confidence=0.0)

@@ -26,7 +26,7 @@ from ..loading import precision
 from ..loading.builtins import BUILTINS
 from ..loading.drafts import default
 from ..loading.drafts.select import default_draft_ref
-from ..loading.refs import ModelRef, check_ref, draft_ref, model_ref
+from ..loading.refs import LookaheadRef, ModelRef, NgramRef, check_ref, draft_ref, model_ref
 from .prompts import SETS, Prompt
 
 REGISTRY = "registry"  # a draft entry meaning "the registry's draft for this target"
@@ -98,8 +98,9 @@ HELP = {
               "registry's draft alone), self@SPEC (the "
               "target's own weights at SPEC), REF:window=W (a model draft reading the prompt's "
               "last W tokens), ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the "
-              "draft length), ngram+REF (the model REF where nothing matches), or refs joined by "
-              "commas, cheapest first (a hierarchy)",
+              "draft length), ngram+REF (the model REF where nothing matches), "
+              "lookahead[:w=W][:n=N][:g=G] (lookahead decoding, no model; its shape sets the "
+              "depth), or refs joined by commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",
     "gamma": ("draft tokens per step (a token tree's depth), or 'auto' (the default: each step's "
               "length chosen from measured costs, up to 4)"),
@@ -417,11 +418,11 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                   for c in common]
         for draft in _drafts_for(target, config, registry, notes):
             parsed = draft_ref(draft)
-            alone = parsed.lookup_alone  # its k is the draft length; it has no early stop
+            alone = parsed.lookup_alone  # its k (shape) is the draft length; it has no early stop
             # only an n-gram draft reads a suffix cache
-            caches = config.suffix_cache if parsed.lookup is not None else [False]
-            gammas = config.gamma if not alone else \
-                list(dict.fromkeys(g if g == AUTO else parsed.lookup.draft.k for g in config.gamma))
+            caches = config.suffix_cache if isinstance(parsed.lookup, NgramRef) else [False]
+            gammas = config.gamma if not alone else list(dict.fromkeys(
+                g if g == AUTO else parsed.lookup.draft.longest(g) for g in config.gamma))
             if 0 in config.tree:  # chains
                 peer = config.peer and parsed.lookup is None
                 for kind in ("speculative", "peer") if peer else ("speculative",):
@@ -445,12 +446,16 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
                      "for temperature > 0")
     if config.peer and AUTO in config.gamma:
         notes.append("peer baseline runs at fixed gammas only: none for gamma 'auto'")
-    if any(draft_ref(d).lookup is not None for d in config.drafts):
+    if any(isinstance(draft_ref(d).lookup, NgramRef) for d in config.drafts):
         notes.append("n-gram drafts: an n-gram alone drafts k tokens (one cell per fixed gamma's "
                      "k), grows no trees and has no early stop"
                      + "; no peer baseline for them" * config.peer)
     if True in config.suffix_cache and any(draft_ref(d).lookup is None for d in config.drafts):
         notes.append("suffix_cache: only n-gram drafts read one; other drafts' cells run without")
+    if any(isinstance(draft_ref(d).lookup, LookaheadRef) for d in config.drafts):
+        notes.append("lookahead drafts: the depth is their shape's (one cell for the fixed "
+                     "gammas), they grow their own trees and have no early stop"
+                     + "; no peer baseline for them" * config.peer)
     if any(config.tree):
         if config.peer:
             notes.append("peer baseline drafts chains only: none for token tree cells")

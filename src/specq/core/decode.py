@@ -27,7 +27,7 @@ from .gamma import LONGEST_DEFAULT, CostAwareGamma, GammaMemory
 from .sampling import SamplingConfig, probabilities, sample
 from .stats import DecodeStats
 from .stopping import StopChecker
-from .types import EMPTY, Drafter, Model, Proposal, Routed
+from .types import EMPTY, Drafter, Model, Proposal, Routed, SeesVerify
 
 
 def decode(target: Model, prompt_ids: list[int], **options) -> tuple[list[int], str, DecodeStats]:
@@ -200,6 +200,8 @@ class Sequence:
         self.cache.keep(len(self.seq) - 1, rows)
         self.seq += new
         self.generated += new
+        if isinstance(self.drafter, SeesVerify):
+            self.drafter.verified(logits.argmax(-1))
         if self.drafter is not None:
             self.drafter.rollback(len(self.seq) - 1, None if features is None else features[rows],
                                   path)

@@ -132,6 +132,17 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
+class SeesVerify(Protocol):
+    """A drafter that learns from every verify row, not only from the accepted path: lookahead's
+    Jacobi window takes the target's choices at the rows past a rejection as its next guesses."""
+
+    def verified(self, choices: Tensor) -> None:
+        """choices [rows]: the target's argmax at each row of the last verify pass (row 0 the
+        root, row i + 1 node i of the proposal; one row after a plain step). Called before
+        `rollback`."""
+
+
+@runtime_checkable
 class Routed(Protocol):
     """A drafter made of drafters that differ in cost and agreement (`ngram+MODEL`): which of them
     could propose next, so gamma "auto" keeps costs and acceptance per route (`decode.py`) and

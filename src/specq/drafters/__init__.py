@@ -6,6 +6,8 @@
                                             probs [N, V] or None)
     rollback(length, features, path)        keep seq[:length + 1] and the accepted
                                             path, forget the rest
+    verified(choices)                       optional (`SeesVerify`): the target's argmax at
+                                            every verify row, before rollback
 
 `features` are the target's final hidden states of the rows it just ran (prompt, or the root and
 accepted nodes of a verify pass) when the drafter sets `needs_target_features`, else None.
@@ -18,9 +20,11 @@ from ..core.types import Drafter, Proposal
 from .fallback import FallbackDrafter
 from .feature import FeatureDrafter
 from .hierarchy import HierarchicalDrafter
+from .lookahead import LookaheadDraft, LookaheadDrafter
 from .ngram import NgramDraft, NgramDrafter
 from .sequence import SequenceDrafter
 from .tree import TreeShape
 
-__all__ = ["Drafter", "FallbackDrafter", "FeatureDrafter", "HierarchicalDrafter", "NgramDraft",
-           "NgramDrafter", "Proposal", "SequenceDrafter", "TreeShape"]
+__all__ = ["Drafter", "FallbackDrafter", "FeatureDrafter", "HierarchicalDrafter", "LookaheadDraft",
+           "LookaheadDrafter", "NgramDraft", "NgramDrafter", "Proposal", "SequenceDrafter",
+           "TreeShape"]

@@ -79,14 +79,13 @@ class NgramDraft:
 
 
 def draft_models(draft) -> list:
-    """The models of a draft (one level, a list of levels, or None), an n-gram draft's fallback
-    included."""
+    """The models of a draft (one level, a list of levels, or None): a model level itself, a
+    model-free draft's `fallback` (an n-gram draft's, if any; a lookahead draft has none)."""
     out = []
     for level in draft if isinstance(draft, list) else [] if draft is None else [draft]:
-        if not isinstance(level, NgramDraft):
-            out.append(level)
-        elif level.fallback is not None:
-            out.append(level.fallback)
+        model = getattr(level, "fallback", level)
+        if model is not None:
+            out.append(model)
     return out
 
 

@@ -6,12 +6,13 @@ it is scored against its target and how it is saved (training: `training/student
 |------------|------------------------------------------|-------------------------------------|
 | `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    |
 | `skip`     | `MODEL@skip[=LAYERS]` (`self@skip`)      | `Draft`: some of MODEL's layers     |
+| `lookahead`| `lookahead[:w=W][:n=N][:g=G]`            | `LookaheadDraft` (no model)         |
 | `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   |
 | `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               |
 | `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    |
 
-Drafters: `NgramDrafter` (ngram), `SequenceDrafter` (skip, self, sequence), `FeatureDrafter`
-(feature).
+Drafters: `NgramDrafter` (ngram), `LookaheadDrafter` (lookahead), `SequenceDrafter` (skip, self,
+sequence), `FeatureDrafter` (feature).
 
 A model draft (sequence, self or skip) named `REF:window=W` drafts from the prompt's last W tokens.
 
@@ -30,7 +31,7 @@ from torch import Tensor
 from .. import atomic, backends
 from ..core.gamma import LONGEST_DEFAULT
 from ..core.types import Draft, Kind, Model
-from ..drafters import ngram
+from ..drafters import lookahead, ngram
 from ..drafters.fallback import FallbackDrafter
 from ..drafters.feature import FeatureDrafter
 from ..drafters.hierarchy import HierarchicalDrafter
@@ -47,7 +48,8 @@ from .drafts import folders
 from .formats import hf, validate
 from .formats.save import write_native
 from .models import load_model
-from .refs import NGRAM_ABOUT, SELF, WINDOW_APPLIES, Level, ModelRef, NgramRef, level, model_ref
+from .refs import (LOOKAHEAD_ABOUT, NGRAM_ABOUT, SELF, WINDOW_APPLIES, Level, LookaheadRef,
+                   ModelRef, NgramRef, level, model_ref)
 
 
 def _trees_need_a_native(target: Model, tree: TreeShape | None) -> None:
@@ -187,6 +189,16 @@ def _ngram_drafter(draft: ngram.NgramDraft, target: Model, min_confidence: float
                            for_pair(draft.fallback, target, min_confidence, tree), gamma)
 
 
+# ------------------------------------------------------------------------------ lookahead
+
+
+def _lookahead_drafter(draft: lookahead.LookaheadDraft, target: Model, min_confidence: float,
+                       tree: TreeShape | None, gamma: int, suffix_cache: SuffixCache | None):
+    if tree is not None:
+        raise SpecqError(lookahead.NO_TREES)
+    return lookahead.LookaheadDrafter(draft)
+
+
 # ------------------------------------------------------------------------------ the table
 
 NGRAM = Kind("ngram", NGRAM_ABOUT, lambda ref: isinstance(ref, NgramRef), _load_ngram,
@@ -195,6 +207,8 @@ SKIP = Kind("skip", "a layer-skip draft (some of a model's own layers, no copy o
             lambda ref: isinstance(ref, ModelRef) and ref.skips is not None, _load_skip,
             _sequence_drafter, rows=_sequence_rows, next_token_logits=_sequence_logits,
             verifies=True)
+LOOKAHEAD = Kind("lookahead", LOOKAHEAD_ABOUT, lambda ref: isinstance(ref, LookaheadRef),
+                 lambda ref, backend, target=None: ref.draft, _lookahead_drafter)
 SELF_KIND = Kind("self", "a self draft (the target's own weights at another precision)",
                  lambda ref: isinstance(ref, ModelRef) and ref.is_self, _load_self,
                  _sequence_drafter, rows=_sequence_rows, next_token_logits=_sequence_logits,
@@ -208,8 +222,9 @@ SEQUENCE = Kind("sequence", "a sequence draft (a model of its own)", lambda ref:
                 write=lambda draft, directory, info: write_native(draft, directory),
                 verifies=True, transformers=True, is_model=True)
 # recognized in this order: sequence takes the rest
-KINDS = {k.name: k for k in (NGRAM, SKIP, SELF_KIND, FEATURE, SEQUENCE)}
-LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM}  # loaded drafts that are not a `Draft`, by type
+KINDS = {k.name: k for k in (NGRAM, LOOKAHEAD, SKIP, SELF_KIND, FEATURE, SEQUENCE)}
+# loaded drafts that are not a `Draft`, by type
+LOADED = {Model: SEQUENCE, ngram.NgramDraft: NGRAM, lookahead.LookaheadDraft: LOOKAHEAD}
 
 
 def recognize(ref: str) -> Kind:
@@ -222,13 +237,15 @@ def _recognized(ref: Level) -> Kind:
 
 
 def kind_of(draft) -> Kind:
-    """The kind of a loaded draft: a `Draft`'s own, a `Model`'s (sequence) or an `NgramDraft`'s."""
+    """The kind of a loaded draft: a `Draft`'s own, a `Model`'s (sequence), an `NgramDraft`'s or
+    a `LookaheadDraft`'s."""
     if isinstance(draft, Draft):
         return draft.kind
     kind = LOADED.get(type(draft))
     if kind is None:
         raise SpecqError("a draft is a model or draft from specq.load, an n-gram draft "
-                         f"(specq.NgramDraft) or a list of them, got {type(draft).__name__}")
+                         "(specq.NgramDraft), a lookahead draft (specq.LookaheadDraft) or a list "
+                         f"of them, got {type(draft).__name__}")
     return kind
 
 
@@ -281,6 +298,8 @@ def for_levels(drafts: list, target: Model, min_confidence: float = DEFAULT_DRAF
     """A drafter for a hierarchy of loaded drafts, cheapest first: the first proposes (a tree if
     `tree`), each next one verifies what the levels below proposed (`hierarchy.py`). One draft is
     just `for_pair`; only a kind that scores tokens on its own can be a level above the first."""
+    if len(drafts) > 1 and kind_of(drafts[0]) is LOOKAHEAD:
+        raise SpecqError(f"{LOOKAHEAD_ABOUT} is a draft alone, not a level of a hierarchy")
     drafter = for_pair(drafts[0], target, min_confidence, tree, gamma, suffix_cache)
     for middle in drafts[1:]:
         kind = kind_of(middle)

@@ -8,7 +8,8 @@ id (in a draft also `self`: the target's own weights at SPEC); SPEC a precision 
 window, e.g. `self`, `self@gguf-int4`). A draft ref is
 one level or several joined by commas, cheapest first (a hierarchy): a level is a model ref or, as
 the first level only, an n-gram draft `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` (prompt lookup;
-`+MODEL`: a model draft on the steps with no match).
+`+MODEL`: a model draft on the steps with no match); or, alone, a lookahead draft
+`lookahead[:w=W][:n=N][:g=G]` (the target's own Jacobi guesses, no model).
 
 Parsing reads the text (and, for an adapter folder, which precision it defaults to); `check_ref`
 also reads a local folder's files, so a bad ref fails before any model loads. `resolve` and
@@ -22,6 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from ..drafters import lookahead
+from ..drafters.lookahead import LookaheadDraft
 from ..drafters.ngram import DEFAULT_K, DEFAULT_N_MAX, DEFAULT_N_MIN, NAME, NgramDraft
 from ..errors import SpecqError
 from . import file_spec, layer_skip, precision
@@ -35,6 +38,7 @@ SELF = "self"  # the draft ref `self@SPEC`: the target's own weights at SPEC (se
 WINDOW = ":window="  # MODEL:window=W, a model draft that reads only the prompt's last W tokens
 WINDOW_APPLIES = "a window applies to model drafts (a model, self@SPEC), not to {}"
 NGRAM_ABOUT = "an n-gram draft (prompt lookup, no model)"
+LOOKAHEAD_ABOUT = "a lookahead draft (the target's own Jacobi guesses, no model)"
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,24 @@ class NgramRef:
         return self.draft.ref + ("" if fallback is None else "+" + fallback.canonical(spec))
 
 
-Level = ModelRef | NgramRef
+@dataclass(frozen=True)
+class LookaheadRef:
+    """A lookahead draft as a ref names it. It has no fallback: it always proposes."""
+
+    text: str
+    draft: LookaheadDraft
+    fallback = None
+
+    def for_target(self, target: str) -> LookaheadRef:
+        """Spelled canonically (`lookahead` -> `lookahead:w=4:n=3:g=3`)."""
+        return LookaheadRef(self.draft.ref, self.draft)
+
+    def canonical(self, spec: str | None = None) -> str:
+        """Spelled canonically (a lookahead draft has no precision)."""
+        return self.draft.ref
+
+
+Level = ModelRef | NgramRef | LookaheadRef
 
 
 @dataclass(frozen=True)
@@ -138,24 +159,28 @@ class DraftRef:
     levels: tuple[Level, ...]
 
     @property
-    def lookup(self) -> NgramRef | None:
-        """The n-gram level (always the first), or None."""
-        return self.levels[0] if isinstance(self.levels[0], NgramRef) else None
+    def lookup(self) -> NgramRef | LookaheadRef | None:
+        """The level that loads no model of its own (an n-gram draft, always the first level, or a
+        lookahead draft, always alone), or None."""
+        return self.levels[0] if isinstance(self.levels[0], (NgramRef, LookaheadRef)) else None
 
     @property
     def lookup_alone(self) -> bool:
-        """One n-gram draft without a model: its k is the draft length, it has no early stop."""
+        """One draft without a model (an n-gram draft alone, a lookahead draft): its own k or
+        shape is the draft length, it has no early stop."""
         return len(self.levels) == 1 and self.lookup is not None and self.lookup.fallback is None
 
     @property
     def grows_trees(self) -> bool:
-        """Whether the lowest level has a model to grow token trees (a lookup proposes chains)."""
+        """Whether the lowest level has a model to grow token trees (a lookup proposes chains, a
+        lookahead draft its own trees)."""
         return self.lookup is None or self.lookup.fallback is not None
 
     @property
     def models(self) -> list[ModelRef]:
         """The model refs among the levels, cheapest first (an n-gram level's fallback)."""
-        out = [level.fallback if isinstance(level, NgramRef) else level for level in self.levels]
+        out = [level.fallback if isinstance(level, (NgramRef, LookaheadRef)) else level
+               for level in self.levels]
         return [model for model in out if model is not None]
 
     def for_target(self, target: str) -> DraftRef:
@@ -165,7 +190,8 @@ class DraftRef:
         return DraftRef(",".join(level.text for level in levels), levels)
 
     def build(self, load: Callable[[str], object]):
-        """What `generate` takes: a model, an `NgramDraft`, or a list of levels (a hierarchy);
+        """What `generate` takes: a model, an `NgramDraft`, a `LookaheadDraft`, or a list of
+        levels (a hierarchy);
         `load` turns each model ref (its text) into a loaded model or draft."""
         out = []
         for level in self.levels:
@@ -218,21 +244,14 @@ def ngram_ref(text: str) -> NgramRef | None:
     own, plus, fallback = text.partition("+")
     if plus and not fallback.strip():
         raise SpecqError(f"draft '{text}': give a model draft after '+' (ngram+MODEL)")
+    if names_lookahead(fallback):
+        raise SpecqError(f"draft '{text}': the draft after '+' is a model draft, not "
+                         f"{LOOKAHEAD_ABOUT}")
     name, *options = own.split(":")
     if name != NAME:
         raise SpecqError(f"draft '{text}': an n-gram draft has no precision; "
                          f"write {NAME}[:n=N][:k=K]")
-    values: dict[str, str] = {}
-    for option in options:
-        key, eq, value = option.partition("=")
-        if f":{key}=" == WINDOW:
-            raise SpecqError(f"'{text}': " + WINDOW_APPLIES.format(NGRAM_ABOUT))
-        if key not in ("n", "k") or not eq:
-            raise SpecqError(f"draft '{text}': unknown option '{option}' "
-                             "(options: n=N or n=MIN-MAX, k=K)")
-        if key in values:
-            raise SpecqError(f"draft '{text}': option '{key}' given twice")
-        values[key] = value
+    values = _options(text, options, NGRAM_ABOUT, ("n", "k"), "n=N or n=MIN-MAX, k=K")
     n_min, n_max = DEFAULT_N_MIN, DEFAULT_N_MAX
     if "n" in values:
         low, dash, high = values["n"].partition("-")
@@ -246,6 +265,54 @@ def ngram_ref(text: str) -> NgramRef | None:
     return NgramRef(text, draft, model_ref(fallback) if fallback else None)
 
 
+def names_lookahead(text: str) -> bool:
+    """Whether a level names a lookahead draft (with or without options, precision or model)."""
+    name = lookahead.NAME
+    return text == name or text.startswith((name + ":", name + "+", name + "@"))
+
+
+def lookahead_ref(text: str) -> LookaheadRef | None:
+    """`lookahead[:w=W][:n=N][:g=G]` parsed, or None when the text names no lookahead draft."""
+    if not names_lookahead(text):
+        return None
+    usage = f"write {lookahead.NAME}[:w=W][:n=N][:g=G]"
+    if "+" in text:
+        raise SpecqError(f"draft '{text}': a lookahead draft always proposes, it takes no model "
+                         f"after '+'; {usage}")
+    name, *options = text.split(":")
+    if name != lookahead.NAME:
+        raise SpecqError(f"draft '{text}': a lookahead draft has no precision; {usage}")
+    values = _options(text, options, LOOKAHEAD_ABOUT, ("w", "n", "g"), "w=W, n=N, g=G")
+    numbers = {key: _whole(text, key, value) for key, value in values.items()}
+    try:
+        draft = LookaheadDraft(**numbers)
+    except SpecqError as e:
+        raise SpecqError(f"draft '{text}': {e}") from None
+    return LookaheadRef(text, draft)
+
+
+def free_ref(text: str) -> NgramRef | LookaheadRef | None:
+    """A draft that loads no model of its own (an n-gram draft, maybe with a model fallback, or a
+    lookahead draft) parsed, or None when the text names a model."""
+    return lookahead_ref(text) or ngram_ref(text)
+
+
+def _options(text: str, options: list[str], about: str, keys: tuple[str, ...],
+             listing: str) -> dict[str, str]:
+    """`key=value` options of a draft with no model, each of `keys` at most once."""
+    values: dict[str, str] = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if f":{key}=" == WINDOW:
+            raise SpecqError(f"'{text}': " + WINDOW_APPLIES.format(about))
+        if key not in keys or not eq:
+            raise SpecqError(f"draft '{text}': unknown option '{option}' (options: {listing})")
+        if key in values:
+            raise SpecqError(f"draft '{text}': option '{key}' given twice")
+        values[key] = value
+    return values
+
+
 def _whole(text: str, key: str, value: str) -> int:
     if not (value.isascii() and value.isdigit()):
         raise SpecqError(f"draft '{text}': {key} must be a whole number"
@@ -254,8 +321,8 @@ def _whole(text: str, key: str, value: str) -> int:
 
 
 def level(text: str) -> Level:
-    """One level of a draft ref: an n-gram draft or a model ref."""
-    lookup = ngram_ref(text) if isinstance(text, str) else None
+    """One level of a draft ref: an n-gram or lookahead draft, or a model ref."""
+    lookup = free_ref(text) if isinstance(text, str) else None
     return model_ref(text) if lookup is None else lookup
 
 
@@ -275,6 +342,9 @@ def draft_ref(text: str) -> DraftRef:
         if i and isinstance(levels[-1], NgramRef):
             raise SpecqError(f"draft '{text}': an n-gram draft can only be the first (cheapest) "
                              "level")
+        if isinstance(levels[-1], LookaheadRef) and "," in text:
+            raise SpecqError(f"draft '{text}': {LOOKAHEAD_ABOUT} is a draft alone, not a level "
+                             "of a hierarchy")
     return DraftRef(text, tuple(levels))
 
 

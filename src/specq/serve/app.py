@@ -16,10 +16,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from ..drafters import ngram
+from ..drafters import lookahead, ngram
 from ..errors import SpecqError
 from ..loading import precision
-from ..loading.refs import model_ref, ngram_ref
+from ..loading.refs import free_ref, model_ref
 from . import errors
 from .engine import Engine, Job
 from .errors import APIError
@@ -96,7 +96,8 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
         if job_plan.draft not in (REGISTRY, None) and not servable(job_plan.draft, drafts):
             raise APIError(400, f"unknown draft '{job_plan.draft}'; known: "
                                 f"{', '.join(sorted(drafts)) or 'none'}, "
-                           f"and {ngram.NAME}[:n=N][:k=K] alone or +one of those", param="draft",
+                           f"{ngram.NAME}[:n=N][:k=K] alone or +one of those, and "
+                           f"{lookahead.NAME}[:w=W][:n=N][:g=G]", param="draft",
                            code="draft_not_found")
         job = engine.new_job(job_plan, key)
         engine.submit(job)
@@ -198,9 +199,10 @@ async def stream(job: Job, reply: Reply, request: Request) -> Response:
 
 def servable(draft: str, drafts: set[str]) -> bool:
     """Whether a request may name this draft: one of `drafts` (loaded or known to the registry), or
-    an n-gram draft, which loads nothing, alone or falling back to one of them."""
+    an n-gram draft, which loads nothing, alone or falling back to one of them, or a lookahead
+    draft, which loads nothing."""
     try:
-        lookup = ngram_ref(draft)
+        lookup = free_ref(draft)
     except SpecqError as e:
         raise APIError(400, str(e), param="draft", code="invalid_value") from None
     if lookup is None:

@@ -31,6 +31,7 @@ from ..core.decode import Sequence, step
 from ..core.gamma import parse as parse_gamma
 from ..core.prompt import check_context, encode_prompt, token_ids
 from ..core.types import Model
+from ..drafters.lookahead import LookaheadDraft
 from ..drafters.ngram import NgramDraft
 from ..drafters.suffix import SuffixCache
 from ..errors import SpecqError
@@ -79,7 +80,7 @@ class Running:
 
     job: Job
     sequence: Sequence
-    draft: Model | NgramDraft | None
+    draft: Model | NgramDraft | LookaheadDraft | None
     text: TextStream | None  # streamed requests only
     started: float  # time.monotonic() when it left the queue
     suffix_cache: SuffixCache | None  # its key's earlier requests, which it joins when it ends
@@ -191,6 +192,8 @@ class Engine:
                                          parse_gamma(plan.options["gamma"])[0])
         if isinstance(draft, NgramDraft):  # its k may be longer than gamma
             nodes = max(nodes, draft.k)
+        if isinstance(draft, LookaheadDraft):  # its window and n-grams, whatever the gamma
+            nodes = draft.nodes(draft.depth)
         max_tokens = plan.max_tokens or self._room(len(ids), nodes)
         text = TextStream(self.target.tokenizer, plan.options["stop"]) if plan.stream else None
 
@@ -242,7 +245,7 @@ class Engine:
         elif not job.cancelled:
             job.post("done", out, running.text.finish(out.text) if running.text else "")
 
-    def _draft(self, choice: str | None) -> Model | NgramDraft | None:
+    def _draft(self, choice: str | None) -> Model | NgramDraft | LookaheadDraft | None:
         if choice == REGISTRY:
             return self.draft
         return None if choice is None else self.pool.draft_model(self.precision, choice)

@@ -22,12 +22,12 @@ from .. import checks
 from ..api import Generation, generate
 from ..core.gamma import GammaMemory
 from ..core.types import Draft, Model
-from ..drafters import ngram
+from ..drafters import lookahead, ngram
 from ..drafters.suffix import DEFAULT_TOKENS, SuffixCache, check_tokens
 from ..loading import precision as precisions
 from ..loading.drafts.default import load_default
 from ..loading.kinds import load
-from ..loading.refs import model_ref, ngram_ref
+from ..loading.refs import free_ref, model_ref
 
 
 class ModelPool:
@@ -72,11 +72,13 @@ class ModelPool:
                 self._suffixes[slot] = SuffixCache(self.suffix_tokens)
             return self._suffixes[slot]
 
-    def draft_model(self, precision: str, ref: str) -> Model | Draft | ngram.NgramDraft:
+    def draft_model(self, precision: str, ref: str
+                    ) -> Model | Draft | ngram.NgramDraft | lookahead.LookaheadDraft:
         """Draft `ref` for the target at `precision`. Each precision gets its own copy: a feature
         draft binds to its target's embedding, and precisions may decode at the same time. An
-        n-gram draft loads nothing; its fallback model is loaded like any other draft."""
-        lookup = ngram_ref(ref)
+        n-gram or lookahead draft loads nothing; an n-gram draft's fallback model is loaded like
+        any other draft."""
+        lookup = free_ref(ref)
         if lookup is not None:
             fallback = lookup.fallback
             return lookup.draft if fallback is None else \
