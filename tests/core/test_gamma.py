@@ -275,7 +275,7 @@ def scripted(monkeypatch):
             steps.append([g, None, None])
             return g
 
-        def observe(self, cap, drafted, accepted, draft_s, verify_s):
+        def observe(self, cap, drafted, accepted, draft_s, verify_s, nodes=None):
             pass
 
     record_step = DecodeStats.record_step
@@ -352,3 +352,16 @@ def test_the_default_is_auto_when_greedy_and_fixed_when_sampling_or_with_a_tree(
     runs = [generate(target, [4, 9, 2], draft, max_new_tokens=24, temperature=0.8, seed=3).token_ids
             for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_a_tree_drafters_rows_are_priced_per_node_not_per_level():
+    """Steps that verify three nodes per level (a tree, lookahead's window and n-grams): four
+    accepted levels for a 13-row pass ten times a plain step's cost lose to plain decoding.
+    Priced by depth alone (5 rows, interpolated) they would look 2.5 times faster than plain."""
+    chooser = CostAwareGamma(4)
+    for _ in range(MIN_EVIDENCE + 2):
+        chooser.observe(4, 4, 4, 0.0, 1.0, nodes=12)
+        chooser.observe(0, 0, 0, 0.0, 0.1)
+    assert chooser.width == pytest.approx(3.0, abs=0.3)
+    assert chooser.tokens_per_second(4) < chooser.tokens_per_second(0)
+    assert chooser.next() == 0

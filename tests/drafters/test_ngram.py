@@ -294,7 +294,8 @@ def test_gamma_auto_routes_each_step_to_the_drafter_that_pays(monkeypatch):
     from specq.core.gamma import CostAwareGamma
 
     observe = CostAwareGamma.observe
-    monkeypatch.setattr(CostAwareGamma, "observe", lambda self, cap, drafted, accepted, _d, _v:
+    monkeypatch.setattr(CostAwareGamma, "observe",
+                        lambda self, cap, drafted, accepted, _d, _v, nodes=None:
                         observe(self, cap, drafted, accepted, 0.1 * drafted, 1 + drafted / 20))
     target = tiny_model(scale=3.0, seed=4)
     prompt = [5, 6, 7]

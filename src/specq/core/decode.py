@@ -188,10 +188,10 @@ class Sequence:
         verify_s += time.perf_counter() - started
         self.stats.draft_s += self.draft_s
         self.stats.verify_s += verify_s
-        self.stats.record_step(len(tokens), len(path),
-                               int(depths(parents).max()) if len(tokens) else 0, self.route)
+        depth = int(depths(parents).max()) if len(tokens) else 0
+        self.stats.record_step(len(tokens), len(path), depth, self.route)
         if self.chosen:
-            self.chooser.observe(self.cap, len(tokens), len(path), self.draft_s, verify_s)
+            self.chooser.observe(self.cap, depth, len(path), self.draft_s, verify_s, len(tokens))
             for chooser in self.asked:  # a plain step prices plain decoding for every route
                 chooser.observe(0, 0, 0, 0.0, verify_s) if not len(tokens) else chooser.passed()
 

@@ -106,7 +106,8 @@ class CostAwareGamma:
         self.allowed = [0.0] * max_gamma
         self.drafted_past = [0.0] * max_gamma  # ... that drafted more than j tokens
         self.accepted_past = [0.0] * max_gamma  # ... that had more than j accepted
-        self.draft_s: float | None = None  # one draft forward
+        self.draft_s: float | None = None  # one draft forward (a level of a tree)
+        self.width: float | None = None  # nodes drafted per level, recency-weighted (a chain: 1)
         self.verify_s: dict[int, float] = {}  # rows -> one verify pass
         self.drafting_steps = 0  # steps that drafted, ever (not decayed)
         self.idle = 0  # steps in a row another route proposed on (`passed`)
@@ -142,9 +143,13 @@ class CostAwareGamma:
         self.idle += 1
 
     def observe(self, cap: int, drafted: int, accepted: int, draft_s: float,
-                verify_s: float) -> None:
-        """Record one step: its cap, how many tokens it drafted and had accepted, and the seconds
-        drafting and verifying took."""
+                verify_s: float, nodes: int | None = None) -> None:
+        """Record one step: its cap, how deep it drafted and how many tokens were accepted, the
+        seconds drafting and verifying took, and the nodes it drafted (a tree's, more than its
+        depth; a chain's are its depth). Verify rows are priced per node: a tree drafter (EAGLE
+        trees, lookahead's window and n-grams) verifies `width` nodes per level, and pricing its
+        rows by depth alone would price its passes far too low."""
+        nodes = drafted if nodes is None else nodes
         self.recent_caps.append(cap)
         self.drafting_steps += drafted > 0
         if self.idle >= self.interval:  # the try after passing: the next one waits longer
@@ -161,11 +166,15 @@ class CostAwareGamma:
         if (drafted and (self.draft_s is None or len(self.recent_caps) < 2
                          or self.recent_caps[-2] != 0)):
             self.draft_s = _recent_mean(self.draft_s, draft_s / drafted)
-        self.verify_s[drafted + 1] = _recent_mean(self.verify_s.get(drafted + 1), verify_s)
+        if drafted:
+            share = nodes / drafted
+            self.width = share if self.width is None else (1 - RECENT) * self.width + RECENT * share
+        self.verify_s[nodes + 1] = _recent_mean(self.verify_s.get(nodes + 1), verify_s)
 
     def tokens_per_second(self, g: int) -> float:
         tokens, drafted = self.expected(g)
-        return tokens / ((self.draft_s or 0.0) * drafted + self.verify_cost(1 + drafted))
+        return tokens / ((self.draft_s or 0.0) * drafted
+                         + self.verify_cost(1 + drafted * (self.width or 1.0)))
 
     def expected(self, g: int) -> tuple[float, float]:
         """(tokens emitted, tokens drafted) expected of a step with cap g."""
