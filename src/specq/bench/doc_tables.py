@@ -67,9 +67,12 @@ KINDS_OF_DRAFTS = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn
 
 
 def _level_label(level: str, precision: str | None, target: str) -> str:
+    lookup, plus, model = level.partition("+")
+    if plus and lookup.startswith("ngram"):  # ngram+MODEL: the lookup, then its model's label
+        return f"{lookup}+{_level_label(model, precision, target)}"
     ref = model_ref(level)
     name = Path(ref.name).name
-    kind = "self" if name == target else KINDS_OF_DRAFTS.get(name, name)
+    kind = "self" if name == Path(target).name else KINDS_OF_DRAFTS.get(name, name)
     window = f", window {ref.window}" if ref.window else ""
     return kind + (f" @{precision}" if precision else "") + window
 
@@ -96,6 +99,12 @@ def cells(rows: list[dict]) -> str:
 BASELINE_KEY = ("target", "max_new_tokens", "set", "threads", "temperature")  # its own baseline
 
 
+def target_label(row: dict) -> str:
+    """A summary row's target: its file or folder name (a path's last part) at its precision."""
+    ref = model_ref(row["target"])
+    return f"{Path(ref.name).name}@{row['target_precision']}"
+
+
 def sets(rows: list[dict], baselines: list[dict]) -> str:
     """One row per target, draft and prompt set of a `specq bench` results file: the target's
     plain tokens/s, then per gamma the paired speedup with its CI (the row's best in bold) and
@@ -116,7 +125,7 @@ def sets(rows: list[dict], baselines: list[dict]) -> str:
                     else _ci(by[g]["speedup"]) for g in gammas]
         taus = [f"{by[g]['tau'][0]:.2f}" if g in by else "-" for g in gammas]
         base = plain.get(key)
-        lines.append(f"| {next(iter(by.values()))['target_precision']} | {draft} | {prompt_set} | "
+        lines.append(f"| {target_label(next(iter(by.values())))} | {draft} | {prompt_set} | "
                      f"{'-' if base is None else f'{base:.1f}'} | " + " | ".join(speedups + taus)
                      + " |")
     return "\n".join(lines)
@@ -155,18 +164,21 @@ def _files(paths: list[Path], options: dict) -> list[list[dict]]:
 
 
 SPECQ_FLAGS = {"plain": "--no-speculative", "ngram": "--draft ngram", "gamma auto": ""}
+# "generate gamma auto" is the registered draft alone with gamma auto: the default until the
+# n-gram lookup went in front of it (commit 8dc8929)
 HEADLINE_ROWS = ["llama.cpp, plain decoding", "llama.cpp, its fastest speculative mode",
                  "specq, plain decoding (`--no-speculative`)",
-                 "specq's default (no flags: gamma `auto`, the registered draft)",
+                 "specq, the registered draft with gamma `auto`",
                  "specq, its fastest mode"]
 
 
 def specq_flags(measurement: str) -> str:
     """A specq mode of the peer comparison as `specq generate`'s flags: 'generate gamma 2' ->
-    `--gamma 2`, 'generate gamma auto, draft REF' -> `--draft REF`; the default: 'no flags'."""
+    `--gamma 2`, 'generate gamma auto, draft REF' -> `--draft REF`; the registered draft with
+    gamma auto: 'the registered draft'."""
     parts = measurement.removeprefix("generate ").split(", ")
     flags = " ".join(f for p in parts if (f := SPECQ_FLAGS.get(p, f"--{p}")))
-    return f"`{flags}`" if flags else "no flags"
+    return f"`{flags}`" if flags else "the registered draft"
 
 
 def headline(files: list[list[dict]], weights: str = "qwen1.5b") -> str:

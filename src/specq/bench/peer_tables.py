@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 PLAIN = {"llama.cpp": "generate plain", "specq": "generate plain", "openvino": "openvino plain"}
-DEFAULT = "generate gamma auto"  # what `specq generate` runs with no flags
+DEFAULT = "generate gamma auto"  # the registered draft with gamma auto (bench_llamacpp.py)
 
 
 def _rates(rows: list[dict], tool: str, weights: str, measurement: str,
@@ -74,15 +74,15 @@ def _mode(measurement: str) -> str:
 
 
 PEERS_HEADER = ("| machine | kernels | date | prompts | weights | llama.cpp plain | specq plain | "
-                "specq default | specq fastest | peers' fastest speculative | "
+                "specq registered draft, auto | specq fastest | peers' fastest speculative | "
                 "prefill, specq / llama.cpp | one-row step, specq / llama.cpp | "
                 "8-row pass in steps, specq / llama.cpp |")
 
 
 def peers(files: list[list[dict]]) -> str:
-    """One line per run: llama.cpp's plain tokens/s; specq's plain decoding, its default (gamma
-    auto) and its fastest mode, and the fastest speculative mode of llama.cpp or OpenVINO, each
-    against llama.cpp's plain decoding; prefill; the one-row step of both tools, and what an
+    """One line per run: llama.cpp's plain tokens/s; specq's plain decoding, its registered draft
+    (gamma auto) and its fastest mode, and the fastest speculative mode of llama.cpp or OpenVINO,
+    each against llama.cpp's plain decoding; prefill; the one-row step of both tools, and what an
     8-row pass costs in one-row steps of the same tool."""
     lines = [PEERS_HEADER, "|" + "---|" * 13]
     for (_, machine, kernels, prompts, weights), run in _runs(files).items():

@@ -33,7 +33,7 @@ OPENVINO_MODES = {
 }
 # the speculation goals on the coder pair (docs/fastpath.md at 4a89039)
 GOALS = {"best": 2.0, "peer": 1.6, "default": 1.5}
-DEFAULT_MODE = "generate gamma auto"  # what `specq generate` does with no flags
+DEFAULT_MODE = "generate gamma auto"  # the registered draft, gamma auto (the default to 8dc8929)
 SETUP_COLUMNS = [("llama.cpp", "generate plain"), ("specq", "generate plain"),
                  ("specq", "generate gamma 2"), ("specq", "generate gamma auto")]
 
