@@ -59,7 +59,8 @@ def draft_label(row: dict) -> str:
         precisions = [row["draft_precision"]]
     target = row["target"].split("@")[0]
     labels = (_level_label(level, p, target) for level, p in zip(levels, precisions))
-    return " > ".join(labels) + stop + tree
+    suffix = ", suffix cache" if row.get("suffix_cache") else ""
+    return " > ".join(labels) + stop + tree + suffix
 
 
 KINDS_OF_DRAFTS = {"smollm2-135m-draft": "seq", "smollm2-135m-draft-int4-g64-rtn": "seq, int4-cal",
@@ -71,6 +72,8 @@ def _level_label(level: str, precision: str | None, target: str) -> str:
     if plus and lookup.startswith("ngram"):  # ngram+MODEL: the lookup, then its model's label
         return f"{lookup}+{_level_label(model, precision, target)}"
     ref = model_ref(level)
+    if ref.skips is not None:  # MODEL@skip: some of MODEL's own layers
+        return f"{_level_label(ref.name, None, target)}, layers skipped"
     name = Path(ref.name).name
     kind = "self" if name == Path(target).name else KINDS_OF_DRAFTS.get(name, name)
     window = f", window {ref.window}" if ref.window else ""
