@@ -53,7 +53,8 @@ bench: setup
 	$(PY) benchmarks/bench_passes.py
 
 # The default draft on models without a trained draft, against plain decoding (a quiet machine,
-# about 20 minutes on 2 cores): benchmarks/presets/default-draft.toml, then 512 new tokens.
+# about 30 minutes on 2 cores): the presets default-draft, default-draft-base and draft-free, then
+# 512 new tokens.
 HELD_OUT := benchmarks/results
 bench-default: setup-coder
 	mkdir -p $(HELD_OUT)
@@ -62,7 +63,8 @@ bench-default: setup-coder
 	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml
 	$(VENV)/bin/specq bench benchmarks/presets/default-draft-base.toml
 	$(VENV)/bin/specq bench benchmarks/presets/draft-free.toml
-	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml --targets qwen2.5-coder-1.5b qwen2.5-coder-0.5b --max-new-tokens 512 --prompts 2 --results $(HELD_OUT)/default-draft-512.jsonl
+	$(VENV)/bin/specq bench benchmarks/presets/default-draft.toml --max-new-tokens 512 --prompts 2 --results $(HELD_OUT)/default-draft-512.jsonl
+	$(VENV)/bin/specq bench benchmarks/presets/default-draft-base.toml --drafts default --max-new-tokens 512 --prompts 2 --results $(HELD_OUT)/default-draft-base-512.jsonl
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
