@@ -27,6 +27,17 @@ PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 8, 9, 10, 11]]
 VOCAB = 32
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, which only adds a synchronization to every
+    op (on a busy 2-core machine each small op then waits for a descheduled thread). A module
+    asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny_tokenizer(vocab_size: int, prefix: str = "t"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -24,13 +24,7 @@ from conftest import (_exact_sequence_distribution, _feature_model, chi_square_p
                       tiny_model)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: a second thread only waits on the first (and on a shared machine's load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # prompts that repeat themselves, so lookups match
@@ -408,11 +402,18 @@ CLI_BAD = [(["--draft", "ngram:k=0"], "k must be between 1 and 64"),
            (["--draft", "ngram", "--tree", "4"], "proposes chains"),
            (["--draft", "smollm2-135m-draft,ngram"], "only be the first"),
            (["--draft", "ngram@int8"], "no precision"),
-           (["--draft", "ngram+"], "after '+'")]
+           (["--draft", "ngram+"], "after '+'"),
+           (["--draft", "lookahead:w=0"], "w must be between 1 and 64"),
+           (["--draft", "lookahead:x=1"], "unknown option"),
+           (["--draft", "lookahead", "--gamma", "3"], "not --gamma"),
+           (["--draft", "lookahead", "--tree", "4"], "its own token trees"),
+           (["--draft", "lookahead+smollm2-135m-draft"], "takes no model"),
+           (["--draft", "lookahead@int8"], "no precision")]
 
 
 @pytest.mark.parametrize("args,needle", CLI_BAD)
-def test_cli_bad_ngram_drafts_fail_before_any_model_loads(args, needle, capsys, monkeypatch):
+def test_cli_bad_lookup_drafts_fail_before_any_model_loads(args, needle, capsys, monkeypatch):
+    """A bad n-gram or lookahead draft ref: one line, exit 2, no model loaded."""
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
 

@@ -18,12 +18,7 @@ from specq.loading.kinds import for_pair
 from conftest import _exact_sequence_distribution, chi_square_p, perturbed, tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cache(*texts: list[int], max_tokens: int = 1000) -> SuffixCache:

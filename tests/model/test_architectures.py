@@ -31,14 +31,7 @@ from conftest import (GGUF_TOKENS, PROMPTS, add_bpe_tokenizer, counting_stack, l
                       perturbed, verify_vs_steps, without_stack)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Models this small gain nothing from a second thread, which only adds a synchronization to
-    every op (several times the file's run time on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 VOCAB = 64

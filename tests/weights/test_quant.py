@@ -37,14 +37,7 @@ TINY = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_la
                    num_kv_heads=2, head_dim=16)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors gain nothing from threads, and on a busy machine OpenMP barriers make each
-    small op wait for a descheduled thread (tens of times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
