@@ -45,18 +45,12 @@ class Known:
 
 def identity(path: Path) -> tuple[str, int]:
     """(tokenizer identity, weight bytes) of a GGUF file or a model folder; cached by stamp."""
-    path = Path(path).resolve()
-    stamp = _stamp(path)
-    table = _read()
-    entry = table.get(str(path))
-    if entry is not None and entry.get("stamp") == stamp:
-        return entry["tokenizer"], entry["bytes"]
-    found = _vocabulary_hash(path), _weight_bytes(path)
     with _lock:
         table = _read()
-        table[str(path)] = {"stamp": stamp, "tokenizer": found[0], "bytes": found[1],
-                            "ref": table.get(str(path), {}).get("ref")}
-        _write(table)
+        before = dict(table)
+        found = _identity(table, Path(path))
+        if table != before:
+            _write(table)
     return found
 
 
@@ -64,9 +58,9 @@ def remember(ref: str, path: Path) -> None:
     """Note a GGUF file or model folder that loaded, under the ref it loaded by: a later target
     with its tokenizer may draft with it. Best effort: a cache that cannot be written is skipped."""
     try:
-        identity(path)
         with _lock:
             table = _read()
+            _identity(table, Path(path))
             key = str(Path(path).resolve())
             table[key] = table.pop(key) | {"ref": ref}  # the most recent last
             named = [k for k, v in table.items() if v.get("ref")]
@@ -95,20 +89,37 @@ def models() -> list[Known]:
             ref = name + (f"@{e.draft_spec}" if e.draft_spec else "")
             if path is not None:
                 found.append((ref, Path(path)))
-    found += [(name if name != "smollm2-135m" else f"{name}@gguf", path)
-              for name, path in files.items()]
-    found += [(v["ref"], Path(k)) for k, v in _read().items() if v.get("ref")]
+    found += [(f"{name}@gguf", path) for name, path in files.items()]  # the file, as it is
     out = []
-    for ref, path in found:
-        try:
-            key = str(path.resolve())
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(Known(ref, key, *identity(path)))
-        except (OSError, SpecqError):
-            continue  # gone or unreadable since: not a candidate
+    with _lock:
+        table = _read()
+        before = dict(table)
+        found += [(v["ref"], Path(k)) for k, v in table.items() if v.get("ref")]
+        for ref, path in found:
+            try:
+                key = str(path.resolve())
+                if key in seen:
+                    continue
+                seen.add(key)
+                out.append(Known(ref, key, *_identity(table, path)))
+            except (OSError, SpecqError):
+                continue  # gone or unreadable since: not a candidate
+        if table != before:
+            _write(table)
     return out
+
+
+def _identity(table: dict, path: Path) -> tuple[str, int]:
+    """`identity` from the table read; a model changed or new gets a new entry (the table is
+    written back only when one did)."""
+    path = path.resolve()
+    stamp = _stamp(path)
+    entry = table.get(str(path))
+    if entry is None or entry.get("stamp") != stamp:
+        entry = table[str(path)] = {"stamp": stamp, "tokenizer": _vocabulary_hash(path),
+                                    "bytes": _weight_bytes(path),
+                                    "ref": (entry or {}).get("ref")}
+    return entry["tokenizer"], entry["bytes"]
 
 
 def _stamp(path: Path) -> list[int]:
