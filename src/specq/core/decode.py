@@ -192,8 +192,11 @@ class Sequence:
         self.stats.record_step(len(tokens), len(path), depth, self.route)
         if self.chosen:
             self.chooser.observe(self.cap, depth, len(path), self.draft_s, verify_s, len(tokens))
-            for chooser in self.asked:  # a plain step prices plain decoding for every route
-                chooser.observe(0, 0, 0, 0.0, verify_s) if not len(tokens) else chooser.passed()
+            for chooser in self.asked:
+                if len(tokens):
+                    chooser.passed()
+                else:  # a plain step prices plain decoding for every route
+                    chooser.observe(0, 0, 0, 0.0, verify_s)
 
         rows = torch.tensor([0] + [node + 1 for node in path])
         new = tokens[path].tolist() + [next_token]
