@@ -28,7 +28,10 @@ from ..loading.drafts import default
 from ..loading.drafts.select import default_draft_ref
 from ..loading.refs import LookaheadRef, ModelRef, NgramRef, check_ref, draft_ref, model_ref
 from .prompts import SETS, Prompt
+from .servers import Server
+from .servers import parse as parse_servers
 
+ENGINES = ("specq", "openai")  # specq in this process, or servers that speak the OpenAI API
 REGISTRY = "registry"  # a draft entry meaning "the registry's draft for this target"
 DEFAULT = "default"  # a draft entry meaning "the target's default draft" (`drafts/default.py`)
 # the most nodes (and children per node) of a token tree, as `specq generate --tree`
@@ -78,6 +81,9 @@ class BenchConfig:
     resamples: int = 2000
     confidence: float = 0.95
     results: str = "bench-results.jsonl"
+    engine: str = "specq"
+    # engine "openai": [[servers]] tables (`servers.py`): name, url, baseline, model, start, ...
+    servers: list[dict] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -87,6 +93,10 @@ class BenchConfig:
 
     def draft_entries(self) -> list[str]:
         return _cross(self.drafts, self.draft_quant)
+
+    def server_list(self) -> list[Server]:
+        """The servers of engine "openai", the baseline first."""
+        return parse_servers(self.servers)
 
 
 HELP = {
@@ -137,7 +147,18 @@ HELP = {
     "resamples": "bootstrap resamples per CI",
     "confidence": "CI confidence level",
     "results": "the JSONL results store (appended cell by cell; re-runs resume)",
+    "engine": "specq (this process, the default) or openai: the servers of the config file's "
+              "[[servers]] tables, each reached over the OpenAI API (vLLM, llama-server, specq "
+              "serve, ...); see docs/benchmarks.md, 'Measuring another engine'",
+    "servers": "engine openai: [[servers]] tables with name, url, baseline = true for exactly one, "
+               "and optionally model, api_key, start (a command that starts it), start_timeout, "
+               "body (extra request fields), gamma",
 }
+FILE_ONLY = {"servers"}  # a list of tables: no flag
+# what only specq's own engine has: a server is set by its own command line
+SPECQ_ONLY = ("targets", "target_quant", "drafts", "draft_quant", "gamma", "draft_confidence",
+              "tree", "tree_topk", "suffix_cache", "threads", "peer", "profile", "eager",
+              "quality_chunks")
 KEYS = tuple(f.name for f in dataclasses.fields(BenchConfig))
 LIST_KEYS = {"targets": str, "target_quant": str, "drafts": str, "draft_quant": str, "gamma": int,
              "draft_confidence": float, "tree": int, "tree_topk": int, "max_new_tokens": int,
@@ -179,7 +200,8 @@ def load_config(path: str | None, overrides: dict | None = None) -> BenchConfig:
             raise SpecqError(f"bench config {file}: invalid TOML: {e}") from None
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
     config = validate(raw)
-    check_models_exist(config)
+    if config.engine == "specq":
+        check_models_exist(config)
     return config
 
 
@@ -194,6 +216,17 @@ def validate(raw: dict) -> BenchConfig:
             value = _list(key, value, LIST_KEYS[key])
         values[key] = value
     config = BenchConfig(**values)
+    _check("engine", config.engine in ENGINES, f"must be one of {', '.join(ENGINES)}")
+    if config.engine == "openai":
+        config.server_list()
+        defaults = BenchConfig()
+        given = [k for k in SPECQ_ONLY if k in values and values[k] != getattr(defaults, k)]
+        _check(given[0] if given else "engine", not given,
+               "is specq's own engine's; with engine 'openai' each server runs as its command "
+               "sets it (one row per server)")
+        config = dataclasses.replace(config, quality_chunks=0)
+    else:
+        _check("servers", not config.servers, "needs engine = 'openai'")
     for key in ("prompts", "repeats", "resamples"):
         _check(key, _is(getattr(config, key), int) and 1 <= getattr(config, key) <= MAX_COUNT,
                f"must be an integer in [1, {MAX_COUNT}]")
@@ -245,7 +278,7 @@ def validate(raw: dict) -> BenchConfig:
         writable_parent(Path(config.results), "results")
     except SpecqError as e:
         raise SpecqError(f"bench config 'results': {e}") from None
-    if not config.threads:
+    if not config.threads and config.engine == "specq":
         import torch
 
         config = dataclasses.replace(config, threads=[torch.get_num_threads()])
@@ -348,16 +381,25 @@ class Cell:
     tree_topk: int | None = None  # ... with this many children per expanded node
     # n-gram cells: each prompt also drafts from the text of the prompts before it (per repeat)
     suffix_cache: bool = False
+    # engine "openai": the baseline server's identity (`Server.identity`), in every cell, and the
+    # measured server's, in speculative cells; `target` and `draft` are the servers' names then
+    engine: str = "specq"
+    baseline_server: str | None = None
+    server: str | None = None
 
     def params(self) -> dict:
-        """The cell's parameters as stored and hashed; a chain's hold no tree fields, and a cell
-        without a suffix cache no `suffix_cache`, so its key and record are those it had before
-        either existed."""
+        """The cell's parameters as stored and hashed; a chain's hold no tree fields, a cell
+        without a suffix cache no `suffix_cache`, and specq's own cells no server fields, so its
+        key and record are those it had before any of them existed."""
         params = dataclasses.asdict(self)
         if not self.tree:
             del params["tree"], params["tree_topk"]
         if not self.suffix_cache:
             del params["suffix_cache"]
+        if self.engine == "specq":
+            del params["engine"], params["baseline_server"], params["server"]
+        elif self.server is None:
+            del params["server"]
         return params
 
     def tree_shape(self) -> TreeShape | None:
@@ -387,7 +429,7 @@ def related(params: dict, kind: str) -> dict:
     """The params of the baseline (or peer) cell a speculative cell is compared with."""
     if kind == "baseline":
         params = {k: v for k, v in params.items()
-                  if k not in ("tree", "tree_topk", "suffix_cache")}
+                  if k not in ("tree", "tree_topk", "suffix_cache", "server")}
         return {**params, "kind": "baseline", "draft": None, "gamma": None,
                 "draft_confidence": None, "paired": False}
     if kind == "peer":
@@ -403,6 +445,8 @@ def plan(config: BenchConfig, prompt_sets: dict[str, list[Prompt]], registry=reg
          ) -> tuple[list[Cell], list[str]]:
     """All cells in run order (per target: baselines, then each draft's speculative and peer
     cells, so each model is loaded once), and notes on what is left out and why."""
+    if config.engine == "openai":
+        return plan_servers(config, prompt_sets)
     cells: list[Cell] = []
     notes: list[str] = []
     for target in config.target_refs():
@@ -486,3 +530,26 @@ def _drafts_for(target: str, config: BenchConfig, registry, notes: list[str]) ->
         notes.append(f"registry draft for {target}: {chosen}")
         out.append(model_ref(chosen).canonical(quant or None))
     return list(dict.fromkeys(out))
+
+
+def plan_servers(config: BenchConfig, prompt_sets: dict[str, list[Prompt]]
+                 ) -> tuple[list[Cell], list[str]]:
+    """Engine "openai": per length, temperature and prompt set, the baseline server's cell, then
+    one speculative cell per other server (paired: a baseline request beside each of its requests).
+    `target` is the baseline's model (else its name), `draft` the server's name."""
+    servers = config.server_list()
+    base = servers[0]
+    common = [dict(target=base.model or base.name, max_new_tokens=n, temperature=t, threads=0,
+                   set=s, prompts_sha=prompts_sha(prompt_sets[s]), n_prompts=len(prompt_sets[s]),
+                   repeats=config.repeats, seed=config.seed, ignore_eos=config.ignore_eos,
+                   kernels="server", engine="openai", baseline_server=base.identity())
+              for n in config.max_new_tokens for t in config.temperature
+              for s in config.prompt_sets]
+    cells = [Cell(kind="baseline", draft=None, gamma=None, draft_confidence=None, **c)
+             for c in common]
+    cells += [Cell(kind="speculative", draft=server.name, gamma=server.gamma,
+                   draft_confidence=None, paired=config.paired, server=server.identity(), **c)
+              for server in servers[1:] for c in common]
+    notes = ["engine openai: requests run one at a time (the servers' metrics are read around "
+             "each); nothing else should use the servers meanwhile"]
+    return cells, notes

@@ -9,6 +9,8 @@ store the moment it finishes (a killed sweep resumes with nothing lost or duplic
 record holds the config, machine and library versions, and each cell the hashes of its models.
 A cell with a suffix cache (`suffix_cache`) gives each repeat its own: prompt i drafts from prompts
 0..i-1 of that repeat, never from its own earlier run, the warm-up or the paired plain runs.
+What a cell times is an `engines.Engine`: specq's decoding here, transformers' assisted generation,
+or a server over the OpenAI API (`openai_engine.py`); pairing, repeats and the store are the same.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -39,7 +43,10 @@ from ..loading.refs import draft_ref, model_ref
 from ..version import __version__
 from . import heldout, store
 from .config import BenchConfig, Cell, plan, registry_draft
+from .engines import Engine, SpecqEngine
+from .openai_engine import OpenAIEngine
 from .prompts import Prompt, load_set
+from .servers import running
 
 WARMUP_TOKENS = 8
 
@@ -147,7 +154,8 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.loa
     this sweep's cells and its quality records. Progress goes to `console` (stderr), notes on the
     sweep to `log` (default: `console`), so that stderr holds only the error when a cell fails.
     `load`, `generate`, `prompt_sets` and `held_out` are injectable (tests use tiny models); models
-    go on specq's kernels (`specq.backends`) here unless the config says `eager`."""
+    go on specq's kernels (`specq.backends`) here unless the config says `eager`. With engine
+    "openai" the cells are the config's servers' (`servers.py`), started here when they say how."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -161,16 +169,17 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.loa
     done = store.cells(store.read(config.results, complete=True))
     store.repair(config.results)
     pending = [c for c in cells if c.key not in done]
-    pool = _Models(load, "eager" if config.eager else backends.DEFAULT)
     if len(pending) < len(cells):
         log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: "
                   "skipped")
+    pool = _Models(load, "eager" if config.eager else backends.DEFAULT)
     if pending:
         run_id = uuid.uuid4().hex[:12]
-        store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
-                                      "config": config.to_dict(), "environment": environment(),
-                                      "argv": sys.argv})
-        _run_cells(pending, prompt_sets, config, run_id, pool, generate, console, progress)
+        with _engines(config, pool, generate, console) as setup:
+            store.append(config.results, {"type": "run", "run_id": run_id, "started": _now(),
+                                          "config": config.to_dict(),
+                                          "environment": environment(), "argv": sys.argv})
+            _run_cells(pending, prompt_sets, config, run_id, setup, console, progress)
     targets = list(dict.fromkeys(c.target for c in cells))
     if config.quality_chunks:
         console.print(f"quality stage: {len(targets)} target(s) vs fp32 on {config.quality_chunks} "
@@ -183,8 +192,54 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.loa
             or r["key"] in wanted]
 
 
-def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: str,
-               pool: _Models, generate, console, progress: bool) -> None:
+@dataclass
+class Setup:
+    """What a cell runs: its record's head, the engine it measures (None: skipped, the record says
+    why), the plain engine of its pairs, and each prompt's prefill times by model."""
+
+    record: dict
+    measured: Engine | None
+    plain: Engine | None = None
+    prefill: Callable[[Prompt], dict[str, float]] | None = None
+
+
+@contextmanager
+def _engines(config: BenchConfig, pool: _Models, generate, console):
+    """A function from (cell, prompts) to its `Setup`, for as long as the sweep runs (the servers
+    of engine "openai" are up for that long)."""
+    if config.engine == "specq":
+        yield partial(_specq_setup, pool=pool, generate=generate)
+        return
+    servers = config.server_list()
+    logs = Path(config.results).with_suffix("")
+    with running(servers, logs, log=lambda line: console.print(line, highlight=False,
+                                                               soft_wrap=True)):
+        by_name = {s.name: s for s in servers}
+        made: dict[tuple, OpenAIEngine] = {}
+
+        def engine(name: str, cell: Cell) -> OpenAIEngine:
+            key = (name, cell.temperature, cell.seed, cell.ignore_eos)
+            if key not in made:
+                made[key] = OpenAIEngine(by_name[name], cell.temperature, cell.seed,
+                                         cell.ignore_eos)
+            return made[key]
+
+        def setup(cell: Cell, prompts: list[Prompt], later: list[Cell] = ()) -> Setup:
+            base = servers[0]
+            server = by_name[cell.draft] if cell.draft else base
+            measured = engine(server.name, cell)
+            info = lambda s, model: {"ref": model, "precision": "server", "source": s.url,  # noqa
+                                     "sha256": "-", "server": s.name, "start": s.start}
+            record = {"type": "cell", "key": cell.key, "cell": cell.params(),
+                      "target": info(base, engine(base.name, cell).model),
+                      "draft": info(server, measured.model) if cell.draft else None}
+            return Setup(record, measured, engine(base.name, cell) if cell.paired else None)
+
+        yield setup
+
+
+def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: str, setup,
+               console, progress: bool) -> None:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -204,22 +259,24 @@ def _run_cells(pending: list[Cell], prompt_sets, config: BenchConfig, run_id: st
                   transient=True) as bar:
         task = bar.add_task("bench", total=total)
         for i, cell in enumerate(pending):
-            later = {c.target for c in pending[i:]} | {
-                ref.text for c in pending[i:] if c.draft
-                for ref in draft_ref(c.draft).for_target(c.target).models}
-            pool.keep_only(later)  # free models no later cell needs
             label = f"{cell.kind} {cell.target}" + (f" + {cell.draft} g={cell.gamma}"
                                                     if cell.draft else "")
             label += f" tree={cell.tree} k={cell.tree_topk}" if cell.tree else ""
             bar.update(task, description=f"{label} {cell.set} n={cell.max_new_tokens}")
-            record = _run_cell(cell, prompt_sets[cell.set], pool, generate, warmed,
-                               lambda: bar.advance(task))
+            record = _run_cell(cell, prompt_sets[cell.set], setup(cell, prompt_sets[cell.set],
+                                                                  later=pending[i:]),
+                               warmed, lambda: bar.advance(task))
             record.update(run_id=run_id, finished=_now())
             store.append(config.results, record)
 
 
-def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed: set,
-              advance) -> dict:
+def _specq_setup(cell: Cell, prompts: list[Prompt], pool: _Models, generate,
+                 later: list[Cell] = ()) -> Setup:
+    """A cell of specq's own engine: its models (loaded once, freed when no `later` cell needs
+    them), its decoding as an engine, and the plain decoding of its pairs."""
+    pool.keep_only({c.target for c in later} | {
+        ref.text for c in later if c.draft
+        for ref in draft_ref(c.draft).for_target(c.target).models})  # free what no cell needs
     torch.set_num_threads(cell.threads)
     target, target_info = pool.get(cell.target)
     parsed = draft_ref(cell.draft).for_target(cell.target) if cell.draft else None
@@ -237,59 +294,71 @@ def _run_cell(cell: Cell, prompts: list[Prompt], pool: _Models, generate, warmed
                                               if isinstance(draft, list)
                                               else peer_skip_reason(draft))
         if reason:
-            for _ in range(cell.n_prompts * cell.repeats):
-                advance()
-            return {**record, "skipped": reason}
-    ids = [encode_prompt(target, p.text, p.chat) for p in prompts]
+            return Setup({**record, "skipped": reason}, None)
+    ids = {p: encode_prompt(target, p.text, p.chat) for p in prompts}
+    text = partial(answer_text, target)
     if cell.kind == "peer":
         hf_target, hf_draft = pool.hf_model(target), pool.hf_model(draft)
 
-        def one(prompt_ids: list[int], n: int, suffix_cache: None = None):  # a peer has none
+        def peer(prompt_ids: list[int], n: int, suffix_cache: None = None):  # a peer has none
             return hf_assisted(hf_target, hf_draft, prompt_ids, n, cell.gamma, cell.ignore_eos,
                                target.eos_ids, cell.draft_confidence or 0.0)
-    else:
-        # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
-        shape = cell.tree_shape()
-        tree = {"tree": shape} if shape else {}
-        memory = pool.gamma_memory(cell.target)
+        return Setup(record, SpecqEngine(peer, ids, text))
+    # a tree cell: the drafter grows trees of this shape (its refusal ends the sweep)
+    shape = cell.tree_shape()
+    tree = {"tree": shape} if shape else {}
+    memory = pool.gamma_memory(cell.target)
 
-        def one(prompt_ids: list[int], n: int, alone: bool = False,
-                suffix_cache: SuffixCache | None = None):
-            return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1,
-                            max_new_tokens=n, temperature=cell.temperature, seed=cell.seed,
-                            ignore_eos=cell.ignore_eos,
-                            draft_confidence=cell.draft_confidence or 0.0, gamma_memory=memory,
-                            suffix_cache=suffix_cache, **({} if alone else tree))
+    def one(prompt_ids: list[int], n: int, suffix_cache: SuffixCache | None = None,
+            alone: bool = False):
+        return generate(target, prompt_ids, None if alone else draft, gamma=cell.gamma or 1,
+                        max_new_tokens=n, temperature=cell.temperature, seed=cell.seed,
+                        ignore_eos=cell.ignore_eos, draft_confidence=cell.draft_confidence or 0.0,
+                        gamma_memory=memory, suffix_cache=suffix_cache,
+                        **({} if alone else tree))
 
+    def prefill(prompt: Prompt) -> dict[str, float]:
+        times = {"target": prefill_ms(target, ids[prompt])}
+        if draft is not None:
+            times["draft"] = sum(prefill_ms(m, ids[prompt]) for m, _ in levels)
+        return times
+
+    # a suffix cache per repeat: prompt i drafts from prompts 0..i-1 of that repeat only
+    return Setup(record, SpecqEngine(one, ids, text, suffix_cache=cell.suffix_cache),
+                 SpecqEngine(partial(one, alone=True), ids, text), prefill)
+
+
+def _run_cell(cell: Cell, prompts: list[Prompt], setup: Setup, warmed: set, advance) -> dict:
+    """Time every prompt of a cell `repeats` times (each beside a plain run when paired)."""
+    if setup.measured is None:
+        for _ in range(cell.n_prompts * cell.repeats):
+            advance()
+        return setup.record
     # a tree's first pass warms up too
     pair = (cell.kind, cell.target, cell.draft, cell.threads, bool(cell.tree))
     if pair not in warmed:  # first calls pay for allocation and lazy init: never time them
-        one(ids[0], min(WARMUP_TOKENS, cell.max_new_tokens))
+        setup.measured.generate(prompts[0], min(WARMUP_TOKENS, cell.max_new_tokens), repeat=-1)
         warmed.add(pair)
     runs, prefill = [], {"target": [], "draft": []}
-    # per repeat: each pass over the prompts sees only that pass's earlier prompts
-    caches = [SuffixCache() if cell.suffix_cache else None for _ in range(cell.repeats)]
-    for prompt, prompt_ids in zip(prompts, ids):
-        if cell.kind != "peer":
-            prefill["target"].append(prefill_ms(target, prompt_ids))
-            if draft is not None:
-                prefill["draft"].append(sum(prefill_ms(m, prompt_ids) for m, _ in levels))
+    for prompt in prompts:
+        for side, ms in (setup.prefill(prompt) if setup.prefill else {}).items():
+            prefill[side].append(ms)
         for repeat in range(cell.repeats):
             # alternate the order, so neither side is always first
             plain_first = (prompt.index + repeat) % 2 == 1
-            plain = (one(prompt_ids, cell.max_new_tokens, alone=True)
+            plain = (setup.plain.generate(prompt, cell.max_new_tokens)
                      if cell.paired and plain_first else None)
-            out = one(prompt_ids, cell.max_new_tokens, suffix_cache=caches[repeat])
+            out = setup.measured.generate(prompt, cell.max_new_tokens, repeat)
             if cell.paired and not plain_first:
-                plain = one(prompt_ids, cell.max_new_tokens, alone=True)
+                plain = setup.plain.generate(prompt, cell.max_new_tokens)
             runs.append({"set": prompt.set, "prompt": prompt.index, "repeat": repeat,
                          "reference": prompt.reference, "token_ids": out.token_ids,
-                         "text": answer_text(target, out.token_ids),
-                         "finish_reason": out.finish_reason, "stats": dataclasses.asdict(out.stats)}
+                         "text": out.text, "finish_reason": out.finish_reason,
+                         "stats": dataclasses.asdict(out.stats)} | out.extra
                         | ({"paired_stats": dataclasses.asdict(plain.stats)}
                            if plain is not None else {}))
             advance()
-    return {**record, "runs": runs, "prefill_ms": prefill}
+    return {**setup.record, "runs": runs, "prefill_ms": prefill}
 
 
 def answer_text(target: Model, token_ids: list[int]) -> str:
