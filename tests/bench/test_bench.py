@@ -61,7 +61,7 @@ def summary(records) -> list[dict]:
 
 
 TIMING = ("tokens_per_s", "speedup", "predicted_speedup", "draft_share", "profile",
-          "peer_tokens_per_s", "vs_peer",
+          "peer_tokens_per_s", "vs_peer", "ttft_ms", "itl_ms",
           "best_gamma")  # the best gamma is the fastest one
 
 

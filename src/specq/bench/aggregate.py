@@ -137,10 +137,12 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
             units.append(Unit(pid[0], pid[1], runs, base_runs.get(pid, []), peer_runs.get(pid, [])))
     per_prompt = [u.stats for u in units]
     pooled = merge([r["stats"] for u in units for r in u.runs])
-    gamma = parse_gamma(params["gamma"])[0] if params["gamma"] else 0
+    # a server's draft length: as its cell says, else the positions its metrics counted
+    gamma = parse_gamma(params["gamma"])[0] if params["gamma"] else pooled.gamma
     tree = tree_shape(params)
+    engine = params.get("engine", "specq")
     row = {
-        "kind": params["kind"], "target": params["target"],
+        "kind": params["kind"], "engine": engine, "target": params["target"],
         "target_precision": first["target"]["precision"], "draft": params["draft"],
         "draft_precision": (first["draft"] or {}).get("precision"), "gamma": params["gamma"],
         "draft_confidence": params.get("draft_confidence"),
@@ -152,6 +154,10 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "set": "+".join(sorted({c["cell"]["set"] for c in members})), "prompts": len(units),
         "repeats": params["repeats"],
         "tokens_per_s": ci([s.tokens_per_s for s in per_prompt]),
+        # the client's view for a server (HTTP included); specq's own: its prefill and steps
+        "ttft_ms": ci([s.prefill_s * 1000 for s in per_prompt]),
+        "itl_ms": ci([s.decode_s * 1000 / (s.new_tokens - 1) if s.new_tokens > 1 else None
+                      for s in per_prompt]),
         "em": ci([u.em() for u in units]), "em_prompts": sum(u.em() is not None for u in units),
         "steps_per_prompt": sum(s.steps for s in per_prompt) / max(1, len(units))
         / params["repeats"], "profile": _profile(members, pooled, tree is not None),
@@ -159,7 +165,8 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         "acceptance_rate": None, "tau": None, "U": [], "a": [], "nodes_per_pass": None,
         "draft_share": None, "speedup": None,
         "predicted_speedup": None, "warmup_dominated": False, "greedy": params["temperature"] == 0,
-        "mismatches": [], "unchecked": 0, "peer_tokens_per_s": None, "vs_peer": None,
+        "mismatches": [], "unchecked": 0, "compared": None, "peer_tokens_per_s": None,
+        "vs_peer": None,
         "peer_identical": [0, 0], "peer_skipped": None, "speedup_paired": False,
     }
     if not speculative:
@@ -170,21 +177,32 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         **row,
         "acceptance_rate": ci([s.acceptance_rate for s in per_prompt]),
         "tau": ci([s.tau for s in per_prompt]),
-        "U": [ci([s.per_position_unconditional[i] for s in per_prompt]) for i in range(gamma)],
-        "a": [ci([s.per_position_conditional[i] for s in per_prompt]) for i in range(gamma)],
+        "U": [ci([_at(s.per_position_unconditional, i) for s in per_prompt])
+              for i in range(gamma)],
+        "a": [ci([_at(s.per_position_conditional, i) for s in per_prompt]) for i in range(gamma)],
         "nodes_per_pass": ci([s.drafted / s.steps if s.steps else None for s in per_prompt]),
-        "draft_share": ci([s.draft_share for s in per_prompt]),
+        # a server's draft and verify times are its own
+        "draft_share": ci([s.draft_share for s in per_prompt]) if engine == "specq" else None,
         "speedup": ci([u.ratio(u.speedup_reference) for u in units]),
         "speedup_paired": all(u.paired_runs for u in units),
         "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled else None,
-        "warmup_dominated": row["steps_per_prompt"] < MIN_STEPS,
+        # a server that counts no steps: unknown, not few
+        "warmup_dominated": row["steps_per_prompt"] < MIN_STEPS and (engine == "specq"
+                                                                     or pooled.steps > 0),
         "mismatches": mismatches, "unchecked": unchecked,
+        "compared": compared([r for u in units for r in u.runs + u.base_runs[:1]]),
         "peer_tokens_per_s": ci([u.tokens_per_s(u.peer_runs) for u in units]),
         "vs_peer": ci([u.ratio(u.peer_runs) for u in units]),
         "peer_identical": [sum(_same(u.peer_runs, u.base_runs) for u in units if u.peer_runs),
                            sum(bool(u.peer_runs and u.base_runs) for u in units)],
         "peer_skipped": peer_skipped,
     }
+
+
+def _at(values: list, i: int):
+    """Position i of a run's per-position values; None past its end (a server's run that drafted
+    fewer positions than others)."""
+    return values[i] if i < len(values) else None
 
 
 def _same(runs: list[dict], base_runs: list[dict]) -> bool:
@@ -194,19 +212,28 @@ def _same(runs: list[dict], base_runs: list[dict]) -> bool:
 
 def _mismatches(units: list[Unit]) -> tuple[list[dict], int]:
     """Every greedy run whose tokens differ from the baseline's, and how many
-    prompts had no baseline."""
+    prompts had no baseline. Where either side has no token ids (a server that returns text
+    alone), the texts are compared, and the position is a character's."""
     found, unchecked = [], 0
     for u in units:
         if not u.base_runs:
             unchecked += 1
             continue
-        expected = u.base_runs[0]["token_ids"]
+        expected = u.base_runs[0]
         for r in u.runs:
-            position = quality.first_mismatch(r["token_ids"], expected)
+            unit = "token" if r["token_ids"] and expected["token_ids"] else "character"
+            field = "token_ids" if unit == "token" else "text"
+            position = quality.first_mismatch(r[field], expected[field])
             if position is not None:
                 found.append({"set": u.set, "prompt": u.prompt, "repeat": r["repeat"],
-                              "position": position})
+                              "position": position} | ({"unit": unit} if unit != "token" else {}))
     return found, unchecked
+
+
+def compared(units_runs: list[dict]) -> str:
+    """How a row's outputs were compared with the baseline's: "tokens", or "text" where a run
+    carries no token ids."""
+    return "tokens" if all(r["token_ids"] for r in units_runs) else "text"
 
 
 def predict(spec: DecodeStats, base: DecodeStats) -> float | None:
@@ -283,7 +310,8 @@ def failures(rows: list[dict]) -> list[str]:
         for m in r.get("mismatches", []):
             out.append(f"{r['target']} + {r['draft']} gamma={r['gamma']}{tree} "
                        f"n={r['max_new_tokens']}: {m['set']} prompt {m['prompt']} repeat "
-                       f"{m['repeat']} differs from the baseline at token {m['position']}")
+                       f"{m['repeat']} differs from the baseline at {m.get('unit', 'token')} "
+                       f"{m['position']}")
     return out
 
 

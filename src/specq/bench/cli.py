@@ -3,8 +3,9 @@
     add_bench_parser(sub)
     add_report_parser(sub)
 
-Every key of a bench TOML file is also a flag (`max_new_tokens` <-> `--max-new-tokens`), and
-values are validated by the same function, so a bad flag and a bad key fail the same way.
+Every key of a bench TOML file but `servers` (a list of tables) is also a flag (`max_new_tokens`
+<-> `--max-new-tokens`), and values are validated by the same function, so a bad flag and a bad
+key fail the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import dataclasses
 
 from ..checks import arg_float, arg_int, arg_path
-from .config import HELP, KEYS, LIST_KEYS, BenchConfig
+from .config import FILE_ONLY, HELP, KEYS, LIST_KEYS, BenchConfig
 
 
 def add_bench_parser(sub) -> None:
@@ -24,6 +25,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("config", nargs="?",
                    help="TOML sweep (e.g. benchmarks/presets/demo.toml); flags override it")
     for f in dataclasses.fields(BenchConfig):
+        if f.name in FILE_ONLY:
+            continue
         flag = "--" + f.name.replace("_", "-")
         if f.name in LIST_KEYS:
             kind = LIST_KEYS[f.name]
@@ -75,7 +78,7 @@ def cmd_bench(args) -> int:
     from . import aggregate, runner, tables, terminal
     from .config import load_config
 
-    config = load_config(args.config, {k: getattr(args, k) for k in KEYS})
+    config = load_config(args.config, {k: getattr(args, k) for k in KEYS if k not in FILE_ONLY})
     status = Console(stderr=True)
     try:
         records = runner.run(config, console=status, log=Console())

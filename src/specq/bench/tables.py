@@ -64,6 +64,15 @@ def _trees(rows: list[dict]) -> bool:
     return any(r.get("tree") for r in rows)
 
 
+def _servers(rows: list[dict]) -> bool:
+    """Rows of servers measured over the OpenAI API (their names are no model refs)."""
+    return any(r.get("engine", "specq") != "specq" for r in rows)
+
+
+def _base(row: dict) -> str:
+    return row["target"] if _servers([row]) else model_ref(row["target"]).name
+
+
 def num(value, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -81,7 +90,9 @@ def exactness(row: dict, brief: bool = False) -> str:
     checked = row["prompts"] - row["unchecked"]
     if not checked:
         return "unchecked" if brief else "no baseline"
-    return f"{checked}/{row['prompts']}" + ("" if brief else " identical")
+    text = row.get("compared") == "text"  # a server that returned no token ids
+    return f"{checked}/{row['prompts']}" + (" text" * text if brief else
+                                           " identical" + " (text)" * text)
 
 
 def notes(row: dict) -> str:
@@ -118,11 +129,13 @@ def summary(rows: list[dict], confidence: float) -> Table:
     peer = any(r["peer_tokens_per_s"] for r in rows)
     em = any(r["em"] for r in rows)
     trees = _trees(rows)  # a chain-only table is as it was before token trees
+    servers = _servers(rows)  # and one of specq's own engine as it was before servers
     headers = ["target", "draft", "gamma / tree" if trees else "gamma", "new tokens"]
     headers += [h for h, k in (("T", "temperature"), ("threads", "threads"), ("prompt set", "set"))
                 if vary[k]]
     headers += ["prompts", "accept rate", TAU] + ["nodes per pass"] * trees
-    headers += ["tok/s", "speedup", "predicted", "draft share"]
+    headers += ["tok/s"] + ["TTFT ms", "ms per token"] * servers
+    headers += ["speedup", "predicted", "draft share"]
     headers += (["GSM8K EM"] * em + ["HF assisted tok/s", "vs HF"] * peer
                 + ["vs baseline output", "notes"])
     table = Table("specq bench", headers)
@@ -132,7 +145,9 @@ def summary(rows: list[dict], confidence: float) -> Table:
         cells += [str(r[k]) for k in ("temperature", "threads", "set") if vary[k]]
         cells += ([str(r["prompts"]), ci(r["acceptance_rate"]), ci(r["tau"])]
                   + [ci(r.get("nodes_per_pass"))] * trees)
-        cells += [ci(r["tokens_per_s"], ".1f"), ci(r["speedup"])
+        cells += [ci(r["tokens_per_s"], ".1f")]
+        cells += [ci(r.get("ttft_ms"), ".1f"), ci(r.get("itl_ms"), ".2f")] * servers
+        cells += [ci(r["speedup"])
                   if r["kind"] == "speculative" else "1 (ref)", num(r["predicted_speedup"]),
                   ci(r["draft_share"])]
         cells += [ci(r["em"])] * em + [ci(r["peer_tokens_per_s"], ".1f"), ci(r["vs_peer"])] * peer
@@ -142,6 +157,11 @@ def summary(rows: list[dict], confidence: float) -> Table:
                      "tokens per target pass, the target's own token included; speedup = tokens/s "
                      "over the same target's baseline, per prompt, then mean; predicted = analytic "
                      "(measured accepted tokens per step and costs, no prefill or loop overhead)")
+    if servers:
+        table.caption += ("; servers (engine openai): target = the baseline server's model, "
+                          "draft = the server's name; TTFT = request to first token and ms per "
+                          "token = between the first and the last, as the client saw them; "
+                          "acceptance from the server's metrics")
     if trees:
         table.caption += ("; " + TREE_NOTE + "; nodes per pass = draft nodes (a chain's tokens) "
                                              "per target pass; "
@@ -154,7 +174,7 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
     """The terminal's table: few, narrow columns, so it reads in an 80-column terminal (and in a
     log); the report has every column."""
     shown, hidden = _best_only(rows) if best_only else (rows, 0)
-    bases = {model_ref(r["target"]).name for r in rows}
+    bases = {_base(r) for r in rows}
     lengths = {r["max_new_tokens"] for r in rows}
     trees = _trees(shown)
     headers = ["target", "draft", "gamma"] + ["tokens"] * (len(lengths) > 1)
@@ -162,7 +182,7 @@ def brief(rows: list[dict], confidence: float, best_only: bool = False) -> Table
              + (f", {lengths.pop()} tokens" if len(lengths) == 1 else ""))
     table = Table(title, headers + [TAU.split()[0], f"speedup [{confidence:.0%} CI]", "lossless"])
     for r in shown:
-        target = r["target"] if len(bases) > 1 else r["target_precision"]
+        target = r["target"] if len(bases) > 1 or _servers([r]) else r["target_precision"]
         stop = f" <{r['draft_confidence']:g}" if r.get("draft_confidence") else ""
         gamma = (r["gamma"] if isinstance(r["gamma"], str) else num(r["gamma"], "d")) + stop
         gamma = (tree_label(r, brief=True) if r.get("tree") else gamma
@@ -193,6 +213,8 @@ def short_draft(row: dict) -> str:
     'feature-draft'), with its precision unless fp32."""
     if not row["draft"]:
         return "(alone)"
+    if _servers([row]):
+        return row["draft"]
     ref = draft_ref(row["draft"])
     if len(ref.levels) > 1:  # a hierarchy, cheapest level first
         return " > ".join(short_draft({**row, "draft": level.text,
@@ -244,6 +266,8 @@ def profile(rows: list[dict]) -> Table:
         table.caption = ("draft step: one draft forward (a chain's token); for a token tree, "
                          "growing one whole tree (a forward per level). " + TREE_NOTE)
     for r in rows:
+        if _servers([r]):  # a server's times are its own
+            continue
         p = r["profile"]
         split = (f"{p['draft_share']:.0%} / {p['verify_share']:.0%} / {p['other_share']:.0%}"
                  if "draft_share" in p else "-")
