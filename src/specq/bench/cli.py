@@ -25,7 +25,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("config", nargs="?",
                    help="TOML sweep (e.g. benchmarks/presets/demo.toml); flags override it")
     for f in dataclasses.fields(BenchConfig):
-        if f.name in FILE_ONLY:
+        if f.name in FILE_ONLY:  # the file's alone
+            b.set_defaults(**{f.name: None})
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.name in LIST_KEYS:
@@ -78,7 +79,7 @@ def cmd_bench(args) -> int:
     from . import aggregate, runner, tables, terminal
     from .config import load_config
 
-    config = load_config(args.config, {k: getattr(args, k) for k in KEYS if k not in FILE_ONLY})
+    config = load_config(args.config, {k: getattr(args, k) for k in KEYS})
     status = Console(stderr=True)
     try:
         records = runner.run(config, console=status, log=Console())
