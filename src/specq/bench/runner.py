@@ -228,8 +228,9 @@ def _engines(config: BenchConfig, pool: _Models, generate, console):
             base = servers[0]
             server = by_name[cell.draft] if cell.draft else base
             measured = engine(server.name, cell)
-            info = lambda s, model: {"ref": model, "precision": "server", "source": s.url,  # noqa
-                                     "sha256": "-", "server": s.name, "start": s.start}
+            info = lambda s, model: {  # noqa: E731 (the models table: each server, as started)
+                "ref": s.name, "precision": "server", "sha256": "-",
+                "source": f"{model} at {s.url}" + (f" (started by: {s.start})" if s.start else "")}
             record = {"type": "cell", "key": cell.key, "cell": cell.params(),
                       "target": info(base, engine(base.name, cell).model),
                       "draft": info(server, measured.model) if cell.draft else None}

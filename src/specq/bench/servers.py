@@ -1,12 +1,13 @@
 """The servers a sweep with `engine = "openai"` measures: their bench config entries, and their
 processes when the config says how to start them.
 
-A `start` command is run in a shell of its own session (so its whole process group can be stopped),
-with its output in a log file beside the results; the sweep waits until the server answers
-(`/health`, else `/v1/models`) and stops every server it started when it ends, on an error or an
-interrupt too. A server that exits or does not answer in time is one error line naming its log.
-Entries that share a URL share one server (a server that lets a request choose its draft, as
-`specq serve` does, serves the baseline and the speculative entries at once).
+A `start` command is run in a shell of its own session (so its whole process group can be
+stopped), with its output in a log file beside the results and `$SPECQ_PYTHON` set to the Python
+running the bench (so a command can ask specq where a built-in's files are); the sweep waits until
+the server answers (`/health`, else `/v1/models`) and stops every server it started when it ends,
+on an error or an interrupt too. A server that exits or does not answer in time is one error line
+naming its log. Entries that share a URL share one server (a server that lets a request choose its
+draft, as `specq serve` does, serves the baseline and the speculative entries at once).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -172,7 +174,8 @@ class Process:
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(server.start, shell=True, stdout=out,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
+                                          start_new_session=True,
+                                          env=os.environ | {"SPECQ_PYTHON": sys.executable})
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.server.start_timeout
