@@ -127,6 +127,10 @@ def bench_list(parser: argparse.ArgumentParser) -> str:
         else:
             head = f"**`{key}`** (optional)"
         lines.append(f"- {head}: {_text(a.help)}")
+    from specq.bench.config import FILE_ONLY, HELP
+
+    for key in sorted(FILE_ONLY):  # the file's alone (a list of tables)
+        lines.append(f"- **`{key}`** (file only, list of tables): {_text(HELP[key])}")
     return "\n".join(lines)
 
 

@@ -149,7 +149,7 @@ HELP = {
     "results": "the JSONL results store (appended cell by cell; re-runs resume)",
     "engine": "specq (this process, the default) or openai: the servers of the config file's "
               "[[servers]] tables, each reached over the OpenAI API (vLLM, llama-server, specq "
-              "serve, ...); see docs/benchmarks.md, 'Measuring another engine'",
+              "serve, ...); see docs/guide.md, 'Measuring another engine'",
     "servers": "engine openai: [[servers]] tables with name, url, baseline = true for exactly one, "
                "and optionally model, api_key, start (a command that starts it), start_timeout, "
                "body (extra request fields), gamma",
