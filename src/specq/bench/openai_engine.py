@@ -159,6 +159,7 @@ class OpenAIEngine:
                     if data == b"[DONE]":
                         break
                     out.add(json.loads(data), time.perf_counter(), self.server.name)
+            out.ended = time.perf_counter()
         except urllib.error.HTTPError as e:
             raise SpecqError(f"server '{self.server.name}': {path} answered HTTP {e.code}: "
                              f"{error_message(e.read())}") from None
@@ -176,6 +177,7 @@ class Stream:
 
     def __init__(self, sent: float):
         self.sent = sent
+        self.ended = sent
         self.first: float | None = None
         self.last: float | None = None
         self.parts: list[str] = []
@@ -213,9 +215,10 @@ class Stream:
         """The stream as the store keeps a run: its timings and counts in a DecodeStats."""
         ids = self.ids if self.ids_known and self.ids else []
         new = self.usage.get("completion_tokens") or len(ids)
-        first, last = self.first or time.perf_counter(), self.last or self.first
+        first = self.first or self.ended  # no token at all: all of it was waiting
+        last = self.last or first
         stats = DecodeStats(prompt_tokens=self.usage.get("prompt_tokens") or 0, new_tokens=new,
-                            prefill_s=first - self.sent, decode_s=(last or first) - first)
+                            prefill_s=first - self.sent, decode_s=last - first)
         source = _count(stats, delta, self.reported, gamma)
         extra = {"acceptance_source": source} | ({"reported": self.reported}
                                                  if self.reported else {})
