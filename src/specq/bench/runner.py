@@ -169,10 +169,10 @@ def run(config: BenchConfig, *, load: Callable[[str], Model] = partial(kinds.loa
     done = store.cells(store.read(config.results, complete=True))
     store.repair(config.results)
     pending = [c for c in cells if c.key not in done]
+    pool = _Models(load, "eager" if config.eager else backends.DEFAULT)
     if len(pending) < len(cells):
         log.print(f"{len(cells) - len(pending)} of {len(cells)} cells already in {config.results}: "
                   "skipped")
-    pool = _Models(load, "eager" if config.eager else backends.DEFAULT)
     if pending:
         run_id = uuid.uuid4().hex[:12]
         with _engines(config, pool, generate, console) as setup:
