@@ -214,7 +214,9 @@ class Stream:
     def result(self, delta: Counters | None, gamma: int | None) -> Result:
         """The stream as the store keeps a run: its timings and counts in a DecodeStats."""
         ids = self.ids if self.ids_known and self.ids else []
-        new = self.usage.get("completion_tokens") or len(ids)
+        # without usage: the ids, llama-server's own count, else a token per chunk with text
+        new = (self.usage.get("completion_tokens") or len(ids)
+               or self.reported.get("timings", {}).get("predicted_n") or len(self.parts))
         first = self.first or self.ended  # no token at all: all of it was waiting
         last = self.last or first
         stats = DecodeStats(prompt_tokens=self.usage.get("prompt_tokens") or 0, new_tokens=new,
