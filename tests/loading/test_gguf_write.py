@@ -98,16 +98,22 @@ def test_bf16_grid_offsets_are_refused_and_fp16_offsets_hold_them():
         gguf_blocks.to_blocks(quantize_rtn(weight, 4, 32, symmetric=False))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+ARCHS = {"llama": {}, "qwen2": {"architecture": "qwen2", "qkv_bias": True},
+         "qwen3": {"architecture": "qwen3", "qk_norm": True},
+         "mistral": {"architecture": "mistral", "sliding_window": 4, "sliding_layers": (0, 1)}}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("spec", ["int4-g32-rtn", "int4-g32-rtn-sym-head8", "int8"])
 def test_written_file_is_the_model(tmp_path, monkeypatch, bpe_tokenizer, arch, spec):
     """specq reads the file back as the same config, gguf's dequantization of every tensor is the
     model's weight, and the file at its own precision decodes greedily as the source does (qwen2:
-    with q/k/v biases; llama: q/k rows in llama.cpp's order)."""
+    with q/k/v biases; qwen3: q/k norms; llama and mistral: q/k rows in llama.cpp's order; mistral:
+    a sliding window shorter than the output)."""
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
-    switches = {"architecture": "qwen2", "qkv_bias": True} if arch == "qwen2" else {}
+    switches = ARCHS[arch]
     tok = bpe_tokenizer
-    if arch == "qwen2":  # transformers reads a qwen2 file's tokenizer with Qwen2's pre-tokenizer
+    if arch.startswith("qwen"):  # transformers reads a qwen file's tokenizer as Qwen2's
         gguf_write.write(_model(tok, **switches), tmp_path / "tok.gguf")
         tok = gguf_io.tokenizer(tmp_path / "tok.gguf")
         tok.chat_template = TEMPLATE
@@ -136,6 +142,22 @@ def test_written_file_is_the_model(tmp_path, monkeypatch, bpe_tokenizer, arch, s
     chat = [{"role": "user", "content": "ab c"}]
     assert (loaded.tokenizer.apply_chat_template(chat, tokenize=False)
             == tok.apply_chat_template(chat, tokenize=False))
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_calibrated_grids_are_written_exactly(tmp_path, bpe_tokenizer, method):
+    """GPTQ and AWQ fit their grids through the same rounding: inside `fp16_offsets` every
+    asymmetric layer is Q4_1 that gguf dequantizes to the model's weights."""
+    model = _model(bpe_tokenizer)
+    calibration = [torch.randint(0, VOCAB, (48,), generator=torch.Generator().manual_seed(i))
+                   for i in range(4)]
+    with fp16_offsets():
+        quantize_model(model.net, f"int4-g32-{method}", calibration=calibration, progress=False)
+    assert gguf_write.write(model, tmp_path / "m.gguf")["Q4_1"] == 2 * 7
+    state = gguf_io.read(tmp_path / "m.gguf").float_state_dict()
+    for name in ("layers.0.attention.wqkv", "layers.1.feed_forward.w13"):
+        expected = model.net.get_submodule(name).quantized().dequantize()
+        assert torch.equal(state[f"{name}.weight"], expected), name
 
 
 def test_float_draft_keeps_its_dtype(tmp_path, bpe_tokenizer):
