@@ -103,8 +103,8 @@ ARCHS = {"llama": {}, "qwen2": {"architecture": "qwen2", "qkv_bias": True},
          "mistral": {"architecture": "mistral", "sliding_window": 4, "sliding_layers": (0, 1)}}
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("spec", ["int4-g32-rtn", "int4-g32-rtn-sym-head8", "int8"])
+@pytest.mark.parametrize("arch, spec", [(arch, "int4-g32-rtn") for arch in ARCHS]
+                         + [("llama", "int4-g32-rtn-sym-head8"), ("qwen2", "int8")])
 def test_written_file_is_the_model(tmp_path, monkeypatch, bpe_tokenizer, arch, spec):
     """specq reads the file back as the same config, gguf's dequantization of every tensor is the
     model's weight, and the file at its own precision decodes greedily as the source does (qwen2:
@@ -248,14 +248,8 @@ def _llama_simple() -> str | None:
     return shutil.which("llama-simple", path=where) if where else shutil.which("llama-simple")
 
 
-@pytest.mark.llamacpp
-@pytest.mark.parametrize("spec", ["int4-g32-rtn", "int4-g32-rtn-sym", "int8-g32"])
-def test_llama_cpp_greedy_tokens_match_specqs(tmp_path, monkeypatch, bpe_tokenizer, spec):
-    """llama.cpp runs the written file on its own kernels (activations quantized to 8 bits: only a
-    near-tie could differ, and the sharpened head leaves none in 32 tokens) and decodes greedily as
-    specq does: the same tokens through its Python binding, else the same text from llama-simple."""
-    import subprocess
-
+def _require_llama_cpp():
+    """(llama.cpp's Python binding or None, llama-simple's path or None); skip: neither."""
     try:
         import llama_cpp
     except ImportError:
@@ -264,23 +258,61 @@ def test_llama_cpp_greedy_tokens_match_specqs(tmp_path, monkeypatch, bpe_tokeniz
     if llama_cpp is None and simple is None:
         pytest.skip("no llama.cpp: pip install llama-cpp-python, or llama-simple on PATH or in "
                     "$SPECQ_LLAMA_CPP_BIN")
-    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
-    source = _quantized(_model(bpe_tokenizer), spec)
-    path = tmp_path / "model.gguf"
-    gguf_write.write(source, path)
-    prompt = "abcab"
-    ours = specq.generate(source, prompt, None, max_new_tokens=32, ignore_eos=True)
+    return llama_cpp, simple
+
+
+def _llama_cpp_matches(path, model: Model, prompt: str, n: int = 32) -> None:
+    """llama.cpp's greedy continuation of `prompt` on the file is specq's on `model`: the same
+    tokens through its Python binding, else the same text from llama-simple (skip: neither)."""
+    import subprocess
+
+    llama_cpp, simple = _require_llama_cpp()
+    ours = specq.generate(model, prompt, None, max_new_tokens=n, ignore_eos=True)
     if llama_cpp is not None:
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=1, verbose=False)
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
         ids = llm.tokenize(prompt.encode(), add_bos=False, special=True)
-        assert ids == bpe_tokenizer.encode(prompt)
+        assert ids == model.tokenizer.encode(prompt)
         theirs = []
         for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
             theirs.append(int(token))
-            if len(theirs) == 32:
+            if len(theirs) == n:
                 break
         assert theirs == ours.token_ids
     else:
-        run = subprocess.run([simple, "-m", str(path), "-n", "32", prompt], capture_output=True,
-                             text=True, timeout=120, check=True)
-        assert run.stdout.strip() == prompt + ours.text
+        run = subprocess.run([simple, "-m", str(path), "-n", str(n), prompt], capture_output=True,
+                             text=True, timeout=300, check=True)
+        assert prompt + ours.text in run.stdout
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("spec", ["int4-g32-rtn", "int4-g32-rtn-sym", "int8-g32"])
+def test_llama_cpp_greedy_tokens_match_specqs(tmp_path, monkeypatch, bpe_tokenizer, spec):
+    """llama.cpp runs the written file on its own kernels (activations quantized to 8 bits: only a
+    near-tie could differ, and the sharpened head leaves none in 32 tokens) and decodes greedily as
+    specq does."""
+    _require_llama_cpp()
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    source = _quantized(_model(bpe_tokenizer), spec)
+    gguf_write.write(source, tmp_path / "model.gguf")
+    _llama_cpp_matches(tmp_path / "model.gguf", source, "abcab")
+
+
+@pytest.mark.real
+@pytest.mark.llamacpp
+def test_real_target_in_llama_cpp(tmp_path, monkeypatch):
+    """The built-in target at int4-g32-rtn-sym, written by `specq quantize --format gguf`: specq
+    runs the file as the model it quantized, and llama.cpp decodes it as specq does."""
+    from specq.loading import precision
+
+    _require_llama_cpp()
+    out = tmp_path / "smol.gguf"
+    assert main(["quantize", "smollm2-135m", "int4-g32-rtn-sym", "--format", "gguf", "--out",
+                 str(out)]) == 0
+    source = load("smollm2-135m", None)
+    with fp16_offsets():
+        precision.quantize_net(source.net, source.tokenizer, precision.parse("int4-g32-rtn-sym"))
+    source.runner = backends.runner(source.net, _backend())
+    prompt = "The capital of France is"
+    assert (specq.generate(load(str(out)), prompt, None, max_new_tokens=32).token_ids
+            == specq.generate(source, prompt, None, max_new_tokens=32).token_ids)
+    _llama_cpp_matches(out, source, prompt)
