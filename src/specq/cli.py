@@ -124,9 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("model", help="model ref (float weights)")
     q.add_argument("spec", help="e.g. int8, int4-g128-gptq, int3-g64-awq, int2-g32-rtn")
     q.add_argument("--out", type=arg_path, required=True,
-                   help="output directory (written atomically)")
+                   help="output directory, or .gguf file with --format gguf (written atomically)")
     q.add_argument("--force", action="store_true",
-                   help="replace --out if it exists (only a folder specq wrote)")
+                   help="replace --out if it exists (only a folder specq wrote, or a file)")
+    q.add_argument("--format", choices=["specq", "gguf"], default="specq",
+                   help="specq: a folder specq loads; gguf: one GGUF file llama.cpp runs (Q4_0 / "
+                        "Q4_1 / Q8_0 blocks holding specq's weights exactly; its scales rounded "
+                        "so that fp16 holds them)")
     q.add_argument("--calib-samples", type=_positive_int, default=32,
                    help="GPTQ/AWQ calibration windows")
     q.add_argument("--calib-len", type=_positive_int, default=None,
@@ -134,6 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "or the context if shorter)")
     q.add_argument("--threads", type=_threads, default=None)
     q.set_defaults(func=cmd_quantize)
+
+    e = sub.add_parser("export-gguf",
+                       help="write a model specq made (quantized, QAD, a distilled or calibrated "
+                            "draft) as a GGUF file llama.cpp runs")
+    e.add_argument("model", help="model ref: a folder from quantize / qad / distill / calibrate, "
+                                 "or MODEL@SPEC")
+    e.add_argument("--out", type=arg_path, required=True,
+                   help="the .gguf file (written atomically)")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists")
+    e.set_defaults(func=cmd_export_gguf)
 
     c = sub.add_parser("compare",
                        help="divergence of model B from model A, and predicted acceptance")
@@ -449,14 +463,50 @@ def cmd_quantize(args) -> int:
         raise SpecqError(f"'{args.spec}' is a float precision: nothing to quantize")
     if model_ref(args.model).spec != "fp32":
         raise SpecqError("give the float model to quantize, without an @spec")
-    checks.output(args.out, args.force, "--out")
+    gguf = args.format == "gguf"
+    if gguf:
+        from .loading.formats import gguf_write
+        from .weights.quant.rtn import fp16_offsets
+
+        gguf_write.check_spec(spec)
+        _gguf_out(args.out)
+    checks.output(args.out, args.force, "--out", folder=not gguf)
     check_ref(args.model)
     model = load(args.model, backend=None)  # quantized below, then saved
+    if gguf:
+        with fp16_offsets():
+            precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples,
+                                   args.calib_len)
+        counts = gguf_write.write(model, args.out)
+        print(f"saved {args.model}@{spec} to {args.out}: {_counts(counts)}")
+        return 0
     precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples, args.calib_len)
     precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out)
     size = weight_bytes(model.net)
     print(f"saved {args.model}@{spec} to {args.out}: weights {size.stored / 2**20:.1f} MiB stored, "
           f"{size.executed / 2**20:.1f} MiB executed")
+    return 0
+
+
+def _gguf_out(out) -> None:
+    if not str(out).endswith(".gguf"):
+        raise SpecqError(f"--out '{out}' is a GGUF file: name it *.gguf")
+
+
+def _counts(counts) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in counts.most_common()) + " tensors"
+
+
+def cmd_export_gguf(args) -> int:
+    from .loading.formats import gguf_write
+    from .loading.kinds import load
+
+    _gguf_out(args.out)
+    checks.output(args.out, args.force, "--out", folder=False)
+    check_ref(args.model)
+    model = load(args.model, backend=None)  # its modules as made: the quantized layers' codes
+    counts = gguf_write.write(model, args.out)
+    print(f"saved {args.model} to {args.out}: {_counts(counts)}")
     return 0
 
 

@@ -10,11 +10,15 @@ The one representation every method produces (`QuantizedWeight`):
 
 Scales are rounded up to bf16 *before* codes are computed, so the simulated weights, the packed
 kernels (which take bf16 scales) and saved checkpoints all use exactly the same grid, and the
-grid still covers the group (no extra clipping; RTN error stays within half a step).
+grid still covers the group (no extra clipping; RTN error stays within half a step). Inside
+`fp16_offsets()` they are rounded up further, so that GGUF's fp16 block numbers hold them exactly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -65,12 +69,36 @@ def fit_grid(w: Tensor, bits: int, symmetric: bool) -> tuple[Tensor, Tensor | No
     return scale, zero
 
 
+_FP16_OFFSETS = ContextVar("fp16_offsets", default=False)
+FP16_FLOOR = 2.0 ** -18  # the smallest scale whose 11-bit multiples fp16 still holds exactly
+
+
+@contextmanager
+def fp16_offsets() -> Iterator[None]:
+    """Grids fitted inside (RTN, GPTQ, AWQ) whose numbers GGUF's fp16 blocks hold exactly: scales
+    of at most 7 significant bits (bf16 with an even mantissa) and at least 2^-18, so that a 4-bit
+    zero point times the scale (Q4_1's offset, 11 bits) is an fp16 value too. Why: a bf16 scale
+    has 8 significant bits, and some of its offsets need 12 (`weights.gguf_blocks`)."""
+    token = _FP16_OFFSETS.set(True)
+    try:
+        yield
+    finally:
+        _FP16_OFFSETS.reset(token)
+
+
 def _to_bf16(scale: Tensor) -> Tensor:
-    """Round positive scales up to the next bf16 value; an all-zero group gets scale 1."""
+    """Round positive scales up to the next bf16 value (inside `fp16_offsets`, the next with 7
+    significant bits, at least FP16_FLOOR); an all-zero group gets scale 1."""
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    if _FP16_OFFSETS.get():
+        scale = scale.clamp(min=FP16_FLOOR)
     rounded = scale.to(torch.bfloat16)
     up = (rounded.view(torch.int16) + 1).view(torch.bfloat16)  # next bf16 above a positive value
-    return torch.where(rounded.float() < scale, up, rounded).float()
+    rounded = torch.where(rounded.float() < scale, up, rounded)
+    if _FP16_OFFSETS.get():  # an odd mantissa up to the next even one (a carry is a power of 2)
+        bits = rounded.view(torch.int16)
+        rounded = (bits + (bits & 1)).view(torch.bfloat16)
+    return rounded.float()
 
 
 def quantize_codes(w: Tensor, scale: Tensor, zero: Tensor | None, bits: int) -> Tensor:
