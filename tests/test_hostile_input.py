@@ -187,7 +187,6 @@ def test_bad_input_that_ran_with_exit_0_is_refused(root, tmp_path, cache, capsys
 
 def test_report_refuses_rows_without_numbers_instead_of_claiming_failures(tmp_path, capsys):
     """A results row whose numbers are null has no data: it is not a correctness failure."""
-    from specq.bench import store
     from specq.core.stats import DecodeStats
 
     run = {"set": "chat", "prompt": 0, "repeat": 0, "token_ids": [1, 2], "text": "t1 t2",
