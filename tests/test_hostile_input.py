@@ -187,13 +187,14 @@ def test_bad_input_that_ran_with_exit_0_is_refused(root, tmp_path, cache, capsys
 
 def test_report_refuses_rows_without_numbers_instead_of_claiming_failures(tmp_path, capsys):
     """A results row whose numbers are null has no data: it is not a correctness failure."""
-    from specq.bench import store
     from specq.core.stats import DecodeStats
 
     run = {"set": "chat", "prompt": 0, "repeat": 0, "token_ids": [1, 2], "text": "t1 t2",
            "stats": {**DecodeStats(gamma=2).__dict__, "decode_s": 0.5}}
     cell = {"type": "cell", "key": "k", "target": {"ref": "t", "precision": "fp32"}, "draft": None,
-            "cell": {f: None for f in store.CELL_FIELDS}, "runs": [run]}
+            "cell": {"kind": "baseline", "target": "t", "draft": None, "gamma": None,
+                     "max_new_tokens": 2, "temperature": 0.0, "threads": 1, "set": "chat",
+                     "repeats": 1}, "runs": [run]}
     head = {"type": "run", "run_id": "r", "started": "2026-12-01", "config": {}, "environment": {}}
     results = tmp_path / "r.jsonl"
     for broken in ({"token_ids": None}, {"token_ids": [None, None]}, {"stats": None},

@@ -269,9 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "each with its draft")
     s.add_argument("--target", default="smollm2-135m",
                    help="model ref without @spec (default: smollm2-135m)")
-    s.add_argument("--precisions", type=_precisions, default=("fp32",),
+    s.add_argument("--precisions", type=_precisions, default=None,
                    help="comma-separated precisions to serve, e.g. fp32,int4-g64-rtn-head8 "
-                        "(default: fp32); requests name one as model 'TARGET@PRECISION', the bare "
+                        "(default: the target's own, as generate runs it: a GGUF file's gguf, "
+                        "else fp32); requests name one as model 'TARGET@PRECISION', the bare "
                         "TARGET is the first")
     s.add_argument("--draft", default=None,
                    help="one draft for every precision (default: the registry's for each); "
@@ -347,6 +348,8 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(args.threads)
     if model_ref(checks.text("--target", args.target)).has_spec:
         raise SpecqError("give the target without @spec; list precisions with --precisions")
+    # names and headers first (`ServeConfig`), then the port, then the models (`build_app`): each
+    # a one-line error before the server listens
     keys = () if args.api_key is None else tuple(args.api_key.split(","))
     if any(not key or any(c.isspace() for c in key) for key in keys):
         raise SpecqError("--api-key must be one or more non-empty keys without spaces, separated "
@@ -357,7 +360,12 @@ def cmd_serve(args) -> int:
                          api_keys=keys, queue=args.queue, timeout_s=args.timeout,
                          max_batch=args.max_batch, suffix_tokens=args.suffix_cache, **given)
     sock = bind(args.host, args.port)  # before the models load
-    run(build_app(config), sock)
+    try:
+        app = build_app(config)
+    except BaseException:
+        sock.close()
+        raise
+    run(app, sock)
     return 0
 
 
@@ -367,6 +375,20 @@ def _read_prompt(text: str) -> str:
     if text.startswith("@"):
         return read_text(text[1:], "prompt file")
     return checks.text("the prompt", text)
+
+
+def _check_models(target: str, drafts=(), others=()) -> None:
+    """What the refs alone show, before any model loads (names and paths, then file headers):
+    each ref's form and what is at its path (`check_ref`), the target a ref that can be one, and
+    each of `drafts` reading the target's tokenizer (`vocab.check_names`); `others` are refs
+    given but not paired with the target."""
+    from .loading.vocab import check_names, check_target_ref
+
+    for ref in [target, *drafts, *others]:
+        check_ref(ref)
+    check_target_ref(target)
+    for ref in drafts:
+        check_names(ref, target)
 
 
 def cmd_generate(args) -> int:
@@ -389,8 +411,8 @@ def cmd_generate(args) -> int:
                     draft_confidence=args.draft_confidence)
     api.check_options(max_new_tokens=args.max_new_tokens, **decoding)  # before the models load
     backends.check_name(args.backend)
-    for ref in [args.target, *(given.for_target(args.target).models if given else [])]:
-        check_ref(ref)
+    models = given.for_target(args.target).models if given else []
+    _check_models(args.target, models if used else [], models if not used else [])
     # the warm-up run's gamma auto estimates carry over to the run that counts
     options = decoding | dict(chat=args.chat, ignore_eos=args.ignore_eos, tree=_tree(args, used),
                               gamma_memory=GammaMemory())
@@ -524,8 +546,7 @@ def cmd_compare(args) -> int:
     if not 0 < args.temperature <= 100:
         raise SpecqError(f"--temperature must be in (0, 100], got {args.temperature}")
     backends.check_name(args.backend)
-    check_ref(args.a)
-    check_ref(args.b)
+    _check_models(args.a, [args.b])
     a, b = load(args.a, args.backend), load(args.b, args.backend)
     check_compatible(b, a)  # and A can be a target (not a feature draft)
     chunks = held_out_chunks(a, args.chunks, args.chunk_len, args.chat_prompts)
@@ -559,14 +580,13 @@ def cmd_calibrate(args) -> int:
     from .training.calibrate import (CalibrationSettings, calibrate, check_output, default_out,
                                      ref_precision)
 
+    _check_models(args.target, [args.draft])
     _training_options(args)
     settings = CalibrationSettings(prompts=args.prompts, held_out=args.held_out,
                                    max_new_tokens=args.max_new_tokens, steps=args.steps,
                                    loss=args.loss, lr=args.lr, gamma=args.gamma)
     out = args.out or default_out(args.draft, ref_precision(args.target))
     check_output(out, args.force, args.resume)  # before the models load
-    check_ref(args.target)
-    check_ref(args.draft)
     # the draft is trained
     target, draft = load(args.target, backend=None), load(args.draft, backend=None)
     report = calibrate(target, draft, settings, out=out, force=args.force, resume=args.resume,
@@ -613,6 +633,7 @@ def cmd_distill(args) -> int:
     from .training import students
     from .training.train import DistillSettings, check_run, check_sources, run
 
+    _check_models(args.target, [] if args.base is None else [args.base])
     _training_options(args)
     if args.minutes is not None and args.minutes <= 0:
         raise SpecqError(f"--minutes must be positive, got {args.minutes}")
@@ -635,9 +656,6 @@ def cmd_distill(args) -> int:
     work = Path(args.work) if args.work else out.parent / f"{out.name}.work"
     check_run(out, work, args.force, args.resume)
     check_sources(args.texts, args.prompts)
-    check_ref(args.target)
-    if args.base:
-        check_ref(args.base)
     settings = DistillSettings(
         texts=tuple(args.texts), prompts=tuple(args.prompts), temperatures=tuple(args.temperatures),
         new_tokens=args.new_tokens, text_windows=args.text_windows, seq_len=args.seq_len,

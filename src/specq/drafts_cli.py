@@ -26,6 +26,7 @@ from .loading.drafts import folders, registry
 from .loading.drafts.select import draft_dirs, select_draft
 from .loading.formats import validate
 from .loading.refs import model_ref
+from .loading.vocab import check_names, check_target_ref
 
 SCOPES = ("shipped", "yours")  # the order of `draft_dirs()`
 
@@ -158,6 +159,8 @@ def cmd_add(args) -> int:
     # no spec given: the draft as stored
     draft_spec = precision.canonical(draft.spec) if draft.has_spec else ""
     folder = _draft_folder(draft.name)
+    check_target_ref(target)
+    check_names(str(folder), target)  # a draft of another tokenizer, told by the files alone
     entry = registry.register(target.name, precision.canonical(target.spec), folder,
                               {"added": "specq drafts add"}, draft_spec=draft_spec)
     print(f"registered {entry.draft} for {target.name}@{entry.precision} in "

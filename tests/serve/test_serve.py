@@ -509,7 +509,7 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(capsys):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        code = main(["serve", "--target", "no-such-model", "--port", str(held.getsockname()[1])])
+        code = main(["serve", "--target", "smollm2-135m", "--port", str(held.getsockname()[1])])
     err = capsys.readouterr().err
     assert code == 2 and "cannot listen" in err and err.count("\n") == 1
 

@@ -27,6 +27,7 @@ from ..loading.builtins import BUILTINS
 from ..loading.drafts import default
 from ..loading.drafts.select import default_draft_ref
 from ..loading.refs import LookaheadRef, ModelRef, NgramRef, check_ref, draft_ref, model_ref
+from ..loading.vocab import check_names, check_target_ref
 from .prompts import SETS, Prompt
 from .servers import Server
 from .servers import parse as parse_servers
@@ -346,6 +347,18 @@ def check_models_exist(config: BenchConfig) -> None:
                 continue
             raise SpecqError(f"bench config '{key}': model '{name}' not found (not a built-in "
                              f"({', '.join(BUILTINS)}), an existing path or a hub id org/name)")
+    paired = [model for model in drafts if model.name not in (REGISTRY, DEFAULT)
+              and not model.is_self]
+    for target in config.target_refs():  # what the refs and file headers show, before a load
+        try:
+            check_target_ref(target)
+        except SpecqError as e:
+            raise SpecqError(f"bench config 'targets': {e}") from None
+        for model in paired:
+            try:
+                check_names(model, target)
+            except SpecqError as e:
+                raise SpecqError(f"bench config 'drafts': {e}") from None
 
 
 def _checked(key: str, ref: ModelRef) -> None:

@@ -66,6 +66,11 @@ def _problem(record, complete: bool) -> str | None:
     for name, type_ in FIELDS[kind].items():
         if not isinstance(record.get(name), type_):
             return f"({kind} record): field '{name}' is missing or not a {type_.__name__}"
+    if kind == "run":
+        for name in RUN_CONFIG_NUMBERS:  # the report's defaults
+            if name in record["config"] and not _number(record["config"][name]):
+                value = json.dumps(record["config"][name])
+                return f"(run record): config.{name} is {value}, not a number"
     if kind == "cell":
         if not isinstance(record.get("runs", [] if "skipped" in record else None), list):
             return "(cell record): field 'runs' is missing or not a list"
@@ -74,17 +79,53 @@ def _problem(record, complete: bool) -> str | None:
                                                             for r in record.get("runs", []))]
         if missing:
             return f"(cell record): missing field '{missing[0]}'"
+        problem = _cell_problem(record)
+        if problem:
+            return f"(cell record): {problem}: a row without its data"
         for i, run in enumerate(record.get("runs", [])):
             problem = _run_problem(run)
             if problem:
                 return f"(cell record): runs[{i}].{problem}: a row without its data"
     if kind == "quality":
         result = record["result"]
-        for name in QUALITY_NUMBERS:
+        for name in ("tokens", "chunks"):
+            if not _number(result.get(name)):
+                value = json.dumps(result.get(name))
+                return f"(quality record): result.{name} is {value}, not a number"
+        triples = [*QUALITY_NUMBERS, *(k for k, v in result.items() if isinstance(v, dict))]
+        for name in dict.fromkeys(triples):
             value = result.get(name)
             if not (isinstance(value, dict)
                     and all(_number(value.get(k)) for k in ("mean", "low", "high"))):
                 return f"(quality record): result.{name} is not a mean, low and high number each"
+    return None
+
+
+# numbers a run record's config may hold, read by `specq report` as its defaults
+RUN_CONFIG_NUMBERS = ("resamples", "confidence", "seed")
+# a cell's parameters the tables read: numbers always, or numbers where given (None: not given)
+CELL_NUMBERS = ("max_new_tokens", "temperature", "threads", "repeats")
+CELL_OPTIONAL_NUMBERS = ("draft_confidence", "tree", "tree_topk", "n_prompts", "seed")
+
+
+def _cell_problem(record: dict) -> str | None:
+    """What makes a cell's own numbers unusable (its parameters, its prefill times), or None."""
+    params = record["cell"]
+    for name in CELL_NUMBERS:
+        if not _number(params[name]):
+            return f"cell.{name} is {json.dumps(params[name])}, not a number"
+    for name in CELL_OPTIONAL_NUMBERS:
+        if params.get(name) is not None and not _number(params[name]):
+            return f"cell.{name} is {json.dumps(params[name])}, not a number"
+    gamma = params["gamma"]  # a number, "auto", or none on a baseline (no draft)
+    if not (_number(gamma) or gamma == "auto" or gamma is None and params["kind"] == "baseline"):
+        return f"cell.gamma is {json.dumps(gamma)}, not a number or \"auto\""
+    prefill = record.get("prefill_ms", {})
+    if not isinstance(prefill, dict):
+        return "prefill_ms is not an object"
+    for side, times in prefill.items():  # per model: its prefill times
+        if not (isinstance(times, list) and all(map(_number, times))):
+            return f"prefill_ms.{side} is not a list of numbers"
     return None
 
 
@@ -105,6 +146,9 @@ def _run_problem(run: dict) -> str | None:
         return "token_ids is not a list of token ids"
     if not isinstance(run["text"], str):
         return "text is not a string"
+    for key in ("prompt", "repeat"):
+        if not _number(run[key]):
+            return f"{key} is {json.dumps(run[key])}, not a number"
     for key in ("stats", "paired_stats"):
         # only paired cells time a plain run beside each
         if key not in run and key == "paired_stats":

@@ -377,12 +377,35 @@ def check_ref(ref: str | ModelRef) -> None:
         if ref.name != SELF:
             check_ref(ref.skips)
         return
+    if ref.is_self:
+        return
     path = Path(ref.name).expanduser()
-    if ref.name not in BUILTINS and not ref.is_self and path.is_dir():
+    names_model(ref.name)
+    if ref.name not in BUILTINS and path.is_dir():
         validate.check_dir(path)
         if adapter.is_adapter(path):  # its base is checked as a ref of its own
             check_adapter_precision(ref.name, ref.spec)
             check_ref(adapter.base_ref(path))
+
+
+def names_model(name: str) -> None:
+    """That a name can name a model, from the name and what is at its path (nothing is read): a
+    built-in, a local folder, a `.gguf` file or a hub id (org/name, left to the hub)."""
+    path = Path(name).expanduser()
+    if name in BUILTINS:
+        return
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SpecqError(f"GGUF file not found: {path}")
+        return
+    if path.is_dir():
+        return
+    if path.exists():
+        raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
+    if "/" in name and not name.startswith((".", "/", "~")):
+        return
+    raise SpecqError(f"unknown model '{name}': not a built-in ({', '.join(BUILTINS)}), "
+                     "a local directory, a .gguf file or a hub id (org/name)")
 
 
 def check_adapter_precision(name: str, spec: str) -> None:
@@ -399,22 +422,16 @@ def check_adapter_precision(name: str, spec: str) -> None:
 
 def resolve(name: str) -> Path | str:
     """A local directory holding the model, or the hub id itself."""
+    names_model(name)
     path = Path(name).expanduser()
     if name in BUILTINS:
         return BUILTINS[name]()
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise SpecqError(f"GGUF file not found: {path}")
         return float_dir(path)
     if path.is_dir():
         validate.check_dir(path)
         return path
-    if path.exists():
-        raise SpecqError(f"'{path}' is neither a model directory nor a .gguf file")
-    if "/" in name and not name.startswith((".", "/", "~")):
-        return name
-    raise SpecqError(f"unknown model '{name}': not a built-in ({', '.join(BUILTINS)}), "
-                     "a local directory, a .gguf file or a hub id (org/name)")
+    return name  # a hub id
 
 
 def gguf_file(name: str) -> Path:

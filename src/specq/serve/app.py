@@ -40,14 +40,16 @@ def create_app(engines: dict[str, Engine], metrics: Metrics, target: str, drafts
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        for engine in engines.values():
-            await asyncio.to_thread(engine.start)
+        if not app.state.started:  # `serve.server.run` starts them before uvicorn runs
+            for engine in engines.values():
+                await asyncio.to_thread(engine.start)
         yield
         for engine in engines.values():
             engine.stop()
 
     app = FastAPI(title="specq serve", lifespan=lifespan)
     app.state.engines = engines
+    app.state.started = False  # whether the engines are warm and taking requests
     errors.install(app)
     created = int(time.time())
 

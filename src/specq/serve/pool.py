@@ -27,7 +27,7 @@ from ..drafters.suffix import DEFAULT_TOKENS, SuffixCache, check_tokens
 from ..loading import precision as precisions
 from ..loading.drafts.default import load_default
 from ..loading.kinds import load
-from ..loading.refs import free_ref, model_ref
+from ..loading.refs import default_precision, free_ref, model_ref
 
 
 class ModelPool:
@@ -46,27 +46,33 @@ class ModelPool:
         self._drafts: dict[tuple[str, str], Model] = {}
         self._pairs: dict[str, tuple[Model, Model | None, str | None]] = {}
 
-    def target_model(self, precision: str = "fp32") -> Model:
-        spec = precisions.canonical(precision)
+    def spec(self, precision: str | None = None) -> str:
+        """A precision spelled canonically; None: the target's own, as `specq generate` runs it (a
+        GGUF file's `gguf`, else fp32: `refs.default_precision`)."""
+        return precisions.canonical(default_precision(self.target) if precision is None
+                                    else precision)
+
+    def target_model(self, precision: str | None = None) -> Model:
+        spec = self.spec(precision)
         with self._lock:
             if spec not in self._targets:
                 self._targets[spec] = load(f"{self.target}@{spec}")
             return self._targets[spec]
 
-    def gamma_memory(self, precision: str = "fp32") -> GammaMemory:
+    def gamma_memory(self, precision: str | None = None) -> GammaMemory:
         """gamma auto's estimates for the target at `precision`, kept across its runs (each draft's
         under its own key): the pool's `generate` and a server's engine start each run from them."""
-        spec = precisions.canonical(precision)
+        spec = self.spec(precision)
         with self._lock:
             return self._memories.setdefault(spec, GammaMemory())
 
-    def suffix_cache(self, precision: str = "fp32", key: str = "") -> SuffixCache | None:
+    def suffix_cache(self, precision: str | None = None, key: str = "") -> SuffixCache | None:
         """The earlier runs' text of `key` on the target at `precision`, where n-gram drafts also
         look; runs of one key never see another key's (the server's key is the request's API
         key). None when the pool keeps none (suffix_tokens 0)."""
         if not self.suffix_tokens:
             return None
-        slot = (precisions.canonical(precision), key)
+        slot = (self.spec(precision), key)
         with self._lock:
             if slot not in self._suffixes:
                 self._suffixes[slot] = SuffixCache(self.suffix_tokens)
@@ -90,9 +96,9 @@ class ModelPool:
                 self._drafts[key] = load(ref, target=self.target_model(key[0]))
             return self._drafts[key]
 
-    def models(self, precision: str = "fp32") -> tuple[Model, Model | None, str | None]:
+    def models(self, precision: str | None = None) -> tuple[Model, Model | None, str | None]:
         """(target at `precision`, its draft or None, a note on how the draft was chosen)."""
-        spec = precisions.canonical(precision)
+        spec = self.spec(precision)
         with self._lock:
             if spec not in self._pairs:
                 target = self.target_model(spec)
@@ -107,7 +113,7 @@ class ModelPool:
                 self._pairs[spec] = (target, draft, note)
             return self._pairs[spec]
 
-    def generate(self, prompt: str | list[int], precision: str = "fp32", key: str = "",
+    def generate(self, prompt: str | list[int], precision: str | None = None, key: str = "",
                  **options) -> Generation:
         """`specq.generate` on the target at `precision` with the draft selected for it, from and
         into `key`'s earlier runs (`suffix_cache`)."""

@@ -1,7 +1,9 @@
 """`specq serve`: load the target at each precision with its draft, bind, and run uvicorn.
 
-The socket is bound before any model loads, so a port in use is one error line at once, not
-after a minute of loading.
+What the refs show is checked first (`ServeConfig`: names, paths, file headers), then the socket is
+bound, so a port in use is one error line at once, not after a minute of loading; then the models
+load and the engines warm up (`build_app`, `run`), all before the server listens and prints its
+URL: bad input is one line, never a failure inside uvicorn's start-up.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from ..drafters.suffix import DEFAULT_TOKENS, check_tokens
 from ..errors import SpecqError
 from ..loading.drafts.select import known_drafts
 from ..loading.precision import canonical
-from ..loading.refs import check_ref, draft_ref
+from ..loading.refs import check_ref, draft_ref, model_ref
+from ..loading.vocab import check_compatible, check_names, check_target_ref
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics
@@ -33,7 +36,8 @@ SPEC_MAX_BATCH = 2
 @dataclass(frozen=True)
 class ServeConfig:
     target: str = "smollm2-135m"
-    precisions: tuple[str, ...] = ("fp32",)
+    # None: the target's own, as `specq generate` runs it (`refs.default_precision`)
+    precisions: tuple[str, ...] | None = None
     draft: str | None = None  # one draft for every precision (None: the registry's per precision)
     api_keys: tuple[str, ...] = ()  # one is required (none: open); each its own suffix cache
     queue: int = 16  # requests waiting per served model, beyond the running ones
@@ -46,14 +50,21 @@ class ServeConfig:
     suffix_tokens: int = DEFAULT_TOKENS
 
     def __post_init__(self):
-        specs = [canonical(p) for p in self.precisions]
+        given = (model_ref(self.target).spec,) if self.precisions is None else self.precisions
+        specs = [canonical(p) for p in given]
         if not specs:
             raise SpecqError("give at least one precision to serve")
         if len(set(specs)) != len(specs):
-            raise SpecqError(f"a precision is listed twice: {', '.join(self.precisions)}")
-        check_ref(self.target)  # a broken folder fails before the socket is bound and a model loads
-        for ref in draft_ref(self.draft).models if self.draft is not None else []:
+            raise SpecqError(f"a precision is listed twice: {', '.join(given)}")
+        # a typo, a broken folder or a draft of another tokenizer fails before the socket is bound
+        # and a model loads
+        drafts = draft_ref(self.draft).for_target(self.target).models if self.draft else []
+        for ref in [self.target, *drafts]:
             check_ref(ref)
+        for spec in specs:
+            check_target_ref(f"{model_ref(self.target).name}@{spec}")
+        for ref in drafts:
+            check_names(ref, self.target)
         checks.integer("max_batch", self.max_batch, 1)
         check_tokens("suffix_tokens", self.suffix_tokens)
         if any(not key or any(c.isspace() or c == "," for c in key) for key in self.api_keys):
@@ -72,6 +83,9 @@ def build_app(config: ServeConfig) -> FastAPI:
         name = f"{pool.target}@{spec}"
         engines[name] = Engine(name, pool, spec, metrics, config.queue, config.timeout_s,
                                config.max_batch, config.spec_max_batch)
+    for engine in engines.values():  # what the loaded models show, before the server starts
+        for draft in draft_models(engine.draft):
+            check_compatible(draft, engine.target)
     drafts = known_drafts(pool.target) | {d.ref for e in engines.values()
                                           for d in [e.draft, *draft_models(e.draft)]
                                           if d is not None}  # an n-gram draft's fallback too
@@ -95,8 +109,22 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
+    """Warm the engines up, then serve on `sock` until stopped. The engines start here rather than
+    in the app's lifespan, so that a failure is the command's one-line error, not a traceback of
+    uvicorn's start-up, and comes before the URL is printed."""
     import uvicorn
 
+    started = []
+    try:
+        for engine in app.state.engines.values():
+            engine.start()
+            started.append(engine)
+    except BaseException:
+        for engine in started:
+            engine.stop()
+        sock.close()
+        raise
+    app.state.started = True
     host, port = sock.getsockname()[:2]
     print(f"specq serve: {', '.join(app.state.engines)} on http://{host}:{port}", file=sys.stderr,
           flush=True)
