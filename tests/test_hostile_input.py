@@ -115,6 +115,7 @@ COMMANDS = {  # each place a model folder is given; B is the broken folder, G a 
     "calibrate": ["calibrate", "B", "--target", "G", "--out", "{tmp}/c"],
     "compare": ["compare", "G", "B"],
     "serve --target": ["serve", "--target", "B", "--port", "0"],
+    "export-gguf": ["export-gguf", "B", "--out", "{tmp}/e.gguf"],
 }
 
 

@@ -269,6 +269,7 @@ def write(s: Shape, file_type: str, tokenizer: Path, out: Path, seed: int = 0) -
     os.close(fd)
     try:
         body(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp's file is the owner's alone
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
