@@ -51,6 +51,7 @@ POSITIVE = Rule("a positive finite number", lambda v: _number(v) and v > 0)
 NONNEGATIVE = Rule("a finite number, 0 or more", lambda v: _number(v) and v >= 0)
 FLAG = Rule("true or false", lambda v: isinstance(v, bool))
 TEXT = Rule("a string", lambda v: isinstance(v, str))
+NAME = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v))
 STRINGS = Rule("an array of strings", lambda v: v is SKIPPED)
 INTEGERS = Rule("an array of integers", _array(_int))
 NUMBERS = Rule("an array of numbers", _array(lambda x: isinstance(x, (int, float))
@@ -63,7 +64,7 @@ PATTERN = Rule("a count of layers or a non-empty array of per-layer flags",
 # transformers reads to build the tokenizer; ARCH stands for the file's general.architecture.
 # general.alignment is the reader's (it lays the tensors out by it).
 KEYS = {
-    "general.architecture": TEXT,
+    "general.architecture": NAME,
     "ARCH.block_count": SIZE,
     "ARCH.context_length": SIZE,
     "ARCH.embedding_length": SIZE,
@@ -84,7 +85,7 @@ KEYS = {
     "ARCH.rope.scaling.factor": POSITIVE,
     "ARCH.final_logit_softcapping": NONNEGATIVE,
     "ARCH.attn_logit_softcapping": NONNEGATIVE,
-    "tokenizer.ggml.model": TEXT,
+    "tokenizer.ggml.model": NAME,
     "tokenizer.ggml.pre": TEXT,
     "tokenizer.ggml.tokens": STRINGS,
     "tokenizer.ggml.merges": STRINGS,
@@ -111,10 +112,10 @@ def config_fields(header: Header) -> dict:
     """`LlamaConfig` fields of the file's architecture, from metadata checked key by key (`KEYS`)
     and as a whole: one line naming the key and the file for the first value that is wrong."""
     path, fields = header.path, header.fields
-    arch = _value(header, "general.architecture", TEXT)
+    arch = _value(header, "general.architecture", NAME)
     if arch not in architectures.GGUF_ARCHITECTURES:
-        raise SpecqError(f"'{path}' holds a {arch!r} model; specq reads GGUF files of "
-                         f"{', '.join(architectures.GGUF_ARCHITECTURES)}")
+        raise SpecqError(f"'{path}': general.architecture is {_shown(arch)}, a model specq does "
+                         f"not read (it reads {', '.join(architectures.GGUF_ARCHITECTURES)})")
     for pattern in REQUIRED:
         _value(header, pattern.replace("ARCH", arch), KEYS[pattern])
     for pattern, rule in KEYS.items():
@@ -152,10 +153,14 @@ def tensors(path: Path, config, present: dict, native_shapes: dict[str, tuple[in
 
 
 def tokenizer(header: Header) -> None:
-    """The keys a tokenizer is built from are there (their values: `config_fields`)."""
+    """The keys a tokenizer is built from are there (their values: `config_fields`): a model and
+    its tokens, and merges or the scores they are derived from."""
     missing = [key for key in TOKENIZER if key not in header.fields]
     if missing:
         raise SpecqError(f"'{header.path}' has no tokenizer (no {missing[0]})")
+    if not {"tokenizer.ggml.merges", "tokenizer.ggml.scores"} & header.fields.keys():
+        raise SpecqError(f"'{header.path}' has no tokenizer.ggml.merges (nor the "
+                         "tokenizer.ggml.scores to derive them from)")
 
 
 # ---------------------------------------------------------------------------------- the parts

@@ -129,7 +129,9 @@ def tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:
-        raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__})") from None
+        line = " ".join(str(e).split())[:200]
+        raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__}: "
+                         f"{line})") from None
 
 
 def float32_array(tensor) -> np.ndarray:
