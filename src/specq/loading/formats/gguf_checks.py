@@ -211,16 +211,16 @@ def _sizes(header: Header, arch: str) -> None:
                f"{key('block_count')} layers")
     embedding = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     if embedding is None:
-        refuse("holds no token embedding (token_embd.weight)")
+        refuse("has no token embedding (token_embd.weight)")
     rows = embedding.shape[-1]
     if key("vocab_size", rows) != rows:
         refuse(f"{arch}.vocab_size ({key('vocab_size')}) is not the embedding's {rows} rows")
     tokens = header.string_count("tokenizer.ggml.tokens")
-    if tokens is not None and tokens != rows:
+    if tokens not in (None, rows):
         refuse(f"tokenizer.ggml.tokens holds {tokens} tokens for the embedding's {rows} rows")
     for name in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
-        if name in fields and len(fields[name]) != (rows if tokens is None else tokens):
-            refuse(f"{name} holds {len(fields[name])} values for {tokens} tokens")
+        if name in fields and len(fields[name]) != rows:
+            refuse(f"{name} holds {len(fields[name])} values for {rows} tokens")
     for which in TOKEN_IDS:
         name = f"tokenizer.ggml.{which}_token_id"
         if fields.get(name, 0) >= rows:

@@ -154,6 +154,7 @@ def write_float32(src: Path, dst: Path) -> None:
     `dst` appears atomically."""
     import gguf
 
+    read(src)  # a file whose header fails the checks: one line, and nothing written
     reader = gguf.GGUFReader(src)
     arch = _field(reader, "general.architecture")
     dst = Path(dst)

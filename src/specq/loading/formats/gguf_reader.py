@@ -72,7 +72,7 @@ class Header:
             if key in self.fields:
                 raise SpecqError(f"'{path}' holds metadata key {key} twice")
             at = self._at
-            self.fields[key] = self._value(self._unpack("I")[0])
+            self.fields[key] = self._value(key, self._unpack("I")[0])
             if self.fields[key] is SKIPPED:
                 self._skipped[key] = (at + 16, struct.unpack_from("<Q", self._buf, at + 8)[0])
         table = [self._tensor_info() for _ in range(n_tensors)]
@@ -125,7 +125,7 @@ class Header:
         n, = self._unpack("Q")
         return self._bytes(n).decode("utf-8", errors="replace")
 
-    def _value(self, kind: int):
+    def _value(self, key: str, kind: int):
         # 1e-5 stored as float32: read back the 1e-5 it was written from, as gguf_io did
         if kind == FLOAT32:
             return float(str(np.float32(self._unpack("f")[0])))
@@ -134,8 +134,11 @@ class Header:
         if kind == STRING:
             return self._string()
         if kind != ARRAY:
-            raise SpecqError(f"'{self.path}' has a metadata value of unknown type {kind}: corrupt")
+            raise SpecqError(f"'{self.path}': {key} has a value of unknown type {kind}: corrupt")
         item, count = self._unpack("IQ")
+        if item not in (*SCALARS, STRING):  # llama.cpp reads no array of arrays either
+            raise SpecqError(f"'{self.path}': {key} is an array of values of type {item}, which "
+                             "GGUF readers do not read")
         if item == STRING:  # skip: a length, then that many bytes, per string
             at, buf, end = self._at, self._buf, len(self._buf) - 8
             for _ in range(count):
@@ -145,8 +148,6 @@ class Header:
                 at += 8 + struct.unpack_from("<Q", buf, at)[0]
             self._at = at
             return SKIPPED
-        if item not in SCALARS:
-            return [self._value(item) for _ in range(count)]
         return list(self._unpack(f"{count}{SCALARS[item]}"))
 
     def _tensor_info(self) -> tuple[str, tuple[int, ...], int, int]:
