@@ -44,7 +44,7 @@ HARMLESS = {
 def changes(value, kind: V, item: V | None) -> dict[str, tuple | None]:
     """Each change of a value of this type: name -> (value, type, item type), None to remove it."""
     out: dict[str, tuple | None] = {"removed": None}
-    if kind in (V.UINT8, V.UINT16, V.UINT32, V.UINT64, V.INT32):
+    if kind in (V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64):
         out |= {"zero": (0, V.UINT32, None), "negative": (-1, V.INT32, None),
                 "huge": (2 ** 40, V.UINT64, None), "wrong type": ("8", V.STRING, None),
                 "float": (float(value), V.FLOAT32, None), "array": ([value], V.ARRAY, V.UINT32)}
@@ -60,9 +60,11 @@ def changes(value, kind: V, item: V | None) -> dict[str, tuple | None]:
     elif item == V.STRING:  # (gguf writes no empty array)
         out |= {"short": (value[:1], V.ARRAY, V.STRING), "wrong type": ("a", V.STRING, None),
                 "numbers": ([1, 2], V.ARRAY, V.INT32)}
-    else:
+    elif kind == V.ARRAY:
         out |= {"short": (value[:1], V.ARRAY, item), "wrong type": (1, V.UINT32, None),
                 "strings": (["a"], V.ARRAY, V.STRING)}
+    else:
+        raise AssertionError(f"no changes written for a value of type {kind.name}")
     return out
 
 
