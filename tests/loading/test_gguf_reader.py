@@ -67,3 +67,34 @@ def test_a_truncated_file_is_one_line(gguf_file, tmp_path):
     foreign.write_bytes(b"PK\x03\x04" + data[4:])
     with pytest.raises(SpecqError, match="no GGUF magic"):
         Header(foreign)
+
+
+def test_a_key_or_tensor_twice_five_dimensions_or_nested_arrays_are_one_line(tmp_path):
+    """llama.cpp refuses these layouts; so does the reader, naming the key or tensor."""
+    path = tmp_path / "ok.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("test.a", 1)
+    w.add_uint32("test.b", 2)
+    w.add_array("test.c", [1, 2])
+    w.add_tensor("x.weight", np.zeros((2, 32), np.float32))
+    w.add_tensor("y.weight", np.zeros((2, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = path.read_bytes()
+    Header(path)
+    five = bytearray(data)
+    five[data.index(b"x.weight") + 8] = 5  # its dimension count
+    nested = bytearray(data)
+    nested[data.index(b"test.c") + 6 + 4] = 9  # its items' type: arrays
+    for name, broken, says in (("key", data.replace(b"test.b", b"test.a"), "key test.a twice"),
+                               ("tensor", data.replace(b"y.weight", b"x.weight"),
+                                "tensor x.weight is in the tensor table twice"),
+                               ("dims", bytes(five), "tensor x.weight has 5 dimensions"),
+                               ("nested", bytes(nested), "test.c is an array of values of type 9")):
+        bad = tmp_path / f"{name}.gguf"
+        bad.write_bytes(broken)
+        with pytest.raises(SpecqError, match=says) as e:
+            Header(bad)
+        assert "\n" not in str(e.value) and bad.name in str(e.value)

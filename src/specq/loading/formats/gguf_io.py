@@ -22,8 +22,9 @@ from torch.overrides import TorchFunctionMode
 
 from ...errors import SpecqError
 from ...model import architectures
-from ...model.llama import LlamaConfig
+from ...model.llama import Llama, LlamaConfig
 from ...weights.gguf_formats import FORMATS, kernel_weight
+from . import gguf_checks
 from .gguf_reader import Header
 
 if TYPE_CHECKING:
@@ -107,40 +108,30 @@ def _field(reader, key: str, default=None):
 
 
 def read(path: Path) -> GGUFFile:
-    """Parse a GGUF file's header; a corrupt or truncated file, or one of an architecture the native
-    decoder does not run, is a one-line error."""
+    """Parse a GGUF file's header; a corrupt or truncated file, one whose values do not make a model
+    of its architecture (`gguf_checks`), or one of an architecture the native decoder does not run,
+    is a one-line error. No tensor data is read."""
     path = Path(path)
     header = Header(path)  # a bad magic, truncated header or tensor data: one line
-    arch = header.fields.get("general.architecture")
+    config = LlamaConfig(**gguf_checks.config_fields(header))
     tensors = {t.name: t for t in header.tensors}
-    try:
-        fields = architectures.fields_from_gguf(arch, header.fields.get, tensors)
-        config = LlamaConfig(**fields)
-    except SpecqError as e:
-        raise SpecqError(f"'{path}' {e}") from None
-    except (TypeError, KeyError, ValueError) as e:
-        raise SpecqError(f"'{path}' lacks {arch} metadata the model needs ({e})") from None
-    gguf_file = GGUFFile(path, config, tensors, header)
-    used = [p for parts in gguf_file.native_names().values() for p in parts]
-    missing = [p for p in used if p not in tensors]
-    if missing:
-        raise SpecqError(f"'{path}' is missing tensors (e.g. {missing[0]}): truncated or not a "
-                         f"full {arch} model")
-    unused = sorted(set(tensors) - set(used) - set(architectures.GGUF_CONFIG_TENSORS))
-    if unused:  # e.g. biases the decoder has no place for: refuse rather than drop them
-        raise SpecqError(f"'{path}' holds tensors the native decoder does not use (e.g. "
-                         f"{unused[0]})")
-    return gguf_file
+    with torch.device("meta"), _NoInit():  # shapes only
+        shapes = {name: tuple(t.shape) for name, t in Llama(config).state_dict().items()}
+    gguf_checks.tensors(path, config, tensors, shapes)
+    return GGUFFile(path, config, tensors, header)
 
 
 def tokenizer(path: Path):
     """The file's tokenizer, built by transformers from the GGUF metadata (slow: cache it)."""
     from transformers import AutoTokenizer
 
+    gguf_checks.tokenizer(Header(path))
     try:
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:
-        raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__})") from None
+        line = " ".join(str(e).split())[:200]
+        raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__}: "
+                         f"{line})") from None
 
 
 def float32_array(tensor) -> np.ndarray:
@@ -163,6 +154,7 @@ def write_float32(src: Path, dst: Path) -> None:
     `dst` appears atomically."""
     import gguf
 
+    read(src)  # a file whose header fails the checks: one line, and nothing written
     reader = gguf.GGUFReader(src)
     arch = _field(reader, "general.architecture")
     dst = Path(dst)
@@ -252,7 +244,6 @@ def load_at_file_precision(g: GGUFFile, given: dict[str, nn.Module] | None = Non
     `given` (module name -> module) takes the place of those modules' tensors, which are not read
     (a cached 4-bit body: `file_spec.cached_int4_body`).
     Returns (net, notes): a note for each quantized tensor type that runs dequantized to float32."""
-    from ...model.llama import Llama
     from ...weights.embedding import FileEmbedding
 
     with torch.device("meta"), _NoInit():  # shapes only: every tensor below comes from the file
