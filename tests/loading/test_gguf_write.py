@@ -5,8 +5,6 @@ refusals as one line before any model loads."""
 
 from __future__ import annotations
 
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -242,59 +240,58 @@ def test_default_grid_asymmetric_folder_is_refused_in_one_line(tmp_path, monkeyp
 
 # ------------------------------------------------------------------ llama.cpp
 
-def _llama_simple() -> str | None:
-    """llama.cpp's llama-simple: in $SPECQ_LLAMA_CPP_BIN, else on PATH."""
-    where = os.environ.get("SPECQ_LLAMA_CPP_BIN")
-    return shutil.which("llama-simple", path=where) if where else shutil.which("llama-simple")
-
-
-def _require_llama_cpp():
-    """(llama.cpp's Python binding or None, llama-simple's path or None); skip: neither."""
+def _llama_cpp():
+    """llama.cpp's Python binding (llama-cpp-python, built against the same llama.cpp; docs/
+    performance.md says how), or skip."""
     try:
         import llama_cpp
     except ImportError:
-        llama_cpp = None
-    simple = _llama_simple()
-    if llama_cpp is None and simple is None:
-        pytest.skip("no llama.cpp: pip install llama-cpp-python, or llama-simple on PATH or in "
-                    "$SPECQ_LLAMA_CPP_BIN")
-    return llama_cpp, simple
+        pytest.skip("no llama.cpp binding: pip install llama-cpp-python (LLAMA_CPP_LIB_PATH "
+                    "names a build's libraries)")
+    return llama_cpp
 
 
-def _llama_cpp_matches(path, model: Model, prompt: str, n: int = 32) -> None:
-    """llama.cpp's greedy continuation of `prompt` on the file is specq's on `model`: the same
-    tokens through its Python binding, else the same text from llama-simple (skip: neither)."""
-    import subprocess
+def _llama_cpp_agrees(path, model: Model, prompt: str, min_cosine: float, margin: float | None,
+                      n: int = 32) -> None:
+    """llama.cpp reads the file as specq does, judged along specq's greedy continuation: at every
+    position its logits point the same way as specq's (cosine of the centred logits at least
+    `min_cosine`; a misread tensor gives about 0), and where `margin` is given its top token is
+    specq's wherever specq's top two are more than `margin` apart. Free-running tokens may part at
+    a near-tie: llama.cpp quantizes activations its own way and keeps its KV cache in float16
+    (and specq's decode steps and full passes can split a tie of a few thousandths differently)."""
+    llama_cpp = _llama_cpp()
+    ids = model.tokenizer.encode(prompt)
+    seq = ids + specq.generate(model, prompt, None, max_new_tokens=n, ignore_eos=True).token_ids
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False,
+                          logits_all=True)
+    assert llm.tokenize(prompt.encode(), add_bos=False, special=True) == ids
+    llm.eval(seq)
+    theirs = torch.tensor(np.array(llm.scores[:len(seq)]))[len(ids) - 1:-1]  # [n, vocab]
+    with torch.no_grad():
+        ours = model.runner(torch.tensor(seq))[len(ids) - 1:-1].float()  # [n, vocab]
 
-    llama_cpp, simple = _require_llama_cpp()
-    ours = specq.generate(model, prompt, None, max_new_tokens=n, ignore_eos=True)
-    if llama_cpp is not None:
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
-        ids = llm.tokenize(prompt.encode(), add_bos=False, special=True)
-        assert ids == model.tokenizer.encode(prompt)
-        theirs = []
-        for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            theirs.append(int(token))
-            if len(theirs) == n:
-                break
-        assert theirs == ours.token_ids
-    else:
-        run = subprocess.run([simple, "-m", str(path), "-n", str(n), prompt], capture_output=True,
-                             text=True, timeout=300, check=True)
-        assert prompt + ours.text in run.stdout
+    def centred(x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(-1, keepdim=True)
+
+    cosine = torch.nn.functional.cosine_similarity(centred(theirs), centred(ours), dim=-1)
+    assert cosine.min() >= min_cosine
+    if margin is not None:
+        top2 = ours.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > margin
+        assert clear.float().mean() >= 0.75, "too many near-ties for the comparison to say much"
+        assert torch.equal(theirs.argmax(-1)[clear], ours.argmax(-1)[clear])
 
 
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("spec", ["int4-g32-rtn", "int4-g32-rtn-sym", "int8-g32"])
 def test_llama_cpp_greedy_tokens_match_specqs(tmp_path, monkeypatch, bpe_tokenizer, spec):
-    """llama.cpp runs the written file on its own kernels (activations quantized to 8 bits: only a
-    near-tie could differ, and the sharpened head leaves none in 32 tokens) and decodes greedily as
-    specq does."""
-    _require_llama_cpp()
+    """llama.cpp runs the written file on its own kernels as specq runs the model (a tiny random
+    model's near-ties are many: logits only)."""
+    _llama_cpp()
     monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
     source = _quantized(_model(bpe_tokenizer), spec)
     gguf_write.write(source, tmp_path / "model.gguf")
-    _llama_cpp_matches(tmp_path / "model.gguf", source, "abcab")
+    _llama_cpp_agrees(tmp_path / "model.gguf", source, "abcab", min_cosine=0.95, margin=None)
 
 
 @pytest.mark.real
@@ -304,7 +301,7 @@ def test_real_target_in_llama_cpp(tmp_path, monkeypatch):
     runs the file as the model it quantized, and llama.cpp decodes it as specq does."""
     from specq.loading import precision
 
-    _require_llama_cpp()
+    _llama_cpp()
     out = tmp_path / "smol.gguf"
     assert main(["quantize", "smollm2-135m", "int4-g32-rtn-sym", "--format", "gguf", "--out",
                  str(out)]) == 0
@@ -315,4 +312,4 @@ def test_real_target_in_llama_cpp(tmp_path, monkeypatch):
     prompt = "The capital of France is"
     assert (specq.generate(load(str(out)), prompt, None, max_new_tokens=32).token_ids
             == specq.generate(source, prompt, None, max_new_tokens=32).token_ids)
-    _llama_cpp_matches(out, source, prompt)
+    _llama_cpp_agrees(out, source, prompt, min_cosine=0.99, margin=0.5)
