@@ -32,7 +32,9 @@ from specq.loading.builtins import BUILTINS, local_path
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).parents[2]
-VLLM_PYTHON = Path(os.environ.get("SPECQ_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+# absolute, not resolved: the environment's python is a link to the system's
+VLLM_PYTHON = Path(os.path.abspath(os.environ.get("SPECQ_VLLM_PYTHON",
+                                                  ROOT / ".venv-vllm" / "bin" / "python")))
 RUNNER = Path(__file__).with_name("vllm_run.py")
 GAMMA = 3
 NEW_TOKENS = 32
