@@ -42,7 +42,7 @@ PROMPTS = ["Explain in three sentences why the sky is blue.",
            "Write a haiku about the sea.",
            "Repeat this list three times: red, green, blue, yellow, purple, orange."]
 DRAFT = "smollm2-135m-draft"
-# specq's n-gram lookup as vLLM's `ngram` runs it: the longest of the last 3 down to 2 tokens
+# vLLM's n-gram lookup at specq's `ngram:n=2-3:k=3`: the longest of the last 3 down to 2 tokens
 # matched, at its latest occurrence, then up to GAMMA tokens proposed
 NGRAM = {"method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_min": 2,
          "prompt_lookup_max": 3}
