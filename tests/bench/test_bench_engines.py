@@ -16,7 +16,8 @@ from specq.loading.builtins import BUILTIN_GGUF
 
 from test_bench_openai import free_port, quiet
 
-PRESETS = Path(__file__).parents[2] / "benchmarks" / "presets"
+ROOT = Path(__file__).parents[2]
+PRESETS = ROOT / "benchmarks" / "presets"
 
 
 def binary(variable: str, name: str) -> str | None:
@@ -57,7 +58,8 @@ def test_llama_server_plain_and_ngram(tmp_path):
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(binary("VLLM", "vllm") is None, reason="no vLLM ($VLLM or vllm on PATH)")
+@pytest.mark.skipif(not (ROOT / ".venv-vllm" / "bin" / "python").exists(),
+                    reason="no vLLM environment: make setup-vllm")
 def test_vllm_preset_draft_model_and_ngram(tmp_path):
     config = load_config(str(PRESETS / "vllm.toml"),
                          {"prompts": 2, "max_new_tokens": [32], "prompt_sets": ["chat"],
