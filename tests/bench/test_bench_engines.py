@@ -39,15 +39,16 @@ def test_llama_server_plain_and_ngram(tmp_path):
     start = f"{server} --host 127.0.0.1 --metrics -np 1 -t 2 -c 2048 -m {model} --port "
     entries = [{"name": "plain", "url": f"http://127.0.0.1:{ports[0]}", "baseline": True,
                 "start": start + str(ports[0])},
-               {"name": "ngram-mod", "url": f"http://127.0.0.1:{ports[1]}",
-                "start": start + f"{ports[1]} --spec-type ngram-mod"}]
+               {"name": "ngram-simple", "url": f"http://127.0.0.1:{ports[1]}",
+                "start": start + f"{ports[1]} --spec-type ngram-simple "
+                                     "--spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8"}]
     config = validate({"engine": "openai", "servers": entries, "prompt_sets": ["edit"],
                        "prompts": 2, "max_new_tokens": [48], "temperature": [0.0],
                        "results": str(tmp_path / "r.jsonl"), "resamples": 50})
     rows, cells = measure(config)
     row = next(r for r in rows if r["kind"] == "speculative")
     assert row["mismatches"] == [] and row["unchecked"] == 0
-    runs = cells["ngram-mod"]["runs"]
+    runs = cells["ngram-simple"]["runs"]
     assert {r["acceptance_source"] for r in runs} == {"metrics"}
     assert sum(r["stats"]["drafted"] for r in runs) > 0  # an edit repeats its prompt
     for r in runs:  # the counters agree with the response's own counts

@@ -23,6 +23,12 @@ LLAMA_CPP_SPECULATIVE = {
                                 "--spec-draft-p-min", "0.6"],
     "llama.cpp ngram-simple": ["--spec-type", "ngram-simple"],
     "llama.cpp ngram-mod": ["--spec-type", "ngram-mod"],
+    # the n-gram modes at specq's lookup's sizes (llama.cpp's defaults match 12 and 24 tokens,
+    # which short answers rarely repeat): 3 tokens matched, up to 8 drafted
+    "llama.cpp ngram-simple 3/8": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                                   "--spec-ngram-simple-size-m", "8"],
+    "llama.cpp ngram-mod 3/8": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "3",
+                                "--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "8"],
 }
 # OpenVINO GenAI's modes: measurement -> (pipeline, GenerationConfig fields beyond greedy decoding)
 OPENVINO_MODES = {
