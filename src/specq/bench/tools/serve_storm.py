@@ -1,0 +1,263 @@
+"""`specq serve` under hostile load (tests/serve/test_serve_load.py and `bench_serve.py --storm`):
+many concurrent streamed greedy chats, every few clients hanging up mid-stream, 429s of the
+bounded queue asked again after their Retry-After, then a SIGKILL under load and a restart on the
+same port. Every completed answer is compared with `specq generate`'s for the same target and
+default draft; the server's memory is read from /proc before and after.
+
+Rows (one results file, `bench_serve.py --storm`): "request" per client, "killed" per client
+cut by the SIGKILL, "restarted" per answer after the restart, one "server" (memory, start times)
+and one "summary" (`summary`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from dataclasses import asdict, dataclass
+
+from .serve_load import MIB, ServerProcess, percentile
+
+
+@dataclass(frozen=True)
+class Storm:
+    clients: int = 32  # concurrent streamed chats
+    max_tokens: int = 16  # per answer
+    hang_up_every: int = 4  # every Nth client closes its stream after `hang_up_after` chunks
+    hang_up_after: int = 2
+    retries: int = 100  # 429s a client takes (each followed by its Retry-After) before giving up
+    killed_clients: int = 4  # streams open when the server is killed
+    # the answer's length (EOS ignored) for a client that hangs up or is cut by the kill: still
+    # running when it goes, so the server must cancel it
+    long_tokens: int = 512
+    timeout_s: float = 600  # a client's whole wait
+
+
+def reference_answers(target: str, prompts: list[str], max_tokens: int) -> list[dict]:
+    """What `specq generate --target TARGET --chat PROMPT --max-new-tokens N` prints for each
+    prompt (greedy, the target's default draft): text and tokens. TARGET is `name@precision`."""
+    from ...api import generate
+    from ...loading.drafts.default import load_default
+    from ...loading.kinds import load
+
+    model = load(target)
+    draft, _ = load_default(target, lambda ref: load(ref, target=model))
+    outs = [generate(model, p, draft, chat=True, max_new_tokens=max_tokens) for p in prompts]
+    return [{"text": o.text, "tokens": len(o.token_ids)} for o in outs]
+
+
+async def chat(client, model: str, prompt: str, max_tokens: int, hang_up_after: int | None,
+               retries: int, started_streams: asyncio.Event | None = None,
+               extra: dict | None = None) -> dict:
+    """One client's streamed greedy chat, asked again after each 429 (up to `retries` times);
+    `hang_up_after`: close the stream after that many content chunks."""
+    import openai
+
+    first = time.perf_counter()
+    rejected, pieces, ttft, tokens, error = 0, [], None, None, None
+    messages = [{"role": "user", "content": prompt}]
+    while True:
+        started = time.perf_counter()
+        try:
+            stream = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=max_tokens, temperature=0,
+                stream=True, stream_options={"include_usage": True}, extra_body=extra)
+            break
+        except openai.RateLimitError as e:
+            rejected += 1
+            if rejected > retries:
+                return _row("rejected", first, started, ttft, pieces, tokens, rejected, str(e))
+            await asyncio.sleep(float(e.response.headers.get("retry-after", 1)))
+        except _lost() as e:
+            return _row("error", first, started, ttft, pieces, tokens, rejected, _name(e))
+    outcome = "completed"
+    try:
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                ttft = ttft or time.perf_counter() - started
+                pieces.append(chunk.choices[0].delta.content)
+                if started_streams is not None:
+                    started_streams.set()
+                if hang_up_after is not None and len(pieces) >= hang_up_after:
+                    await stream.close()
+                    outcome = "disconnected"
+                    break
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+    except _lost() as e:  # an error event, or the server gone
+        outcome, error = "error", _name(e)
+    return _row(outcome, first, started, ttft, pieces, tokens, rejected, error)
+
+
+def _row(outcome: str, first: float, started: float, ttft: float | None, pieces: list[str],
+         tokens: int | None, rejected: int, error: str | None) -> dict:
+    now = time.perf_counter()
+    return {"outcome": outcome, "rejected_429": rejected, "ttft_s": ttft,
+            "latency_s": now - started,  # the attempt the server took
+            "wait_s": now - first,  # the client's whole wait, its 429s included
+            "text": "".join(pieces), "completion_tokens": tokens, "error": error}
+
+
+def _lost() -> tuple[type[Exception], ...]:
+    """What a request raises when the server fails it or goes away: openai's errors, and the HTTP
+    library's own, which older openai clients let through from a stream."""
+    import openai
+
+    errors = [openai.APIError]
+    for module in ("httpx", "httpx2"):
+        try:
+            errors.append(importlib.import_module(module).HTTPError)
+        except ImportError:
+            pass
+    return tuple(errors)
+
+
+def _name(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def _client(url: str, storm: Storm):
+    import openai
+
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                              timeout=storm.timeout_s)
+
+
+async def storm_requests(url: str, model: str, prompts: list[str], storm: Storm) -> list[dict]:
+    """`storm.clients` chats at once (client i asks prompts[i % len(prompts)]), every
+    `hang_up_every`-th asking for a long answer and hanging up mid-stream."""
+    async with _client(url, storm) as client:
+        def hangs(i: int) -> int | None:
+            every = storm.hang_up_every
+            return storm.hang_up_after if every and i % every == every - 1 else None
+
+        rows = await asyncio.gather(*(
+            chat(client, model, prompts[i % len(prompts)], storm.long_tokens, hangs(i),
+                 storm.retries, extra={"ignore_eos": True}) if hangs(i) else
+            chat(client, model, prompts[i % len(prompts)], storm.max_tokens, None, storm.retries)
+            for i in range(storm.clients)))
+    return [{"kind": "request", "client": i, "prompt": i % len(prompts)} | row
+            for i, row in enumerate(rows)]
+
+
+async def kill_under_load(server: ServerProcess, model: str, prompts: list[str],
+                          storm: Storm) -> list[dict]:
+    """`storm.killed_clients` long streams; once one has text, SIGKILL the server. Each client
+    must end (with an error), none may hang."""
+    async with _client(server.url, storm) as client:
+        streaming = asyncio.Event()
+        tasks = [asyncio.create_task(chat(client, model, prompts[i % len(prompts)],
+                                          storm.long_tokens, None, storm.retries, streaming,
+                                          {"ignore_eos": True}))
+                 for i in range(storm.killed_clients)]
+        await asyncio.wait_for(streaming.wait(), storm.timeout_s)
+        killed = time.perf_counter()
+        await asyncio.to_thread(server.kill)
+        rows = await asyncio.gather(*tasks)
+    return [{"kind": "killed", "client": i, "ended_after_kill_s": time.perf_counter() - killed}
+            | row for i, row in enumerate(rows)]
+
+
+async def ask_each(url: str, model: str, prompts: list[str], storm: Storm, kind: str
+                   ) -> list[dict]:
+    """One chat per prompt, all at once."""
+    async with _client(url, storm) as client:
+        rows = await asyncio.gather(*(chat(client, model, p, storm.max_tokens, None,
+                                           storm.retries) for p in prompts))
+    return [{"kind": kind, "prompt": i} | row for i, row in enumerate(rows)]
+
+
+def check_answers(rows: list[dict], references: list[dict]) -> None:
+    """Mark every completed answer `equal` (text and token count) to its prompt's reference."""
+    for row in rows:
+        if row["outcome"] == "completed":
+            want = references[row["prompt"]]
+            row["equal"] = (row["text"], row["completion_tokens"]) == (want["text"],
+                                                                       want["tokens"])
+
+
+def run(args: list[str], model: str, prompts: list[str], references: list[dict],
+        storm: Storm) -> list[dict]:
+    """The whole scenario on `specq serve ARGS` (ARGS with `--port 0`; the restart takes the
+    first server's port): start, one warm request, the storm, the memory, a last request, then
+    a SIGKILL under load and a restart, and the answers after it."""
+    server = ServerProcess(args)
+    try:
+        first_start_s = server.start_s
+        asyncio.run(ask_each(server.url, model, prompts[:1], storm, "warm-up"))
+        rss_warm = server.memory()["VmRSS"]
+        peak_since_warm = server.reset_peak()
+        began = time.perf_counter()
+        rows = asyncio.run(storm_requests(server.url, model, prompts, storm))
+        wall_s = time.perf_counter() - began
+        memory = server.memory()
+        rows += asyncio.run(ask_each(server.url, model, prompts[:1], storm, "after"))
+        counted = server_counts(server.url)
+        rows += asyncio.run(kill_under_load(server, model, prompts, storm))
+        port = server.port
+        server = ServerProcess([*_without_port(args), "--port", str(port)])
+        rows += asyncio.run(ask_each(server.url, model, prompts, storm, "restarted"))
+    finally:
+        server.stop()
+    check_answers(rows, references)
+    rows.append({"kind": "server", "start_s": first_start_s, "restart_s": server.start_s,
+                 "storm_wall_s": wall_s, "rss_warm_bytes": rss_warm,
+                 "rss_after_bytes": memory["VmRSS"], "peak_rss_bytes": memory["VmHWM"],
+                 "peak_since_warm": peak_since_warm, "storm": asdict(storm)} | counted)
+    return rows + [summary(rows)]
+
+
+def server_counts(url: str) -> dict[str, float]:
+    """What the server counted (its /metrics): finished requests by reason (`finished_stop`,
+    `finished_length`, `finished_abort`, ...) and refused ones (`rejected_queue_full`, ...)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=30).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "specq:request_success_total":
+                key = f"finished_{s.labels['finished_reason']}"
+            elif s.name == "specq:request_rejected_total":
+                key = f"rejected_{s.labels['reason']}"
+            else:
+                continue
+            out[key] = out.get(key, 0) + s.value
+    return out
+
+
+def _without_port(args: list[str]) -> list[str]:
+    i = args.index("--port")
+    return args[:i] + args[i + 2:]
+
+
+def summary(rows: list[dict]) -> dict:
+    """The storm's counts (by outcome, 429s, equal answers), latency and time to first token
+    percentiles of its completed requests, the memory, and what the kill and restart left."""
+    storm = [r for r in rows if r["kind"] == "request"]
+    done = [r for r in storm if r["outcome"] == "completed"]
+    checked = [r for r in rows if r.get("outcome") == "completed"]  # the storm's and after it
+    server = next(r for r in rows if r["kind"] == "server")
+
+    def pcts(key: str) -> dict:
+        values = [r[key] for r in done if r[key] is not None]
+        return {f"{key}_p{q}": percentile(values, q) if values else None for q in (50, 95, 99)}
+
+    counts = {o: sum(r["outcome"] == o for r in storm)
+              for o in ("completed", "disconnected", "rejected", "error")}
+    return {"kind": "summary", "clients": len(storm), **counts,
+            "responses_429": sum(r["rejected_429"] for r in storm),
+            # the server's own counts: 429s it sent, generations a hang-up cancelled
+            "server_429": server.get("rejected_queue_full", 0),
+            "server_aborted": server.get("finished_abort", 0),
+            "completed_all": len(checked), "equal": sum(r.get("equal", False) for r in checked),
+            **pcts("latency_s"), **pcts("ttft_s"), **pcts("wait_s"),
+            "peak_rss_mib": server["peak_rss_bytes"] / MIB,
+            "rss_warm_mib": server["rss_warm_bytes"] / MIB,
+            "rss_after_mib": server["rss_after_bytes"] / MIB,
+            "killed_clients_ended": sum(r["kind"] == "killed" and r["outcome"] == "error"
+                                        for r in rows),
+            "restarted_equal": sum(r.get("equal", False) for r in rows
+                                   if r["kind"] == "restarted")}

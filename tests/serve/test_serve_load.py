@@ -1,0 +1,67 @@
+"""`specq serve` under hostile load, run as a user runs it (a subprocess) with its default draft:
+32 concurrent streamed greedy chats against a small queue, every fourth client asking for a long
+answer and hanging up mid-stream, then a SIGKILL under load and a restart on the same port
+(`specq.bench.tools.serve_storm`). On the built-in 135M target here; on the Qwen2.5-Coder pair
+behind the `real` marker."""
+
+from __future__ import annotations
+
+import pytest
+
+from specq.bench.tools.serve_storm import Storm, reference_answers, run
+from specq.data import chat_prompts
+
+PROMPTS = chat_prompts("held_out")[:4]
+# what the storm may add to the server's resident memory after its warm-up: the caches of the
+# requests decoded together; a generation's caches kept after it ends would add more than this
+# over 32 requests
+GROWTH_MIB = 256
+
+
+def check_storm(rows: list[dict], storm: Storm) -> None:
+    summary, server = rows[-1], rows[-2]
+    hung_up = storm.clients // storm.hang_up_every
+    # the bounded queue turned clients away, and each asked again until it was taken
+    assert summary["responses_429"] > 0
+    assert summary["server_429"] == summary["responses_429"]
+    assert (summary["completed"], summary["disconnected"], summary["rejected"],
+            summary["error"]) == (storm.clients - hung_up, hung_up, 0, 0), summary
+    # each hang-up cancelled its long generation, and the server answered after them
+    assert summary["server_aborted"] == hung_up
+    assert [r["outcome"] for r in rows if r["kind"] == "after"] == ["completed"]
+    # every completed answer (the storm's, the one after it, each after the restart) is
+    # `specq generate`'s, token for token
+    restarted = [r for r in rows if r["kind"] == "restarted"]
+    assert len(restarted) == len(PROMPTS)
+    assert summary["completed_all"] == storm.clients - hung_up + 1 + len(PROMPTS)
+    assert summary["equal"] == summary["completed_all"], [
+        (r["kind"], r["prompt"], r["text"]) for r in rows if r.get("equal") is False]
+    # the SIGKILL ended every open stream with an error at once: no client hung
+    killed = [r for r in rows if r["kind"] == "killed"]
+    assert len(killed) == storm.killed_clients
+    assert all(r["outcome"] == "error" and r["ended_after_kill_s"] < 10 for r in killed), killed
+    # memory stayed bounded: the storm's peak (reset after the warm-up) near the warm size
+    assert server["peak_since_warm"]
+    assert summary["rss_warm_mib"] <= summary["peak_rss_mib"] < summary["rss_warm_mib"] + GROWTH_MIB
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_server_under_load_with_the_builtin_target():
+    """--max-batch 4 and --queue 4: at most 8 of the 32 clients are in the server at a time."""
+    storm = Storm(clients=32, max_tokens=16)
+    references = reference_answers("smollm2-135m@fp32", PROMPTS, storm.max_tokens)
+    rows = run(["--port", "0", "--threads", "1", "--max-batch", "4", "--queue", "4"],
+               "smollm2-135m", PROMPTS, references, storm)
+    check_storm(rows, storm)
+
+
+@pytest.mark.real
+def test_the_server_under_load_with_the_real_pair():
+    """The Qwen2.5-Coder 1.5B file at its own precision with its default draft (the 0.5B behind
+    an n-gram lookup), batching 16 with 8 waiting."""
+    storm = Storm(clients=32, max_tokens=32)
+    target = "qwen2.5-coder-1.5b"
+    references = reference_answers(f"{target}@gguf", PROMPTS, storm.max_tokens)
+    rows = run(["--target", target, "--precisions", "gguf", "--port", "0", "--threads", "2",
+                "--queue", "8"], target, PROMPTS, references, storm)
+    check_storm(rows, storm)
