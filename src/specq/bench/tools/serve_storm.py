@@ -261,3 +261,22 @@ def summary(rows: list[dict]) -> dict:
                                         for r in rows),
             "restarted_equal": sum(r.get("equal", False) for r in rows
                                    if r["kind"] == "restarted")}
+
+
+def table(rows: list[dict]) -> str:
+    """One line per results file's run (its summary): the clients' outcomes, the 429s, the equal
+    answers, latency and time to first token of the completed, memory, and the restart."""
+    lines = ["| target | clients | completed | hung up (cancelled) | 429s | equal to generate | "
+             "latency p50 / p95 / p99 (s) | TTFT p50 / p95 (s) | resident after warm-up / "
+             "peak under load | restart |", "|" + "---|" * 10]
+    runs = [r for r in rows if r["kind"] == "run"]
+    for run_row, s, server in zip(runs, (r for r in rows if r["kind"] == "summary"),
+                                  (r for r in rows if r["kind"] == "server")):
+        lines.append(
+            f"| {run_row['target']} | {s['clients']} | {s['completed']} | {s['disconnected']} "
+            f"({s['server_aborted']:.0f}) | {s['responses_429']} | {s['equal']} of "
+            f"{s['completed_all']} | {s['latency_s_p50']:.2f} / {s['latency_s_p95']:.2f} / "
+            f"{s['latency_s_p99']:.2f} | {s['ttft_s_p50']:.2f} / {s['ttft_s_p95']:.2f} | "
+            f"{s['rss_warm_mib']:.0f} / {s['peak_rss_mib']:.0f} MiB | "
+            f"{server['restart_s']:.1f} s |")
+    return "\n".join(lines)
