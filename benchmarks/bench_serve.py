@@ -138,8 +138,6 @@ def run_storm(args) -> None:
     prompts = chat_prompts("held_out")[:8]
     out = args.out or Path(f"docs/results/serve-load-{args.target}.jsonl")
     target = f"{args.target}@{precision}"
-    print(f"reference answers of {target} ...", flush=True)
-    references = serve_storm.reference_answers(target, prompts, plan.max_tokens)
     run = {"kind": "run", "command": "python " + shlex.join(sys.argv), "target": target,
            "threads": args.threads, "max_batch": (args.max_batch or [16])[0],
            "queue": args.queue, "machine": platform.processor() or platform.machine(),
@@ -147,7 +145,7 @@ def run_storm(args) -> None:
     rows = [run] + serve_storm.run(
         ["--target", args.target, "--precisions", precision, "--port", "0",
          "--threads", str(args.threads), "--max-batch", str(run["max_batch"]),
-         "--queue", str(args.queue)], args.target, prompts, references, plan)
+         "--queue", str(args.queue)], args.target, prompts, target, plan)
     cpu = build.cpu_model()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps({**r, "cpu": cpu}) + "\n" for r in rows))
@@ -205,7 +203,8 @@ def main() -> None:
     try:
         for batch in args.max_batch:
             server = ServerProcess(server_args(args.precisions, args.threads,
-                                               max(args.clients) * 2, batch, args.spec_max_batch))
+                                               max(args.clients) * 2, batch, args.spec_max_batch)
+                                   ).wait()
             servers[batch] = (server.url, server)
         for url, _ in servers.values():  # untimed warm-up of every (model, mode)
             for precision in args.precisions:

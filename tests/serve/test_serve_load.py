@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from specq.bench.tools.serve_storm import Storm, reference_answers, run
+from specq.bench.tools.serve_storm import Storm, run
 from specq.data import chat_prompts
 
 PROMPTS = chat_prompts("held_out")[:4]
@@ -42,16 +42,15 @@ def check_storm(rows: list[dict], storm: Storm) -> None:
     assert all(r["outcome"] == "error" and r["ended_after_kill_s"] < 10 for r in killed), killed
     # memory stayed bounded: the storm's peak (reset after the warm-up) near the warm size
     assert server["peak_since_warm"]
-    assert summary["rss_warm_mib"] <= summary["peak_rss_mib"] < summary["rss_warm_mib"] + GROWTH_MIB
+    assert summary["peak_rss_mib"] < summary["rss_warm_mib"] + GROWTH_MIB
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_the_server_under_load_with_the_builtin_target():
-    """--max-batch 4 and --queue 4: at most 8 of the 32 clients are in the server at a time."""
+    """--max-batch 8 and --queue 4: at most 12 of the 32 clients are in the server at a time."""
     storm = Storm(clients=32, max_tokens=16)
-    references = reference_answers("smollm2-135m@fp32", PROMPTS, storm.max_tokens)
-    rows = run(["--port", "0", "--threads", "1", "--max-batch", "4", "--queue", "4"],
-               "smollm2-135m", PROMPTS, references, storm)
+    rows = run(["--port", "0", "--threads", "1", "--max-batch", "8", "--queue", "4"],
+               "smollm2-135m", PROMPTS, "smollm2-135m@fp32", storm)
     check_storm(rows, storm)
 
 
@@ -61,7 +60,6 @@ def test_the_server_under_load_with_the_real_pair():
     an n-gram lookup), batching 16 with 8 waiting."""
     storm = Storm(clients=32, max_tokens=32)
     target = "qwen2.5-coder-1.5b"
-    references = reference_answers(f"{target}@gguf", PROMPTS, storm.max_tokens)
     rows = run(["--target", target, "--precisions", "gguf", "--port", "0", "--threads", "2",
-                "--queue", "8"], target, PROMPTS, references, storm)
+                "--queue", "8"], target, PROMPTS, f"{target}@gguf", storm)
     check_storm(rows, storm)

@@ -23,19 +23,24 @@ class ServerProcess:
     (models loaded and warmed up); its log is drained on a thread (the last lines kept for the
     error of a server that did not start)."""
 
-    def __init__(self, args: list[str], env: dict | None = None, start_timeout_s: float = 900):
-        started = time.monotonic()
+    def __init__(self, args: list[str], env: dict | None = None):
+        """Start it; `wait` for it to take requests (the caller may work meanwhile)."""
+        self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "specq.cli", "serve", *args],
                                      stderr=subprocess.PIPE, text=True, env=env)
         self.url: str | None = None
+        self.start_s: float | None = None  # the command's start to its first request
         self.log: collections.deque[str] = collections.deque(maxlen=40)
         self._ready = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()
+
+    def wait(self, timeout_s: float = 900) -> ServerProcess:
         while not self._ready.wait(0.1):
-            if self.proc.poll() is not None or time.monotonic() - started > start_timeout_s:
+            if self.proc.poll() is not None or time.monotonic() - self.started > timeout_s:
                 self.stop()
                 raise RuntimeError("specq serve did not start:\n" + "".join(self.log))
-        self.start_s = time.monotonic() - started  # the command's start to its first request
+        self.start_s = self.start_s or time.monotonic() - self.started
+        return self
 
     def _drain(self) -> None:
         for line in self.proc.stderr:

@@ -176,14 +176,16 @@ def check_answers(rows: list[dict], references: list[dict]) -> None:
                                                                        want["tokens"])
 
 
-def run(args: list[str], model: str, prompts: list[str], references: list[dict],
-        storm: Storm) -> list[dict]:
+def run(args: list[str], model: str, prompts: list[str], target: str, storm: Storm
+        ) -> list[dict]:
     """The whole scenario on `specq serve ARGS` (ARGS with `--port 0`; the restart takes the
-    first server's port): start, one warm request, the storm, the memory, a last request, then
-    a SIGKILL under load and a restart, and the answers after it."""
+    first server's port): start it, and while it loads compute the reference answers
+    (`reference_answers` of `target`, its `name@precision`); one warm request, the storm, the
+    memory, a last request, then a SIGKILL under load and a restart, and the answers after it."""
     server = ServerProcess(args)
     try:
-        first_start_s = server.start_s
+        references = reference_answers(target, prompts, storm.max_tokens)
+        first_start_s = server.wait().start_s
         asyncio.run(ask_each(server.url, model, prompts[:1], storm, "warm-up"))
         rss_warm = server.memory()["VmRSS"]
         peak_since_warm = server.reset_peak()
@@ -195,7 +197,7 @@ def run(args: list[str], model: str, prompts: list[str], references: list[dict],
         counted = server_counts(server.url)
         rows += asyncio.run(kill_under_load(server, model, prompts, storm))
         port = server.port
-        server = ServerProcess([*_without_port(args), "--port", str(port)])
+        server = ServerProcess([*_without_port(args), "--port", str(port)]).wait()
         rows += asyncio.run(ask_each(server.url, model, prompts, storm, "restarted"))
     finally:
         server.stop()
