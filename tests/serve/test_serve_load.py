@@ -63,3 +63,35 @@ def test_the_server_under_load_with_the_real_pair():
     rows = run(["--target", target, "--precisions", "gguf", "--port", "0", "--threads", "2",
                 "--queue", "8"], target, PROMPTS, f"{target}@gguf", storm)
     check_storm(rows, storm)
+
+
+def test_the_storm_summary_counts_each_outcome_and_its_table_renders(tmp_path):
+    """A results file's rows -> its summary and its docs table (doc_tables' `serve-storm`)."""
+    import json
+
+    from specq.bench.doc_tables import render
+    from specq.bench.tools.serve_storm import check_answers, summary
+
+    def request(outcome, prompt, text, rejected=0):
+        return {"kind": "request", "prompt": prompt, "outcome": outcome, "text": text,
+                "completion_tokens": 2, "rejected_429": rejected, "latency_s": 1.0,
+                "ttft_s": 0.5, "wait_s": 2.0}
+
+    rows = [request("completed", 0, "ab", 3), request("completed", 1, "xx"),
+            request("disconnected", 0, "a"), request("rejected", 1, "", 101),
+            {"kind": "killed", "outcome": "error"}, request("completed", 1, "cd") | {
+                "kind": "restarted"}]
+    check_answers(rows, [{"text": "ab", "tokens": 2}, {"text": "cd", "tokens": 2}])
+    rows.append({"kind": "server", "rss_warm_bytes": 2**30, "rss_after_bytes": 2**30,
+                 "peak_rss_bytes": 2**30 + 2**20, "restart_s": 3.0, "finished_abort": 1,
+                 "rejected_queue_full": 104})
+    s = summary(rows)
+    assert (s["completed"], s["disconnected"], s["rejected"], s["error"]) == (2, 1, 1, 0)
+    assert (s["responses_429"], s["server_429"], s["server_aborted"]) == (104, 104, 1)
+    assert (s["completed_all"], s["equal"], s["restarted_equal"]) == (3, 2, 1)  # "xx" differs
+    assert s["peak_rss_mib"] - s["rss_warm_mib"] == 1 and s["killed_clients_ended"] == 1
+    path = tmp_path / "serve-load.jsonl"
+    rows = [{"kind": "run", "target": "t@fp32"}, *rows, s]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = render(f"{path.name} serve-storm", tmp_path).splitlines()[2]
+    assert line.startswith("| t@fp32 | 4 | 2 | 1 (1) | 104 | 2 of 3 |"), line
