@@ -6,7 +6,7 @@ precision: tokens/s, latency and time to first token under concurrent clients.
         [--repeats 2] [--threads 2] [--spec-max-batch N] [--out docs/results/serve-batch.jsonl]
     python benchmarks/bench_serve.py --table docs/results/serve-batch.jsonl
     python benchmarks/bench_serve.py --storm [--target qwen2.5-coder-1.5b --precisions gguf]
-        [--clients 32] [--max-batch 16] [--queue 8] [--max-tokens 32] [--threads 2]
+        [--clients 32] [--rounds 3] [--max-batch 16] [--queue 8] [--max-tokens 32] [--threads 2]
         [--out docs/results/serve-load-coder.jsonl]
 
 Results: one JSON line per request, per round and per server's counters, and one for the run
@@ -28,9 +28,10 @@ other precision idles.
 of --target at the first precision with its default draft, --clients concurrent streamed greedy
 chats of --max-tokens tokens against a --queue small enough to fill, every fourth client asking
 for a long answer and hanging up mid-stream, each 429 asked again after its Retry-After; then a
-SIGKILL under load and a restart. Rows: each client's outcome, latency and time to first token,
-every completed answer checked against `specq generate`'s, the server's resident memory after its
-warm-up and its peak under load, its counts; default --out docs/results/serve-load-TARGET.jsonl.
+SIGKILL under load and a restart; the storm runs --rounds times back to back. Rows: each client's
+outcome, latency and time to first token, every completed answer checked against `specq
+generate`'s, the server's resident memory after its warm-up and its peak in each round, its
+counts; default --out docs/results/serve-load-TARGET.jsonl.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def run_storm(args) -> None:
     from specq.data import chat_prompts
 
     precision = (args.precisions or ["fp32"])[0]
-    plan = serve_storm.Storm(clients=(args.clients or [32])[0], max_tokens=args.max_tokens)
+    plan = serve_storm.Storm(clients=(args.clients or [32])[0], max_tokens=args.max_tokens,
+                             rounds=args.rounds)
     prompts = chat_prompts("held_out")[:8]
     out = args.out or Path(f"docs/results/serve-load-{args.target}.jsonl")
     target = f"{args.target}@{precision}"
@@ -165,6 +167,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--clients", type=int, nargs="+", default=None,
                     help="default 1 4 16 (--storm: 32)")
     ap.add_argument("--queue", type=int, default=8, help="--storm's --queue")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="--storm's storms back to back (memory that grows from one to the next "
+                         "is kept)")
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--requests", type=int, default=16,
                     help="requests per round (at least its clients)")

@@ -22,15 +22,15 @@ from .serve_load import MIB, ServerProcess, percentile
 @dataclass(frozen=True)
 class Storm:
     clients: int = 32  # concurrent streamed chats
+    rounds: int = 2  # storms back to back: memory that grows from one to the next is kept
     max_tokens: int = 16  # per answer
     hang_up_every: int = 4  # every Nth client closes its stream after `hang_up_after` chunks
     hang_up_after: int = 2
-    retries: int = 100  # 429s a client takes (each followed by its Retry-After) before giving up
     killed_clients: int = 4  # streams open when the server is killed
     # the answer's length (EOS ignored) for a client that hangs up or is cut by the kill: still
     # running when it goes, so the server must cancel it
     long_tokens: int = 512
-    timeout_s: float = 600  # a client's whole wait
+    timeout_s: float = 600  # a client's whole wait, its 429s and their Retry-After included
 
 
 def reference_answers(target: str, prompts: list[str], max_tokens: int) -> list[dict]:
@@ -47,9 +47,9 @@ def reference_answers(target: str, prompts: list[str], max_tokens: int) -> list[
 
 
 async def chat(client, model: str, prompt: str, max_tokens: int, hang_up_after: int | None,
-               retries: int, started_streams: asyncio.Event | None = None,
+               timeout_s: float, started_streams: asyncio.Event | None = None,
                extra: dict | None = None) -> dict:
-    """One client's streamed greedy chat, asked again after each 429 (up to `retries` times);
+    """One client's streamed greedy chat, asked again after each 429 (until `timeout_s` passes);
     `hang_up_after`: close the stream after that many content chunks."""
     import openai
 
@@ -65,7 +65,7 @@ async def chat(client, model: str, prompt: str, max_tokens: int, hang_up_after: 
             break
         except openai.RateLimitError as e:
             rejected += 1
-            if rejected > retries:
+            if time.perf_counter() - first > timeout_s:
                 return _row("rejected", first, started, ttft, pieces, tokens, rejected, str(e))
             await asyncio.sleep(float(e.response.headers.get("retry-after", 1)))
         except _lost() as e:
@@ -133,8 +133,8 @@ async def storm_requests(url: str, model: str, prompts: list[str], storm: Storm)
 
         rows = await asyncio.gather(*(
             chat(client, model, prompts[i % len(prompts)], storm.long_tokens, hangs(i),
-                 storm.retries, extra={"ignore_eos": True}) if hangs(i) else
-            chat(client, model, prompts[i % len(prompts)], storm.max_tokens, None, storm.retries)
+                 storm.timeout_s, extra={"ignore_eos": True}) if hangs(i) else
+            chat(client, model, prompts[i % len(prompts)], storm.max_tokens, None, storm.timeout_s)
             for i in range(storm.clients)))
     return [{"kind": "request", "client": i, "prompt": i % len(prompts)} | row
             for i, row in enumerate(rows)]
@@ -147,7 +147,7 @@ async def kill_under_load(server: ServerProcess, model: str, prompts: list[str],
     async with _client(server.url, storm) as client:
         streaming = asyncio.Event()
         tasks = [asyncio.create_task(chat(client, model, prompts[i % len(prompts)],
-                                          storm.long_tokens, None, storm.retries, streaming,
+                                          storm.long_tokens, None, storm.timeout_s, streaming,
                                           {"ignore_eos": True}))
                  for i in range(storm.killed_clients)]
         await asyncio.wait_for(streaming.wait(), storm.timeout_s)
@@ -163,7 +163,7 @@ async def ask_each(url: str, model: str, prompts: list[str], storm: Storm, kind:
     """One chat per prompt, all at once."""
     async with _client(url, storm) as client:
         rows = await asyncio.gather(*(chat(client, model, p, storm.max_tokens, None,
-                                           storm.retries) for p in prompts))
+                                           storm.timeout_s) for p in prompts))
     return [{"kind": kind, "prompt": i} | row for i, row in enumerate(rows)]
 
 
@@ -180,19 +180,24 @@ def run(args: list[str], model: str, prompts: list[str], target: str, storm: Sto
         ) -> list[dict]:
     """The whole scenario on `specq serve ARGS` (ARGS with `--port 0`; the restart takes the
     first server's port): start it, and while it loads compute the reference answers
-    (`reference_answers` of `target`, its `name@precision`); one warm request, the storm, the
-    memory, a last request, then a SIGKILL under load and a restart, and the answers after it."""
+    (`reference_answers` of `target`, its `name@precision`); one warm request, the storm's
+    rounds (each with its peak memory), a last request, then a SIGKILL under load and a restart,
+    and the answers after it."""
     server = ServerProcess(args)
     try:
         references = reference_answers(target, prompts, storm.max_tokens)
         first_start_s = server.wait().start_s
         asyncio.run(ask_each(server.url, model, prompts[:1], storm, "warm-up"))
         rss_warm = server.memory()["VmRSS"]
-        peak_since_warm = server.reset_peak()
-        began = time.perf_counter()
-        rows = asyncio.run(storm_requests(server.url, model, prompts, storm))
-        wall_s = time.perf_counter() - began
-        memory = server.memory()
+        rows, peaks, walls, peak_since_warm = [], [], [], True
+        for round_ in range(storm.rounds):
+            peak_since_warm &= server.reset_peak()
+            began = time.perf_counter()
+            rows += [r | {"round": round_} for r in
+                     asyncio.run(storm_requests(server.url, model, prompts, storm))]
+            walls.append(time.perf_counter() - began)
+            peaks.append(server.memory()["VmHWM"])
+        rss_after = server.memory()["VmRSS"]
         rows += asyncio.run(ask_each(server.url, model, prompts[:1], storm, "after"))
         counted = server_counts(server.url)
         rows += asyncio.run(kill_under_load(server, model, prompts, storm))
@@ -203,8 +208,8 @@ def run(args: list[str], model: str, prompts: list[str], target: str, storm: Sto
         server.stop()
     check_answers(rows, references)
     rows.append({"kind": "server", "start_s": first_start_s, "restart_s": server.start_s,
-                 "storm_wall_s": wall_s, "rss_warm_bytes": rss_warm,
-                 "rss_after_bytes": memory["VmRSS"], "peak_rss_bytes": memory["VmHWM"],
+                 "storm_wall_s": walls, "rss_warm_bytes": rss_warm, "rss_after_bytes": rss_after,
+                 "peak_rss_bytes": peaks,  # per round
                  "peak_since_warm": peak_since_warm, "storm": asdict(storm)} | counted)
     return rows + [summary(rows)]
 
@@ -236,8 +241,9 @@ def _without_port(args: list[str]) -> list[str]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """The storm's counts (by outcome, 429s, equal answers), latency and time to first token
-    percentiles of its completed requests, the memory, and what the kill and restart left."""
+    """The storm's counts over its rounds (by outcome, 429s, equal answers), latency and time to
+    first token percentiles of its completed requests, the memory, and what the kill and restart
+    left."""
     storm = [r for r in rows if r["kind"] == "request"]
     done = [r for r in storm if r["outcome"] == "completed"]
     checked = [r for r in rows if r.get("outcome") == "completed"]  # the storm's and after it
@@ -249,14 +255,16 @@ def summary(rows: list[dict]) -> dict:
 
     counts = {o: sum(r["outcome"] == o for r in storm)
               for o in ("completed", "disconnected", "rejected", "error")}
-    return {"kind": "summary", "clients": len(storm), **counts,
+    return {"kind": "summary", "clients": server["storm"]["clients"],
+            "rounds": server["storm"]["rounds"], "requests": len(storm), **counts,
             "responses_429": sum(r["rejected_429"] for r in storm),
             # the server's own counts: 429s it sent, generations a hang-up cancelled
             "server_429": server.get("rejected_queue_full", 0),
             "server_aborted": server.get("finished_abort", 0),
             "completed_all": len(checked), "equal": sum(r.get("equal", False) for r in checked),
             **pcts("latency_s"), **pcts("ttft_s"), **pcts("wait_s"),
-            "peak_rss_mib": server["peak_rss_bytes"] / MIB,
+            "peak_rss_mib": max(server["peak_rss_bytes"]) / MIB,
+            "round_peaks_mib": [b / MIB for b in server["peak_rss_bytes"]],
             "rss_warm_mib": server["rss_warm_bytes"] / MIB,
             "rss_after_mib": server["rss_after_bytes"] / MIB,
             "killed_clients_ended": sum(r["kind"] == "killed" and r["outcome"] == "error"
@@ -266,19 +274,22 @@ def summary(rows: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    """One line per results file's run (its summary): the clients' outcomes, the 429s, the equal
-    answers, latency and time to first token of the completed, memory, and the restart."""
-    lines = ["| target | clients | completed | hung up (cancelled) | 429s | equal to generate | "
-             "latency p50 / p95 / p99 (s) | TTFT p50 / p95 (s) | resident after warm-up / "
-             "peak under load | restart |", "|" + "---|" * 10]
+    """One line per results file's run (its summary): the requests' outcomes over its rounds,
+    the 429s, the equal answers, latency and time to first token of the completed, memory (the
+    peak of each round), and the restart."""
+    lines = ["| target | clients x rounds | completed | hung up (cancelled) | 429s | "
+             "equal to generate | latency p50 / p95 / p99 (s) | TTFT p50 / p95 (s) | "
+             "resident after warm-up / peak per round | restart |", "|" + "---|" * 10]
     runs = [r for r in rows if r["kind"] == "run"]
     for run_row, s, server in zip(runs, (r for r in rows if r["kind"] == "summary"),
                                   (r for r in rows if r["kind"] == "server")):
         lines.append(
-            f"| {run_row['target']} | {s['clients']} | {s['completed']} | {s['disconnected']} "
+            f"| {run_row['target']} | {s['clients']} x {s['rounds']} | {s['completed']} | "
+            f"{s['disconnected']} "
             f"({s['server_aborted']:.0f}) | {s['responses_429']} | {s['equal']} of "
             f"{s['completed_all']} | {s['latency_s_p50']:.2f} / {s['latency_s_p95']:.2f} / "
             f"{s['latency_s_p99']:.2f} | {s['ttft_s_p50']:.2f} / {s['ttft_s_p95']:.2f} | "
-            f"{s['rss_warm_mib']:.0f} / {s['peak_rss_mib']:.0f} MiB | "
+            f"{s['rss_warm_mib']:.0f} / "
+            f"{', '.join(f'{p:.0f}' for p in s['round_peaks_mib'])} MiB | "
             f"{server['restart_s']:.1f} s |")
     return "\n".join(lines)
