@@ -130,7 +130,8 @@ def load_table(rows: list[dict]) -> str:
 def acceptance_lines(rows: list[dict]) -> str:
     """Acceptance and tau per server and model over the whole run (speculative rounds)."""
     out = []
-    for m in (r for r in rows if r["kind"] == "metrics" and r["draft"] != "none"):
+    for m in (r for r in rows if r["kind"] == "metrics" and r["draft"] != "none"
+              and r["specq:spec_decode_num_draft_tokens_total"]):  # not a plain-only sweep
         drafted = m["specq:spec_decode_num_draft_tokens_total"]
         accepted = m["specq:spec_decode_num_accepted_tokens_total"]
         steps = m["specq:decode_steps_total"]
