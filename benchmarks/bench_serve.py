@@ -5,6 +5,9 @@ precision: tokens/s, latency and time to first token under concurrent clients.
         [--clients 1 4 16] [--modes speculative plain] [--requests 16] [--max-tokens 32]
         [--repeats 2] [--threads 2] [--spec-max-batch N] [--out docs/results/serve-batch.jsonl]
     python benchmarks/bench_serve.py --table docs/results/serve-batch.jsonl
+    python benchmarks/bench_serve.py --storm [--target qwen2.5-coder-1.5b --precisions gguf]
+        [--clients 32] [--rounds 3] [--max-batch 16] [--queue 8] [--max-tokens 32] [--threads 2]
+        [--out docs/results/serve-load-coder.jsonl]
 
 Results: one JSON line per request, per round and per server's counters, and one for the run
 (the command, the date), each with the machine (`cpu`), written to --out (replacing it; default
@@ -20,6 +23,15 @@ percent over minutes, so only rounds run side by side are compared), and the who
 the held-out chat prompts to one precision from `clients` concurrent clients, greedy, exactly
 --max-tokens tokens each (EOS ignored, so every server and mode generates the same tokens); the
 other precision idles.
+
+--storm runs the server under hostile load instead (`specq.bench.tools.serve_storm`): one server
+of --target at the first precision with its default draft, --clients concurrent streamed greedy
+chats of --max-tokens tokens against a --queue small enough to fill, every fourth client asking
+for a long answer and hanging up mid-stream, each 429 asked again after its Retry-After; then a
+SIGKILL under load and a restart; the storm runs --rounds times back to back. Rows: each client's
+outcome, latency and time to first token, every completed answer checked against `specq
+generate`'s, the server's resident memory after its warm-up and its peak in each round, its
+counts; default --out docs/results/serve-load-TARGET.jsonl.
 """
 
 from __future__ import annotations
@@ -27,9 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -37,7 +47,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from specq.bench.tools.serve_load import report
+from specq.bench.tools import serve_storm
+from specq.bench.tools.serve_load import ServerProcess, report
 from specq.kernels import build
 
 MODES = {"speculative": {}, "plain": {"speculative": False}}
@@ -47,26 +58,14 @@ COUNTERS = ("specq:spec_decode_num_draft_tokens_total",
             "specq:generation_tokens_total")
 
 
-def start_server(precisions: list[str], threads: int, queue: int, max_batch: int,
-                 spec_max_batch: int | None = None) -> tuple[subprocess.Popen, str]:
+def server_args(precisions: list[str], threads: int, queue: int, max_batch: int,
+                spec_max_batch: int | None = None) -> list[str]:
     # rounds repeat the same prompts: with a suffix cache an n-gram draft would copy each answer
     # from its earlier round
-    cmd = [sys.executable, "-m", "specq.cli", "serve", "--precisions", ",".join(precisions),
-           "--port", "0", "--threads", str(threads), "--queue", str(queue),
-           "--max-batch", str(max_batch), "--suffix-cache", "0"]
-    if spec_max_batch is not None:
-        cmd += ["--spec-max-batch", str(spec_max_batch)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    url = None
-    for line in proc.stderr:
-        if m := re.search(r"on (http://\S+)", line):
-            url = m.group(1)
-        if "startup complete" in line:
-            break
-    if url is None:
-        raise SystemExit("the server did not start")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its log pipe drained
-    return proc, url
+    args = ["--target", TARGET, "--precisions", ",".join(precisions), "--port", "0",
+            "--threads", str(threads), "--queue", str(queue), "--max-batch", str(max_batch),
+            "--suffix-cache", "0"]
+    return args + ([] if spec_max_batch is None else ["--spec-max-batch", str(spec_max_batch)])
 
 
 def one_request(client, model: str, prompt: str, max_tokens: int, extra: dict) -> dict:
@@ -131,12 +130,46 @@ def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def run_storm(args) -> None:
+    """--storm: the hostile-load scenario on one server, its rows and table."""
+    from specq.data import chat_prompts
+
+    precision = (args.precisions or ["fp32"])[0]
+    plan = serve_storm.Storm(clients=(args.clients or [32])[0], max_tokens=args.max_tokens,
+                             rounds=args.rounds)
+    prompts = chat_prompts("held_out")[:8]
+    out = args.out or Path(f"docs/results/serve-load-{args.target}.jsonl")
+    target = f"{args.target}@{precision}"
+    run = {"kind": "run", "command": "python " + shlex.join(sys.argv), "target": target,
+           "threads": args.threads, "max_batch": (args.max_batch or [16])[0],
+           "queue": args.queue, "machine": platform.processor() or platform.machine(),
+           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    rows = [run] + serve_storm.run(
+        ["--target", args.target, "--precisions", precision, "--port", "0",
+         "--threads", str(args.threads), "--max-batch", str(run["max_batch"]),
+         "--queue", str(args.queue)], args.target, prompts, target, plan)
+    cpu = build.cpu_model()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({**r, "cpu": cpu}) + "\n" for r in rows))
+    print(serve_storm.table(read(out)))
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-batch", type=int, nargs="+", default=[1, 4, 16],
-                    help="one server per value")
-    ap.add_argument("--precisions", nargs="+", default=["fp32", "int4-g64-rtn-head8"])
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--storm", action="store_true",
+                    help="hostile load on one server instead of the batching sweep")
+    ap.add_argument("--target", default=TARGET, help="--storm's target (the sweep's is the 135M)")
+    ap.add_argument("--max-batch", type=int, nargs="+", default=None,
+                    help="one server per value (default 1 4 16; --storm: 16)")
+    ap.add_argument("--precisions", nargs="+", default=None,
+                    help="default fp32 int4-g64-rtn-head8 (--storm: the first, default fp32; "
+                         "gguf for a GGUF target at its own precision)")
+    ap.add_argument("--clients", type=int, nargs="+", default=None,
+                    help="default 1 4 16 (--storm: 32)")
+    ap.add_argument("--queue", type=int, default=8, help="--storm's --queue")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="--storm's storms back to back (memory that grows from one to the next "
+                         "is kept)")
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--requests", type=int, default=16,
                     help="requests per round (at least its clients)")
@@ -145,7 +178,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=2, help="each server's torch threads")
     ap.add_argument("--spec-max-batch", type=int, default=None,
                     help="every server's --spec-max-batch")
-    ap.add_argument("--out", type=Path, default=Path("docs/results/serve-batch.jsonl"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default docs/results/serve-batch.jsonl (--storm: "
+                         "docs/results/serve-load-TARGET.jsonl)")
     ap.add_argument("--table", type=Path, default=None,
                     help="print the tables of a results file and exit")
     return ap
@@ -154,8 +189,17 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     if args.table:
-        print(report(read(args.table)))
+        rows = read(args.table)
+        stormy = any(r["kind"] == "summary" for r in rows)
+        print(serve_storm.table(rows) if stormy else report(rows))
         return
+    if args.storm:
+        run_storm(args)
+        return
+    args.max_batch = args.max_batch or [1, 4, 16]
+    args.precisions = args.precisions or ["fp32", "int4-g64-rtn-head8"]
+    args.clients = args.clients or [1, 4, 16]
+    args.out = args.out or Path("docs/results/serve-batch.jsonl")
     from specq.data import chat_prompts
 
     prompts = chat_prompts("held_out")
@@ -163,9 +207,10 @@ def main() -> None:
     servers = {}
     try:
         for batch in args.max_batch:
-            proc, url = start_server(args.precisions, args.threads, max(args.clients) * 2,
-                                     batch, args.spec_max_batch)
-            servers[batch] = (url, proc)
+            server = ServerProcess(server_args(args.precisions, args.threads,
+                                               max(args.clients) * 2, batch, args.spec_max_batch)
+                                   ).wait()
+            servers[batch] = (server.url, server)
         for url, _ in servers.values():  # untimed warm-up of every (model, mode)
             for precision in args.precisions:
                 for mode in MODES:
@@ -196,9 +241,8 @@ def main() -> None:
                 rows.append({"kind": "metrics", "max_batch": batch, "model": model, "draft": draft}
                             | {k: v - was.get(k, 0) for k, v in now.items()})
     finally:
-        for _, proc in servers.values():
-            proc.terminate()
-            proc.wait(30)
+        for _, server in servers.values():
+            server.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps({**r, "cpu": cpu}) + "\n" for r in rows))
     print(report(read(args.out)))

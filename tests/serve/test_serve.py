@@ -392,20 +392,60 @@ def test_a_full_queue_answers_429(server, dirs, monkeypatch):
         accepted = []
         for _ in range(MAX_BATCH + 3):  # one at a time, each running or queued before the next
             accepted.append(pool.submit(client(port).completions.create, **request))
-            while (len(engine.running) + engine.jobs.qsize() < len(accepted)
+            while (len(engine.running) + len(engine.waiting) < len(accepted)
                    and not accepted[-1].done()):
                 time.sleep(0.01)
             if accepted[-1].done():
                 break
         with pytest.raises(openai.RateLimitError):
             accepted.pop().result()
-        assert 1 <= len(engine.running) <= MAX_BATCH and engine.jobs.qsize() == 2
+        assert 1 <= len(engine.running) <= MAX_BATCH and len(engine.waiting) == 2
         assert metric(port, "specq:num_requests_waiting", model=name(dirs)) == 2
         status, reply, headers = post(port, "/v1/completions", request)
         assert (status == 429 and reply["error"]["code"] == "queue_full"
                 and headers["retry-after"] == "1")
         gate.set()
         assert [f.result().usage.completion_tokens for f in accepted] == [3] * len(accepted)
+
+
+def test_a_client_that_leaves_the_queue_gives_its_place_to_the_next(server, dirs, monkeypatch):
+    """A running request held in its step (the worker admits none meanwhile), the queue's 2
+    places taken by clients that then hang up: the next request waits in their place (no 429)
+    and runs once the worker moves on."""
+    port, app = server
+    engine = app.state.engines[name(dirs)]
+    gate, real = threading.Event(), engine_module.step
+    monkeypatch.setattr(engine_module, "step",
+                        lambda sequences, **options: gate.wait(30) and real(sequences, **options))
+    request = dict(model=name(dirs), prompt=PROMPT, max_tokens=3, temperature=0)
+    left = metric(port, "specq:request_rejected_total", model=name(dirs), reason="abort")
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(client(port).completions.create, **request)
+        while not engine.running:
+            time.sleep(0.01)
+        leaving = []
+        for _ in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/v1/completions", json.dumps(request),
+                         {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+            leaving.append(conn)
+        while len(engine.waiting) < 2:
+            time.sleep(0.01)
+        for conn in leaving:
+            conn.close()
+        started = time.monotonic()
+        while not all(job.cancelled for job in list(engine.waiting)):  # seen within a poll
+            assert time.monotonic() - started < 5, "the server did not see the clients leave"
+            time.sleep(0.05)
+        last = pool.submit(client(port).completions.create, **request)
+        while not last.done() and len(engine.waiting) != 1:
+            time.sleep(0.01)
+        assert not last.done(), last.exception()  # waiting, not refused
+        assert metric(port, "specq:request_rejected_total", model=name(dirs),
+                      reason="abort") == left + 2
+        gate.set()
+        assert [f.result().usage.completion_tokens for f in (running, last)] == [3, 3]
+    assert metric(port, "specq:num_requests_waiting", model=name(dirs)) == 0
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, dirs, models,

@@ -25,7 +25,7 @@ from ..core.gamma import sort_key as gamma_order
 from ..loading.refs import model_ref
 from . import peer_tables, result_tables, store
 from .aggregate import summarize
-from .tools import llamacpp, versions
+from .tools import llamacpp, serve_storm, versions
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
@@ -254,6 +254,8 @@ KINDS = {
     "load": Kind(lambda p, o: result_tables.load(_rows(p, o)), ("machine",)),
     "serve-modes": Kind(lambda p, o: result_tables.serve_modes(_rows(p, o), _clients(o)),
                         ("machine", "clients")),
+    # bench_serve.py --storm: one line per run (clients' outcomes, 429s, equal answers, memory)
+    "serve-storm": Kind(lambda p, o: serve_storm.table(_rows(p, o)), ("machine",)),
     "compare": Kind(lambda p, o: result_tables.compare(_rows(p, o)), ("machine",)),
     "verify": Kind(lambda p, o: result_tables.verify(_rows(p, o)), ("machine",)),
     "versions": Kind(lambda p, o: versions.summary(_rows(p, o)), ("machine",)),

@@ -11,7 +11,9 @@ one server compute at the same time.
 The worker owns the model and its tokenizer: prompts are encoded, generated and decoded on that
 thread only. It talks to a request's event loop through `Job.post`; the event loop talks back
 through two flags read after every decoding step: the client went away (`cancel`), or the
-request outlived the server's timeout.
+request outlived the server's timeout. A request whose client leaves while it waits gives its
+place in the queue to the next request (a queue full of abandoned requests would turn live ones
+away).
 
 Each request drafts from, and when it ends joins, the earlier requests of its API key
 (`ModelPool.suffix_cache`), except a sampled request with its own seed, which only joins them.
@@ -20,8 +22,8 @@ Each request drafts from, and when it ends joins, the earlier requests of its AP
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -100,7 +102,10 @@ class Engine:
         self.gamma_memory = pool.gamma_memory(precision)  # gamma auto's, across requests
         self.metrics, self.timeout_s, self.max_batch = metrics, timeout_s, max_batch
         self.spec_max_batch = spec_max_batch  # larger steps decode plainly; None: always speculate
-        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self.waiting: collections.deque[Job] = collections.deque()  # guarded by self.changed
+        self.changed = threading.Condition()  # a job was queued, or the server stops
+        self.stopping = False
         self.thread = threading.Thread(target=self._work, name=f"specq-serve {name}", daemon=True)
         self.running: list[Running] = []
         for gauge in (metrics.running, metrics.waiting):
@@ -120,31 +125,43 @@ class Engine:
 
     def stop(self) -> None:
         """Refuse what is queued, cancel what runs, end the worker."""
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.post("error", APIError(503, "the server is shutting down", type="server_error"))
+        with self.changed:
+            self.stopping = True
+            refused, self.waiting = list(self.waiting), collections.deque()
+            self.changed.notify()
+        for job in refused:
+            job.post("error", APIError(503, "the server is shutting down", type="server_error"))
         for running in list(self.running):
             running.job.cancel()
-        self.jobs.put(None)
 
     def new_job(self, plan: Plan, key: str = "") -> Job:
         return Job(plan=plan, loop=asyncio.get_running_loop(),
                    deadline=time.monotonic() + self.timeout_s, key=key)
 
     def submit(self, job: Job) -> None:
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            self.metrics.rejected.labels(model=self.name, reason="queue_full").inc()
-            raise APIError(429, f"the queue of '{self.name}' is full ({self.jobs.maxsize} "
-                                "waiting): retry later",
-                           type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        self.metrics.waiting.labels(model=self.name).inc()
+        with self.changed:
+            if len(self.waiting) >= self.queue_size:
+                self._drop_abandoned()
+            if len(self.waiting) >= self.queue_size:
+                self.metrics.rejected.labels(model=self.name, reason="queue_full").inc()
+                raise APIError(429, f"the queue of '{self.name}' is full ({self.queue_size} "
+                                    "waiting): retry later",
+                               type="rate_limit_error", code="queue_full",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+            self.waiting.append(job)
+            self.metrics.waiting.labels(model=self.name).inc()
+            self.changed.notify()
+
+    def _drop_abandoned(self) -> None:
+        """Forget the waiting jobs whose clients have left (the caller holds `changed`)."""
+        kept = collections.deque(job for job in self.waiting if not job.cancelled)
+        for _ in range(len(self.waiting) - len(kept)):
+            self._left_waiting()
+        self.waiting = kept
+
+    def _left_waiting(self) -> None:
+        self.metrics.waiting.labels(model=self.name).dec()
+        self.metrics.rejected.labels(model=self.name, reason="abort").inc()
 
     def alive(self) -> bool:
         return self.thread.is_alive()
@@ -162,15 +179,18 @@ class Engine:
         """Start waiting jobs while fewer than max_batch run (waiting for one when none runs);
         False once the server stops."""
         while len(self.running) < self.max_batch:
-            try:
-                job = self.jobs.get(block=not self.running)
-            except queue.Empty:
-                return True
-            if job is None:
-                return False
-            self.metrics.waiting.labels(model=self.name).dec()
+            with self.changed:
+                while not (self.waiting or self.running or self.stopping):
+                    self.changed.wait()
+                if self.stopping:
+                    return False
+                if not self.waiting:
+                    return True
+                job = self.waiting.popleft()
             if job.cancelled:
+                self._left_waiting()
                 continue
+            self.metrics.waiting.labels(model=self.name).dec()
             if not job.keep_going():
                 self.metrics.rejected.labels(model=self.name, reason="timeout").inc()
                 job.post("error", _timeout(self.timeout_s))

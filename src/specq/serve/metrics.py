@@ -30,7 +30,8 @@ class Metrics:
         self.waiting = Gauge("specq:num_requests_waiting", "Requests queued.", ["model"],
                              registry=r)
         self.rejected = Counter("specq:request_rejected",
-                                "Requests refused before running (queue_full, timeout).",
+                                "Requests that ended before running (queue_full, timeout, "
+                                "abort: the client left while it waited).",
                                 ["model", "reason"], registry=r)
         self.finished = Counter("specq:request_success",
                                 "Finished requests by reason (stop, length, abort, "

@@ -5,6 +5,7 @@ the scripts, so that a test or benchmarks/doc_tables.py imports a module, never 
     llamacpp.py    bench_llamacpp.py: the weights it knows, its set-up checks, llama.cpp's log
     versions.py    bench_versions.py: the configurations two commits run, the paired table
     passes.py      bench_passes.py: a step's and verify passes' cost, the read rate
-    serve_load.py  bench_serve.py: the server load test's tables
+    serve_load.py  bench_serve.py: `specq serve` as a subprocess, the batching sweep's tables
+    serve_storm.py bench_serve.py --storm and tests/serve: the server under hostile load, its table
     load_time.py   bench_load.py: load time and resident memory
 """
