@@ -40,8 +40,8 @@ class PackagedFile:
 
     def part_paths(self, damaged: str | None = None) -> list[Path]:
         """Where each installed part lies; a missing one is a one-line error with the install
-        command (saying that the assembled file is `damaged`, when it is), an unreadable one a
-        line naming it."""
+        command (after `damaged`, what is wrong with the assembled file, when it is), an
+        unreadable one a line naming it."""
         paths = []
         for i in range(1, self.parts + 1):
             module = f"{self.package}{i}".replace("-", "_")
@@ -49,9 +49,8 @@ class PackagedFile:
             path = (Path(spec.origin).parent / "data" / f"part{i:02d}.bin"
                     if spec and spec.origin else None)
             if path is None or not path.is_file():
-                why = (f"the assembled {self.filename} is damaged ({damaged}) and cannot be "
-                       "assembled again" if damaged else f"{self.filename} needs {self.parts} "
-                       "pip packages")
+                why = (f"{damaged} and cannot be assembled again" if damaged
+                       else f"{self.filename} needs {self.parts} pip packages")
                 raise SpecqError(f"{why} ({self.package}{i} is missing): "
                                  f"{self.install_command()}")
             try:
@@ -83,7 +82,7 @@ def path(f: PackagedFile) -> Path:
     damaged = damage(f, target) if target.is_file() else None
     if target.is_file() and damaged is None:
         return target
-    parts = f.part_paths(damaged)
+    parts = f.part_paths(f"{target} is damaged ({damaged})" if damaged else None)
     total = sum(p.stat().st_size for p in parts)
     if total != f.size:
         raise SpecqError(f"the installed parts of {f.filename} hold {total:,} bytes, not "
