@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import atomic
+from .checks import MARKER
 
 STAMP = ".specq-stamp.json"  # in a stamped folder; beside a stamped file as `.{name}{STAMP}`
 BLOCK, BLOCKS = 1 << 16, 64
@@ -56,7 +57,7 @@ def _files(path: Path) -> dict[str, Path]:
     if not path.is_dir():
         return {path.name: path}
     return {f.relative_to(path).as_posix(): f for f in sorted(path.rglob("*"))
-            if f.is_file() and f.name != STAMP}
+            if f.is_file() and f.name not in (STAMP, MARKER)}  # the marker: `atomic.write_dir`'s
 
 
 def stamp(path: Path, ctime: bool = False) -> None:

@@ -74,3 +74,25 @@ def test_a_precision_that_is_not_a_string_is_one_error(tiny_dir):
 
     with pytest.raises(SpecqError, match="a precision is a string such as 'fp32'"):
         specq.ModelPool(str(tiny_dir)).generate("t1", precision=4)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_a_damaged_quantization_cache_is_quantized_again(tiny_dir, tmp_path, capsys, damage):
+    ref = f"{tiny_dir}@int8"
+    first = specq.load(ref)
+    cached = next((tmp_path / "cache" / "quantized").iterdir())
+    weights = cached / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    else:
+        weights.unlink()
+    capsys.readouterr()
+    again = specq.load(ref)
+    err = capsys.readouterr().err
+    assert f"ignoring a stale quantization cache (cannot load quantized model from '{cached}': " \
+           "model.safetensors" in err and "quantizing" in err
+    ids = torch.tensor([1, 5, 9, 2, 7])
+    with torch.no_grad():
+        torch.testing.assert_close(first.net(ids, None), again.net(ids, None))
+    specq.load(ref)
+    assert capsys.readouterr().err == ""  # whole again
