@@ -170,7 +170,13 @@ def test_an_interrupted_write_is_removed_by_the_next_run(tmp_path):
     assert subprocess.run([sys.executable, "-c", killed], env=env).returncode == 9
     left = list((cache / "files").iterdir())
     assert len(left) == 1 and left[0].name.startswith(".model.gguf.specq-tmp-")
+    # an older version's, unnamed: removed from the folders specq writes, after an hour untouched
+    (cache / "inductor").mkdir()
+    older = [cache / "files" / ".model.gguf.k2j3h4g5", cache / "inductor" / ".lock.k2j3h4g5"]
+    for p in older:
+        p.write_bytes(b"x" * 100_000)
+        os.utime(p, (time.time() - 2 * paths.UNOWNED_AGE,) * 2)
     swept = subprocess.run([sys.executable, "-c", "from specq import paths; paths.cache_dir()"],
                            env=env, capture_output=True, text=True)
-    assert swept.returncode == 0 and "removed 0.1 MiB of temporary files" in swept.stderr
-    assert list((cache / "files").iterdir()) == []
+    assert swept.returncode == 0 and "removed 0.2 MiB of temporary files" in swept.stderr
+    assert list((cache / "files").iterdir()) == [] and older[1].exists()
