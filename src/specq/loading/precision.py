@@ -91,15 +91,17 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
         raise SpecqError(str(e)) from None
 
 
-def check_plain(spec, name: str = "MODEL") -> None:
+def check_plain(spec, name: str = "MODEL", damaged: str | None = None) -> None:
     """A `-qad` spec names codes that only `specq qad` makes (minutes of training): loading one that
-    is not built yet, or quantizing to one, is a one-line error that says how to make it."""
+    is not built yet (or whose cache is `damaged`: what is wrong), or quantizing to one, is a
+    one-line error that says how to make it."""
     from ..weights.quant.spec import without_qad
 
     if spec.qad:
-        raise SpecqError(f"{name}@{spec} is not built: make it once with `specq qad {name} "
-                         f"{without_qad(spec)}` (quantization-aware distillation, minutes on a "
-                         "CPU; docs/guide.md)")
+        state = (f"is damaged ({damaged}): make it again" if damaged
+                 else "is not built: make it once")
+        raise SpecqError(f"{name}@{spec} {state} with `specq qad {name} {without_qad(spec)}` "
+                         "(quantization-aware distillation, minutes on a CPU; docs/guide.md)")
 
 
 def check_quantizable(net: Llama, spec) -> None:
