@@ -7,9 +7,37 @@ import hashlib
 import os
 from pathlib import Path
 
+from . import atomic
+
+UNOWNED_AGE = 3600.0  # seconds untouched after which an older version's temporary is stale
+# where older versions' atomic writes left their temporaries (besides the folder itself)
+WRITTEN = ("drafts", "files", "gguf", "gguf-int4", "layer-skip", "quantized", "tokenizers")
+_swept: set[Path] = set()
+
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECQ_CACHE", Path.home() / ".cache" / "specq"))
+    """The cache folder. The first call of a process for a folder also removes what interrupted
+    runs left in it and in its subfolders (`atomic.sweep`): a listing of each, milliseconds."""
+    root = Path(os.environ.get("SPECQ_CACHE", Path.home() / ".cache" / "specq"))
+    if root not in _swept:
+        _swept.add(root)
+        atomic.sweep(root, UNOWNED_AGE)
+        for folder in _subfolders(root):
+            atomic.sweep(folder, UNOWNED_AGE if folder.name in WRITTEN else None)
+    return root
+
+
+def _subfolders(root: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(root)
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+    except OSError:
+        return []
+
+
+def in_cache(path: Path | str) -> bool:
+    """Whether `path` lies in the cache folder (what specq keeps there is stamped: `caches`)."""
+    return Path(path).resolve().is_relative_to(cache_dir().resolve())
 
 
 def file_key(path: Path) -> str:

@@ -76,6 +76,24 @@ def test_the_default_is_a_smaller_model_with_the_targets_tokenizer_behind_a_look
     assert default.choose(str(target)).ref == f"ngram+{cache / 'registered'}"
 
 
+@pytest.mark.parametrize("damage", [lambda e: [], lambda e: {"stamp": e["stamp"]},
+                                    lambda e: e | {"ref": 7}], ids=["list", "keys", "types"])
+def test_a_damaged_known_models_entry_is_read_again(cache, damage):
+    """An entry of the table that does not read as one (edited, or damaged) is not trusted: the
+    model is read again (no longer remembered as loaded) and the table repaired, never an
+    internal error."""
+    target = _gguf(cache / "target.gguf", 4, 64)
+    small = _gguf(cache / "small.gguf", 1, 32, seed=2)
+    specq.load(str(small))
+    table_file = cache / "cache" / known.KNOWN
+    table = json.loads(table_file.read_text())
+    table[str(small.resolve())] = damage(table[str(small.resolve())])
+    table_file.write_text(json.dumps(table))
+    assert known.identity(small)[1] == small.stat().st_size
+    assert default.choose(str(target)).ref == "ngram"
+    assert json.loads(table_file.read_text())[str(small.resolve())]["bytes"] == small.stat().st_size
+
+
 def test_the_registry_draft_is_the_default_behind_a_lookup():
     choice = default.choose("smollm2-135m")
     assert choice.ref.startswith("ngram+smollm2-135m-")

@@ -212,3 +212,26 @@ def test_a_draft_of_fewer_layers_runs_its_kept_layers_and_speculates_losslessly(
     assert_speculative_is_plain(model, draft)
     with pytest.raises(SpecqError, match="keep5 needs 2 to 4 of its 5 layers"):
         file_spec.apply(full, parsed, file_spec.parse("gguf-keep5"), model.tokenizer)
+
+
+def test_a_changed_int4_body_is_made_again(tiny_file, capsys):
+    """Bytes of the cached 4-bit body changed in place (the size and even the time kept) are not
+    loaded: the body is requantized and saved again, with a line on stderr."""
+    import os
+
+    _, parsed, tok = tiny_file
+    spec = FileSpec(int4=True)
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(net, parsed, spec, tok)
+    path = next((parsed.path.parent / "cache" / "gguf-int4").glob("*.safetensors"))
+    assert file_spec.cached_int4_body(parsed, spec)
+    st, data = path.stat(), bytearray(path.read_bytes())
+    data[-256:] = bytes(255 - b for b in data[-256:])
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    capsys.readouterr()
+    assert file_spec.cached_int4_body(parsed, spec) == {}
+    assert f"{path} is damaged ({path.name}'s bytes differ" in capsys.readouterr().err
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    file_spec.apply(net, parsed, spec, tok)
+    assert file_spec.cached_int4_body(parsed, spec) and capsys.readouterr().err.count("\n") == 1

@@ -74,3 +74,48 @@ def test_a_precision_that_is_not_a_string_is_one_error(tiny_dir):
 
     with pytest.raises(SpecqError, match="a precision is a string such as 'fp32'"):
         specq.ModelPool(str(tiny_dir)).generate("t1", precision=4)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_a_damaged_quantization_cache_is_quantized_again(tiny_dir, tmp_path, capsys, damage):
+    ref = f"{tiny_dir}@int8"
+    first = specq.load(ref)
+    cached = next((tmp_path / "cache" / "quantized").iterdir())
+    weights = cached / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    else:
+        weights.unlink()
+    capsys.readouterr()
+    again = specq.load(ref)
+    err = capsys.readouterr().err
+    assert f"ignoring a stale or damaged quantization cache (cannot load quantized model from " \
+           f"'{cached}': model.safetensors" in err and "quantizing" in err
+    ids = torch.tensor([1, 5, 9, 2, 7])
+    with torch.no_grad():
+        torch.testing.assert_close(first.net(ids, None), again.net(ids, None))
+    specq.load(ref)
+    assert capsys.readouterr().err == ""  # whole again
+
+
+def test_a_damaged_qad_cache_is_one_line_naming_the_command(tiny_dir, tmp_path, capsys):
+    """A `-qad` model cannot be quantized again on load: its damaged cache is one line that names
+    the folder, what is wrong and the command that makes it again."""
+    import shutil
+
+    from specq.loading import precision
+    from specq.paths import cache_dir
+
+    specq.load(f"{tiny_dir}@int4-g32-rtn")
+    made = next((tmp_path / "cache" / "quantized").iterdir())
+    qad = precision.cached_quantized_dir(cache_dir(), str(tiny_dir), tiny_dir,
+                                         precision.parse("int4-g32-rtn-qad"))
+    shutil.copytree(made, qad)  # as `specq qad` would leave it (times kept: the stamp holds)
+    assert specq.load(f"{tiny_dir}@int4-g32-rtn-qad").precision == "int4-g32-rtn-qad"
+    (qad / "model.safetensors").write_bytes(b"")
+    capsys.readouterr()
+    assert main(["generate", "t1", "--target", f"{tiny_dir}@int4-g32-rtn-qad"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"is damaged (cannot load quantized model from '{qad}': " \
+        "model.safetensors holds 0 bytes" in err and f"make it again with `specq qad {tiny_dir} " \
+        "int4-g32-rtn`" in err

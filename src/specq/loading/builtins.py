@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from .. import caches
 from ..errors import SpecqError
 from ..paths import cache_dir
 from .drafts import registry
@@ -25,9 +26,9 @@ def _smollm2_gguf() -> Path:
 
 
 def _smollm2_dir() -> Path:
-    """The built-in target converted once to safetensors (float weights)."""
+    """The built-in target converted once to safetensors (float weights), again when damaged."""
     target = cache_dir() / "smollm2-135m"
-    if (target / "config.json").exists():
+    if caches.usable(target, gguf_load.CONVERTED):
         return target
     gguf_load.convert(_smollm2_gguf(), target)
     return target

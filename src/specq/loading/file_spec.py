@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import atomic
+from .. import caches
 from ..errors import SpecqError
 from ..kernels import build, int8dot
 from ..paths import cache_dir, file_key
@@ -170,12 +170,12 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec,
     """The 4-bit modules `int4_body` saved for `g` (by module name, `layers.0.attention.wqkv`), for
     the loader to put in place of the file's tensors without repacking those first; {} unless
     `spec` asks for a 4-bit body and the cache holds a readable one (for the adapter of sha256
-    `adapter`, when one is merged)."""
+    `adapter`, when one is merged) as it was written (`caches`: a damaged one is made again)."""
     from safetensors import safe_open
 
     variant = build.variant()
     path = int4_cache(g, variant, adapter)
-    if not spec.int4 or not path.is_file():
+    if not spec.int4 or not caches.usable(path):
         return {}
     try:
         with safe_open(path, "pt") as f:
@@ -220,7 +220,7 @@ def int4_body(net: nn.Module, g: GGUFFile, merged: Adapter | None = None,
     tensors = {f"{name}.{part}": getattr(m._blocks, part).contiguous() for name, m in made.items()
                for part in ("codes", "d", "m", "sub")}
     shapes = {name: (m.out_features, m.in_features, m.kind) for name, m in made.items()}
-    atomic.write_file(path,
+    caches.write_file(path,
                       lambda f: f.write(save(tensors, metadata={"modules": json.dumps(shapes)})))
 
 

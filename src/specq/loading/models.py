@@ -95,15 +95,18 @@ def _load(ref: ModelRef) -> Model:
         net, tok, eos = hf.load_dir(source, spec.dtype, local_only=True)
     else:
         cached = precision.cached_quantized_dir(cache_dir(), name, Path(source), spec)
-        net = None
-        if precision.is_quantized_dir(cached):
+        net, damaged = None, None
+        if cached.is_dir():
             try:
                 net, _ = precision.load_quantized_dir(cached)
                 tok, eos = hf.tokenizer_and_eos(source)
-            except SpecqError as e:  # written by an older specq: quantize again
-                precision.announce(f"ignoring a stale quantization cache ({e})")
+            except SpecqError as e:  # damaged, or written by an older specq: quantize again
+                damaged = str(e)
         if net is None:
-            precision.check_plain(spec, name)  # a `-qad` model is built by `specq qad`, not here
+            # a `-qad` model is built by `specq qad`, not here
+            precision.check_plain(spec, name, damaged)
+            if damaged:
+                precision.announce(f"ignoring a stale or damaged quantization cache ({damaged})")
             net, tok, eos = hf.load_dir(source, torch.float32, local_only=True)
             precision.check_quantizable(net, spec)
             precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic
+from .. import atomic, caches
 from ..errors import SpecqError
 from ..model.llama import Llama, LlamaConfig
+from ..paths import in_cache
 from . import file_spec
 
 QUANT_CONFIG = "quant_config.json"
+QUANTIZED = ("config.json", "model.safetensors", QUANT_CONFIG)  # a quantized folder's own files
 
 
 # `name@gguf`: a GGUF file's own quantized tensors (`models.load_model`)
@@ -89,15 +91,17 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
         raise SpecqError(str(e)) from None
 
 
-def check_plain(spec, name: str = "MODEL") -> None:
+def check_plain(spec, name: str = "MODEL", damaged: str | None = None) -> None:
     """A `-qad` spec names codes that only `specq qad` makes (minutes of training): loading one that
-    is not built yet, or quantizing to one, is a one-line error that says how to make it."""
+    is not built yet (or whose cache is `damaged`: what is wrong), or quantizing to one, is a
+    one-line error that says how to make it."""
     from ..weights.quant.spec import without_qad
 
     if spec.qad:
-        raise SpecqError(f"{name}@{spec} is not built: make it once with `specq qad {name} "
-                         f"{without_qad(spec)}` (quantization-aware distillation, minutes on a "
-                         "CPU; docs/guide.md)")
+        state = (f"is damaged ({damaged}): make it again" if damaged
+                 else "is not built: make it once")
+        raise SpecqError(f"{name}@{spec} {state} with `specq qad {name} {without_qad(spec)}` "
+                         "(quantization-aware distillation, minutes on a CPU; docs/guide.md)")
 
 
 def check_quantizable(net: Llama, spec) -> None:
@@ -118,7 +122,7 @@ def check_quantizable(net: Llama, spec) -> None:
 def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str,
                        provenance: dict | None = None) -> None:
     """A self-contained quantized model directory: HF config + tokenizer + specq quant weights
-    (`provenance`: into quant_config.json)."""
+    (`provenance`: into quant_config.json); stamped when it is the cache's (`caches`)."""
     from ..weights.quant import save_quantized
 
     def write(tmp: Path) -> None:
@@ -130,7 +134,7 @@ def save_quantized_dir(net: Llama, spec, tokenizer, eos_ids, out: Path | str,
         tokenizer.save_pretrained(tmp)
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(eos_ids)}))
 
-    atomic.write_dir(out, write)
+    (caches.write_dir if in_cache(out) else atomic.write_dir)(Path(out), write)
 
 
 def is_quantized_dir(path: Path) -> bool:
@@ -138,11 +142,14 @@ def is_quantized_dir(path: Path) -> bool:
 
 
 def load_quantized_dir(path: Path) -> tuple[Llama, str]:
-    """A native model from a directory written by `save_quantized_dir`, and its spec."""
+    """A native model from a directory written by `save_quantized_dir`, and its spec; the cache's
+    are checked against their stamps first (a damaged one is an error naming what is wrong)."""
     from transformers import AutoConfig
 
     from ..weights.quant import load_quantized, read_spec
 
+    if in_cache(path) and (why := caches.damage(path, QUANTIZED)):
+        raise SpecqError(f"cannot load quantized model from '{path}': {why}")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     net = Llama(LlamaConfig.from_hf(config))
     try:

@@ -175,11 +175,17 @@ def _folder_tokens(folder: Path) -> list[str]:
 
 
 def _read() -> dict:
+    """The table, its entries that do not read as entries left out (damaged: seen again)."""
     try:
         table = json.loads((cache_dir() / KNOWN).read_text())
-        return table if isinstance(table, dict) else {}
     except (OSError, ValueError):
         return {}  # none yet, or damaged: rebuilt as models are seen
+    return ({k: v for k, v in table.items() if _entry(v)} if isinstance(table, dict) else {})
+
+
+def _entry(v) -> bool:
+    return (isinstance(v, dict) and isinstance(v.get("tokenizer"), str)
+            and isinstance(v.get("bytes"), int) and isinstance(v.get("ref"), (str, type(None))))
 
 
 def _write(table: dict) -> None:

