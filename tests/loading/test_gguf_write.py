@@ -245,7 +245,7 @@ def _llama_cpp():
     performance.md says how), or skip."""
     try:
         import llama_cpp
-    except ImportError:
+    except (ImportError, OSError):  # not installed, or its library not found
         pytest.skip("no llama.cpp binding: pip install llama-cpp-python (LLAMA_CPP_LIB_PATH "
                     "names a build's libraries)")
     return llama_cpp

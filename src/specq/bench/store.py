@@ -117,8 +117,10 @@ def _cell_problem(record: dict) -> str | None:
     for name in CELL_OPTIONAL_NUMBERS:
         if params.get(name) is not None and not _number(params[name]):
             return f"cell.{name} is {json.dumps(params[name])}, not a number"
-    gamma = params["gamma"]  # a number, "auto", or none on a baseline (no draft)
-    if not (_number(gamma) or gamma == "auto" or gamma is None and params["kind"] == "baseline"):
+    # a number, "auto", or none on a baseline (no draft) and on a server that sets its own
+    gamma = params["gamma"]
+    unset = params["kind"] == "baseline" or params.get("engine") == "openai"
+    if not (_number(gamma) or gamma == "auto" or gamma is None and unset):
         return f"cell.gamma is {json.dumps(gamma)}, not a number or \"auto\""
     prefill = record.get("prefill_ms", {})
     if not isinstance(prefill, dict):
