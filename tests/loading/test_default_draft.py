@@ -10,6 +10,8 @@ import pytest
 
 import specq
 from specq.cli import main
+from specq.errors import SpecqError
+from specq.loading import vocab
 from specq.loading.drafts import default, known, registry
 from specq.loading.formats.save import save_native
 
@@ -27,7 +29,8 @@ def cache(tmp_path, monkeypatch):
 
 def _gguf(path, layers: int, hidden: int, tokens=None, seed: int = 0):
     """A tiny GGUF file with GGUF_TOKENS (or `tokens`) as its vocabulary."""
-    model = tiny_model(vocab=VOCAB, layers=layers, hidden=hidden, seed=seed, scale=3.0)
+    model = tiny_model(vocab=len(tokens or GGUF_TOKENS), layers=layers, hidden=hidden, seed=seed,
+                       scale=3.0)
 
     def tokenizer(w):
         if tokens is None:
@@ -74,6 +77,24 @@ def test_the_default_is_a_smaller_model_with_the_targets_tokenizer_behind_a_look
     save_native(specq.load(f"{big}@fp32"), cache / "registered")
     registry.register(str(target), "gguf", cache / "registered")
     assert default.choose(str(target)).ref == f"ngram+{cache / 'registered'}"
+
+
+def test_a_model_without_a_row_for_each_target_token_is_not_its_default(cache):
+    """One tokenizer padded to two lengths (Qwen2.5's 0.5B and 7B files): the draft with fewer
+    embedding rows cannot read every token the target may emit, so it is not chosen, and one
+    padded as far is."""
+    pads = ["[PAD62]", "[PAD63]", "[PAD64]", "[PAD65]"]
+    target = _gguf(cache / "target.gguf", 4, 64, GGUF_TOKENS + pads)
+    short = _gguf(cache / "short.gguf", 1, 32, seed=2)
+    specq.load(str(short))
+    assert known.identity(short)[0] == known.identity(target)[0]  # one tokenizer
+    assert known.sizes(short) == (VOCAB, VOCAB) and known.sizes(target) == (VOCAB + 4, VOCAB + 4)
+    assert default.choose(str(target)).ref == "ngram"
+    with pytest.raises(SpecqError, match="fewer than the 68 tokens"):  # named, before any load
+        vocab.check_names(str(short), str(target))
+    padded = _gguf(cache / "padded.gguf", 1, 32, GGUF_TOKENS + pads, seed=3)
+    specq.load(str(padded))
+    assert default.choose(str(target)).ref == f"ngram+{padded}"
 
 
 @pytest.mark.parametrize("damage", [lambda e: [], lambda e: {"stamp": e["stamp"]},

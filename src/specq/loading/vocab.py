@@ -41,12 +41,17 @@ def check_names(draft: str | ModelRef, target: str | ModelRef) -> None:
         return
     try:
         ours, theirs = (known.identity(path)[0] for path in paths)
+        rows, tokens = known.sizes(paths[0])[1], known.sizes(paths[1])[0]
     except (OSError, SpecqError):
         return  # unreadable here: the load says why
     if ours != theirs:
         raise SpecqError(f"draft '{draft.text}' and target '{target.text}' have different "
                          f"vocabularies (the token lists of {paths[0]} and {paths[1]} differ): a "
                          "draft must read its target's tokenizer")
+    if rows < tokens:
+        raise SpecqError(f"draft '{draft.text}' has {rows} embedding rows, fewer than the {tokens} "
+                         f"tokens of target '{target.text}' (one tokenizer, padded further in the "
+                         "target): a draft must read every token its target may emit")
 
 
 def _tokenizer_path(ref: ModelRef) -> Path | None:

@@ -50,23 +50,25 @@ def choose(target_ref: str) -> Choice:
             f"and {found.ref} reads its tokenizer at {found.weight_bytes / 2**20:.0f} MiB of "
             "weights; an n-gram lookup first where the text repeats"))
     return Choice(ngram.NAME, f"{note.replace(': plain decoding', '')} and no smaller model "
-                              "with its tokenizer is known here: n-gram lookup (plain steps "
+                              "that reads all its tokens is known here: n-gram lookup (plain steps "
                               "where nothing repeats)")
 
 
 def compatible(target_ref: str) -> known.Known | None:
-    """The smallest known model that reads the target's tokenizer, at most LARGEST_SHARE of its
-    weight bytes (a draft as large as its target buys nothing on a CPU), or None."""
+    """The smallest known model that reads the target's tokenizer, has a row for each of its
+    tokens (padding included) and is at most LARGEST_SHARE of its weight bytes (a draft as large as
+    its target buys nothing on a CPU), or None."""
     path = weights_path(target_ref)
     if path is None:
         return None
     try:
         tokenizer, size = known.identity(path)
+        tokens, _ = known.sizes(path)
     except (OSError, SpecqError):
         return None
     mine = str(path.resolve())
     fits = [m for m in known.models() if m.tokenizer == tokenizer and m.path != mine
-            and m.weight_bytes <= LARGEST_SHARE * size]
+            and m.weight_bytes <= LARGEST_SHARE * size and m.rows >= tokens]
     return min(fits, key=lambda m: m.weight_bytes, default=None)
 
 

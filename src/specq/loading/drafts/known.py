@@ -41,10 +41,23 @@ class Known:
     path: str  # resolved: one model known twice (a built-in, a file named by its path) is one
     tokenizer: str
     weight_bytes: int
+    tokens: int  # its token list's length, padding included
+    rows: int  # its embedding's rows: the tokens it can read (a draft must read all its target's)
 
 
 def identity(path: Path) -> tuple[str, int]:
     """(tokenizer identity, weight bytes) of a GGUF file or a model folder; cached by stamp."""
+    return _looked_up(path)[:2]
+
+
+def sizes(path: Path) -> tuple[int, int]:
+    """(tokens, embedding rows) of a GGUF file or a model folder; cached by stamp. Two files of
+    one tokenizer may pad it to different lengths (Qwen2.5's 0.5B-3B files to 151,936, its 7B to
+    152,064): a draft must have a row for each of its target's tokens."""
+    return _looked_up(path)[2:]
+
+
+def _looked_up(path: Path) -> tuple[str, int, int, int]:
     with _lock:
         table = _read()
         before = dict(table)
@@ -109,17 +122,20 @@ def models() -> list[Known]:
     return out
 
 
-def _identity(table: dict, path: Path) -> tuple[str, int]:
-    """`identity` from the table read; a model changed or new gets a new entry (the table is
-    written back only when one did)."""
+def _identity(table: dict, path: Path) -> tuple[str, int, int, int]:
+    """(tokenizer identity, weight bytes, tokens, rows) from the table read; a model changed or
+    new (or noted by an older specq, without its sizes) gets a new entry (the table is written
+    back only when one did)."""
     path = path.resolve()
     stamp = _stamp(path)
     entry = table.get(str(path))
-    if entry is None or entry.get("stamp") != stamp:
-        entry = table[str(path)] = {"stamp": stamp, "tokenizer": _vocabulary_hash(path),
-                                    "bytes": _weight_bytes(path),
+    if entry is None or entry.get("stamp") != stamp or "rows" not in entry:
+        tokens = _tokens(path)
+        entry = table[str(path)] = {"stamp": stamp, "tokenizer": _vocabulary_hash(tokens),
+                                    "bytes": _weight_bytes(path), "tokens": len(tokens),
+                                    "rows": _rows(path, len(tokens)),
                                     "ref": (entry or {}).get("ref")}
-    return entry["tokenizer"], entry["bytes"]
+    return entry["tokenizer"], entry["bytes"], entry["tokens"], entry["rows"]
 
 
 def _stamp(path: Path) -> list[int]:
@@ -142,12 +158,25 @@ def _weight_bytes(path: Path) -> int:
                                                           for f in _weight_files(path))
 
 
-def _vocabulary_hash(path: Path) -> str:
-    """A hash of the token strings in id order, trailing padding left out."""
+def _tokens(path: Path) -> list[str]:
+    return Header(path).strings("tokenizer.ggml.tokens") if path.is_file() else \
+        _folder_tokens(path)
+
+
+def _rows(path: Path, tokens: int) -> int:
+    """A model's embedding rows: a GGUF file's token list (its header checks says they match), a
+    folder's config.json vocab_size (its tokenizer may list fewer: the rest is padding)."""
     if path.is_file():
-        tokens = Header(path).strings("tokenizer.ggml.tokens")
-    else:
-        tokens = _folder_tokens(path)
+        return tokens
+    try:
+        return int(json.loads((path / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return tokens
+
+
+def _vocabulary_hash(tokens: list[str]) -> str:
+    """A hash of the token strings in id order, trailing padding left out."""
+    tokens = list(tokens)
     while tokens and (not tokens[-1] or PADDING.fullmatch(tokens[-1])):
         tokens.pop()
     digest = hashlib.sha256()
@@ -185,7 +214,8 @@ def _read() -> dict:
 
 def _entry(v) -> bool:
     return (isinstance(v, dict) and isinstance(v.get("tokenizer"), str)
-            and isinstance(v.get("bytes"), int) and isinstance(v.get("ref"), (str, type(None))))
+            and isinstance(v.get("bytes"), int) and isinstance(v.get("ref"), (str, type(None)))
+            and all(isinstance(v.get(k, 0), int) for k in ("tokens", "rows")))
 
 
 def _write(table: dict) -> None:
