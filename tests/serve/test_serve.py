@@ -8,6 +8,8 @@ subprocess.
 
 from __future__ import annotations
 
+import collections
+import gc
 import http.client
 import json
 import os
@@ -26,8 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import specq
 from specq.cli import main
+from specq.core.decode import Sequence
 from specq.drafters import TreeShape
 from specq.loading.formats.save import save_native
+from specq.model.llama import KVCache
 from specq.serve.server import ServeConfig, bind, build_app
 from specq.serve import engine as engine_module
 
@@ -446,6 +450,72 @@ def test_a_client_that_leaves_the_queue_gives_its_place_to_the_next(server, dirs
         gate.set()
         assert [f.result().usage.completion_tokens for f in (running, last)] == [3, 3]
     assert metric(port, "specq:num_requests_waiting", model=name(dirs)) == 0
+
+
+def live_requests() -> collections.Counter:
+    """What requests' state is alive in this process: the engine's requests, their sequences,
+    drafters and KV caches (targets' and drafts')."""
+    return collections.Counter(type(o).__name__ for o in gc.get_objects()
+                               if type(o) in (engine_module.Running, Sequence, KVCache)
+                               or str(type(o).__module__).startswith("specq.drafters."))
+
+
+def test_requests_that_end_free_their_caches_at_once(server, dirs, monkeypatch):
+    """A batch of requests (completed, hung up mid-stream, refused with a 429) leaves none of its
+    sequences and caches alive once the server is idle, with the garbage collector off: each is
+    freed as it ends (kept until a full collection, which a server with large models loaded
+    seldom makes, each request's caches would grow the server's memory)."""
+    port, app = server
+    engine = app.state.engines[name(dirs)]
+    stepping, gate, real = threading.Event(), threading.Event(), engine_module.step
+
+    def held(sequences, **options):  # each step waits for the gate, then a little
+        stepping.set()
+        gate.wait(30)
+        time.sleep(0.02)
+        return real(sequences, **options)
+
+    monkeypatch.setattr(engine_module, "step", held)
+    request = dict(model=name(dirs), prompt=PROMPT, max_tokens=3, temperature=0)
+    gate.set()
+    client(port).completions.create(**request)  # the key's first request makes what all keep
+    gc.collect()
+    before, collecting = live_requests(), gc.isenabled()
+    assert not before["Sequence"], before  # an idle server holds no request, not even its last
+    gc.disable()
+    try:
+        aborted = metric(port, "specq:request_success_total", finished_reason="abort")
+        stream = client(port).completions.create(**request | {"max_tokens": 400}, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 2:
+                break
+        stream.close()
+        started = time.monotonic()
+        while metric(port, "specq:request_success_total", finished_reason="abort") == aborted:
+            assert time.monotonic() - started < 10, "the generation was not cancelled"
+            time.sleep(0.05)
+        gate.clear()
+        stepping.clear()
+        with ThreadPoolExecutor(3) as pool:
+            accepted = [pool.submit(client(port).completions.create, **request)]
+            assert stepping.wait(10)  # the worker holds it in a step: the next two wait
+            accepted += [pool.submit(client(port).completions.create, **request)
+                         for _ in range(2)]
+            while len(engine.waiting) < 2:
+                assert not any(f.done() for f in accepted)
+                time.sleep(0.01)
+            with pytest.raises(openai.RateLimitError):
+                client(port).completions.create(**request)
+            gate.set()
+            assert [f.result().usage.completion_tokens for f in accepted] == [3, 3, 3]
+        started = time.monotonic()
+        while (alive := live_requests()) != before:  # the worker may still be ending the last
+            assert time.monotonic() - started < 10, (alive, before)
+            time.sleep(0.05)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_output(server, dirs, models,

@@ -55,6 +55,7 @@ class Job:
     key: str = ""  # the API key it came with: whose earlier requests it drafts from
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None  # time.monotonic() of its first token
     cancelled: bool = False
     timed_out: bool = False
 
@@ -86,7 +87,6 @@ class Running:
     text: TextStream | None  # streamed requests only
     started: float  # time.monotonic() when it left the queue
     suffix_cache: SuffixCache | None  # its key's earlier requests, which it joins when it ends
-    first_token_at: float | None = None
     error: APIError | None = None  # it failed while stepping
 
     @property
@@ -167,13 +167,18 @@ class Engine:
         return self.thread.is_alive()
 
     def _work(self) -> None:
-        """Admit, step everything running together, let the finished go; until `stop`."""
+        """Admit, step everything running together, let the finished go; until `stop`. Nothing
+        here outlives an iteration: a finished request is freed as it leaves (its caches are
+        large, and a reference this frame kept would hold them while the server waits)."""
         while self._admit():
             self._step([r for r in self.running if not r.finished])
-            for running in self.running:
-                if running.finished:
-                    self._end(running)
-            self.running = [r for r in self.running if not r.finished]
+            self._end_finished()
+
+    def _end_finished(self) -> None:
+        finished = [r for r in self.running if r.finished]
+        self.running = [r for r in self.running if not r.finished]
+        for running in finished:
+            self._end(running)
 
     def _admit(self) -> bool:
         """Start waiting jobs while fewer than max_batch run (waiting for one when none runs);
@@ -205,7 +210,7 @@ class Engine:
 
     def _start(self, job: Job) -> Running:
         """Build the request's sequence and prefill it (its first token is streamed at once)."""
-        plan = job.plan
+        plan, started = job.plan, time.monotonic()
         draft = self._draft(plan.draft)
         ids = self._prompt_ids(plan)
         nodes = 0 if draft is None else (plan.options["tree"].size if plan.options["tree"] else
@@ -217,8 +222,11 @@ class Engine:
         max_tokens = plan.max_tokens or self._room(len(ids), nodes)
         text = TextStream(self.target.tokenizer, plan.options["stop"]) if plan.stream else None
 
+        # the sequence holds this: it must not hold the `Running` that holds the sequence (a
+        # reference cycle keeps the request's caches alive until the garbage collector's next
+        # full pass, which a server with large models loaded seldom makes)
         def on_tokens(new: list[int]) -> bool:
-            running.first_token_at = running.first_token_at or time.monotonic()
+            job.first_token_at = job.first_token_at or time.monotonic()
             if text:
                 job.post("text", text.push(new))
             return job.keep_going()
@@ -227,9 +235,8 @@ class Engine:
         sequence = api.start(self.target, ids, draft, max_new_tokens=max_tokens,
                              on_tokens=on_tokens, gamma_memory=self.gamma_memory,
                              suffix_cache=None if plan.repeatable else earlier, **plan.options)
-        running = Running(job, sequence, draft, text, time.monotonic(), earlier)
         sequence.prefill()
-        return running
+        return Running(job, sequence, draft, text, started, earlier)
 
     def _step(self, running: list[Running]) -> None:
         if not running:
@@ -258,8 +265,8 @@ class Engine:
                   ("length" if out.finish_reason == "length" else "stop"))
         self.metrics.record(self.name, running.draft.ref if running.draft else None, reason,
                             out.stats, time.monotonic() - job.arrived,
-                            running.started - job.arrived, running.first_token_at - job.arrived
-                            if running.first_token_at else None)
+                            running.started - job.arrived, job.first_token_at - job.arrived
+                            if job.first_token_at else None)
         if job.timed_out:
             job.post("error", _timeout(self.timeout_s))
         elif not job.cancelled:
