@@ -134,6 +134,32 @@ def sets(rows: list[dict], baselines: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def servers(rows: list[dict], baselines: list[dict]) -> str:
+    """One row per server and prompt set of an `engine = "openai"` results store (one engine
+    measured from outside): the baseline server's tokens/s and ms per token after the first, then
+    each speculative server's paired speedup, tau, acceptance, ms per token, time to the first
+    token (medians over prompts) and how its outputs compared with the baseline's."""
+    plain = {tuple(b[k] for k in BASELINE_KEY): b for b in baselines}
+    lines = ["| prompts | server | plain tok/s | speedup [95% CI] | tau | acceptance | "
+             "ms per token, plain / speculative | first token ms, plain / speculative | outputs |",
+             "|" + "---|" * 9]
+    for r in sorted(rows, key=lambda r: (r["set"], r["draft"])):
+        base = plain.get(tuple(r[k] for k in BASELINE_KEY))
+        same = "differ" if r["mismatches"] else f"identical ({r['compared']})"
+
+        def both(field: str) -> str:
+            ours = f"{r[field][0]:.1f}" if r.get(field) else "-"
+            return f"{base[field][0]:.1f} / {ours}" if base and base.get(field) else f"- / {ours}"
+
+        acceptance = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate'][0]:.2f}"
+        tau = "-" if r["tau"] is None else f"{r['tau'][0]:.2f}"
+        rate = "-" if base is None else f"{base['tokens_per_s'][0]:.1f}"
+        lines.append(f"| {r['set']} | {r['draft']} | {rate} | "
+                     f"{_ci(r['speedup'])} | {tau} | {acceptance} | {both('itl_ms')} | "
+                     f"{both('ttft_ms')} | {same} |")
+    return "\n".join(lines)
+
+
 def _bench(paths: list[Path], options: dict, by_set: bool) -> tuple[list[dict], list[dict]]:
     """The speculative rows (`tokens=N`, `gamma=G` keep those) and the baselines of one results
     store."""
@@ -248,6 +274,7 @@ KINDS = {
     # `specq bench` results stores: every configuration; per prompt set against gamma
     "cells": Kind(lambda p, o: cells(_bench(p, o, False)[0]), ("tokens", "gamma")),
     "sets": Kind(lambda p, o: sets(*_bench(p, o, True)), ("tokens", "gamma")),
+    "servers": Kind(lambda p, o: servers(*_bench(p, o, True)), ("tokens",)),
     # the other scripts' rows and `specq compare --json`
     "gamma-interleaved": Kind(lambda p, o: result_tables.gamma_interleaved(_rows(p, o)),
                               ("machine",)),
