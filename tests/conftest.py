@@ -344,3 +344,28 @@ def tiny_hf_qwen2(seed: int, hidden: int = 32, layers: int = 2) -> Model:
         hf.lm_head.weight.mul_(30)
     return Model(ref=f"qwen2-{seed}", net=HFCausalLM(hf), tokenizer=tiny_tokenizer(32),
                  eos_ids=frozenset(), source="random")
+
+
+def serve_in_thread(app):
+    """A FastAPI app served by uvicorn in a thread on a free port: (port, stop)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from specq.serve.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    for _ in range(600):
+        if uv.started:
+            break
+        time.sleep(0.05)
+    assert uv.started
+
+    def stop():
+        uv.should_exit = True
+        thread.join(10)
+    return sock.getsockname()[1], stop

@@ -12,12 +12,9 @@ import json
 import os
 import socket
 import sys
-import threading
-import time
 from dataclasses import replace
 
 import pytest
-import uvicorn
 from rich.console import Console
 
 import specq
@@ -30,9 +27,9 @@ from specq.cli import main
 from specq.core.prompt import encode_prompt
 from specq.errors import SpecqError
 from specq.loading.formats.save import save_native
-from specq.serve.server import ServeConfig, bind, build_app
+from specq.serve.server import ServeConfig, build_app
 
-from conftest import perturbed, tiny_model
+from conftest import perturbed, serve_in_thread, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPTS = ["t1 t2 t3 t4", "t5 t6 t7", "t2 t9 t4 t1 t3", "t8 t8 t3"]
@@ -53,20 +50,8 @@ def dirs(tmp_path_factory):
 
 def live(config: ServeConfig):
     """A server in a thread: (url, stop)."""
-    sock = bind("127.0.0.1", 0)
-    uv = uvicorn.Server(uvicorn.Config(build_app(config), log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if uv.started:
-            break
-        time.sleep(0.05)
-    assert uv.started
-
-    def stop():
-        uv.should_exit = True
-        thread.join(10)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
+    port, stop = serve_in_thread(build_app(config))
+    return f"http://127.0.0.1:{port}", stop
 
 
 @pytest.fixture(scope="module")

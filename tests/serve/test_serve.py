@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import specq
@@ -32,10 +31,10 @@ from specq.core.decode import Sequence
 from specq.drafters import TreeShape
 from specq.loading.formats.save import save_native
 from specq.model.llama import KVCache
-from specq.serve.server import ServeConfig, bind, build_app
+from specq.serve.server import ServeConfig, build_app
 from specq.serve import engine as engine_module
 
-from conftest import perturbed, tiny_model
+from conftest import perturbed, serve_in_thread, tiny_model
 
 KEY = "sk-test-key"
 OTHER_KEY = "sk-other-key"  # a second namespace: its requests never see KEY's
@@ -62,18 +61,9 @@ def server(dirs):
                          draft=str(dirs / "draft"), api_keys=(KEY, OTHER_KEY), queue=2,
                          timeout_s=30, max_batch=MAX_BATCH)
     app = build_app(config)
-    sock = bind("127.0.0.1", 0)
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if uv.started:
-            break
-        time.sleep(0.05)
-    assert uv.started
-    yield sock.getsockname()[1], app
-    uv.should_exit = True
-    thread.join(10)
+    port, stop = serve_in_thread(app)
+    yield port, app
+    stop()
 
 
 @pytest.fixture(scope="module")
