@@ -313,3 +313,22 @@ def test_real_target_in_llama_cpp(tmp_path, monkeypatch):
     assert (specq.generate(load(str(out)), prompt, None, max_new_tokens=32).token_ids
             == specq.generate(source, prompt, None, max_new_tokens=32).token_ids)
     _llama_cpp_agrees(out, source, prompt, min_cosine=0.99, margin=0.5)
+
+
+@pytest.mark.parametrize("normalizer, written", [(None, True), ("NFC", True), ("NFKC", False),
+                                                 ("Lowercase", False)])
+def test_only_normalizers_llama_cpp_needs_not_run_are_written(bpe_tokenizer, normalizer, written):
+    """Qwen2.5's tokenizer.json carries an NFC normalizer that llama.cpp's converter drops (text
+    in NFC, as typed, tokenizes the same); one that changes ordinary text is refused."""
+    import json
+
+    from specq.errors import SpecqError
+    from specq.loading.formats import gguf_vocab
+
+    spec = json.loads(bpe_tokenizer.backend_tokenizer.to_str())
+    spec["normalizer"] = {"type": normalizer} if normalizer else None
+    if written:
+        assert gguf_vocab.pre_name(spec) == "qwen2"
+    else:
+        with pytest.raises(SpecqError, match=f"a {normalizer} normalizer"):
+            gguf_vocab.pre_name(spec)

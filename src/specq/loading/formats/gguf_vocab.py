@@ -25,6 +25,10 @@ PRE = {
     (("Split", _LLAMA3), ("ByteLevel", None)): "llama-bpe",
 }
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType
+# Normalizers llama.cpp's converter writes no trace of and llama.cpp does not run: Qwen2's NFC
+# changes no text already in NFC (what editors and the web write), so it is written as llama.cpp's
+# own converter writes it.
+HARMLESS_NORMALIZERS = (None, "NFC")
 
 
 def _shape(pre: dict | None) -> tuple:
@@ -51,11 +55,13 @@ def _shape(pre: dict | None) -> tuple:
 def pre_name(spec: dict) -> str:
     """llama.cpp's name for a tokenizer.json's pre-tokenizer (SpecqError: none runs it)."""
     model = spec["model"]
-    if model["type"] != "BPE" or model.get("byte_fallback") or spec.get("normalizer"):
+    normalizer = (spec.get("normalizer") or {}).get("type")
+    fallback = model.get("byte_fallback")
+    if model["type"] != "BPE" or fallback or normalizer not in HARMLESS_NORMALIZERS:
         kind = model["type"] + (" with byte fallback" if model.get("byte_fallback") else "")
         raise SpecqError("only byte-level BPE tokenizers (llama.cpp's gpt2) are written to GGUF "
                          f"here (this one: {kind}"
-                         f"{', a normalizer' if spec.get('normalizer') else ''})")
+                         f"{f', a {normalizer} normalizer' if normalizer else ''})")
     name = PRE.get(_shape(spec.get("pre_tokenizer")))
     if name is None:
         raise SpecqError("the tokenizer's pre-tokenizer is none llama.cpp names "
