@@ -35,8 +35,9 @@ def _rows(paths: str, machine: str | None) -> list[dict]:
     return rows
 
 
-def _write(path: Path, records: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+def _write(path: str, records: list[dict]) -> None:
+    (ROOT / path).write_text("".join(json.dumps(r, separators=(",", ":")) + "\n"
+                                     for r in records))
     print(f"{path}: {len(records)} records")
 
 
@@ -77,7 +78,7 @@ def main() -> int:
         if longer and longer[0].longest <= int(c.params["gamma"]):
             longer = None
         checks.append(projection.check_record(c, costs, source, longer))
-    _write(ROOT / args.check_out, checks)
+    _write(args.check_out, checks)
 
     models = set(args.draft_models.split(","))
     shapes = _rows(args.shapes, args.machine)
@@ -86,7 +87,7 @@ def main() -> int:
                                        None if c.counted else projection.longest_chain(cells, c))
                for w in files for c in cells
                if c.model is None or c.model.split("@")[0] in models]
-    _write(ROOT / args.out, records)
+    _write(args.out, records)
     return 0
 
 
