@@ -118,6 +118,10 @@ def test_a_cell_projected_onto_a_shape_file(tmp_path):
     # the same steps re-priced: 4 passes of 1.3 steps and 0.1 + 0.025 * 4 steps, for 10 tokens
     assert r["replayed"] == pytest.approx(10 / (4 * 1.3 + 0.5))
     assert any("no acceptance was measured" in a for a in r["assumes"])
+    # a draft of the target's family on a file of the family's shape; not on another family's
+    notes = [len(projection.shape_assumes(m, s)) for s in ("qwen2.5-7b-Q4_K_M",
+                                                            "llama-3.1-8b-Q4_K_M")]
+    assert notes[1] == notes[0] + 1
     line = projection.shape_table([r]).splitlines()[2]
     assert line == (f"| big | code | {DRAFT} | cells, gamma 2 | 1.43 | 0.050 | 2 | 1.75 | 1.75 | "
                     "8.8 | 2.63 | no |")

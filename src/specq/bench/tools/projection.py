@@ -21,6 +21,7 @@ from pathlib import Path
 from ...core.stats import DecodeStats
 from ...loading.refs import LookaheadRef, draft_ref, model_ref
 from .. import store
+from . import shapes
 from ..aggregate import merge, predict
 from ..config import cell_key, related
 from ..projection import (Chain, PassCosts, best_gamma, chain_speed, mix, replay,
@@ -220,7 +221,9 @@ def read_cells(path: Path, target: str, name: str | None = None) -> list[Measure
 
 @dataclass(frozen=True)
 class Projection:
-    replayed: float  # speed over specq's plain decoding
+    """A cell on a target: its speed over specq's plain decoding there, replayed and modelled."""
+
+    replayed: float
     modelled: float | None
     gamma: int | None  # the model's cap in the modelled projection
     plain: float  # plain decoding's tokens per one-row step
@@ -247,6 +250,8 @@ def project(m: Measured, costs: PassCosts, step: float, choose: bool,
 
 def _modelled(m: Measured, costs: PassCosts, step: float, choose: bool,
               chain: Chain | None) -> tuple[float | None, int | None]:
+    """(tokens per one-row step, the model's cap) of `project`'s modelled projection; (None, None)
+    where the cell lacks what it needs (its routes, its model's tokens, any acceptance)."""
     draft, overhead, routes = m.draft_ms, m.overhead_ms / step, m.spec.routes
     if draft is None:
         return None, None
@@ -308,7 +313,7 @@ def _inputs(m: Measured, costs: PassCosts, step: float) -> dict:
             "draft_in_steps": None if m.draft_ms is None else m.draft_ms / step,
             "overhead_ms": m.overhead_ms, "plain_overhead_ms": m.plain_overhead_ms,
             "route_shares": m.shares(), "routes": m.spec.routes,
-            "acceptance": [a for a in m.spec.per_position_conditional],
+            "acceptance": m.spec.per_position_conditional,
             "chain": None if chain is None else
             {"counted" if m.counted else "chained":
              {"drafted": chain.drafted, "accepted": chain.accepted}}}
@@ -327,7 +332,7 @@ def check_record(m: Measured, costs: PassCosts, pass_source: str,
     measured = m.speedup()
     predicted = {"own": m.own_prediction(), "replayed": p.replayed, "modelled": p.modelled}
     # end to end, prefill as measured: the bench tables' speedups
-    plain = (m.plain.prefill_s + m.plain.decode_s) / (m.plain.new_tokens)
+    plain = (m.plain.prefill_s + m.plain.decode_s) / m.plain.new_tokens
     decode = m.tokens / (p.replayed * p.plain) * m.step_ms / 1000
     return {"type": "projection-check", **_source(m), "pass_costs": pass_source,
             "inputs": _inputs(m, costs, m.step_ms), "measured": measured,
@@ -360,8 +365,8 @@ def shape_record(m: Measured, shape: str, rows: list[dict], weights: str,
     costs, step = pass_costs(rows, weights), step_ms(rows, weights)
     llama = llama_cpp_step(rows, weights)
     p = project(m, costs, step, choose=True, chain=None if chain is None else chain[0])
-    plain = p.plain
     speedup = p.modelled if p.modelled is not None else p.replayed
+    over_llama = speedup * p.plain * llama
     run = next(r for r in rows if r["weights"] == weights)
     return {"type": "projection", "shape": shape, "weights": weights,
             "machine": run.get("machine"), "kernels": run.get("kernels"),
@@ -370,13 +375,14 @@ def shape_record(m: Measured, shape: str, rows: list[dict], weights: str,
             "model_chain_from": None if chain is None else _source(chain[1]),
             "inputs": _inputs(m, costs, step), "llama_cpp_step_in_specq_steps": llama,
             "replayed": p.replayed, "modelled": p.modelled, "gamma": p.gamma,
-            "vs_specq_plain": speedup, "vs_llama_cpp_plain": speedup * plain * llama,
-            "tokens_per_s": p.speed * 1000 / step, "llama_cpp_plain_tokens_per_s":
-            1000 / (step * llama), "goal": GOAL,
-            "meets_goal": speedup * plain * llama >= GOAL, "assumes": shape_assumes(m, shape)}
+            "vs_specq_plain": speedup, "vs_llama_cpp_plain": over_llama,
+            "tokens_per_s": p.speed * 1000 / step,
+            "llama_cpp_plain_tokens_per_s": 1000 / (step * llama), "goal": GOAL,
+            "meets_goal": over_llama >= GOAL, "assumes": shape_assumes(m, shape)}
 
 
 def shape_assumes(m: Measured, shape: str) -> list[str]:
+    """What a projection of `m` onto `shape` takes for granted, in words."""
     target = model_ref(m.params["target"]).name
     out = [
         f"acceptance as {m.method} measured with {target} (prompts '{m.params['set']}', "
@@ -386,14 +392,25 @@ def shape_assumes(m: Measured, shape: str) -> list[str]:
         "threads (the draft's cost does not depend on the target); so are the loop's overhead "
         "and each route's share of the text",
         "pass costs: specq's n-row passes on the file in its one-row steps (median over rounds of "
-        "each round's ratio), linear between the counts measured, never below fewer rows'",
+        "each round's ratio, each pass at most what more rows cost in its round), linear between "
+        "the counts measured, never below fewer rows'",
+        "the model's cap chosen for these costs, from 0 to the positions its chain counted (gamma "
+        "auto's cells count 4 at most)",
         "decode only, prefill left out; llama.cpp's plain decoding at its one-row pass on the same "
         "file (median over rounds of its ratio to specq's)",
     ]
-    if m.model and "qwen" not in shape:
+    if m.model and not _same_family(shape, target):
         out.append(f"{shape}: a draft of {m.model}'s cost and acceptance with this model's "
-                   "tokenizer; its own family's smallest model is larger")
+                   f"tokenizer, which {m.model} has not; its own family's smallest model is larger")
     return out
+
+
+def _same_family(shape: str, target: str) -> bool:
+    """Whether a shape file ('qwen2.5-7b-Q4_K_M') and a target share architecture and tokenizer,
+    as `shapes.SHAPES` knows them."""
+    mine, theirs = shapes.SHAPES.get(shape.rsplit("-", 1)[0]), shapes.SHAPES.get(target)
+    return (mine is not None and theirs is not None
+            and (mine.arch, mine.tokenizer) == (theirs.arch, theirs.tokenizer))
 
 
 # ------------------------------------------------------------------ tables
