@@ -326,6 +326,8 @@ def test_a_draft_confidence_sweep_doubles_speculative_and_peer_cells_only():
     ("sweep-length", 5 * 2 * 2 * (1 + 3 * 2)),
     # 1 target x 1 set x (baseline + 2 n-gram drafts x without and with the suffix cache)
     ("suffix", 1 * 1 * (1 + 2 * 2)),
+    # 1 target x 3 sets x (baseline + the model at 4 gammas + 2 lookups at their k and auto)
+    ("projection-pair", 1 * 3 * (1 + 4 + 2 * 2)),
 ])
 def test_presets_are_valid(name, expected, monkeypatch):
     monkeypatch.chdir(PRESETS.parents[1])  # a preset's prompt file is named from the repository

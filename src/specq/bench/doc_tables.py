@@ -25,7 +25,7 @@ from ..core.gamma import sort_key as gamma_order
 from ..loading.refs import model_ref
 from . import peer_tables, result_tables, store
 from .aggregate import summarize
-from .tools import llamacpp, serve_storm, versions
+from .tools import llamacpp, projection, serve_storm, versions
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
@@ -253,6 +253,20 @@ def _headline_column(rows: list[dict], weights: str) -> list[str]:
             fastest("specq", dict.fromkeys(generations), specq_flags)]
 
 
+def _projected(paths: list[Path], options: dict) -> list[dict]:
+    """project_speed.py's records, those of cells measured in `results=STEM,...` (results files'
+    names) and on `sets=SET,...` (prompt sets) alone when given."""
+    stems = options["results"].split(",") if "results" in options else None
+    sets = options["sets"].split(",") if "sets" in options else None
+    out = []
+    for r in _rows(paths, {}):
+        cell = r.get("source", r)  # a projection's measured cell, or the checked cell itself
+        if ((stems is None or Path(cell["file"]).stem in stems)
+                and (sets is None or cell["set"] in sets)):
+            out.append(r)
+    return out
+
+
 @dataclass(frozen=True)
 class Kind:
     """A kind of table: how it is made from its files and options, and the options it takes."""
@@ -286,6 +300,11 @@ KINDS = {
     "compare": Kind(lambda p, o: result_tables.compare(_rows(p, o)), ("machine",)),
     "verify": Kind(lambda p, o: result_tables.verify(_rows(p, o)), ("machine",)),
     "versions": Kind(lambda p, o: versions.summary(_rows(p, o)), ("machine",)),
+    # benchmarks/project_speed.py: the check on the pair that ran; the projection onto shape files
+    "projection-check": Kind(lambda p, o: projection.check_table(_projected(p, o)),
+                             ("results", "sets")),
+    "projection": Kind(lambda p, o: projection.shape_table(_projected(p, o)),
+                       ("results", "sets")),
 }
 
 
