@@ -57,8 +57,8 @@ FORMS = {
              "arch": {"architecture": "phi3", "sliding_window": 5, "sliding_layers": (0, 1)},
              "template": "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n"
                          "{% endfor %}"},
-    # Mistral (Llama 2's vocabulary): transformers' Llama class (a Metaspace), with Llama 2's "▁▁"
-    # early in the ids and last in the merges
+    # Mistral (Llama 2's layout: unk, bos, eos, bytes): transformers' Llama class (a Metaspace),
+    # with a "▁▁" early in the ids and last in the merges
     "mistral": {"specials": ["<unk>", "<s>", "</s>"], "user": [], "bos": "<s>", "eos": "</s>",
                 "early": ["▁▁"], "class": "LlamaTokenizer",
                 "arch": {"architecture": "mistral", "sliding_window": 4, "sliding_layers": (0, 1)},
@@ -215,9 +215,9 @@ def test_written_file_runs_as_the_source(tmp_path, monkeypatch, tokenizers, form
 
 
 def test_scores_follow_the_merges_not_the_ids(tmp_path, tokenizers):
-    """Llama 2's "▁▁" comes early in the ids and last in the merges: its score is the lowest of
-    the merged tokens', so the file tokenizes "x  the" as the merges do. Scores that follow the ids
-    (what the test would miss) tokenize it otherwise."""
+    """A "▁▁" early in the ids and last in the merges: its score is the lowest of the merged
+    tokens', so the file tokenizes "x  the" as the merges do; scores that followed the ids would
+    tokenize it otherwise."""
     tok = tokenizers["mistral"]
     gguf_write.write(_model(tok, "mistral"), tmp_path / "m.gguf")
     got = _fields(tmp_path / "m.gguf")
@@ -247,6 +247,12 @@ def _incomplete() -> list[tuple[str, str]]:
     return [m for m in _splits(vocab, pieces) if m != ("▁t", "he")]
 
 
+def _scattered() -> list[tuple[str, str]]:
+    """The merges with one split of "▁the" moved last (another ranks where "▁the" is made)."""
+    merges = _incomplete()
+    return merges + [("▁t", "he")]
+
+
 REFUSED = {
     "unigram": ({"model": _unigram}, "only BPE tokenizers are written to GGUF"),
     "nfkc": ({"pipeline": (normalizers.Sequence([normalizers.NFKC(), normalizers.Prepend("▁"),
@@ -256,6 +262,8 @@ REFUSED = {
                             "Metaspace splits words"),
     "dropout": ({"dropout": 0.1}, "sets dropout"),
     "incomplete merges": ({"merges": _incomplete()}, "'▁t' + 'he' makes '▁the'"),
+    "scattered merges": ({"merges": _scattered()},
+                         "the tokenizer's merges that make '▁the' do not rank together"),
 }
 
 

@@ -5,7 +5,7 @@ llama.cpp keeps no merges for it: it joins the adjacent pair whose union scores 
 scores are derived from the merges: the normal tokens score as SentencePiece scores its pieces,
 minus their order, and the tokens the merges make take those scores in the order the merges first
 make them. Where the ids follow the merges (Gemma's), that is the tokenizer.model's own scores,
-which llama.cpp's converter copies; Llama 2's "▁▁", early in the ids and late in the merges, moves.
+which llama.cpp's converter copies; a token early in the ids and late in the merges scores late.
 (llama.cpp's converter, given tokenizer.json alone, writes -1000 for every score: gguf-py's
 LlamaHfVocab.) Whether llama.cpp puts a ▁ before the text (`add_space_prefix`) is read from how
 the tokenizer spells spaces.
