@@ -496,6 +496,7 @@ def cmd_quantize(args) -> int:
     check_ref(args.model)
     model = load(args.model, backend=None)  # quantized below, then saved
     if gguf:
+        gguf_write.check_model(model)  # what the file cannot hold, before quantizing
         with fp16_offsets():
             precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples,
                                    args.calib_len)

@@ -8,7 +8,6 @@ import pytest
 
 from specq.loading import builtins
 from specq.loading.formats import gguf_io, gguf_load, hf
-from specq.paths import file_key
 
 from conftest import tiny_model, tiny_tokenizer, write_tiny_gguf
 
@@ -33,7 +32,7 @@ def gguf(tmp_path, monkeypatch):
 def test_a_damaged_cached_tokenizer_is_built_again(gguf, capsys, damage, stamped):
     path, built = gguf
     ids = gguf_load.tokenizer(path)("t1 t5 t9")["input_ids"]
-    folder = path.parents[0] / "cache" / "tokenizers" / file_key(path)
+    folder = path.parents[0] / "cache" / "tokenizers" / gguf_load._key(path)
     if not stamped:  # as an older version wrote it
         (folder / ".specq-stamp.json").unlink()
     DAMAGE[damage](folder / "tokenizer.json")
@@ -46,7 +45,7 @@ def test_a_damaged_cached_tokenizer_is_built_again(gguf, capsys, damage, stamped
 
 
 CONVERTED = {"file": lambda path, cache: (gguf_load.float_dir(path),
-                                          cache / "gguf" / file_key(path)),
+                                          cache / "gguf" / gguf_load._key(path)),
              "built-in": lambda path, cache: (builtins._smollm2_dir(), cache / "smollm2-135m")}
 
 
@@ -80,3 +79,15 @@ def test_a_damaged_converted_folder_is_converted_again(gguf, monkeypatch, capsys
         assert torch.equal(again.state_dict()[name], value), name
     CONVERTED[which](path, path.parent / "cache")
     assert len(converted) == 2 and capsys.readouterr().err == ""
+
+
+def test_a_tokenizer_built_another_way_is_built_again(gguf, monkeypatch):
+    """A tokenizer cached before `gguf_io.tokenizer` changed is not reused: the build is in the
+    key of every cache that holds one."""
+    path, built = gguf
+    gguf_load.tokenizer(path)
+    gguf_load.tokenizer(path)
+    assert len(built) == 1
+    monkeypatch.setattr(gguf_load, "TOKENIZER_BUILD", gguf_load.TOKENIZER_BUILD + 1)
+    gguf_load.tokenizer(path)
+    assert len(built) == 2

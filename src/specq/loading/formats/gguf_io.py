@@ -125,13 +125,37 @@ def tokenizer(path: Path):
     """The file's tokenizer, built by transformers from the GGUF metadata (slow: cache it)."""
     from transformers import AutoTokenizer
 
-    gguf_checks.tokenizer(Header(path))
+    header = Header(path)
+    gguf_checks.tokenizer(header)
     try:
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as e:
         line = " ".join(str(e).split())[:200]
         raise SpecqError(f"cannot build a tokenizer from '{path}' ({type(e).__name__}: "
                          f"{line})") from None
+    _restore_user_defined(tok, header)
+    return tok
+
+
+def _restore_user_defined(tok, header: Header) -> None:
+    """llama.cpp matches a user-defined token whole in the raw text, and a Gemma file spells its
+    runs of spaces (user-defined tokens) with spaces. transformers respells them with ▁ for its
+    vocabulary, then looks for the file's spelling to add them and misses, so a run of spaces
+    tokenizes by merges, apart from llama.cpp past 31 spaces. They are added here as the ▁ runs
+    the normalizer makes of spaces."""
+    from tokenizers import AddedToken
+
+    types = header.fields.get("tokenizer.ggml.token_type")
+    if not isinstance(types, list):
+        return
+    vocab, added = tok.get_vocab(), tok.added_tokens_decoder
+    tokens = header.strings("tokenizer.ggml.tokens")
+    missing = [AddedToken(respelled, normalized=True, special=False)
+               for i, (token, kind) in enumerate(zip(tokens, types))
+               if kind == 4 and i not in added  # gguf.TokenType.USER_DEFINED
+               and vocab.get(respelled := token.replace(" ", "▁")) == i and respelled != token]
+    if missing:
+        tok.add_tokens(missing)
 
 
 def float32_array(tensor) -> np.ndarray:

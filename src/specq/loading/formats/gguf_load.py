@@ -19,6 +19,10 @@ from .save import write_native
 
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json")  # a cached tokenizer's files
 CONVERTED = ("config.json", "model.safetensors", *TOKENIZER)  # a converted folder's
+# How `gguf_io.tokenizer` builds a file's tokenizer; raised when that changes, so the caches that
+# hold one (the tokenizer's, the converted folder's) are built again, not reused stale.
+# 2: a Gemma file's runs of spaces are whole tokens, as in llama.cpp.
+TOKENIZER_BUILD = 2
 
 
 def convert(gguf: Path, target: Path) -> None:
@@ -38,10 +42,15 @@ def convert(gguf: Path, target: Path) -> None:
     caches.write_dir(target, lambda tmp: write_native(model, tmp))
 
 
+def _key(path: Path) -> str:
+    """The key of a cache that holds the file's tokenizer: the file's, and how it was built."""
+    return f"{file_key(path)}-t{TOKENIZER_BUILD}"
+
+
 def float_dir(gguf: Path) -> Path:
     """A converted cache for a user's GGUF file, keyed by its path, size and mtime (converted
     again when damaged: `caches`)."""
-    target = cache_dir() / "gguf" / file_key(gguf)
+    target = cache_dir() / "gguf" / _key(gguf)
     if not caches.usable(target, CONVERTED):
         convert(gguf, target)
     return target
@@ -77,7 +86,7 @@ def tokenizer(path: Path):
     (tests/loading/test_gguf.py compares the two)."""
     from transformers import TokenizersBackend
 
-    cached = cache_dir() / "tokenizers" / file_key(path)
+    cached = cache_dir() / "tokenizers" / _key(path)
     if not caches.usable(cached, TOKENIZER):  # built again when damaged
         tok = gguf_io.tokenizer(path)
         caches.write_dir(cached, tok.save_pretrained)

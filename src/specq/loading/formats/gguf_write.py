@@ -45,14 +45,24 @@ def check_spec(spec: QuantSpec) -> None:
         raise SpecqError(f"{spec} has no exact GGUF form: {e}") from None
 
 
+def check_model(model: Model) -> None:
+    """Refuse, before a loaded model is quantized for a GGUF file, one `write` would refuse for
+    what it is or for its tokenizer."""
+    gguf_vocab.check(model.tokenizer, _native(model).config.vocab_size)
+
+
+def _native(model: Model) -> Llama:
+    if not isinstance(model.net, Llama):
+        raise SpecqError("only native models (the Llama family) are written to GGUF")
+    return model.net
+
+
 def write(model: Model, out: Path) -> Counter:
     """Write `model` (a native Llama) to the GGUF file `out`, atomically; the count of tensors
     written per GGUF type."""
     import gguf
 
-    net = model.net
-    if not isinstance(net, Llama):
-        raise SpecqError("only native models (the Llama family) are written to GGUF")
+    net = _native(model)
     c = net.config
     tensors = _tensors(net)
     tied = "output.weight" not in tensors
