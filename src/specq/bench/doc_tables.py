@@ -134,6 +134,33 @@ def sets(rows: list[dict], baselines: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def acceptance(rows: list[dict], order: list[str]) -> str:
+    """One row per target precision, draft and temperature of a `specq bench` results file, a
+    column group per prompt set: the acceptance rate with its CI, per-position acceptance U_1..
+    and tau, none of which a fixed gamma's timing moves (speedups: `sets`). Targets in the order
+    the sweep listed them (`order`)."""
+    kinds = sorted({r["set"] for r in rows})
+    keyed: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["target"], draft_label(r), r["temperature"], r["gamma"])
+        keyed.setdefault(key, {})[r["set"]] = r
+    head = ["target", "draft", "T"] + [f"{k}: {c}" for k in kinds
+                                       for c in ("acceptance", "U_1..U_g", "tau")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rank = {t: i for i, t in enumerate(order)}
+    for key in sorted(keyed, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1], k[2])):
+        by = keyed[key]
+        cells = []
+        for k in kinds:
+            r = by.get(k)
+            per_position = "-" if r is None else " ".join(f"{u[0]:.2f}" for u in r["U"] if u)
+            cells += (["-"] * 3 if r is None else
+                      [_ci(r["acceptance_rate"], ".3f"), per_position, f"{r['tau'][0]:.2f}"])
+        lines.append(f"| {target_label(next(iter(by.values())))} | {key[1]} | {key[2]:g} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def servers(rows: list[dict], baselines: list[dict]) -> str:
     """One row per server and prompt set of an `engine = "openai"` results store (one engine
     measured from outside): the baseline server's tokens/s and ms per token after the first, then
@@ -169,6 +196,14 @@ def _bench(paths: list[Path], options: dict, by_set: bool) -> tuple[list[dict], 
             and ("tokens" not in options or r["max_new_tokens"] == int(options["tokens"]))
             and ("gamma" not in options or str(r["gamma"]) == options["gamma"])]
     return rows, [r for r in summary if r["kind"] == "baseline"]
+
+
+def _sweep_targets(paths: list[Path]) -> list[str]:
+    """The target refs of a results store's sweep, in the order its config listed them."""
+    for record in store.read(paths[0]):
+        if record.get("type") == "run":
+            return list(record.get("config", {}).get("targets", []))
+    return []
 
 
 def _rows(paths: list[Path], options: dict) -> list[dict]:
@@ -289,6 +324,9 @@ KINDS = {
     "cells": Kind(lambda p, o: cells(_bench(p, o, False)[0]), ("tokens", "gamma")),
     "sets": Kind(lambda p, o: sets(*_bench(p, o, True)), ("tokens", "gamma")),
     "servers": Kind(lambda p, o: servers(*_bench(p, o, True)), ("tokens",)),
+    # acceptance against the target's precision (sweep order), per prompt set and temperature
+    "acceptance": Kind(lambda p, o: acceptance(_bench(p, o, True)[0], _sweep_targets(p)),
+                       ("tokens", "gamma")),
     # the other scripts' rows and `specq compare --json`
     "gamma-interleaved": Kind(lambda p, o: result_tables.gamma_interleaved(_rows(p, o)),
                               ("machine",)),
