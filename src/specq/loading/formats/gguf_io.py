@@ -25,7 +25,7 @@ from ...model import architectures
 from ...model.llama import Llama, LlamaConfig
 from ...weights.gguf_formats import FORMATS, kernel_weight
 from . import gguf_checks
-from .gguf_reader import Header
+from .gguf_reader import Header, TokenType
 
 if TYPE_CHECKING:
     from ...weights.quant.modules import FileBlocks
@@ -152,7 +152,7 @@ def _restore_user_defined(tok, header: Header) -> None:
     tokens = header.strings("tokenizer.ggml.tokens")
     missing = [AddedToken(respelled, normalized=True, special=False)
                for i, (token, kind) in enumerate(zip(tokens, types))
-               if kind == 4 and i not in added  # gguf.TokenType.USER_DEFINED
+               if kind == TokenType.USER_DEFINED and i not in added
                and vocab.get(respelled := token.replace(" ", "▁")) == i and respelled != token]
     if missing:
         tok.add_tokens(missing)

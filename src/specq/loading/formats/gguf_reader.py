@@ -21,6 +21,7 @@ import math
 import mmap
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,18 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 LIMIT = 2 ** 31  # every dimension, size and count stays below it (llama.cpp's int32 fields)
 SKIPPED = object()  # the value of a string array: not read
+
+
+class TokenType(IntEnum):
+    """`tokenizer.ggml.token_type` values: gguf's TokenType, spelled here so that reading and
+    writing vocabularies does not import gguf (slow to import) before it is needed."""
+
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
 
 
 @dataclass(frozen=True)

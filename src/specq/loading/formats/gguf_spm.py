@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 
 from ...errors import SpecqError
+from .gguf_reader import TokenType
 
-NORMAL, BYTE = 1, 6  # gguf.TokenType
 OTHER_SCORE = -1000.0  # control, user-defined and unused tokens (llama.cpp's converter's)
 
 
@@ -70,8 +70,8 @@ def _splits_spaces(pre: dict) -> bool:
 def scores(merges: list[tuple[str, str]], tokens: list[str], types: list[int]) -> list[float]:
     """Each token's score (see the module's docstring): bytes 0, what is not a normal token
     OTHER_SCORE. SpecqError where llama.cpp's joining by score cannot follow the merges."""
-    out = [0.0 if t == BYTE else OTHER_SCORE for t in types]
-    normal = [i for i, t in enumerate(types) if t == NORMAL]
+    out = [0.0 if t == TokenType.BYTE else OTHER_SCORE for t in types]
+    normal = [i for i, t in enumerate(types) if t == TokenType.NORMAL]
     for order, i in enumerate(normal):
         out[i] = -float(order)
     ids = {tokens[i]: i for i in normal}

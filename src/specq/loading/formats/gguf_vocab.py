@@ -13,6 +13,7 @@ import re
 
 from ...errors import SpecqError
 from . import gguf_spm
+from .gguf_reader import TokenType
 
 # A tokenizer.json pre-tokenizer (its parts, as `_shape` gives them) -> the `tokenizer.ggml.pre`
 # whose regexes llama.cpp runs for it (llama-vocab.cpp).
@@ -27,7 +28,6 @@ PRE = {
     (("Split", _QWEN2), ("ByteLevel", None)): "qwen2",
     (("Split", _LLAMA3), ("ByteLevel", None)): "llama-bpe",
 }
-NORMAL, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 3, 4, 5, 6  # gguf.TokenType
 BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")  # byte fallback's tokens
 # Normalizers llama.cpp's converter writes no trace of and llama.cpp does not run: Qwen2's NFC
 # changes no text already in NFC (what editors and the web write), so it is written as llama.cpp's
@@ -123,12 +123,12 @@ def _tokens(tok, vocab_size: int, spm: bool) -> tuple[list[str], list[int]]:
     for i in range(vocab_size):
         token = reverse.get(i, f"[PAD{i}]")
         if i not in reverse:
-            kind = UNUSED
+            kind = TokenType.UNUSED
         elif i in added:
-            kind = CONTROL if added[i].special else USER_DEFINED
-            token = token.replace("▁", " ") if spm and kind == USER_DEFINED else token
+            kind = TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED
+            token = token.replace("▁", " ") if spm and kind == TokenType.USER_DEFINED else token
         else:
-            kind = BYTE if spm and BYTE_TOKEN.fullmatch(token) else NORMAL
+            kind = TokenType.BYTE if spm and BYTE_TOKEN.fullmatch(token) else TokenType.NORMAL
         tokens.append(token)
         types.append(kind)
     return tokens, types
