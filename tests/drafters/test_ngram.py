@@ -117,6 +117,9 @@ def test_spellings_and_their_canonical_form():
     assert ngram_ref("ngram:n=5").draft.ref == "ngram:n=2-5:k=4"  # n=N: down to 2 ...
     assert ngram_ref("ngram:n=1").draft.ref == "ngram:n=1-1:k=4"  # ... or to N where N is smaller
     assert ngram_ref("ngram:k=6:n=1-4").draft.ref == "ngram:n=1-4:k=6"
+    assert ngram_ref("ngram:c=16").draft.copy == 16
+    assert ngram_ref("ngram:c=16:k=3").draft.ref == "ngram:n=2-3:k=3:c=16"
+    assert ngram_ref("ngram:c=0").draft.ref == "ngram:n=2-3:k=4"  # no copy route: not spelled
     lookup = ngram_ref("ngram:k=3+self@int8")
     assert (lookup.draft.k, lookup.fallback.text) == (3, "self@int8")
     assert ngram_ref("smollm2-135m") is None
@@ -133,6 +136,7 @@ BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"),
              ("ngram:n=3-2", "MIN of n=MIN-MAX, at most MAX"), ("ngram:n=a", "whole number"),
              ("ngram:n=1-", "whole number"), ("ngram:k=²", "whole number"),
              ("ngram:x=1", "unknown option 'x=1'"), ("ngram:k", "unknown option"),
+             ("ngram:c=65", "c must be between 0 and 64"), ("ngram:c=-1", "whole number"),
              ("ngram:k=3:k=4", "given twice"), ("ngram@int8", "no precision"),
              ("ngram+", "after '+'")]
 

@@ -6,8 +6,9 @@ so far; elsewhere nothing matches and the step is a plain one. The nodes are cho
 sampled, so each is a point mass (`Proposal.probs` None): sampling verifies them exactly
 (`acceptance.accept_sampling`).
 
-Spelled `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` wherever a draft is named (parsed by
+Spelled `ngram[:n=N|n=MIN-MAX][:k=K][:c=C][+MODEL]` wherever a draft is named (parsed by
 `loading/refs.py`): match the last N tokens first, then fewer down to MIN, propose up to K;
+up to C where the text copies its source (the match agrees over more than N tokens);
 `+MODEL`: that model draft proposes on the steps with no match (`fallback.py`). Given a
 `SuffixCache` (`suffix.py`), a step with no match in the current text looks in earlier runs' text.
 """
@@ -40,6 +41,8 @@ DEFAULT_N_MAX = 3
 # (vLLM's ngram examples, OpenVINO GenAI's 5). With gamma "auto" a lookup is capped at its own k,
 # not at the model drafts' AUTO_MAX_GAMMA: a longer k lets auto go further where text is copied.
 DEFAULT_K = 4
+# Tokens proposed where the text copies its source: 0, no copy route (every match proposes up to k)
+DEFAULT_COPY = 0
 # the longest n-gram an index keys (a match this long is a copy: any longer adds nothing)
 MAX_N = 64
 NO_TREES = ("an n-gram draft proposes chains; token trees need a model draft (ngram+MODEL grows "
@@ -49,26 +52,31 @@ NO_TREES = ("an n-gram draft proposes chains; token trees need a model draft (ng
 @dataclass(frozen=True, eq=False)
 class NgramDraft:
     """A draft of its own kind: lookup in the prompt and the text so far. Match the last `n_max`
-    tokens first, then fewer down to `n_min`; propose up to `k` tokens. `fallback`: a loaded
-    model draft that proposes on the steps where nothing matches."""
+    tokens first, then fewer down to `n_min`; propose up to `k` tokens, or up to `copy` where the
+    match agrees with the text's end over more than `n_max` tokens (0: no such route).
+    `fallback`: a loaded model draft that proposes on the steps where nothing matches."""
 
     n_max: int = DEFAULT_N_MAX
     n_min: int = DEFAULT_N_MIN
     k: int = DEFAULT_K
     fallback: Model | Draft | None = None
+    copy: int = DEFAULT_COPY
 
     def __post_init__(self):
         integer("n", self.n_max, 1, MAX_N)
         integer("the smallest n (MIN of n=MIN-MAX, at most MAX)", self.n_min, 1, self.n_max)
         integer("k", self.k, 1, MAX_GAMMA)
+        integer("c", self.copy, 0, MAX_GAMMA)
         if self.fallback is not None and not isinstance(self.fallback, (Model, Draft)):
             raise SpecqError(f"an n-gram draft's fallback must be a model from specq.load, got "
                              f"{type(self.fallback).__name__}")
 
     @property
     def ref(self) -> str:
-        """The canonical spelling (`ngram:n=2-3:k=4`, `+MODEL` with a fallback)."""
+        """The canonical spelling (`ngram:n=2-3:k=4`, `:c=C` with a copy route, `+MODEL` with a
+        fallback)."""
         own = f"{NAME}:n={self.n_min}-{self.n_max}:k={self.k}"
+        own += f":c={self.copy}" if self.copy else ""
         return own if self.fallback is None else f"{own}+{self.fallback.ref}"
 
     def longest(self, gamma: int) -> int:
