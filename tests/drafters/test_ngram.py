@@ -271,8 +271,14 @@ class WrongLookup:
     def start(self, prompt, capacity, features=None):
         pass
 
-    def has_proposal(self, seq):
-        return True
+    def route_after(self, seq):
+        return "lookup"
+
+    def proposed(self):
+        return "lookup"
+
+    def longest(self, route, gamma):
+        return self.nodes(gamma)
 
     def propose(self, seq, gamma, sampling, generator):
         self.proposals += 1
