@@ -276,7 +276,7 @@ def test_every_route_of_a_run_prices_verify_rows_from_one_table(monkeypatch):
                         observe(self, cap, drafted, accepted, 10.0 * drafted,
                                 None if verify_s is None else 1 + drafted / 20, nodes))
     target = tiny_model(scale=3.0, seed=4)
-    draft = NgramDraft(k=6, fallback=perturbed(target, 0.3, seed=2))
+    draft = NgramDraft(k=6, copy=0, fallback=perturbed(target, 0.3, seed=2))
     plain_with_both = 0
     for prompt in ([3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [9, 1, 9, 2, 9, 1, 9, 2, 9]):
         sequence = api.start(target, prompt, draft, gamma="auto", max_new_tokens=60)

@@ -53,14 +53,14 @@ def test_the_drafter_proposes_up_to_c_where_the_text_copies():
     assert drafter.nodes(64) == 12 and drafter.nodes(5) == 5
     unmatched = seq + [60, 61]
     assert drafter.route_after(unmatched) is None and drafter.routes(unmatched) == [LOOKUP]
-    no_copy = NgramDrafter(NgramDraft(k=3))  # c=0: every match is a lookup
+    no_copy = NgramDrafter(NgramDraft(k=3, copy=0))  # every match is a lookup
     no_copy.start(torch.tensor(passage + [1, 2]), 64, None)
     assert no_copy.route_after(passage + [1, 2] + passage[:5]) == LOOKUP
 
 
 def test_the_run_is_as_long_as_the_longest_route():
     assert NgramDraft(k=4, copy=16).longest(2) == 16
-    assert NgramDraft(k=4).longest(2) == 4
+    assert NgramDraft(k=4, copy=0).longest(2) == 4
     target = tiny_model(scale=3.0, seed=4)
     assert NgramDraft(k=4, copy=3, fallback=target).longest(6) == 6
 
@@ -178,7 +178,7 @@ def copied_steps(draft: NgramDraft, monkeypatch) -> list[int]:
 def test_a_copied_passage_is_proposed_past_k(monkeypatch):
     """Steps that accept more than k = 4 tokens: none without a copy route, most of the passage
     with one."""
-    without = copied_steps(NgramDraft(k=4), monkeypatch)
+    without = copied_steps(NgramDraft(k=4, copy=0), monkeypatch)
     assert len(without) == 4
     steps = copied_steps(NgramDraft(k=4, copy=16), monkeypatch)
     assert sum((n + 1) * count for n, count in enumerate(steps) if n >= 4) > 40
@@ -198,3 +198,12 @@ def test_gamma_auto_prices_copies_and_matches_apart(monkeypatch):
     assert routes == {COPY, LOOKUP, "model"}
     drafter = specq.api.start(target, PROMPTS[0], draft, gamma="auto").drafter
     assert isinstance(drafter, FallbackDrafter) and drafter.nodes(16) == 16
+
+
+def test_the_default_proposes_a_copied_passage_past_k(monkeypatch):
+    """The default n-gram draft (and so every default draft's lookup) has a copy route: a passage
+    the target copies is proposed in steps longer than k, not k at a time."""
+    default = NgramDraft()
+    assert default.copy > default.k and default.ref == "ngram:n=2-3:k=4:c=16"
+    steps = copied_steps(default, monkeypatch)
+    assert sum((n + 1) * count for n, count in enumerate(steps) if n >= default.k) > 40

@@ -42,8 +42,12 @@ DEFAULT_N_MAX = 3
 # (vLLM's ngram examples, OpenVINO GenAI's 5). With gamma "auto" a lookup is capped at its own k,
 # not at the model drafts' AUTO_MAX_GAMMA: a longer k lets auto go further where text is copied.
 DEFAULT_K = 4
-# Tokens proposed where the text copies its source: 0, no copy route (every match proposes up to k)
-DEFAULT_COPY = 0
+# Tokens proposed where the text copies its source (its match agrees over more than n_max tokens:
+# an edited file returned whole, a passage quoted again, a loop that repeats its output). A copy
+# tends to go on, a lookup costs no drafting, and a verify pass costs less per row the more rows
+# it has, so a copy proposes far more than a match; gamma "auto" still chooses each step's length
+# on its own route. 0: no copy route (every match proposes up to k).
+DEFAULT_COPY = 16
 # the longest n-gram an index keys (a match this long is a copy: any longer adds nothing)
 MAX_N = 64
 NO_TREES = ("an n-gram draft proposes chains; token trees need a model draft (ngram+MODEL grows "

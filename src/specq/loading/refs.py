@@ -119,7 +119,8 @@ class NgramRef:
     fallback: ModelRef | None = None
 
     def for_target(self, target: str) -> NgramRef:
-        """Spelled canonically (`ngram` -> `ngram:n=2-3:k=4`), a fallback `self@SPEC` resolved."""
+        """Spelled canonically (`ngram` -> `ngram:n=2-3:k=4:c=16`), a fallback `self@SPEC`
+        resolved."""
         fallback = None if self.fallback is None else self.fallback.for_target(target)
         text = self.draft.ref + ("" if fallback is None else "+" + fallback.text)
         return NgramRef(text, self.draft, fallback)
