@@ -123,11 +123,12 @@ def generate(target: Model, prompt: str | list[int], draft: DraftArg = AUTO, *,
     A list of drafts, cheapest first, is a hierarchy: each level verifies what the ones below
     proposed before the target sees it (`drafters/hierarchy.py`). An n-gram draft ("ngram",
     "ngram:n=2-3:k=4" or an `NgramDraft`, maybe with a fallback model) looks its proposals up in the
-    prompt and the text so far; its k is then the draft length, and a fixed gamma
-    only its fallback's. With a `suffix_cache` (a `SuffixCache` the caller keeps per target, as
-    gamma_memory) an n-gram draft also looks where the text has no match in the earlier runs'
-    text, and this run's prompt and output join it when the run ends. Lossless either way; but a
-    sampled run's proposals, and so the tokens its seed draws, then depend on what the cache holds.
+    prompt and the text so far; its k (its c where the text copies its source) is then the draft
+    length, and a fixed gamma only its fallback's. With a `suffix_cache` (a `SuffixCache` the
+    caller keeps per target, as gamma_memory) an n-gram draft also looks where the text has no
+    match in the earlier runs' text, and this run's prompt and output join it when the run ends.
+    Lossless either way; but a sampled run's proposals, and so the tokens its seed draws, then
+    depend on what the cache holds.
     A lookahead draft ("lookahead", "lookahead:w=4:n=3:g=3" or a
     `LookaheadDraft`) guesses from the target's own verify passes; its shape sets the depth.
     `tree`: the (lowest) draft proposes dynamic token trees of that shape; a fixed gamma (the

@@ -18,10 +18,10 @@ def test_bench_plans_ngram_cells():
                        "prompt_sets": ["chat"]})
     cells, notes = plan(config, prompt_sets())
     spec = [c for c in cells if c.kind == "speculative"]
-    alone = [c for c in spec if c.draft == "ngram:n=2-3:k=4"]
-    assert sorted(str(c.gamma) for c in alone) == ["4", "auto"]  # a fixed gamma is its k
+    alone = [c for c in spec if c.draft == "ngram:n=2-3:k=4:c=16"]
+    assert sorted(str(c.gamma) for c in alone) == ["16", "auto"]  # a fixed gamma: its k or c
     assert all(c.draft_confidence is None and not c.tree for c in alone)
-    both = [c for c in spec if c.draft == "ngram:n=2-3:k=6+draft@fp32"]
+    both = [c for c in spec if c.draft == "ngram:n=2-3:k=6:c=16+draft@fp32"]
     assert len(both) == 3 * 2 + 3 * 1  # chains at each gamma and confidence, trees at each gamma
     assert not [c for c in cells if c.kind == "peer" and c.draft.startswith("ngram")]
     assert [c for c in cells if c.kind == "peer" and c.draft == "draft@fp32"]
@@ -37,7 +37,8 @@ def test_bench_plans_windowed_drafts_alone_and_as_fallbacks():
                        "drafts": ["draft@fp32:window=8", "ngram+draft:window=16", "draft"],
                        "gamma": [2], "threads": [1], "prompt_sets": ["chat"]})
     drafts = {c.draft for c in plan(config, prompt_sets())[0] if c.kind == "speculative"}
-    assert drafts == {"draft@fp32:window=8", "ngram:n=2-3:k=4+draft@fp32:window=16", "draft@fp32"}
+    assert drafts == {"draft@fp32:window=8", "ngram:n=2-3:k=4:c=16+draft@fp32:window=16",
+                      "draft@fp32"}
     with pytest.raises(SpecqError, match="bench config 'drafts'"):
         validate({"drafts": ["draft@int4-nope:window=8"]})
     with pytest.raises(SpecqError, match="window"):
@@ -50,10 +51,11 @@ def test_bench_runs_ngram_cells_losslessly(pair, tmp_path):
                        "results": str(tmp_path / "r.jsonl"), "resamples": 200})
     records = bench(config, pair)
     rows = [r for r in summary(records) if r["kind"] == "speculative"]
-    assert {r["draft"] for r in rows} == {"ngram:n=2-3:k=4", "ngram:n=2-3:k=4+draft@fp32"}
+    assert {r["draft"] for r in rows} == {"ngram:n=2-3:k=4:c=16", "ngram:n=2-3:k=4:c=16+draft@fp32"}
     assert all(not r["mismatches"] and r["unchecked"] == 0 for r in rows)
     assert {r["draft_precision"] for r in rows} == {None, "fp32"}
-    assert {tables.short_draft(r) for r in rows} == {"ngram:n=2-3:k=4", "ngram:n=2-3:k=4+draft"}
+    assert {tables.short_draft(r) for r in rows} == {"ngram:n=2-3:k=4:c=16",
+                                                     "ngram:n=2-3:k=4:c=16+draft"}
     assert aggregate.failures(rows) == []
 
 

@@ -20,7 +20,8 @@ def test_only_ngram_cells_are_crossed_with_the_cache_and_old_keys_stay():
     cells, notes = plan(validate({"drafts": ["ngram", "d"], "gamma": [2],
                                   "suffix_cache": [False, True]}), sets)
     spec = [(c.draft, c.suffix_cache) for c in cells if c.kind == "speculative"]
-    assert spec == [("ngram:n=2-3:k=4", False), ("ngram:n=2-3:k=4", True), ("d@fp32", False)]
+    default = "ngram:n=2-3:k=4:c=16"
+    assert spec == [(default, False), (default, True), ("d@fp32", False)]
     assert {c.key for c in before} < {c.key for c in cells}  # results stored before still count
     assert "suffix_cache" not in cells[1].params() and cells[2].params()["suffix_cache"] is True
     assert any("only n-gram drafts read one" in n for n in notes)

@@ -252,6 +252,50 @@ def test_a_row_count_costs_at_most_what_more_rows_were_timed_at():
     assert chooser.verify_cost(2.5) == pytest.approx(1.125)
 
 
+class _Writes(dict):
+    """A verify-cost table that counts its writes."""
+
+    writes = 0
+
+    def __setitem__(self, key, value):
+        self.writes += 1
+        super().__setitem__(key, value)
+
+
+def test_every_route_of_a_run_prices_verify_rows_from_one_table(monkeypatch):
+    """ngram+MODEL: the lookup's and the model's choosers price rows from the run's one table (a
+    pass costs what its rows cost, whichever route drafted them), and each pass is timed into it
+    once, plain steps that every route observes included. Drafting is scripted dear (ten one-row
+    passes a token), so plain steps come while the lookup matches too."""
+    from specq.core.decode import run
+    from specq.drafters import NgramDraft
+
+    observe = CostAwareGamma.observe
+    monkeypatch.setattr(CostAwareGamma, "observe",
+                        lambda self, cap, drafted, accepted, draft_s, verify_s, nodes=None:
+                        observe(self, cap, drafted, accepted, 10.0 * drafted,
+                                None if verify_s is None else 1 + drafted / 20, nodes))
+    target = tiny_model(scale=3.0, seed=4)
+    draft = NgramDraft(k=6, copy=0, fallback=perturbed(target, 0.3, seed=2))
+    plain_with_both = 0
+    for prompt in ([3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [9, 1, 9, 2, 9, 1, 9, 2, 9]):
+        sequence = api.start(target, prompt, draft, gamma="auto", max_new_tokens=60)
+        sequence.verify_s = table = _Writes()
+        record = sequence.accept
+
+        def accept(logits, features, verify_s, sequence=sequence, record=record):
+            nonlocal plain_with_both
+            plain_with_both += bool(sequence.asked) and not len(sequence.proposal.tokens)
+            record(logits, features, verify_s)
+        sequence.accept = accept
+        run(sequence)
+        assert set(sequence.choosers) == {"lookup", "model"}
+        assert all(c.verify_s is table for c in sequence.choosers.values())
+        assert table.writes == sequence.stats.steps  # one timing per pass
+        assert {1, 7} <= set(table)  # plain steps and the lookup's longest proposals
+    assert plain_with_both > 0
+
+
 def test_parse():
     assert parse("auto") == (AUTO_MAX_GAMMA, True)
     assert parse(3) == (3, False) and parse("3") == (3, False)
@@ -269,6 +313,7 @@ def scripted(monkeypatch):
     class Chooser:
         def __init__(self, max_gamma):
             self.max_gamma = max_gamma
+            self.verify_s = {}
 
         def next(self):
             g = 1 if not steps else 0 if steps[-1][2] < steps[-1][1] else min(2, self.max_gamma)

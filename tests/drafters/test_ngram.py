@@ -14,7 +14,7 @@ from specq.core import acceptance
 from specq.core.sampling import SamplingConfig
 from specq.core.types import Proposal
 from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter, TreeShape
-from specq.drafters.ngram import DEFAULT_K, NgramIndex
+from specq.drafters.ngram import DEFAULT_COPY, NgramIndex
 from specq.errors import SpecqError
 from specq.loading.kinds import for_pair
 from specq.loading.refs import draft_ref, ngram_ref
@@ -94,7 +94,7 @@ def test_the_index_updates_incrementally():
 
 
 def test_the_drafter_proposes_point_masses_up_to_its_cap():
-    drafter = NgramDrafter(NgramDraft(k=3))
+    drafter = NgramDrafter(NgramDraft(k=3, copy=0))  # copies: test_ngram_copy.py
     drafter.start(torch.tensor([1, 2, 3, 4, 5, 1]), 64, None)
     sampling, g = SamplingConfig(temperature=1.0), torch.Generator()
     # (1, 9): no match
@@ -113,14 +113,19 @@ def test_the_drafter_proposes_point_masses_up_to_its_cap():
 
 
 def test_spellings_and_their_canonical_form():
-    assert ngram_ref("ngram").fallback is None and ngram_ref("ngram").draft.ref == "ngram:n=2-3:k=4"
-    assert ngram_ref("ngram:n=5").draft.ref == "ngram:n=2-5:k=4"  # n=N: down to 2 ...
-    assert ngram_ref("ngram:n=1").draft.ref == "ngram:n=1-1:k=4"  # ... or to N where N is smaller
-    assert ngram_ref("ngram:k=6:n=1-4").draft.ref == "ngram:n=1-4:k=6"
+    assert ngram_ref("ngram").fallback is None
+    assert ngram_ref("ngram").draft.ref == "ngram:n=2-3:k=4:c=16"
+    assert ngram_ref("ngram:n=5").draft.ref == "ngram:n=2-5:k=4:c=16"  # n=N: down to 2 ...
+    assert ngram_ref("ngram:n=1:c=0").draft.ref == "ngram:n=1-1:k=4"  # ... or to N when smaller
+    assert ngram_ref("ngram:k=6:n=1-4").draft.ref == "ngram:n=1-4:k=6:c=16"
+    assert ngram_ref("ngram:c=8").draft.copy == 8
+    assert ngram_ref("ngram:c=8:k=3").draft.ref == "ngram:n=2-3:k=3:c=8"
+    assert ngram_ref("ngram:c=0").draft.ref == "ngram:n=2-3:k=4"  # no copy route: not spelled
     lookup = ngram_ref("ngram:k=3+self@int8")
     assert (lookup.draft.k, lookup.fallback.text) == (3, "self@int8")
     assert ngram_ref("smollm2-135m") is None
-    assert draft_ref("ngram+self@int8").for_target("tiny@fp32").text == "ngram:n=2-3:k=4+tiny@int8"
+    assert (draft_ref("ngram+self@int8").for_target("tiny@fp32").text
+            == "ngram:n=2-3:k=4:c=16+tiny@int8")
     assert [m.text for m in draft_ref("ngram:k=3+a@bf16,b").models] == ["a@bf16", "b"]
     assert draft_ref("ngram:k=2").lookup_alone and not draft_ref("ngram+a").lookup_alone
     assert not draft_ref("ngram,a").lookup_alone and not draft_ref("ngram,a").grows_trees
@@ -133,6 +138,7 @@ BAD_SPECS = [("ngram:n=0", "n must be between 1 and 64"),
              ("ngram:n=3-2", "MIN of n=MIN-MAX, at most MAX"), ("ngram:n=a", "whole number"),
              ("ngram:n=1-", "whole number"), ("ngram:k=²", "whole number"),
              ("ngram:x=1", "unknown option 'x=1'"), ("ngram:k", "unknown option"),
+             ("ngram:c=65", "c must be between 0 and 64"), ("ngram:c=-1", "whole number"),
              ("ngram:k=3:k=4", "given twice"), ("ngram@int8", "no precision"),
              ("ngram+", "after '+'")]
 
@@ -177,10 +183,12 @@ def test_greedy_ngram_equals_the_target(draft, gamma):
     assert plain > 0  # and steps with no match: plain steps
 
 
-def test_the_draft_length_is_k():
+def test_the_draft_length_is_k_or_c():
     target = tiny_model(scale=3.0, seed=4)
-    for draft, gamma, longest in (("ngram", 2, DEFAULT_K), ("ngram:k=7", 1, 7),
-                                  ("ngram:k=7", "auto", 7), ("ngram:k=2", "auto", 2)):
+    for draft, gamma, longest in (("ngram", 2, DEFAULT_COPY), ("ngram:k=7:c=0", 1, 7),
+                                  ("ngram:k=7:c=0", "auto", 7), ("ngram:k=2:c=0", "auto", 2),
+                                  ("ngram:k=7:c=5", "auto", 7),
+                                  ("ngram:k=2", "auto", DEFAULT_COPY)):
         stats = specq.generate(target, PROMPTS[0], draft, gamma=gamma, max_new_tokens=30).stats
         assert stats.gamma == longest and len(stats.drafted_at) == longest
         assert stats.drafted_at[0] > 0
@@ -217,7 +225,8 @@ def test_greedy_ngram_with_a_model_fallback_equals_the_target(kind):
         spied = _spied(first=drafter.first, then=drafter.then)
         spec = specq.generate(target, prompt, draft, drafter=drafter, gamma=2, max_new_tokens=40,
                               tree=tree)
-        assert spec.token_ids == base.token_ids and spec.draft == f"ngram:n=2-3:k=4+{model.ref}"
+        assert spec.token_ids == base.token_ids
+        assert spec.draft == f"ngram:n=2-3:k=4:c=16+{model.ref}"
         accepted += spec.stats.accepted
         rejected += spec.stats.drafted - spec.stats.accepted
         counts = {k: counts[k] + spied[k] for k in counts}
@@ -233,7 +242,7 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
     from specq.core.gamma import AUTO_MAX_GAMMA
 
     target = tiny_model(scale=3.0, seed=4)
-    draft = NgramDraft(k=7, fallback=perturbed(target, 0.3, seed=2))
+    draft = NgramDraft(k=7, copy=0, fallback=perturbed(target, 0.3, seed=2))
     routes = set()
     for prompt in PROMPTS:
         base = specq.generate(target, prompt, None, max_new_tokens=40)
@@ -244,7 +253,7 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
         for name, chooser in sequence.choosers.items():
             assert chooser.draft_s is not None, name  # each route's own draft cost was measured
             assert chooser.max_gamma == {"lookup": 7, "model": AUTO_MAX_GAMMA}[name]
-    assert routes == {"lookup", "model"}
+    assert routes == {"lookup", "model"}  # c=0: no copy route (with one: test_ngram_copy.py)
     plain = api.start(target, PROMPTS[0], perturbed(target, 0.3, seed=2), gamma="auto",
                       max_new_tokens=40)
     run(plain)
@@ -267,8 +276,14 @@ class WrongLookup:
     def start(self, prompt, capacity, features=None):
         pass
 
-    def has_proposal(self, seq):
-        return True
+    def route_after(self, seq):
+        return "lookup"
+
+    def proposed(self):
+        return "lookup"
+
+    def longest(self, route, gamma):
+        return self.nodes(gamma)
 
     def propose(self, seq, gamma, sampling, generator):
         self.proposals += 1

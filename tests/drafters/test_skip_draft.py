@@ -53,7 +53,7 @@ def test_self_skip_refs_name_the_target_and_its_layers():
     assert resolved("self@skip", "smollm2-135m@int8") == "smollm2-135m@int8@skip"
     assert resolved("self@skip=3-5+9:window=64", "a.gguf") == "a.gguf@skip=3-5+9:window=64"
     assert resolved("self@gguf-int4@skip", "a.gguf") == "a.gguf@gguf-int4@skip"
-    assert resolved("ngram+self@skip=1+2", "m") == "ngram:n=2-3:k=4+m@skip=1+2"
+    assert resolved("ngram+self@skip=1+2", "m") == "ngram:n=2-3:k=4:c=16+m@skip=1+2"
     assert model_ref("self@skip").is_self and model_ref("self@int8@skip").is_self
     assert not model_ref("other@skip").is_self and model_ref("other@skip").skips.text == "other"
     assert layer_skip.parse("skip=9+3-5+4") == layer_skip.SkipSpec((3, 4, 5, 9))

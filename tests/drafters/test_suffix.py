@@ -127,13 +127,13 @@ def test_the_drafter_looks_in_the_text_first_then_in_the_cache():
     drafter = NgramDrafter(NgramDraft(k=3), _cache([8, 1, 2, 30, 31, 32, 33], [4, 5, 40, 41]))
     drafter.start(torch.tensor([1, 2, 3, 9, 4, 5]), 64, None)
     # (4, 5): no earlier match in the text, the cache's
-    assert drafter.has_proposal([1, 2, 3, 9, 4, 5])
+    assert drafter.route_after([1, 2, 3, 9, 4, 5]) == "lookup"
     assert drafter.propose([1, 2, 3, 9, 4, 5], 4, sampling, g).tokens.tolist() == [40, 41]
     # (1, 2): the text's own match wins over the cache's
     seq = [1, 2, 3, 9, 4, 5, 1, 2]
     assert drafter.propose(seq, 4, sampling, g).tokens.tolist() == [3, 9, 4]
     # (7, 6): neither
-    assert not drafter.has_proposal(seq + [7, 6])
+    assert drafter.route_after(seq + [7, 6]) is None
     assert drafter.propose(seq + [7, 6], 4, sampling, g).tokens.numel() == 0
     # n=1 reads no cache (one token is no evidence across texts); k caps it
     alone = NgramDrafter(NgramDraft(1, 1, 1), _cache([4, 5, 40, 41]))

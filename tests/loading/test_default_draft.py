@@ -180,7 +180,7 @@ def test_the_bench_default_entry_is_the_targets_default():
     assert config.drafts == ["default"]
     cells, notes = plan(config, {"chat": [Prompt("chat", 0, "Hi", chat=True)]})
     drafts = {c.draft for c in cells if c.kind == "speculative"}
-    assert drafts == {f"ngram:n=2-3:k=4+{default.choose('smollm2-135m').ref[len('ngram+'):]}"}
+    assert drafts == {f"ngram:n=2-3:k=4:c=16+{default.choose('smollm2-135m').ref[len('ngram+'):]}"}
     assert any(n.startswith("default draft for smollm2-135m") for n in notes)
 
 

@@ -599,7 +599,7 @@ def test_the_serve_command(dirs):
                                                    messages=[{"role": "user", "content": PROMPT}])
         # no registered draft, no smaller model with its tokenizer: the n-gram lookup
         assert out.usage.completion_tokens == 5
-        assert out.model_extra["specq"]["draft"] == "ngram:n=2-3:k=4"
+        assert out.model_extra["specq"]["draft"] == "ngram:n=2-3:k=4:c=16"
     finally:
         proc.terminate()
         proc.wait(20)

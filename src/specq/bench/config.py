@@ -108,8 +108,9 @@ HELP = {
               "smaller model with its tokenizer, behind an n-gram lookup), 'registry' (the "
               "registry's draft alone), self@SPEC (the "
               "target's own weights at SPEC), REF:window=W (a model draft reading the prompt's "
-              "last W tokens), ngram[:n=N|n=MIN-MAX][:k=K] (n-gram lookup, no model; its k is the "
-              "draft length), ngram+REF (the model REF where nothing matches), "
+              "last W tokens), ngram[:n=N|n=MIN-MAX][:k=K][:c=C] (n-gram lookup, no model; its k, "
+              "c where the text copies its source, is the draft length), ngram+REF (the model "
+              "REF where nothing matches), "
               "lookahead[:w=W][:n=N][:g=G] (lookahead decoding, no model; its shape sets the "
               "depth), or refs joined by commas, cheapest first (a hierarchy)",
     "draft_quant": "precisions / quant specs crossed with every draft",

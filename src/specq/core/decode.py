@@ -85,6 +85,7 @@ class Sequence:
         self.gamma = gamma if drafter is not None else 0
         self.adaptive = adaptive and self.gamma > 0
         self.choosers: dict[str, CostAwareGamma] = {}  # gamma auto's, per route (`types.Routed`)
+        self.verify_s: dict[int, float] = {}  # their one table of verify costs per row count
         self.memory, self.memory_key = memory or GammaMemory(), memory_key
         self.chooser: CostAwareGamma | None = None  # this step's
         self.asked: list[CostAwareGamma] = []  # the other routes' choosers asked this step
@@ -152,13 +153,20 @@ class Sequence:
         route not yet timed is tried first); when that cap is 0 the step is plain and every route
         asked learns its cost. A route passed over for its interval of steps is tried once at its
         cap or 1 (`CostAwareGamma.idle`), or a lookup priced out early in a text would never learn
-        that a later stretch copies."""
+        that a later stretch copies. Every route's chooser prices verify rows from one table: a
+        pass costs what its rows cost whichever route drafted them, and a route seldom chosen
+        would otherwise know only the row counts of its own few passes (a lookup timed only at
+        its longest would price every shorter proposal at that)."""
         routes = self.drafter.routes(self.seq) if isinstance(self.drafter, Routed) else [""]
         asked = []
         for route in routes:
             if route not in self.choosers:
                 longest = self.drafter.longest(route, self.gamma) if route else self.gamma
-                self.choosers[route] = self.memory.chooser(self.memory_key, route, longest)
+                chooser = self.memory.chooser(self.memory_key, route, longest)
+                for rows, seconds in chooser.verify_s.items():
+                    self.verify_s.setdefault(rows, seconds)
+                chooser.verify_s = self.verify_s
+                self.choosers[route] = chooser
             chooser = self.choosers[route]
             cap = chooser.next()
             if len(routes) == 1:
@@ -195,8 +203,8 @@ class Sequence:
             for chooser in self.asked:
                 if len(tokens):
                     chooser.passed()
-                else:  # a plain step prices plain decoding for every route
-                    chooser.observe(0, 0, 0, 0.0, verify_s)
+                else:  # a plain step, for every route (its cost is in the shared table)
+                    chooser.observe(0, 0, 0, 0.0, None)
 
         rows = torch.tensor([0] + [node + 1 for node in path])
         new = tokens[path].tolist() + [next_token]

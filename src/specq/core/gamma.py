@@ -32,11 +32,12 @@ cap g in 0..max_gamma on the proposal length with the most expected tokens per s
   missed), so each probe that leaves the choice where it was doubles the interval, from
   PROBE_EVERY up to MAX_PROBE_EVERY steps, and a changed choice resets it.
 
-A drafter of several drafters (`ngram+MODEL`: a free lookup where the text repeats, a model
-elsewhere; `types.Routed`) gets one chooser per route: a lookup's cost and acceptance say
-nothing about the model's, and one mean of both would price the lookup too high and the model too
-low. Each step proposes on the route with the most expected tokens per second (`rate`); a plain
-step is taken only where no route beats it.
+A drafter of several routes (`ngram+MODEL`: a free lookup where the text repeats, a model
+elsewhere; a lookup's copies and short matches; `types.Routed`) gets one chooser per route: a
+lookup's cost and acceptance say nothing about the model's, and one mean of both would price the
+lookup too high and the model too low. Their verify costs are one table (`decode.Sequence`): a
+pass costs what its rows cost, whichever route drafted them. Each step proposes on the route with
+the most expected tokens per second (`rate`); a plain step is taken only where no route beats it.
 
 `GammaMemory` carries a chooser from one run to the next of the same target and draft in a
 process (a server's requests, a bench's prompts; whoever runs them keeps one memory per target and
@@ -143,12 +144,13 @@ class CostAwareGamma:
         self.idle += 1
 
     def observe(self, cap: int, drafted: int, accepted: int, draft_s: float,
-                verify_s: float, nodes: int | None = None) -> None:
+                verify_s: float | None, nodes: int | None = None) -> None:
         """Record one step: its cap, how deep it drafted and how many tokens were accepted, the
-        seconds drafting and verifying took, and the nodes it drafted (a tree's, more than its
-        depth; a chain's are its depth). Verify rows are priced per node: a tree drafter (EAGLE
-        trees, lookahead's window and n-grams) verifies `width` nodes per level, and pricing its
-        rows by depth alone would price its passes far too low."""
+        seconds drafting and verifying took (verifying None: timed already, in a `verify_s`
+        table this chooser shares), and the nodes it drafted (a tree's, more than its depth; a
+        chain's are its depth). Verify rows are priced per node: a tree drafter (EAGLE trees,
+        lookahead's window and n-grams) verifies `width` nodes per level, and pricing its rows
+        by depth alone would price its passes far too low."""
         nodes = drafted if nodes is None else nodes
         self.recent_caps.append(cap)
         self.drafting_steps += drafted > 0
@@ -169,7 +171,8 @@ class CostAwareGamma:
         if drafted:
             share = nodes / drafted
             self.width = share if self.width is None else (1 - RECENT) * self.width + RECENT * share
-        self.verify_s[nodes + 1] = _recent_mean(self.verify_s.get(nodes + 1), verify_s)
+        if verify_s is not None:
+            self.verify_s[nodes + 1] = _recent_mean(self.verify_s.get(nodes + 1), verify_s)
 
     def tokens_per_second(self, g: int) -> float:
         tokens, drafted = self.expected(g)

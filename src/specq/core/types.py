@@ -144,10 +144,10 @@ class SeesVerify(Protocol):
 
 @runtime_checkable
 class Routed(Protocol):
-    """A drafter made of drafters that differ in cost and agreement (`ngram+MODEL`): which of them
-    could propose next, so gamma "auto" keeps costs and acceptance per route (`decode.py`) and
-    picks, each step, the route it expects the most tokens per second of, rather than one mix of
-    a free lookup's and a model's."""
+    """A drafter whose proposals come by routes that differ in cost and agreement (`ngram+MODEL`:
+    a free lookup's and a model's; a lookup's copies and its short matches): which of them could
+    propose next, so gamma "auto" keeps costs and acceptance per route (`decode.py`) and picks,
+    each step, the route it expects the most tokens per second of, rather than one mix of them."""
 
     def routes(self, seq: list[int]) -> list[str]:
         """The names of the drafters that could propose next after `seq` (every token so far), the

@@ -19,7 +19,7 @@ from ..core.sampling import SamplingConfig
 from ..core.types import EMPTY, Drafter, Proposal
 from .ngram import NgramDrafter
 
-LOOKUP, MODEL = "lookup", "model"  # the routes (`base.Routed`)
+MODEL = "model"  # the model's route (`types.Routed`), beside the lookup's own (`ngram.py`)
 
 
 class FallbackDrafter:
@@ -40,18 +40,21 @@ class FallbackDrafter:
         self.then.start(prompt, capacity, features)
 
     def routes(self, seq: list[int]) -> list[str]:
-        """LOOKUP first where the n-gram lookup has a proposal; MODEL always."""
-        return [LOOKUP, MODEL] if self.first.has_proposal(seq) else [MODEL]
+        """The lookup's route first where it has a proposal (a copy's or a match's); MODEL
+        always."""
+        route = self.first.route_after(seq)
+        return [route, MODEL] if route else [MODEL]
 
     def use(self, route: str) -> None:
         self.chosen = route
 
     def proposed(self) -> str:
-        return LOOKUP if self.proposer is self.first else MODEL
+        return self.first.proposed() if self.proposer is self.first else MODEL
 
     def longest(self, route: str, gamma: int) -> int:
-        """The lookup's k, or the model draft's own gamma (each at most the run's `gamma`)."""
-        return self.first.nodes(gamma) if route == LOOKUP else min(gamma, self.then_gamma)
+        """The lookup route's own length, or the model draft's gamma (each at most the run's
+        `gamma`)."""
+        return min(gamma, self.then_gamma) if route == MODEL else self.first.longest(route, gamma)
 
     def propose(self, seq: list[int], gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Proposal:

@@ -2,14 +2,14 @@
 and for each kind how it loads, the drafter it makes for a target, how its network runs alone, how
 it is scored against its target and how it is saved (training: `training/students.py`).
 
-| kind       | named by                                 | loads as                            |
-|------------|------------------------------------------|-------------------------------------|
-| `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][+MODEL]` | `NgramDraft` (MODEL by its kind)    |
-| `skip`     | `MODEL@skip[=LAYERS]` (`self@skip`)      | `Draft`: some of MODEL's layers     |
-| `lookahead`| `lookahead[:w=W][:n=N][:g=G]`            | `LookaheadDraft` (no model)         |
-| `self`     | `self@SPEC`                              | `Draft`: the target's own at SPEC   |
-| `feature`  | a folder with `feature_draft.json`       | `Draft` (EAGLE style)               |
-| `sequence` | any other: built-in, folder, .gguf, hub  | `Model` (it can be a target too)    |
+| kind       | named by                                       | loads as                         |
+|------------|------------------------------------------------|----------------------------------|
+| `ngram`    | `ngram[:n=N or n=MIN-MAX][:k=K][:c=C][+MODEL]` | `NgramDraft` (MODEL by its kind) |
+| `skip`     | `MODEL@skip[=LAYERS]` (`self@skip`)            | `Draft`: some of MODEL's layers  |
+| `lookahead`| `lookahead[:w=W][:n=N][:g=G]`                  | `LookaheadDraft` (no model)      |
+| `self`     | `self@SPEC`                                    | `Draft`: the target's own at SPEC|
+| `feature`  | a folder with `feature_draft.json`             | `Draft` (EAGLE style)            |
+| `sequence` | any other: built-in, folder, .gguf, hub        | `Model` (it can be a target too) |
 
 Drafters: `NgramDrafter` (ngram), `LookaheadDrafter` (lookahead), `SequenceDrafter` (skip, self,
 sequence), `FeatureDrafter` (feature).

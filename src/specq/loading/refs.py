@@ -7,7 +7,7 @@ id (in a draft also `self`: the target's own weights at SPEC); SPEC a precision 
 `MODEL@skip[=LAYERS]` is some of MODEL's own layers (`layer_skip`; MODEL a model ref without a
 window, e.g. `self`, `self@gguf-int4`). A draft ref is
 one level or several joined by commas, cheapest first (a hierarchy): a level is a model ref or, as
-the first level only, an n-gram draft `ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` (prompt lookup;
+the first level only, an n-gram draft `ngram[:n=N|n=MIN-MAX][:k=K][:c=C][+MODEL]` (prompt lookup;
 `+MODEL`: a model draft on the steps with no match); or, alone, a lookahead draft
 `lookahead[:w=W][:n=N][:g=G]` (the target's own Jacobi guesses, no model).
 
@@ -25,7 +25,7 @@ from typing import Callable
 
 from ..drafters import lookahead
 from ..drafters.lookahead import LookaheadDraft
-from ..drafters.ngram import DEFAULT_K, DEFAULT_N_MAX, DEFAULT_N_MIN, NAME, NgramDraft
+from ..drafters.ngram import DEFAULT_COPY, DEFAULT_K, DEFAULT_N_MAX, DEFAULT_N_MIN, NAME, NgramDraft
 from ..errors import SpecqError
 from . import file_spec, layer_skip, precision
 from .builtins import BUILTIN_GGUF, BUILTINS, PACKAGED_GGUF
@@ -119,7 +119,8 @@ class NgramRef:
     fallback: ModelRef | None = None
 
     def for_target(self, target: str) -> NgramRef:
-        """Spelled canonically (`ngram` -> `ngram:n=2-3:k=4`), a fallback `self@SPEC` resolved."""
+        """Spelled canonically (`ngram` -> `ngram:n=2-3:k=4:c=16`), a fallback `self@SPEC`
+        resolved."""
         fallback = None if self.fallback is None else self.fallback.for_target(target)
         text = self.draft.ref + ("" if fallback is None else "+" + fallback.text)
         return NgramRef(text, self.draft, fallback)
@@ -237,8 +238,8 @@ def names_ngram(text: str) -> bool:
 
 
 def ngram_ref(text: str) -> NgramRef | None:
-    """`ngram[:n=N|n=MIN-MAX][:k=K][+MODEL]` parsed (`n=N` matches down to 2 tokens, N if
-    smaller), or None when the text names no n-gram draft."""
+    """`ngram[:n=N|n=MIN-MAX][:k=K][:c=C][+MODEL]` parsed (`n=N` matches down to 2 tokens, N if
+    smaller; `c=0`: no copy route), or None when the text names no n-gram draft."""
     if not names_ngram(text):
         return None
     own, plus, fallback = text.partition("+")
@@ -251,15 +252,16 @@ def ngram_ref(text: str) -> NgramRef | None:
     if name != NAME:
         raise SpecqError(f"draft '{text}': an n-gram draft has no precision; "
                          f"write {NAME}[:n=N][:k=K]")
-    values = _options(text, options, NGRAM_ABOUT, ("n", "k"), "n=N or n=MIN-MAX, k=K")
+    values = _options(text, options, NGRAM_ABOUT, ("n", "k", "c"), "n=N or n=MIN-MAX, k=K, c=C")
     n_min, n_max = DEFAULT_N_MIN, DEFAULT_N_MAX
     if "n" in values:
         low, dash, high = values["n"].partition("-")
         n_max = _whole(text, "n", high if dash else low)
         n_min = _whole(text, "n", low) if dash else min(DEFAULT_N_MIN, n_max)
     k = _whole(text, "k", values["k"]) if "k" in values else DEFAULT_K
+    copy = _whole(text, "c", values["c"]) if "c" in values else DEFAULT_COPY
     try:
-        draft = NgramDraft(n_max, n_min, k)
+        draft = NgramDraft(n_max, n_min, k, copy=copy)
     except SpecqError as e:
         raise SpecqError(f"draft '{text}': {e}") from None
     return NgramRef(text, draft, model_ref(fallback) if fallback else None)
