@@ -28,10 +28,10 @@ Measurements, per weights and round:
 - `generate gamma 2`, `generate gamma auto`, `generate ngram` (specq only): speculative decoding
   with the registry's draft (weights that have one) or n-gram lookup; `generate gamma auto,
   draft REF` the same with each of `--extra-drafts` (any draft ref);
-- `llama.cpp draft n-max N`, `llama.cpp ngram-simple`, `llama.cpp ngram-mod` (with
-  `--llama-cpp-bin`, weights whose file has a draft file: the 1.5B with the 0.5B): llama.cpp's
-  own `llama-speculative-simple` run once per prompt on the same files, threads and prompt ids,
-  greedy; tokens/s is its own encode + decode time, and it stops at EOS;
+- `llama.cpp ngram-simple`, `llama.cpp ngram-mod` (with `--llama-cpp-bin`, every file) and
+  `llama.cpp draft n-max N` (weights whose file has a draft file: the 1.5B with the 0.5B):
+  llama.cpp's own `llama-speculative-simple` run once per prompt on the same files, threads and
+  prompt ids, greedy; tokens/s is its own encode + decode time, and it stops at EOS;
 - `openvino plain`, `openvino draft 3` / `5`, `openvino prompt lookup` (with `--openvino DIR`,
   the 1.5B): OpenVINO GenAI on the pair as `--export-openvino` writes it (the 1.5B re-quantized
   to int4 in groups of 64, the 0.5B to int8: OpenVINO reads no GGUF K-quants), greedy, EOS
@@ -241,7 +241,8 @@ class LlamaCppSpeculative:
     per prompt (the binding has no speculative loop). Built from the binding's vendored source
     (docs/performance.md, "Building llama.cpp for these runs"); `bin_dir` holds the binary."""
 
-    def __init__(self, bin_dir: Path, target: Path, draft: Path, threads: int, tokenizer):
+    def __init__(self, bin_dir: Path, target: Path, draft: Path | None, threads: int,
+                 tokenizer):
         self.binary = bin_dir / "llama-speculative-simple"
         if not self.binary.is_file():
             sys.exit(f"--llama-cpp-bin: no llama-speculative-simple in {bin_dir}")
@@ -254,8 +255,9 @@ class LlamaCppSpeculative:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(self.tokenizer.decode(prompt))
         threads = str(self.threads)
-        command = [str(self.binary), "-m", str(self.target), "-md", str(self.draft), "-f", f.name,
-                   "-n", str(n), "--temp", "0", "-t", threads, "-td", threads, "-c", "2048", *flags]
+        draft = [] if self.draft is None else ["-md", str(self.draft), "-td", threads]
+        command = [str(self.binary), "-m", str(self.target), *draft, "-f", f.name, "-n", str(n),
+                   "--temp", "0", "-t", threads, "-c", "2048", *flags]
         done = subprocess.run(command, capture_output=True, text=True)
         Path(f.name).unlink()
         log = done.stdout + done.stderr
@@ -448,7 +450,8 @@ def generation_runs(tool: str, runner, tokens: int) -> dict[str, Callable]:
         spec = getattr(runner, "speculative", None)
         return runs if spec is None else runs | {
             m: (lambda ids, flags=flags: spec.generate(ids, tokens, flags))
-            for m, flags in LLAMA_CPP_SPECULATIVE.items()}
+            for m, flags in LLAMA_CPP_SPECULATIVE.items()
+            if spec.draft is not None or "draft-simple" not in flags}
     runs = {"generate plain": lambda ids: runner.generate(ids, tokens, None)}
     modes = {m: mode for m, mode in SPECULATIVE.items()
              if mode[0] != "model" or runner.draft is not None}
@@ -572,10 +575,10 @@ def load_tools(s: Settings, n_ctx: int) -> dict:
     for w, pair in tools.items():
         if s.openvino is not None and w in OPENVINO_EXPORTS:
             pair["openvino"] = OpenVino(s.openvino, w, s.threads)
-        if s.llama_cpp_bin is not None and w in DRAFT_FILE:
+        if s.llama_cpp_bin is not None:  # its n-gram modes on every file, a draft where known
+            draft = packaged.path(PACKAGED[DRAFT_FILE[w]]) if w in DRAFT_FILE else None
             pair["llama.cpp"].speculative = LlamaCppSpeculative(
-                s.llama_cpp_bin, files[w], packaged.path(PACKAGED[DRAFT_FILE[w]]), s.threads,
-                pair["specq"].model.tokenizer)
+                s.llama_cpp_bin, files[w], draft, s.threads, pair["specq"].model.tokenizer)
     return tools
 
 

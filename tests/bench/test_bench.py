@@ -60,7 +60,8 @@ def summary(records) -> list[dict]:
     return aggregate.summarize(records, resamples=200)
 
 
-TIMING = ("tokens_per_s", "speedup", "predicted_speedup", "draft_share", "profile",
+TIMING = ("tokens_per_s", "speedup", "decode_speedup", "predicted_speedup", "draft_share",
+          "profile",
           "peer_tokens_per_s", "vs_peer", "ttft_ms", "itl_ms",
           "best_gamma")  # the best gamma is the fastest one
 
@@ -104,6 +105,22 @@ def test_analytic_prediction_from_measured_parts():
     base = DecodeStats(steps=10, verify_s=1.0)  # 0.1 s per target token
     # tokens/step = 1 + 10 / 10 = 2; step cost = 2 drafted * 0.01 + 0.1 = 0.12 s = 1.2 target tokens
     assert aggregate.predict(spec, base) == pytest.approx(2 / 1.2)
+
+
+def test_decode_speedup_leaves_the_prefill_out():
+    """A run whose prefill costs as much as plain's but whose steps take a third of plain's: 2x end
+    to end, 3x decode alone."""
+    import dataclasses
+
+    from specq.core.stats import DecodeStats
+
+    def runs(decode_s: float) -> list[dict]:
+        stats = DecodeStats(new_tokens=11, prefill_s=1.0, decode_s=decode_s, steps=10)
+        return [{"stats": dataclasses.asdict(stats)}]
+
+    unit = aggregate.Unit("code", 0, runs(1.0), runs(3.0), [])
+    assert unit.ratio(unit.base_runs) == pytest.approx(2.0)
+    assert unit.ratio(unit.base_runs, "decode_tokens_per_s") == pytest.approx(3.0)
 
 
 # --------------------------------------------------------------------------------- store and resume

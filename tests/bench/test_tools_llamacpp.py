@@ -137,3 +137,25 @@ def test_goals_take_specqs_fastest_mode_and_the_fastest_peer_mode_of_the_run():
                         "14.0 tok/s | 1.94 (met) | 1.70 (met) |")
     with pytest.raises(ValueError, match="a run of code prompts named chat"):
         llamacpp.goals_summary([("chat", [dict(r, prompt_set="code") for r in rows])])
+
+
+def test_the_ngram_table_pairs_each_prompt_set_by_its_own_rounds():
+    def row(tool, measurement, prompt_set, r, rate):
+        return {"tool": tool, "weights": "w", "measurement": measurement, "prompt_set": prompt_set,
+                "round": r, "tokens_per_s": rate}
+
+    rows = [row("llama.cpp", "generate plain", "code", 0, 10.0),
+            row("llama.cpp", "generate plain", "code", 1, 20.0),
+            row("llama.cpp", "llama.cpp ngram-mod", "code", 0, 5.0),
+            row("llama.cpp", "llama.cpp ngram-mod", "code", 1, 10.0),
+            row("specq", "generate ngram", "code", 0, 30.0),
+            row("specq", "generate ngram", "code", 1, 60.0),
+            row("llama.cpp", "generate plain", "edit", 0, 100.0),
+            row("specq", "generate ngram", "edit", 0, 150.0)]
+    lines = llamacpp.ngram_summary(rows).splitlines()
+    assert len(lines) == 4
+    code = lines[2].split(" | ")
+    assert code[1:3] == ["code", "15.0 tok/s"]
+    assert code[4] == "0.50x" and code[3] == "-" and code[-1].startswith("3.00x")
+    edit = lines[3].split(" | ")
+    assert edit[1:3] == ["edit", "100.0 tok/s"] and edit[-1].startswith("1.50x")

@@ -6,6 +6,8 @@ then the CI is over prompts (never over the correlated tokens of one output). Sp
 prompt (speculative tokens/s over the same target's plain tokens/s on the same prompt), then
 averaged; the plain runs are those timed right next to each speculative run when the cell is
 paired (so a machine that slows down mid-sweep cannot fake a gain), else the baseline cell's.
+`decode_speedup` is the same ratio of decode tokens/s alone (the steps after the first token:
+the prompt's prefill, and a draft's, left out), what a user streaming a long answer sees.
 A greedy speculative output that differs from the baseline's is a correctness failure: it is
 listed in every row that holds it, never averaged away. A token tree cell is a row of its own
 (`tree`, `tree_topk`; its `gamma` is the tree's depth), compared with the same baseline; so is a
@@ -66,8 +68,9 @@ class Unit:
     def stats(self) -> DecodeStats:
         return merge([r["stats"] for r in self.runs])
 
-    def tokens_per_s(self, runs: list[dict]) -> float | None:
-        return merge([r["stats"] for r in runs]).tokens_per_s if runs else None
+    def tokens_per_s(self, runs: list[dict], measure: str = "tokens_per_s") -> float | None:
+        """The runs' pooled tokens/s: end to end, or `decode_tokens_per_s`."""
+        return getattr(merge([r["stats"] for r in runs]), measure) if runs else None
 
     @property
     def paired_runs(self) -> list[dict]:
@@ -78,8 +81,8 @@ class Unit:
     def speedup_reference(self) -> list[dict]:
         return self.paired_runs or self.base_runs
 
-    def ratio(self, other: list[dict]) -> float | None:
-        mine, theirs = self.tokens_per_s(self.runs), self.tokens_per_s(other)
+    def ratio(self, other: list[dict], measure: str = "tokens_per_s") -> float | None:
+        mine, theirs = self.tokens_per_s(self.runs, measure), self.tokens_per_s(other, measure)
         return mine / theirs if mine and theirs else None
 
     def em(self) -> float | None:
@@ -163,7 +166,7 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         / params["repeats"], "profile": _profile(members, pooled, tree is not None),
         # speculative only:
         "acceptance_rate": None, "tau": None, "U": [], "a": [], "nodes_per_pass": None,
-        "draft_share": None, "speedup": None,
+        "draft_share": None, "speedup": None, "decode_speedup": None,
         "predicted_speedup": None, "warmup_dominated": False, "greedy": params["temperature"] == 0,
         "mismatches": [], "unchecked": 0, "compared": None, "peer_tokens_per_s": None,
         "vs_peer": None,
@@ -184,6 +187,8 @@ def _row(members: list[dict], cells: dict[str, dict], ci) -> dict:
         # a server's draft and verify times are its own
         "draft_share": ci([s.draft_share for s in per_prompt]) if engine == "specq" else None,
         "speedup": ci([u.ratio(u.speedup_reference) for u in units]),
+        "decode_speedup": ci([u.ratio(u.speedup_reference, "decode_tokens_per_s")
+                              for u in units]),
         "speedup_paired": all(u.paired_runs for u in units),
         "predicted_speedup": predict(pooled, merge(base_pooled)) if base_pooled else None,
         # a server that counts no steps: unknown, not few

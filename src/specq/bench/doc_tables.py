@@ -111,7 +111,7 @@ def target_label(row: dict) -> str:
 def sets(rows: list[dict], baselines: list[dict]) -> str:
     """One row per target, draft and prompt set of a `specq bench` results file: the target's
     plain tokens/s, then per gamma the paired speedup with its CI (the row's best in bold) and
-    tau."""
+    tau, and the best gamma's speedup of decoding alone (prefill left out)."""
     plain = {tuple(b[k] for k in BASELINE_KEY): b["tokens_per_s"][0] for b in baselines}
     gammas = sorted({r["gamma"] for r in rows}, key=gamma_order)
     keyed: dict[tuple, dict] = {}
@@ -120,17 +120,17 @@ def sets(rows: list[dict], baselines: list[dict]) -> str:
         keyed.setdefault(key, {})[r["gamma"]] = r
     lines = ["| target | draft | prompts | plain tok/s | "
              + " | ".join(f"gamma {g}" for g in gammas) + " | "
-             + " | ".join(f"tau, gamma {g}" for g in gammas) + " |",
-             "|" + "---|" * (4 + 2 * len(gammas))]
+             + " | ".join(f"tau, gamma {g}" for g in gammas) + " | decode alone |",
+             "|" + "---|" * (5 + 2 * len(gammas))]
     for (_, draft, prompt_set, key), by in sorted(keyed.items(), key=lambda kv: kv[0][:3]):
         best = max(by, key=lambda g: by[g]["speedup"][0])
         speedups = ["-" if g not in by else f"**{_ci(by[g]['speedup'])}**" if g == best
                     else _ci(by[g]["speedup"]) for g in gammas]
         taus = [f"{by[g]['tau'][0]:.2f}" if g in by else "-" for g in gammas]
-        base = plain.get(key)
+        base, decode = plain.get(key), by[best].get("decode_speedup")
         lines.append(f"| {target_label(next(iter(by.values())))} | {draft} | {prompt_set} | "
                      f"{'-' if base is None else f'{base:.1f}'} | " + " | ".join(speedups + taus)
-                     + " |")
+                     + f" | {'-' if decode is None else _ci(decode)} |")
     return "\n".join(lines)
 
 
@@ -318,6 +318,7 @@ KINDS = {
     "headline": Kind(lambda p, o: headline(_files(p, o)), ("machine",)),
     "peers": Kind(lambda p, o: peer_tables.peers(_files(p, o)), ("machine",)),
     "passes": Kind(lambda p, o: peer_tables.passes(_files(p, o)), ("machine",)),
+    "llamacpp-ngram": Kind(lambda p, o: llamacpp.ngram_summary(_rows(p, o)), ("machine",)),
     "llamacpp-setups": Kind(lambda p, o: llamacpp.setups_summary(_rows(p, o)), ("machine",)),
     "step-profile": Kind(lambda p, o: peer_tables.step_profile(_rows(p, o)), ("machine",)),
     # `specq bench` results stores: every configuration; per prompt set against gamma

@@ -12,7 +12,7 @@ from ..core.sampling import SamplingConfig, probabilities, sample
 # Draft tokens per step when the caller does not say: "auto", each step's length (0, plain
 # decoding, up to AUTO_MAX_GAMMA) chosen from the run's measured acceptance and costs, so that
 # speculation is on where it pays and off where it does not: no fixed gamma is best for every
-# target, draft and text (docs/performance.md, "The default draft and gamma `auto`"). Sampling keeps
+# target, draft and text (docs/performance.md, "gamma `auto` against fixed gammas"). Sampling keeps
 # a fixed gamma: the tokens a seed draws depend on the steps' lengths, and auto's follow timings, so
 # a seeded request would no longer repeat its output. A tree's default is its own depth.
 DEFAULT_GAMMA = AUTO

@@ -15,7 +15,7 @@ SPECQ_REFS = {"q4_1": "smollm2-135m@gguf", "f32": "smollm2-135m",
               "qwen1.5b": "qwen2.5-coder-1.5b", "qwen0.5b": "qwen2.5-coder-0.5b"}
 INSTALL = ("pip install llama-cpp-python==0.3.36 (build command: docs/performance.md, "
            "'Building llama.cpp for these runs')")
-# llama.cpp's speculative modes (`llama-speculative-simple` flags), for targets with a draft file
+# llama.cpp's speculative modes (`llama-speculative-simple` flags): draft-simple needs a draft file
 LLAMA_CPP_SPECULATIVE = {
     "llama.cpp draft n-max 2": ["--spec-type", "draft-simple", "--spec-draft-n-max", "2"],
     "llama.cpp draft n-max 4": ["--spec-type", "draft-simple", "--spec-draft-n-max", "4"],
@@ -136,6 +136,31 @@ def _summary_lines(rows: list[dict], weights: str, measurement: str) -> list[str
     if measurement == "generate plain":
         lines.append(prefill_line(rows, weights))
     return lines
+
+
+# llama.cpp's n-gram modes and specq's plain decoding and lookup: the columns of `ngram_summary`
+NGRAM_COLUMNS = (("llama.cpp", "llama.cpp ngram-simple"), ("llama.cpp", "llama.cpp ngram-mod"),
+                 ("llama.cpp", "llama.cpp ngram-simple 3/8"),
+                 ("llama.cpp", "llama.cpp ngram-mod 3/8"),
+                 ("specq", "generate plain"), ("specq", "generate ngram"))
+
+
+def ngram_summary(rows: list[dict]) -> str:
+    """One line per (weights, prompt set): llama.cpp's plain tokens/s, then each n-gram mode of
+    llama.cpp and specq's plain decoding and lookup as the median of their rounds' ratios to
+    llama.cpp's plain decoding in the same round (the prompt sets' rows apart: each set is its own
+    run, with rounds of its own)."""
+    names = [f"{tool} {m.removeprefix('llama.cpp ').removeprefix('generate ')}"
+             for tool, m in NGRAM_COLUMNS]
+    lines = ["| weights | prompts | llama.cpp plain | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---|" * len(NGRAM_COLUMNS)]
+    for weights, prompt_set in dict.fromkeys((r["weights"], r["prompt_set"]) for r in rows):
+        mine = [r for r in rows if (r["weights"], r["prompt_set"]) == (weights, prompt_set)]
+        plain = _rates(mine, "llama.cpp", weights, "generate plain")
+        cells = [_paired(_rates(mine, tool, weights, m), plain) for tool, m in NGRAM_COLUMNS]
+        lines.append(f"| {weights} | {prompt_set} | {_median(plain, ' tok/s')} | "
+                     + " | ".join(f"{c}x" if c != "-" else c for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def setups_summary(rows: list[dict]) -> str:
