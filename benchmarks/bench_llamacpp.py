@@ -612,7 +612,10 @@ def parser() -> argparse.ArgumentParser:
                          "(the coder pair's files), or the path of any GGUF file (specq runs it "
                          "at its own precision)")
     ap.add_argument("--prompt-set", default="chat",
-                    help="the bench's prompt set: chat, code, edit, gsm8k")
+                    help="the bench's prompt set: chat, code, edit, gsm8k, corpus, or file "
+                         "(--prompt-file's prompts, as raw text)")
+    ap.add_argument("--prompt-file", default=None,
+                    help="prompts of the set 'file' (.jsonl with a 'text' field, or .txt)")
     ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="auto",
                     help="llama.cpp's flash attention (default auto, llama.cpp's own default: on "
                          "where the CPU backend has it)")
@@ -661,7 +664,8 @@ def main() -> None:
     out = args.out or (None if s.quick else DEFAULT_OUT)
     tools = load_tools(s, n_ctx=max(1024, max(s.contexts) + max(s.sizes) + 1))
     first = tools[s.weights[0]]["specq"].model
-    prompts = [encode_prompt(first, p.text, p.chat) for p in load_set(args.prompt_set, s.prompts)]
+    chosen = load_set(args.prompt_set, s.prompts, args.prompt_file, file_chat=False)
+    prompts = [encode_prompt(first, p.text, p.chat) for p in chosen]
     context_ids = torch.randint(100, 40000, (max(s.contexts) + max(s.sizes),),
                                 generator=torch.Generator().manual_seed(0)).tolist()
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": s.threads,

@@ -154,6 +154,10 @@ def test_the_ngram_table_pairs_each_prompt_set_by_its_own_rounds():
             row("specq", "generate ngram", "edit", 0, 150.0)]
     lines = llamacpp.ngram_summary(rows).splitlines()
     assert len(lines) == 4
+    other = [{**r, "weights": "v"} for r in rows[:2]]
+    grouped = llamacpp.ngram_summary(rows[:2] + other + rows[2:]).splitlines()
+    assert [line.split(" | ")[:2] for line in grouped[2:]] == [["| w", "code"], ["| w", "edit"],
+                                                              ["| v", "code"]]
     code = lines[2].split(" | ")
     assert code[1:3] == ["code", "15.0 tok/s"]
     assert code[4] == "0.50x" and code[3] == "-" and code[-1].startswith("3.00x")

@@ -116,11 +116,16 @@ def test_spellings_and_their_canonical_form():
     assert ngram_ref("ngram").fallback is None
     assert ngram_ref("ngram").draft.ref == "ngram:n=2-3:k=4:c=16"
     assert ngram_ref("ngram:n=5").draft.ref == "ngram:n=2-5:k=4:c=16"  # n=N: down to 2 ...
-    assert ngram_ref("ngram:n=1:c=0").draft.ref == "ngram:n=1-1:k=4"  # ... or to N when smaller
+    assert ngram_ref("ngram:n=1:c=0").draft.ref == "ngram:n=1-1:k=4:c=0"  # ... or N if smaller
     assert ngram_ref("ngram:k=6:n=1-4").draft.ref == "ngram:n=1-4:k=6:c=16"
     assert ngram_ref("ngram:c=8").draft.copy == 8
     assert ngram_ref("ngram:c=8:k=3").draft.ref == "ngram:n=2-3:k=3:c=8"
-    assert ngram_ref("ngram:c=0").draft.ref == "ngram:n=2-3:k=4"  # no copy route: not spelled
+    assert ngram_ref("ngram:c=0").draft.ref == "ngram:n=2-3:k=4:c=0"  # no copy route
+    for text in ("ngram:c=0", "ngram:n=1:c=0", "ngram:c=8:k=3", "ngram:n=4-6"):
+        canonical = ngram_ref(text).draft
+        assert ngram_ref(canonical.ref).draft.copy == canonical.copy  # the spelling reads back
+    assert (draft_ref("ngram:c=0+self@int8").for_target("tiny@fp32").text
+            == "ngram:n=2-3:k=4:c=0+tiny@int8")
     lookup = ngram_ref("ngram:k=3+self@int8")
     assert (lookup.draft.k, lookup.fallback.text) == (3, "self@int8")
     assert ngram_ref("smollm2-135m") is None

@@ -78,10 +78,9 @@ class NgramDraft:
 
     @property
     def ref(self) -> str:
-        """The canonical spelling (`ngram:n=2-3:k=4`, `:c=C` with a copy route, `+MODEL` with a
-        fallback)."""
-        own = f"{NAME}:n={self.n_min}-{self.n_max}:k={self.k}"
-        own += f":c={self.copy}" if self.copy else ""
+        """The canonical spelling (`ngram:n=2-3:k=4:c=16`, `+MODEL` with a fallback); `c=0`
+        spelled too, or it would read back as the default copy length."""
+        own = f"{NAME}:n={self.n_min}-{self.n_max}:k={self.k}:c={self.copy}"
         return own if self.fallback is None else f"{own}+{self.fallback.ref}"
 
     def longest(self, gamma: int) -> int:

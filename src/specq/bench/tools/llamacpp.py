@@ -154,7 +154,9 @@ def ngram_summary(rows: list[dict]) -> str:
              for tool, m in NGRAM_COLUMNS]
     lines = ["| weights | prompts | llama.cpp plain | " + " | ".join(names) + " |",
              "|---|---|---|" + "---|" * len(NGRAM_COLUMNS)]
-    for weights, prompt_set in dict.fromkeys((r["weights"], r["prompt_set"]) for r in rows):
+    first = {w: i for i, w in reversed(list(enumerate(r["weights"] for r in rows)))}
+    keys = dict.fromkeys((r["weights"], r["prompt_set"]) for r in rows)
+    for weights, prompt_set in sorted(keys, key=lambda k: first[k[0]]):  # a file's sets together
         mine = [r for r in rows if (r["weights"], r["prompt_set"]) == (weights, prompt_set)]
         plain = _rates(mine, "llama.cpp", weights, "generate plain")
         cells = [_paired(_rates(mine, tool, weights, m), plain) for tool, m in NGRAM_COLUMNS]
