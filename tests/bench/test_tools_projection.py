@@ -133,7 +133,7 @@ def test_a_longer_fixed_gamma_stands_for_a_cell_that_did_not_count_its_chain(tmp
     [long] = projection.read_cells(_store(tmp_path, gamma=4, spec=longer), TARGET)
     auto = _stats([(2, 2, "model"), (3, 3, "lookup"), (0, 0, "plain")], 4, 150.0, 10.0, 0.0)
     [mixed] = projection.read_cells(_store(tmp_path, f"ngram+{DRAFT}", "auto", auto), TARGET)
-    assert mixed.model == DRAFT and mixed.method == f"ngram:n=2-3:k=4+{DRAFT}"
+    assert mixed.model == DRAFT and mixed.method == f"ngram:n=2-3:k=4:c=16+{DRAFT}"
     assert not mixed.counted and mixed.draft_ms == pytest.approx(10.0 * 5 / 2)
     found = projection.longest_chain([short, long, mixed], mixed)
     assert found[1] is long and found[0].accepted == (1.0, 2 / 3, 2 / 3, 1 / 3)

@@ -161,7 +161,9 @@ def float_teacher(net: torch.nn.Module):
             sd = {k: v for k, v in sd.items() if not k.startswith(name + ".")}
             sd[name + ".weight"] = module.quantized().dequantize().float()
     float_net = Llama(net.config)
-    float_net.load_state_dict(sd)
+    # the dict's own tensors, not copies: three float copies of a 1.5B target outgrow many machines
+    float_net.load_state_dict(sd, assign=True)
+    del sd
     # of the target's architecture
     teacher = AutoModelForCausalLM.from_config(net.config.to_hf()).float().eval()
     missing, unexpected = teacher.load_state_dict(native_to_hf_state_dict(float_net), strict=False)
