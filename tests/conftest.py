@@ -17,6 +17,7 @@ from specq.backends.runner import Runner
 from specq.core.sampling import SamplingConfig, probabilities
 from specq.loading.kinds import FEATURE
 from specq.core.types import Draft, Model
+from specq.drafters.ngram import NgramIndex
 from specq.loading.precision import parse, quantize_net
 from specq.model.feature_draft import new_feature_draft
 from specq.model.hf_backend import HFCausalLM
@@ -369,3 +370,15 @@ def serve_in_thread(app):
         uv.should_exit = True
         thread.join(10)
     return sock.getsockname()[1], stop
+
+
+# prompts that repeat themselves, so n-gram lookups match (test_ngram.py, test_ngram_copy.py)
+NGRAM_PROMPTS = [[3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [9, 1, 9, 2, 9, 1, 9, 2, 9],
+                 [11, 12, 13, 14, 15, 16, 11, 12, 13, 14, 15, 16, 11, 12]]
+
+
+def ngram_index(tokens: list[int], n_min: int = 2, n_max: int = 3) -> NgramIndex:
+    """An n-gram index that has read `tokens`."""
+    index = NgramIndex(n_min, n_max)
+    index.extend(tokens)
+    return index

@@ -20,53 +20,43 @@ from specq.loading.kinds import for_pair
 from specq.loading.refs import draft_ref, ngram_ref
 from specq.loading.formats.save import save_native
 
-from conftest import (_exact_sequence_distribution, _feature_model, chi_square_p, perturbed,
-                      tiny_model)
+from conftest import (NGRAM_PROMPTS, _exact_sequence_distribution, _feature_model, chi_square_p,
+                      ngram_index, perturbed, tiny_model)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-# prompts that repeat themselves, so lookups match
-PROMPTS = [[3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [9, 1, 9, 2, 9, 1, 9, 2, 9],
-           [11, 12, 13, 14, 15, 16, 11, 12, 13, 14, 15, 16, 11, 12]]
-
-
-def _index(tokens: list[int], n_min: int = 2, n_max: int = 3) -> NgramIndex:
-    index = NgramIndex(n_min, n_max)
-    index.extend(tokens)
-    return index
 
 
 # ---------------------------------------------------------------------------------- the index
 
 
 def test_the_continuation_of_a_match():
-    assert _index([1, 2, 3, 9, 1, 2]).continuation(4) == [3, 9, 1, 2]
-    assert _index([1, 2, 3, 9, 1, 2]).continuation(2) == [3, 9]
+    assert ngram_index([1, 2, 3, 9, 1, 2]).continuation(4) == [3, 9, 1, 2]
+    assert ngram_index([1, 2, 3, 9, 1, 2]).continuation(2) == [3, 9]
 
 
 def test_the_longest_n_is_tried_first():
     # (1, 2) last came before 8, but (5, 1, 2) matches too: it came before 7
     tokens = [5, 1, 2, 7, 9, 1, 2, 8, 5, 1, 2]
-    assert _index(tokens).continuation(1) == [7]
-    assert _index(tokens, n_max=2).continuation(1) == [8]
+    assert ngram_index(tokens).continuation(1) == [7]
+    assert ngram_index(tokens, n_max=2).continuation(1) == [8]
 
 
 def test_the_most_recent_match_wins():
-    assert _index([1, 2, 3, 1, 2, 4, 1, 2]).continuation(1) == [4]
+    assert ngram_index([1, 2, 3, 1, 2, 4, 1, 2]).continuation(1) == [4]
 
 
 def test_no_match_proposes_nothing():
-    assert _index([1, 2, 3, 4]).match() is None and _index([1, 2, 3, 4]).continuation(4) == []
-    assert _index([1, 2]).continuation(4) == []  # the last tokens never match themselves
-    assert _index([5, 1, 6, 1]).continuation(2) == []  # a one-token repeat is below n_min 2 ...
-    assert _index([5, 1, 6, 1], n_min=1).continuation(2) == [6, 1]  # ... not below n_min 1
+    none = ngram_index([1, 2, 3, 4])
+    assert none.match() is None and none.continuation(4) == []
+    assert ngram_index([1, 2]).continuation(4) == []  # the last tokens never match themselves
+    assert ngram_index([5, 1, 6, 1]).continuation(2) == []  # one token repeated: below n_min 2 ...
+    assert ngram_index([5, 1, 6, 1], n_min=1).continuation(2) == [6, 1]  # ... not below n_min 1
 
 
 def test_a_repeating_run_keeps_its_period():
-    assert _index([7, 7, 7]).continuation(4) == [7, 7, 7, 7]
-    assert _index([1, 2, 1, 2, 1]).continuation(5) == [2, 1, 2, 1, 2]
+    assert ngram_index([7, 7, 7]).continuation(4) == [7, 7, 7, 7]
+    assert ngram_index([1, 2, 1, 2, 1]).continuation(5) == [2, 1, 2, 1, 2]
 
 
 class _CountingDict(dict):
@@ -82,11 +72,11 @@ def test_the_index_updates_incrementally():
     costs n_max - n_min + 1 writes, however long the sequence already is."""
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 6, (300,), generator=g).tolist()
-    whole = _index(tokens, 1, 4)
+    whole = ngram_index(tokens, 1, 4)
     pieces = NgramIndex(1, 4)
     for start in range(0, 300, 7):
         pieces.extend(tokens[start:start + 7])
-        assert pieces.match() == _index(tokens[:start + 7], 1, 4).match()
+        assert pieces.match() == ngram_index(tokens[:start + 7], 1, 4).match()
     assert pieces.latest == whole.latest and pieces.tokens == tokens
     pieces.latest = _CountingDict(pieces.latest)
     pieces.extend([3])
@@ -170,7 +160,7 @@ def _greedy_runs(target, draft, **options) -> tuple[int, int, int]:
     """Each prompt's output with `draft` equals the target's own; (accepted,
     rejected, plain steps)."""
     accepted = rejected = plain = 0
-    for prompt in PROMPTS:
+    for prompt in NGRAM_PROMPTS:
         base = specq.generate(target, prompt, None, max_new_tokens=40)
         spec = specq.generate(target, prompt, draft, max_new_tokens=40, **options)
         assert spec.token_ids == base.token_ids
@@ -194,7 +184,8 @@ def test_the_draft_length_is_k_or_c():
                                   ("ngram:k=7:c=0", "auto", 7), ("ngram:k=2:c=0", "auto", 2),
                                   ("ngram:k=7:c=5", "auto", 7),
                                   ("ngram:k=2", "auto", DEFAULT_COPY)):
-        stats = specq.generate(target, PROMPTS[0], draft, gamma=gamma, max_new_tokens=30).stats
+        stats = specq.generate(target, NGRAM_PROMPTS[0], draft, gamma=gamma,
+                               max_new_tokens=30).stats
         assert stats.gamma == longest and len(stats.drafted_at) == longest
         assert stats.drafted_at[0] > 0
 
@@ -223,7 +214,7 @@ def test_greedy_ngram_with_a_model_fallback_equals_the_target(kind):
     draft = NgramDraft(fallback=model)
     accepted = rejected = 0
     counts = {"first": 0, "then": 0}
-    for prompt in PROMPTS:
+    for prompt in NGRAM_PROMPTS:
         base = specq.generate(target, prompt, None, max_new_tokens=40)
         drafter = for_pair(draft, target, 0.0, tree, 2)
         assert isinstance(drafter, FallbackDrafter) and isinstance(drafter.first, NgramDrafter)
@@ -249,7 +240,7 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
     target = tiny_model(scale=3.0, seed=4)
     draft = NgramDraft(k=7, copy=0, fallback=perturbed(target, 0.3, seed=2))
     routes = set()
-    for prompt in PROMPTS:
+    for prompt in NGRAM_PROMPTS:
         base = specq.generate(target, prompt, None, max_new_tokens=40)
         sequence = api.start(target, prompt, draft, gamma="auto", max_new_tokens=40)
         run(sequence)
@@ -259,7 +250,7 @@ def test_gamma_auto_keeps_costs_per_route_with_a_model_fallback():
             assert chooser.draft_s is not None, name  # each route's own draft cost was measured
             assert chooser.max_gamma == {"lookup": 7, "model": AUTO_MAX_GAMMA}[name]
     assert routes == {"lookup", "model"}  # c=0: no copy route (with one: test_ngram_copy.py)
-    plain = api.start(target, PROMPTS[0], perturbed(target, 0.3, seed=2), gamma="auto",
+    plain = api.start(target, NGRAM_PROMPTS[0], perturbed(target, 0.3, seed=2), gamma="auto",
                       max_new_tokens=40)
     run(plain)
     assert set(plain.choosers) == {""}  # one drafter: one route

@@ -10,29 +10,20 @@ from specq.core.decode import Sequence, run
 from specq.core.gamma import CostAwareGamma
 from specq.core.sampling import SamplingConfig
 from specq.drafters import FallbackDrafter, NgramDraft, NgramDrafter
-from specq.drafters.ngram import COPY, LOOKUP, NgramIndex
+from specq.drafters.ngram import COPY, LOOKUP
 
-from conftest import _exact_sequence_distribution, chi_square_p, perturbed, tiny_model
+from conftest import (NGRAM_PROMPTS, _exact_sequence_distribution, chi_square_p, ngram_index,
+                      perturbed, tiny_model)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [[3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4], [9, 1, 9, 2, 9, 1, 9, 2, 9],
-           [11, 12, 13, 14, 15, 16, 11, 12, 13, 14, 15, 16, 11, 12]]
-
-
-def _index(tokens: list[int], n_min: int = 2, n_max: int = 3) -> NgramIndex:
-    index = NgramIndex(n_min, n_max)
-    index.extend(tokens)
-    return index
-
-
 def test_a_match_that_agrees_past_n_max_is_a_copy():
-    copying = _index([1, 2, 3, 4, 9, 1, 2, 3, 4])  # the last 4 tokens agree: more than n_max 3
+    copying = ngram_index([1, 2, 3, 4, 9, 1, 2, 3, 4])  # the last 4 tokens agree: more than n_max 3
     assert copying.copies(copying.match())
-    matching = _index([5, 2, 3, 4, 9, 1, 2, 3, 4])  # only (2, 3, 4): n_max tokens
+    matching = ngram_index([5, 2, 3, 4, 9, 1, 2, 3, 4])  # only (2, 3, 4): n_max tokens
     assert matching.match() == 4 and not matching.copies(matching.match())
-    assert not _index([2, 3, 4, 9, 1, 2, 3, 4]).copies(3)  # nothing before the match
+    assert not ngram_index([2, 3, 4, 9, 1, 2, 3, 4]).copies(3)  # nothing before the match
 
 
 def test_the_drafter_proposes_up_to_c_where_the_text_copies():
@@ -68,7 +59,7 @@ def test_the_run_is_as_long_as_the_longest_route():
 def _greedy(target, draft, **options) -> dict[str, dict[str, int]]:
     """Each prompt's output with `draft` is the target's own; the steps per route, summed."""
     routes: dict[str, dict[str, int]] = {}
-    for prompt in PROMPTS:
+    for prompt in NGRAM_PROMPTS:
         base = specq.generate(target, prompt, None, max_new_tokens=60)
         spec = specq.generate(target, prompt, draft, max_new_tokens=60, **options)
         assert spec.token_ids == base.token_ids
@@ -189,14 +180,14 @@ def test_gamma_auto_prices_copies_and_matches_apart(monkeypatch):
     target = tiny_model(scale=3.0, seed=4)
     draft = NgramDraft(k=3, copy=16, fallback=perturbed(target, 0.3, seed=2))
     routes = set()
-    for prompt in PROMPTS:
+    for prompt in NGRAM_PROMPTS:
         sequence = specq.api.start(target, prompt, draft, gamma="auto", max_new_tokens=60)
         run(sequence)
         routes |= set(sequence.choosers)
         for name, chooser in sequence.choosers.items():
             assert chooser.max_gamma == {COPY: 16, LOOKUP: 3, "model": 4}[name]
     assert routes == {COPY, LOOKUP, "model"}
-    drafter = specq.api.start(target, PROMPTS[0], draft, gamma="auto").drafter
+    drafter = specq.api.start(target, NGRAM_PROMPTS[0], draft, gamma="auto").drafter
     assert isinstance(drafter, FallbackDrafter) and drafter.nodes(16) == 16
 
 
