@@ -19,7 +19,7 @@ from specq.training import distill, native_teacher
 from specq.training.train import DistillSettings, run
 from specq.weights.embedding import FileEmbedding
 
-from conftest import tiny_model, tiny_tokenizer, write_tiny_gguf
+from conftest import _self_draft, tiny_model, tiny_tokenizer, write_tiny_gguf
 
 VOCAB, HIDDEN = 64, 64
 pytestmark = pytest.mark.skipif(not int8dot.available(),
@@ -38,9 +38,26 @@ def gguf_target(tmp_path_factory) -> Model:
                  runner=backends.runner(net))
 
 
-def test_the_native_teacher_is_chosen_for_a_files_blocks_only(gguf_target):
+def test_the_native_teacher_is_chosen_for_quantized_targets_only(gguf_target):
     assert native_teacher.wanted(gguf_target.net)
-    assert not native_teacher.wanted(tiny_model(vocab=VOCAB, hidden=HIDDEN).net)
+    float_target = tiny_model(vocab=VOCAB, hidden=HIDDEN)
+    assert not native_teacher.wanted(float_target.net)
+    assert native_teacher.wanted(_self_draft(float_target, "int2-g32").net)
+
+
+def test_a_specq_quantized_target_answers_on_its_kernels():
+    """An int2 target (specq's own codes, not a file) answers as it decodes alone: the user's
+    target, not a float copy of its weights."""
+    quantized = _self_draft(tiny_model(vocab=VOCAB, hidden=HIDDEN, scale=3.0), "int2-g32")
+    target = Model(ref="tiny@int2-g32", net=quantized.net, tokenizer=quantized.tokenizer,
+                   eos_ids=frozenset(), source="random", precision="int2-g32",
+                   runner=backends.runner(quantized.net))
+    prompts = ["t1 t2 t3", "t9 t8"]
+    data = native_teacher.continuations(target, prompts, max_new_tokens=5, k=4, batch=2)
+    for prompt, ids, top in zip(prompts, data.ids, data.top_ids):
+        alone = specq.generate(target, prompt, None, max_new_tokens=5)
+        assert ids.tolist() == alone.prompt_ids + alone.token_ids
+        assert top[:, 0].tolist() == alone.token_ids
 
 
 def test_text_records_are_the_targets_own_pass(gguf_target):

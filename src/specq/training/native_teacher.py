@@ -1,8 +1,10 @@
-"""Teacher data computed on the target's own kernels, for targets a float copy does not suit.
+"""Teacher data computed on the target's own kernels, for quantized targets.
 
 Why: `distill.float_teacher` rebuilds the target as a float transformers model for batched
-`generate`; for a GGUF file run at its own precision that is a float32 copy of every weight (several
-times the file's bytes) on transformers' slow CPU path. Here the target answers
+`generate`; for a quantized target (a GGUF file at its own precision, specq's int4/int3/int2) that
+is a float32 copy of every weight (several times the packed bytes) on transformers' slow CPU path,
+with float activations where the target runs int8 ones: not quite the answers the user's target
+gives. Here the target answers
 with specq's own batched decoding (`core.decode.step`: the sequences' rows stacked through the
 file's blocks) and one uncached pass over each whole sequence gives its top-k distributions and
 its final hidden states together (a feature draft's teacher data), so nothing is computed twice.
@@ -19,13 +21,15 @@ from ..core.prompt import answer_ids
 from ..core.sampling import SamplingConfig
 from ..core.types import Model
 from ..model.llama import Llama
-from ..weights.quant.modules import FileBlocks
+from ..weights.quant.modules import FileBlocks, QuantLinear
 from .distill import TOP_K, TeacherSet, _topk
 
 
 def wanted(net: torch.nn.Module) -> bool:
-    """Whether `net` runs a file's own quantized blocks (no float teacher for it)."""
-    return isinstance(net, Llama) and any(isinstance(m, FileBlocks) for m in net.modules())
+    """Whether `net` runs quantized weights (a file's blocks or specq's own codes): no float
+    teacher for it."""
+    return isinstance(net, Llama) and any(isinstance(m, (FileBlocks, QuantLinear))
+                                          for m in net.modules())
 
 
 @torch.inference_mode()

@@ -184,14 +184,14 @@ def teacher_data(target: Model, settings: DistillSettings, work: Path, features:
             teacher = float_teacher(target.net)
         return teacher
 
-    native = native_teacher.wanted(target.net)  # a file's own blocks: answered on specq's kernels
+    native = native_teacher.wanted(target.net)  # quantized: answered on specq's kernels
     tok, who = target.tokenizer, [model_ref(target.ref).name, target.precision]
     feats = (target.runner or target.net) if features else None
 
     def answers(prompts: list[str], t: float = 0.0, seed: int = 0) -> TeacherSet:
         if native:
             return native_teacher.continuations(target, prompts, max_new_tokens=settings.new_tokens,
-                                                temperature=t, seed=seed)
+                                                temperature=t, batch=settings.gen_batch, seed=seed)
         return teacher_continuations(model(), tok, prompts, max_new_tokens=settings.new_tokens,
                                      temperature=t, batch=settings.gen_batch, seed=seed)
 
