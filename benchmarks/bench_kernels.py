@@ -5,6 +5,7 @@
         [--forms q6-g16,q8-g16] [--cpu-time] [--threads 2] [--rounds 7]
         [--out benchmarks/results/kernels.jsonl]
     python benchmarks/bench_kernels.py f32dot [--threads 2] [--rounds 20]
+    python benchmarks/bench_kernels.py roof [--variants avx512vnni] [--threads 2] [--rounds 7]
 
 Results: one JSON row per (kernel, layer, form or variant, rows) appended to `--out` (default
 benchmarks/results/kernels.jsonl), each with the machine (`cpu`, `threads`) and the run's time; the
@@ -22,6 +23,9 @@ same numbers printed as a table.
   it) at the built-in target's float32 layer shapes, side by side: us per call at 1, 4 and 8
   rows, each the median of `--rounds` rounds over 8 copies of the weight (1 of the head), so the
   weights come from memory as in a decode step.
+- `roof`: the machine's int8 multiply-add rate, GMAC/s, per variant (`specq.bench.tools.roof`):
+  what a multi-row pass whose weights are already read at the memory's rate cannot beat.
+  int8dot's rows carry their own GMAC/s (`gmacs`) to set beside it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 import torch
 
 from specq.backends import fastpath
+from specq.bench.tools import roof
 from specq.kernels import build, f32dot, int8dot
 
 # int8dot: the Qwen2.5-Coder-1.5B layers, name: (out, in)
@@ -144,7 +149,8 @@ def run_int8dot(args: argparse.Namespace, ap: argparse.ArgumentParser) -> list[d
                       "variant": v, "threads": args.threads,
                       "clock": "cpu" if args.cpu_time else "wall", "rows": n, "us": us[n],
                       "ratio_to_1_row": us[n] / us[1], "weight_bytes": nbytes,
-                      "copies": len(weights[v])} for n in ROWS]
+                      "gmacs": n * out * n_in / us[n] / 1e3, "copies": len(weights[v])}
+                     for n in ROWS]
         del weights
     return rows
 
@@ -190,17 +196,33 @@ def run_f32dot(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------------- roof
+
+def run_roof(args: argparse.Namespace, ap: argparse.ArgumentParser) -> list[dict]:
+    variants = [v for v in args.variants.split(",") if v]
+    if not set(variants) <= set(build.runnable()):
+        ap.error(f"--variants: choose from those this CPU runs ({', '.join(build.runnable())})")
+    rounds, iters = args.rounds or 7, 20_000_000
+    rows = []
+    for v in variants:
+        gmacs = roof.gmacs(v, args.threads, rounds, iters)
+        print(f"{v}: {gmacs:.0f} GMAC/s at {args.threads} threads (median of {rounds})")
+        rows.append({"kernel": "roof", "variant": v, "threads": args.threads, "gmacs": gmacs,
+                     "rounds": rounds, "chain_steps": iters})
+    return rows
+
+
 # ------------------------------------------------------------------------------- main
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=["int8dot", "f32dot"])
+    ap.add_argument("kernel", choices=["int8dot", "f32dot", "roof"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds per cell (default 7 for int8dot, 20 for f32dot)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kernels.jsonl"),
                     help="append the rows here")
-    g = ap.add_argument_group("int8dot")
+    g = ap.add_argument_group("int8dot and roof")
     g.add_argument("--variants", default="avx2,avx512vnni",
                    help="comma-separated, of those this CPU runs")
     g.add_argument("--layers", default="", help="comma-separated layer names (default: all)")
@@ -216,7 +238,8 @@ def main() -> None:
     ap = parser()
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rows = run_int8dot(args, ap) if args.kernel == "int8dot" else run_f32dot(args)
+    run = {"int8dot": run_int8dot, "roof": run_roof}.get(args.kernel)
+    rows = run(args, ap) if run else run_f32dot(args)
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "cpu": build.cpu_model()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
