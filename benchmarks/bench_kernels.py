@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import statistics
 import time
 from datetime import datetime, timezone
@@ -222,6 +223,9 @@ def parser() -> argparse.ArgumentParser:
                     help="rounds per cell (default 7 for int8dot, 20 for f32dot)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kernels.jsonl"),
                     help="append the rows here")
+    ap.add_argument("--machine", default=platform.processor() or platform.machine(),
+                    help="the kind of machine, kept in each row's `machine` (docs/results' rows: "
+                         "epyc-zen4-avx512, xeon-avx512, epyc-avx2; default: the platform's name)")
     g = ap.add_argument_group("int8dot and roof")
     g.add_argument("--variants", default="avx2,avx512vnni",
                    help="comma-separated, of those this CPU runs")
@@ -241,7 +245,7 @@ def main() -> None:
     run = {"int8dot": run_int8dot, "roof": run_roof}.get(args.kernel)
     rows = run(args, ap) if run else run_f32dot(args)
     base = {"run": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "cpu": build.cpu_model()}
+            "machine": args.machine, "cpu": build.cpu_model()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
         f.writelines(json.dumps({**base, **row}) + "\n" for row in rows)

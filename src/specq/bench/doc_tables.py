@@ -25,7 +25,7 @@ from ..core.gamma import sort_key as gamma_order
 from ..loading.refs import model_ref
 from . import peer_tables, result_tables, store
 from .aggregate import summarize
-from .tools import llamacpp, projection, serve_storm, versions
+from .tools import llamacpp, projection, roof, serve_storm, versions
 
 BLOCK = re.compile(r"(<!-- table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
@@ -344,6 +344,8 @@ KINDS = {
                              ("results", "sets")),
     "projection": Kind(lambda p, o: projection.shape_table(_projected(p, o)),
                        ("results", "sets")),
+    # shape files' passes (bench_llamacpp.py) against the int8 roof (bench_kernels.py roof)
+    "roof": Kind(lambda p, o: roof.table(_rows(p, o)), ("machine",)),
 }
 
 

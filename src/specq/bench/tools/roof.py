@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ...kernels import build
+from . import shapes
 
 CHAINS = 12  # independent accumulators per thread: more than a product's latency x throughput
 SOURCE = r"""
@@ -84,3 +85,46 @@ def gmacs(variant: str, threads: int, rounds: int = 7, steps: int = 20_000_000) 
         lib.run(threads, steps)
         seconds.append(time.perf_counter() - started)
     return threads * steps * CHAINS * lib.lanes() / statistics.median(seconds) / 1e9
+
+
+def shape_of(weights: str) -> shapes.Shape | None:
+    """The shape a shape file's path names (`.../qwen2.5-7b-Q4_K_M.gguf` -> qwen2.5-7b), if any."""
+    return shapes.SHAPES.get(Path(weights).stem.rsplit("-", 1)[0])
+
+
+def table(rows: list[dict], sizes: tuple[int, ...] = (8, 16)) -> str:
+    """Each shape file's multi-row passes (bench_llamacpp.py's `forward N` rows after 128 tokens)
+    against the int8 roof (`bench_kernels.py roof` rows) of the same kernels and threads: the
+    multiply-adds per second each tool reached, specq's share of the roof, and the pass as it would
+    cost at the roof, in one-row steps of specq's. Medians over rounds."""
+    roofs = {(r["variant"], r["threads"]): [] for r in rows if r.get("kernel") == "roof"}
+    for r in rows:
+        if r.get("kernel") == "roof":
+            roofs[r["variant"], r["threads"]].append(r["gmacs"])
+    passes: dict[tuple, list[float]] = {}
+    for r in rows:
+        words = r.get("measurement", "").split()
+        if len(words) == 2 and words[0] == "forward" and shape_of(r["weights"]):
+            key = (r["machine"], r["kernels"], r["threads"], r["weights"], r["tool"], int(words[1]))
+            passes.setdefault(key, []).append(r["ms"])
+    ms = {k: statistics.median(v) for k, v in passes.items()}
+    lines = ["| machine | kernels | threads | weights | GMAC per row | rows | specq ms (steps) | "
+             "specq GMAC/s | llama.cpp GMAC/s | roof GMAC/s | specq's share of the roof | "
+             "at the roof, steps |", "|" + "---|" * 12]
+    for machine, kernels, threads, weights in dict.fromkeys(k[:4] for k in ms if k[4] == "specq"):
+        roof = statistics.median(roofs[kernels, threads]) if roofs.get((kernels, threads)) else None
+        macs = shape_of(weights).macs_per_row
+        step = ms.get((machine, kernels, threads, weights, "specq", 1))
+        for n in sizes:
+            mine = ms.get((machine, kernels, threads, weights, "specq", n))
+            if mine is None or step is None:
+                continue
+            theirs = ms.get((machine, kernels, threads, weights, "llama.cpp", n))
+            rate = n * macs / mine / 1e6
+            lines.append(
+                f"| {machine} | {kernels} | {threads} | {Path(weights).stem} | {macs / 1e9:.2f} | "
+                f"{n} | {mine:.1f} ({mine / step:.2f}) | {rate:.0f} | "
+                + (f"{n * macs / theirs / 1e6:.0f}" if theirs else "-") + " | "
+                + (f"{roof:.0f} | {rate / roof:.2f} | {n * macs / roof / 1e6 / step:.2f} |"
+                   if roof else "- | - | - |"))
+    return "\n".join(lines)

@@ -64,6 +64,14 @@ class Shape:
     def dim(self) -> int:
         return self.head_dim or self.hidden // self.heads
 
+    @property
+    def macs_per_row(self) -> int:
+        """Multiply-adds of the linear layers and the head for one row of a pass (attention over
+        the context left out: small beside them at a few hundred tokens)."""
+        q, kv = self.heads * self.dim, self.kv_heads * self.dim
+        layer = self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.ffn
+        return self.layers * layer + self.hidden * self.vocab
+
 
 # From each model's config.json (Hugging Face), as llama.cpp's converter writes it.
 SHAPES = {s.name: s for s in [
