@@ -47,6 +47,7 @@ def test_the_table_sets_each_pass_beside_the_roof():
     lines = roof.table(rows).splitlines()
     assert len(lines) == 4 and "x" not in [c.strip() for c in lines[2].split("|")]
     macs = shapes.SHAPES["qwen2.5-7b"].macs_per_row
+    assert lines[2].endswith("| 1.00 |")  # 8 rows at the roof take less than reading the weights
     cells = [c.strip() for c in lines[3].split("|")[1:-1]]
     # medians over the two rounds: step 150 ms, 16 rows 600 ms; roof 500 GMAC/s
     assert cells[5:] == ["16", "600.0 (4.00)", f"{16 * macs / 600 / 1e6:.0f}",
