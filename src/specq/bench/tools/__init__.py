@@ -10,4 +10,5 @@ the scripts, so that a test or benchmarks/doc_tables.py imports a module, never 
     load_time.py   bench_load.py: load time and resident memory
     shapes.py      shape_files.py: GGUF files of real 3-8B models' shapes, random blocks
     projection.py  project_speed.py: measured cells projected onto a bigger target's passes
+    roof.py        bench_kernels.py roof: the machine's int8 multiply-add rate, the passes beside it
 """

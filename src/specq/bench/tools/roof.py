@@ -98,14 +98,13 @@ def table(rows: list[dict], sizes: tuple[int, ...] = (8, 16)) -> str:
     multiply-adds per second each tool reached, specq's share of the roof, and the pass's floor in
     one-row steps of specq's: its multiply-adds at the roof, or one step (the weights read once),
     whichever is more. Medians over rounds."""
-    roofs = {(r["variant"], r["threads"]): [] for r in rows if r.get("kernel") == "roof"}
-    for r in rows:
-        if r.get("kernel") == "roof":
-            roofs[r["variant"], r["threads"]].append(r["gmacs"])
+    roofs: dict[tuple, list[float]] = {}
     passes: dict[tuple, list[float]] = {}
     for r in rows:
         words = r.get("measurement", "").split()
-        if len(words) == 2 and words[0] == "forward" and shape_of(r["weights"]):
+        if r.get("kernel") == "roof":
+            roofs.setdefault((r["variant"], r["threads"]), []).append(r["gmacs"])
+        elif len(words) == 2 and words[0] == "forward" and shape_of(r["weights"]):
             key = (r["machine"], r["kernels"], r["threads"], r["weights"], r["tool"], int(words[1]))
             passes.setdefault(key, []).append(r["ms"])
     ms = {k: statistics.median(v) for k, v in passes.items()}
