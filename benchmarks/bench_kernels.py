@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import time
 from datetime import datetime, timezone
@@ -42,7 +41,7 @@ from pathlib import Path
 import torch
 
 from specq.backends import fastpath
-from specq.bench.tools import roof
+from specq.bench.tools import add_machine_option, roof
 from specq.kernels import build, f32dot, int8dot
 
 # int8dot: the Qwen2.5-Coder-1.5B layers, name: (out, in)
@@ -223,9 +222,7 @@ def parser() -> argparse.ArgumentParser:
                     help="rounds per cell (default 7 for int8dot, 20 for f32dot)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kernels.jsonl"),
                     help="append the rows here")
-    ap.add_argument("--machine", default=platform.processor() or platform.machine(),
-                    help="the kind of machine, kept in each row's `machine` (docs/results' rows: "
-                         "epyc-zen4-avx512, xeon-avx512, epyc-avx2; default: the platform's name)")
+    add_machine_option(ap)
     g = ap.add_argument_group("int8dot and roof")
     g.add_argument("--variants", default="avx2,avx512vnni",
                    help="comma-separated, of those this CPU runs")

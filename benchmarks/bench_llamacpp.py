@@ -55,7 +55,6 @@ import ctypes
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -74,6 +73,7 @@ import specq
 from specq import paths
 from specq.api import encode_prompt
 from specq.bench.prompts import load_set
+from specq.bench.tools import add_machine_option
 from specq.bench.tools.llamacpp import (LLAMA_CPP_SPECULATIVE, OPENVINO_MODES, SPECQ_REFS, binding,
                                         check_weights, first_difference, speculative_log, summary)
 from specq.kernels import build
@@ -632,9 +632,7 @@ def parser() -> argparse.ArgumentParser:
                          "OpenVINO GenAI")
     ap.add_argument("--quick", action="store_true",
                     help="a tiny run to check the script: 16 tokens, 1 prompt, sizes 1,4")
-    ap.add_argument("--machine", default=platform.processor() or platform.machine(),
-                    help="the kind of machine, kept in each row's `machine` (docs/results' rows: "
-                         "epyc-zen4-avx512, xeon-avx512, epyc-avx2; default: the platform's name)")
+    add_machine_option(ap)
     ap.add_argument("--label", default=None,
                     help="a name for this run's set-up, kept in every row (several set-ups in "
                          "one file: doc_tables' llamacpp-setups)")

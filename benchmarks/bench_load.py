@@ -90,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/results/load-time-memory.jsonl")
+    # not specq.bench.tools.add_machine_option: a child times specq's import, so none before it
     ap.add_argument("--machine", default=platform.processor() or platform.machine(),
                     help="the kind of machine, kept in each row's `machine` (docs/results' rows: "
                          "epyc-zen4-avx512, xeon-avx512, epyc-avx2; default: the platform's name)")

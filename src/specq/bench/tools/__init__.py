@@ -12,3 +12,13 @@ the scripts, so that a test or benchmarks/doc_tables.py imports a module, never 
     projection.py  project_speed.py: measured cells projected onto a bigger target's passes
     roof.py        bench_kernels.py roof: the machine's int8 multiply-add rate, the passes beside it
 """
+
+import platform
+
+
+def add_machine_option(ap) -> None:
+    """`--machine`: the kind of machine, kept in each results row (the docs' tables filter on
+    it)."""
+    ap.add_argument("--machine", default=platform.processor() or platform.machine(),
+                    help="the kind of machine, kept in each row's `machine` (docs/results' rows: "
+                         "epyc-zen4-avx512, xeon-avx512, epyc-avx2; default: the platform's name)")
