@@ -74,6 +74,10 @@ CASES = [
      "a draft, not a target"),
     (["drafts", "add", F, "--target", T], "different vocabularies"),
     (["drafts", "add", T, "--target", f"{G}@gguf-keep2"], "a draft, not a target"),
+    (["drafts", "add", T, "--target", f"{T}@int4-g32-rtn", "--file-type", "Q2_K"],
+     "--file-type is for a GGUF file's precision"),
+    (["drafts", "add", T, "--target", f"{G}@gguf", "--file-type", "Q9_Z"],
+     "not a llama.cpp file type"),
     (["serve", "--target", G, "--draft", O, "--port", "0"], "different vocabularies"),
 ]
 
@@ -85,6 +89,21 @@ def test_a_typo_is_one_line_before_any_model_loads(root, tmp_path, args, needle,
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "out").exists() and not (tmp_path / "r.jsonl").exists()
+
+
+def test_drafts_add_can_name_a_gguf_file_type(root, nothing_loads, capsys):
+    """`--file-type` registers a draft for the target's GGUF files of that type only, and says so
+    in `drafts add`, `drafts list` and `drafts show`."""
+    from specq.loading.drafts import registry
+
+    assert main(["drafts", "add", f"{root}/target", "--target", f"{root}/file.gguf@gguf",
+                 "--file-type", "q3_k_m"]) == 0
+    assert "(Q3_K_M files)" in capsys.readouterr().out
+    entry, = registry.read(registry.user_dir())
+    assert (entry.precision, entry.file_type) == ("gguf", "Q3_K_M")
+    assert main(["drafts", "list"]) == 0 and "gguf (Q3_K_M)" in capsys.readouterr().out
+    assert main(["drafts", "show", f"{root}/target"]) == 0
+    assert "@gguf (Q3_K_M files)" in capsys.readouterr().out
 
 
 def test_tokenizers_are_compared_only_where_the_files_tell(root):

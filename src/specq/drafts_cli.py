@@ -5,7 +5,7 @@ main parser by `specq.cli` (`add_drafts_parser(sub)`):
     specq drafts show NAME                     one draft's entries and what they record
     specq drafts which TARGET[@PRECISION]      the draft generate, bench and
                                                serve would pick, and why
-    specq drafts add DRAFT[@SPEC] --target TARGET[@PRECISION]
+    specq drafts add DRAFT[@SPEC] --target TARGET[@PRECISION] [--file-type Q2_K]
     specq drafts remove NAME [--target TARGET[@PRECISION]]
 
 Only your registry (`$SPECQ_CACHE/drafts`) changes; the shipped one is part of the package. A
@@ -20,10 +20,10 @@ from pathlib import Path
 
 from .checks import arg_path
 from .errors import SpecqError
-from .loading import precision
+from .loading import file_spec, precision
 from .loading.builtins import ASSETS, SHIPPED_DRAFTS
 from .loading.drafts import folders, registry
-from .loading.drafts.select import draft_dirs, select_draft
+from .loading.drafts.select import draft_dirs, file_type_names, select_draft
 from .loading.formats import validate
 from .loading.refs import model_ref
 from .loading.vocab import check_names, check_target_ref
@@ -50,7 +50,8 @@ class Row:
         folder = folders.of(self.path)
         kind = "built-in" if self.entry.builtin else folder.kind if folder else "missing"
         return {"registry": self.scope, "target": self.entry.target,
-                "precision": self.entry.precision, "draft": self.entry.draft,
+                "precision": self.entry.precision, "file_type": self.entry.file_type or None,
+                "draft": self.entry.draft,
                 "runs_at": self.entry.draft_spec or None, "folder": str(self.path), "kind": kind,
                 "info": self.entry.info}
 
@@ -88,6 +89,10 @@ def add_drafts_parser(sub) -> None:
                      help="a draft folder or shipped draft, optionally @SPEC: the precision "
                           "it runs at (e.g. ./my-feature-draft@int8-head8)")
     add.add_argument("--target", required=True, help="TARGET@PRECISION it is for (no @: fp32)")
+    add.add_argument("--file-type", default="",
+                     help="with TARGET@gguf: only the target's GGUF files of this llama.cpp type "
+                          "(e.g. Q2_K, Q3_K_M: a draft calibrated on one such file, for every "
+                          "file of that model and type); default: any file")
     add.set_defaults(func=cmd_add)
     rm = actions.add_parser("remove",
                             help="remove a draft's entries from your registry (the folder stays)")
@@ -105,7 +110,9 @@ def cmd_list(args) -> int:
     for scope, directory in zip(SCOPES, draft_dirs()):
         print(f"{scope}: {Path(directory) / registry.MANIFEST}")
     table = [("registry", "target", "precision", "draft", "runs at", "kind")]
-    table += [(r.scope, r.entry.target, r.entry.precision, r.entry.draft,
+    table += [(r.scope, r.entry.target,
+               r.entry.precision + (f" ({r.entry.file_type})" if r.entry.file_type else ""),
+               r.entry.draft,
                r.entry.draft_spec or "as stored", r.to_dict()["kind"]) for r in found]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
@@ -128,8 +135,10 @@ def cmd_show(args) -> int:
         print(json.dumps(found))
         return 0
     for r in found:
+        files = f" ({r['file_type']} files)" if r["file_type"] else ""
         print(f"{r['draft']} ({r['kind']} draft, {r['registry']} registry): for "
-              f"{r['target']}@{r['precision']}, runs at {r['runs_at'] or 'its stored precision'}")
+              f"{r['target']}@{r['precision']}{files}, runs at "
+              f"{r['runs_at'] or 'its stored precision'}")
         print(f"  folder: {r['folder']}")
         for key, value in r["info"].items():
             print(f"  {key}: {value}")
@@ -158,12 +167,21 @@ def cmd_add(args) -> int:
     draft, target = model_ref(args.draft), model_ref(args.target)
     # no spec given: the draft as stored
     draft_spec = precision.canonical(draft.spec) if draft.has_spec else ""
+    spec = precision.canonical(target.spec)
+    file_type = args.file_type.upper()
+    if file_type and not file_spec.names_file(spec):
+        raise SpecqError(f"--file-type is for a GGUF file's precision (TARGET@gguf), not "
+                         f"{target.name}@{spec}")
+    if file_type and file_type not in file_type_names():
+        raise SpecqError(f"--file-type {args.file_type}: not a llama.cpp file type (e.g. "
+                         f"{', '.join(file_type_names()[:8])}, ...)")
     folder = _draft_folder(draft.name)
     check_target_ref(target)
     check_names(str(folder), target)  # a draft of another tokenizer, told by the files alone
-    entry = registry.register(target.name, precision.canonical(target.spec), folder,
-                              {"added": "specq drafts add"}, draft_spec=draft_spec)
-    print(f"registered {entry.draft} for {target.name}@{entry.precision} in "
+    entry = registry.register(target.name, spec, folder, {"added": "specq drafts add"},
+                              draft_spec=draft_spec, file_type=file_type)
+    files = f" ({file_type} files)" if file_type else ""
+    print(f"registered {entry.draft} for {target.name}@{entry.precision}{files} in "
           f"{registry.user_dir() / registry.MANIFEST}")
     return 0
 

@@ -1,5 +1,6 @@
-"""Draft registry: exact precision (the user's first), then the nearest shipped precision, never a
-user's draft at another precision; corrupt or missing manifests are clear errors."""
+"""Draft registry: exact precision (the user's first; for a GGUF file, its file type's entry first),
+then the nearest shipped precision, never a user's draft at another precision; corrupt or missing
+manifests are clear errors."""
 
 import re
 
@@ -189,3 +190,56 @@ def test_a_qad_precision_has_its_own_drafts(tmp_path):
     assert registry.select(shipped, user, "m", "int4-g64-rtn")[::2] == (shipped / "base-int4", True)
     assert (registry.select(shipped, user, "m", "int3-g64-rtn-qad")[::2]
             == (shipped / "base-int4", False))
+
+
+def test_a_gguf_files_type_picks_its_own_draft(tmp_path):
+    """An entry for Q2_K files is chosen for a Q2_K file before one for any file, and for no other
+    type; as a stand-in, its bits are the type's (2), so it is the nearest to an int2 target."""
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    for name in ("any-file", "cal-q2_k", "base"):
+        _draft(shipped, name)
+    registry.add(shipped, registry.Entry("m", "gguf", "cal-q2_k", file_type="Q2_K"))
+    registry.add(shipped, registry.Entry("m", "gguf", "any-file"))
+    registry.add(shipped, registry.Entry("m", "fp32", "base"))
+    assert len(registry.read(shipped)) == 3  # one entry per file type, not one replacing the other
+    assert registry.select(shipped, user, "m", "gguf", file_type="Q2_K")[1].draft == "cal-q2_k"
+    assert registry.select(shipped, user, "m", "gguf", file_type="Q4_K_M")[1].draft == "any-file"
+    assert registry.select(shipped, user, "m", "gguf")[1].draft == "any-file"  # type unknown
+    path, entry, exact = registry.select(shipped, user, "m", "int2-g64-rtn")
+    assert not exact and entry.draft == "cal-q2_k"
+    assert registry.precision_bits("gguf", "Q3_K_M") == 3
+    assert registry.precision_bits("gguf", "IQ2_XXS") == 2 and registry.precision_bits("gguf") == 4
+    assert registry.precision_bits("gguf", "BF16") == 16
+    registry.remove(shipped, [registry.Entry("m", "gguf", "cal-q2_k", file_type="Q2_K")])
+    assert [e.draft for e in registry.read(shipped)] == ["any-file", "base"]
+
+
+def test_a_users_q2_k_file_gets_the_draft_registered_for_q2_k_files(tmp_path, monkeypatch):
+    """A draft registered for a built-in's Q2_K files: a Q2_K file of that model (its twin by
+    header) gets that draft, with a note naming the type; the built-in's own file (another type)
+    keeps the draft registered for any file."""
+    import gguf
+    from conftest import tiny_model, write_tiny_gguf
+
+    from specq.loading.drafts import select as drafts
+
+    monkeypatch.setenv("SPECQ_CACHE", str(tmp_path / "cache"))
+    model = tiny_model(vocab=32, hidden=64)
+    builtin, mine = tmp_path / "builtin.gguf", tmp_path / "mine-q2_k.gguf"
+
+    def typed(t):
+        return lambda w: w.add_file_type(int(t))
+
+    write_tiny_gguf(builtin, model, extra=typed(gguf.LlamaFileType.ALL_F32))
+    write_tiny_gguf(mine, model, "Q8_0", extra=typed(gguf.LlamaFileType.MOSTLY_Q2_K))
+    monkeypatch.setattr(drafts, "gguf_files_present", lambda: {"tiny-builtin": builtin})
+    assert drafts.file_type(str(mine)) == "Q2_K" and drafts.file_type("tiny-builtin") == "F32"
+    assert drafts.file_type(str(tmp_path / "absent.gguf")) == ""
+    for draft in ("any-file", "cal-q2_k"):
+        _draft(tmp_path, draft)
+    registry.add(registry.user_dir(), registry.Entry("tiny-builtin", "gguf",
+                                                     str(tmp_path / "any-file")))
+    registry.register("tiny-builtin", "gguf", tmp_path / "cal-q2_k", file_type="Q2_K")
+    ref, note = drafts.select_draft(str(mine))
+    assert ref == str(tmp_path / "cal-q2_k") and "tiny-builtin@gguf, Q2_K files" in note
+    assert drafts.select_draft("tiny-builtin@gguf")[0] == str(tmp_path / "any-file")

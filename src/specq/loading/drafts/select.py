@@ -6,8 +6,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import gguf
+
 from ...errors import SpecqError
-from .. import precision
+from .. import file_spec, precision
 from ..builtins import ASSETS, SHIPPED_DRAFTS, gguf_files_present
 from ..formats.gguf_reader import Header
 from ..refs import model_ref
@@ -33,10 +35,11 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     feature drafts: RTN only)."""
     target = model_ref(target_ref)
     name, spec = target.name, precision.canonical(target.spec)
-    found = registry.select(*draft_dirs(), name, spec, quantizable)
+    kind = file_type(name) if file_spec.names_file(spec) else ""
+    found = registry.select(*draft_dirs(), name, spec, quantizable, kind)
     twin = same_model(Path(name)) if found is None and name.endswith(".gguf") else None
     if twin is not None:
-        found = registry.select(*draft_dirs(), twin, spec, quantizable)
+        found = registry.select(*draft_dirs(), twin, spec, quantizable, kind)
     if found is None:
         unused = sorted({e.precision for _, e in registry.candidates(registry.user_dir(), name,
                                                                      quantizable)})
@@ -46,13 +49,45 @@ def select_draft(target_ref: str, quantizable: bool = False) -> tuple[str | None
     path, entry, exact = found
     at = f"@{entry.draft_spec}" if entry.draft_spec else ""
     ref = (entry.draft if entry.builtin else _draft_ref(path)) + at
-    if twin is not None:
-        return ref, (f"draft {entry.draft}{at} (registered for {twin}@{entry.precision}; '{name}' "
-                     f"has {twin}'s architecture, shape and tokenizer)")
+    files = f", {entry.file_type} files" if entry.file_type else ""
+    if twin is not None and exact:
+        return ref, (f"draft {entry.draft}{at} (registered for {twin}@{entry.precision}{files}; "
+                     f"'{name}' has {twin}'s architecture, shape and tokenizer)")
     if exact:
-        return ref, f"draft {entry.draft}{at} (registered for {name}@{spec})"
-    return ref, (f"no draft registered for {name}@{spec}; using the shipped {entry.draft}{at} "
-                 f"(registered for {entry.precision}, the nearest precision)")
+        return ref, f"draft {entry.draft}{at} (registered for {name}@{spec}{files})"
+    mine = f"{name}@{spec}" + (f" ({kind})" if kind else "")
+    owner = f"{twin}@" if twin is not None else ""
+    return ref, (f"no draft registered for {mine}; using the shipped {entry.draft}{at} "
+                 f"(registered for {owner}{entry.precision}{files}, the nearest precision)")
+
+
+def file_type(name: str) -> str:
+    """The llama.cpp file type (`general.file_type`: "Q2_K", "Q4_K_M", ...) of the GGUF file a
+    target name means (a path, or a built-in's file on disk); "" when there is none or it does
+    not say."""
+    path = Path(name) if name.endswith(".gguf") else gguf_files_present().get(name)
+    try:
+        return _file_type((str(Path(path).resolve()), *_stamp(Path(path)))) if path else ""
+    except OSError:
+        return ""
+
+
+@functools.lru_cache(maxsize=64)
+def _file_type(file: tuple) -> str:
+    try:
+        number = Header(Path(file[0])).fields.get("general.file_type")
+    except SpecqError:
+        return ""
+    try:
+        return gguf.LlamaFileType(number).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return ""
+
+
+def file_type_names() -> list[str]:
+    """The file types `file_type` can return, for checking a name a user gives."""
+    return [t.name.removeprefix("MOSTLY_").removeprefix("ALL_") for t in gguf.LlamaFileType
+            if t.name != "GUESSED"]
 
 
 def same_model(path: Path) -> str | None:
