@@ -334,6 +334,31 @@ def test_save_load_identical_logits(tiny, samples, spec, tmp_path):
     assert weight_bytes(loaded) == weight_bytes(model)
 
 
+@pytest.mark.parametrize("spec", ["int8", "int4-g32-rtn-head"])
+def test_a_skeleton_on_the_meta_device_loads_the_same_model(tiny, samples, spec, tmp_path):
+    """A meta skeleton (no float weights allocated) loads to the same logits as a real one, the
+    embedding and a float head tied again as saved (stored once), and loading stays strict."""
+    from safetensors.torch import load_file, save_file
+
+    model = quantize_model(copy.deepcopy(tiny), spec, progress=False)
+    save_quantized(model, spec, tmp_path / "ckpt")
+    with torch.device("meta"):
+        skeleton = Llama(TINY)
+    loaded = load_quantized(skeleton.eval(), tmp_path / "ckpt")
+    assert not any(t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
+    assert torch.equal(logits(loaded, samples[:2]), logits(model, samples[:2]))
+    if not parse_spec(spec).quantize_head:
+        assert loaded.output.weight is loaded.tok_embeddings.weight
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    state = load_file(weights)
+    del state["norm.weight"]
+    save_file(state, weights)
+    with torch.device("meta"):
+        skeleton = Llama(TINY)
+    with pytest.raises(ValueError, match="missing \\['norm.weight'\\]"):
+        load_quantized(skeleton, tmp_path / "ckpt")
+
+
 def test_load_restores_saved_dtype(tiny, samples, tmp_path):
     model = quantize_model(copy.deepcopy(tiny).to(torch.bfloat16), "int4-g32-awq", samples,
                            progress=False)

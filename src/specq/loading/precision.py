@@ -151,7 +151,8 @@ def load_quantized_dir(path: Path) -> tuple[Llama, str]:
     if in_cache(path) and (why := caches.damage(path, QUANTIZED)):
         raise SpecqError(f"cannot load quantized model from '{path}': {why}")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    net = Llama(LlamaConfig.from_hf(config))
+    with torch.device("meta"):  # the float weights the checkpoint replaces are never allocated
+        net = Llama(LlamaConfig.from_hf(config))
     try:
         load_quantized(net, path)
         spec = read_spec(path)

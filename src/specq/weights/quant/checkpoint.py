@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_model
+from safetensors.torch import save_model
 from torch import nn
 
 from ... import atomic
@@ -79,7 +79,9 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike,
 
     The skeleton is first cast to the float dtype the model had when saved (so norms, embeddings
     and the KV cache match), quantized layers are rebuilt (packed kernels if `packed`, else
-    simulated), then every tensor is loaded strictly."""
+    simulated), then every tensor is loaded strictly. The skeleton may live on the meta device:
+    its float weights are replaced, never read, so they need not be allocated (a float 1.5B
+    skeleton is four times its int8 checkpoint)."""
     directory = Path(directory)
     config = read_config(directory)
     if config["dtype"] is not None:
@@ -98,5 +100,28 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike,
                               meta["group_size"], shape)
             bias = f.get_tensor(f"{name}.bias") if meta["bias"] else None
             model.set_submodule(name, make_quant_linear(qw, bias, packed, linear.weight.dtype))
-    load_model(model, path, strict=True)
+        _assign(model, {key: f.get_tensor(key) for key in f.keys()})
     return model
+
+
+def _assign(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Put every tensor of `state` in place of the model's own (assigned, not copied into a
+    skeleton's tensors), strictly: a parameter tied to another and stored once (safetensors'
+    `save_model`) is tied again to the one stored."""
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    tied = set()
+    for names in aliases.values():
+        stored = [n for n in names if n in state]
+        if not stored:
+            continue
+        tied.update(names)
+        for n in names:
+            owner, _, attr = n.rpartition(".")
+            setattr(model.get_submodule(owner), attr, model.get_parameter(stored[0]))
+    missing = [n for n in missing if n not in tied]
+    if missing or unexpected:
+        raise ValueError(f"the checkpoint does not match the model: missing {missing}, "
+                         f"unexpected {unexpected}")
