@@ -23,7 +23,7 @@ from .errors import SpecqError
 from .loading import file_spec, precision
 from .loading.builtins import ASSETS, SHIPPED_DRAFTS
 from .loading.drafts import folders, registry
-from .loading.drafts.select import draft_dirs, file_type_names, select_draft
+from .loading.drafts.select import FILE_TYPES, draft_dirs, select_draft
 from .loading.formats import validate
 from .loading.refs import model_ref
 from .loading.vocab import check_names, check_target_ref
@@ -172,9 +172,9 @@ def cmd_add(args) -> int:
     if file_type and not file_spec.names_file(spec):
         raise SpecqError(f"--file-type is for a GGUF file's precision (TARGET@gguf), not "
                          f"{target.name}@{spec}")
-    if file_type and file_type not in file_type_names():
+    if file_type and file_type not in FILE_TYPES.values():
         raise SpecqError(f"--file-type {args.file_type}: not a llama.cpp file type (e.g. "
-                         f"{', '.join(file_type_names()[:8])}, ...)")
+                         f"{', '.join(list(FILE_TYPES.values())[:8])}, ...)")
     folder = _draft_folder(draft.name)
     check_target_ref(target)
     check_names(str(folder), target)  # a draft of another tokenizer, told by the files alone

@@ -21,6 +21,9 @@ SHAPE_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attenti
               "attention.head_count_kv")
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
                   "tokenizer.ggml.eos_token_id")
+# llama.cpp's file types (`general.file_type`) by number, named as users write them ("Q2_K")
+FILE_TYPES = {int(t): t.name.removeprefix("MOSTLY_").removeprefix("ALL_")
+              for t in gguf.LlamaFileType if t.name != "GUESSED"}
 
 
 def draft_dirs() -> list[Path]:
@@ -78,16 +81,7 @@ def _file_type(file: tuple) -> str:
         number = Header(Path(file[0])).fields.get("general.file_type")
     except SpecqError:
         return ""
-    try:
-        return gguf.LlamaFileType(number).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except ValueError:
-        return ""
-
-
-def file_type_names() -> list[str]:
-    """The file types `file_type` can return, for checking a name a user gives."""
-    return [t.name.removeprefix("MOSTLY_").removeprefix("ALL_") for t in gguf.LlamaFileType
-            if t.name != "GUESSED"]
+    return FILE_TYPES.get(number, "") if isinstance(number, int) else ""
 
 
 def same_model(path: Path) -> str | None:
