@@ -161,7 +161,7 @@ def test_corrupt_gguf_target_exits_2_before_anything_is_cached(tmp_path, monkeyp
     assert not list((tmp_path / "cache").glob("gguf/*"))  # no half-converted cache left behind
 
 
-def tied_gguf(path, qtype: str, seed: int = 0):
+def tied_gguf(path, qtype: str, seed: int = 0, vocab: int = 48):
     """A tiny tied-head Llama (the 0.5B Qwen2.5's layout) written as a GGUF file of `qtype` linears;
     returns the float model it was written from."""
     import dataclasses
@@ -169,7 +169,7 @@ def tied_gguf(path, qtype: str, seed: int = 0):
     from specq.core.types import Model
     from specq.model.llama import Llama
 
-    model = tiny_model(vocab=48, hidden=64, scale=3.0, seed=seed)
+    model = tiny_model(vocab=vocab, hidden=64, scale=3.0, seed=seed)
     net = Llama(dataclasses.replace(model.net.config, tie_word_embeddings=True))
     net.load_state_dict({k: v for k, v in model.net.state_dict().items() if k != "output.weight"},
                         strict=False)
@@ -212,6 +212,36 @@ def test_tied_embedding_stays_in_the_files_format(tmp_path, qtype, fast):
     with torch.inference_mode():
         assert torch.equal(backends.runner(net, backend)(ids),
                            backends.runner(before, backend)(ids))
+
+
+def _resident_bytes(path) -> int | None:
+    """Bytes of `path`'s mappings resident in this process (Linux's smaps), else None."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    total, mapped = 0, False
+    for line in lines:
+        if line[:1] in "0123456789abcdef" and "-" in line.split()[0]:
+            mapped = line.endswith(str(path))
+        elif mapped and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_tied_head_leaves_no_file_pages_resident(tmp_path):
+    """Packing a tied head reads the whole embedding from the file; those pages are unmapped once
+    loading ends (the embedding's rows map again when looked up), so what stays resident is the
+    packed weights, not the file besides. The embedding here is 272 pages of Q8_0."""
+    path = tmp_path / "tied.gguf"
+    tied_gguf(path, "Q8_0", vocab=16384)
+    parsed = gguf_io.read(path)
+    net, _ = gguf_io.load_at_file_precision(parsed)
+    resident = _resident_bytes(path)
+    if resident is None:
+        pytest.skip("needs /proc/self/smaps")
+    embedding_bytes = 16384 * 64 * 34 // 32
+    assert resident < embedding_bytes // 8, resident
 
 
 def test_tied_file_greedy_speculative_equals_plain(tmp_path):

@@ -259,6 +259,13 @@ class _NoInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _drop_read_pages(g: GGUFFile) -> None:
+    """Unmap the file's pages converted so far: they are not read again (the embedding's rows are
+    looked up from the file and map again when read)."""
+    if g.header is not None:
+        g.header.drop_pages()
+
+
 def load_at_file_precision(g: GGUFFile, given: dict[str, nn.Module] | None = None):
     """A native Llama whose linear layers (the tied head included) run the file's own blocks, any
     format of `weights.gguf_formats`, as `FileBlocks` (the int8-activation kernel on the fast path);
@@ -280,8 +287,7 @@ def load_at_file_precision(g: GGUFFile, given: dict[str, nn.Module] | None = Non
     if g.config.tie_word_embeddings:
         names["output.weight"] = (embedding,)
     for name, parts in names.items():
-        if g.header is not None:  # the tensors converted so far are not read again (the embedding's
-            g.header.drop_pages()  # rows are looked up from the file: they map again when read)
+        _drop_read_pages(g)
         blocks = (given or {}).get(name.removesuffix(".weight"))
         if (blocks is None and name.endswith(("wqkv.weight", "wo.weight", "w13.weight", "w2.weight",
                                               "output.weight"))):
@@ -293,6 +299,7 @@ def load_at_file_precision(g: GGUFFile, given: dict[str, nn.Module] | None = Non
                         if len(parts) > 1 else g.float_tensor(parts[0]))
         if not name.endswith("norm.weight"):
             notes.update(note for p in parts if (note := _note(g.qtype(p))))
+    _drop_read_pages(g)  # the last one too: a tied head is packed from the whole embedding
     missing, unexpected = net.load_state_dict(floats, strict=False, assign=True)
     left = [n for n, t in (*net.named_parameters(), *net.named_buffers()) if t.is_meta]
     if unexpected or missing or left:
