@@ -217,6 +217,31 @@ def test_calibrated_models_beat_rtn(tiny, samples, spec):
     assert kl("awq") < rtn
 
 
+@pytest.mark.parametrize("spec", ["int4-g32-rtn", "int4-g32-gptq"])
+def test_quantizing_frees_each_float_layer_as_it_is_replaced(tiny, samples, spec, monkeypatch):
+    """Peak memory: when a layer's packed module is made, the float linears and the codes of the
+    layers packed before it are gone (a 1.5B held its float copy, every layer's codes and the
+    packed modules at once)."""
+    import weakref
+
+    from specq.weights.quant import apply
+
+    model = copy.deepcopy(tiny)
+    floats = [weakref.ref(m) for m in apply.quant_targets(model, parse_spec(spec)).values()]
+    made, alive = [], []
+    original = apply.make_quant_linear
+
+    def recording(qw, *args):
+        alive.append((sum(r() is not None for r in floats), sum(r() is not None for r in made)))
+        made.append(weakref.ref(qw))
+        return original(qw, *args)
+
+    monkeypatch.setattr(apply, "make_quant_linear", recording)
+    quantize_model(model, spec, samples, progress=False)
+    n = len(floats)
+    assert n > 2 and alive[:n] == [(n - k, 0) for k in range(n)]
+
+
 def test_awq_folds_keep_float_function(tiny, samples):
     """At 8 bits the AWQ model (scales folded into norms, v rows and up rows) is as close to the
     float model as RTN's: a wrong fold (e.g. GQA heads mixed up) would be far off."""

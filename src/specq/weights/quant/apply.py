@@ -79,14 +79,18 @@ def quantize_model(model: nn.Module, spec: QuantSpec | str,
     with tqdm(total=len(targets), desc=f"quantize {spec}", disable=not progress) as bar:
         if spec.method == "rtn":
             quantized: dict[str, QuantizedWeight] = {}
-            for name, m in targets.items():
-                quantized[name] = quantize_rtn(m.weight, spec.bits, group_sizes[name],
-                                               spec.symmetric)
+            for name in targets:
+                quantized[name] = quantize_rtn(targets[name].weight, spec.bits,
+                                               group_sizes[name], spec.symmetric)
                 bar.update()
         else:
             quantized = quantize_calibrated(model, spec, calibration or [], targets,
                                             group_sizes, config, lambda _name: bar.update())
-    for name, qw in quantized.items():
+    # no reference kept to a float linear or to its codes once its module replaces it: the float
+    # model, every layer's codes and the packed modules are never all held at once
+    del targets
+    for name in list(quantized):
+        qw = quantized.pop(name)
         model.set_submodule(name, make_quant_linear(qw, biases[name], packed, dtypes[name]))
     if spec.head_int8:
         for name, m in head_linears(model).items():
