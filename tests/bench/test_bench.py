@@ -74,6 +74,29 @@ def deterministic(rows: list[dict]) -> list[dict]:
 # --------------------------------------------------------------------------------- statistics
 
 
+def test_model_hash_tells_files_of_one_model_apart(tmp_path):
+    """Two GGUF files of one model at different quant types share every tensor of the state dict
+    (the norms): the hash must still differ, as it must not between loads of one file."""
+    from specq.core.types import Model
+    from specq.loading.formats import gguf_io
+
+    from conftest import write_tiny_gguf
+
+    model = tiny_model(vocab=32, hidden=64)
+
+    def load(name: str, qtype: str | None = None) -> Model:
+        if qtype:
+            write_tiny_gguf(tmp_path / name, model, qtype)
+        net, _ = gguf_io.load_at_file_precision(gguf_io.read(tmp_path / name))
+        return Model(ref=f"{name}@gguf", net=net, tokenizer=model.tokenizer, eos_ids=frozenset(),
+                     source=str(tmp_path / name))
+
+    q8, q4 = load("q8.gguf", "Q8_0"), load("q4.gguf", "Q4_0")
+    assert q8.net.state_dict().keys() == q4.net.state_dict().keys()
+    assert runner.model_hash(q8) != runner.model_hash(q4)
+    assert runner.model_hash(q8) == runner.model_hash(load("q8.gguf"))
+
+
 def test_bootstrap_ci_covers_the_true_mean_at_about_the_nominal_rate():
     rng = np.random.default_rng(0)
     trials, hits = 300, 0

@@ -62,12 +62,20 @@ def environment() -> dict:
 
 
 def model_hash(model: Model) -> str:
-    """sha256 of the state dict's names, dtypes, shapes and bytes (about a second per 500 MB)."""
+    """sha256 of the state dict's names, dtypes, shapes and bytes, then of the model's file when it
+    runs from one (a GGUF file's blocks and embedding are not in the state dict: without its
+    bytes, files of one model at different quant types would hash alike). About a second per
+    500 MB."""
     h = hashlib.sha256()
     for name, t in sorted(model.net.state_dict().items()):
         t = t.detach().contiguous().cpu()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    source = Path(model.source or "")
+    if source.suffix == ".gguf" and source.is_file():
+        with source.open("rb") as f:  # read, not mapped: nothing stays resident
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
     return h.hexdigest()[:16]
 
 
