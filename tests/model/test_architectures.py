@@ -163,6 +163,34 @@ def test_hf_directory(tmp_path, name, fast):
         check_fast_rows(model)
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_folder_loads_without_a_second_copy_of_its_weights(tmp_path, monkeypatch, tied):
+    """A float32 folder's tensors become the model's weights as read, not copied into a model
+    allocated beside them: an unfused weight is the very tensor the file gave, a tied head is the
+    embedding."""
+    from safetensors import torch as safetensors_torch
+
+    from specq.loading.formats import hf as hf_folders
+
+    read: set[int] = set()
+    load_file = safetensors_torch.load_file
+
+    def recording(*args, **kwargs):
+        tensors = load_file(*args, **kwargs)
+        read.update(t.data_ptr() for t in tensors.values())
+        return tensors
+
+    monkeypatch.setattr(safetensors_torch, "load_file", recording)
+    directory = save_hf(hf_model("llama", tie_word_embeddings=tied), tmp_path / "m")
+    net, _, _ = hf_folders.load_dir(directory, torch.float32, local_only=True)
+    block = net.layers[0]
+    for weight in (net.tok_embeddings.weight, block.attention.wo.weight,
+                   block.feed_forward.w2.weight, block.ffn_norm.weight):
+        assert weight.data_ptr() in read
+    assert (net.output.weight is net.tok_embeddings.weight) == tied
+    assert not any(p.is_meta for p in net.parameters())
+
+
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])
 def test_quantized_fast_path(tmp_path, monkeypatch, name):
     """Integer weights (int8dot on the fast path) beside the switches stay exact: verify rows equal

@@ -251,12 +251,15 @@ def part_rows(hf_name: str, c) -> int:
 
 def native_state_dict(sd: dict[str, Tensor], c) -> dict[str, Tensor]:
     """A Hugging Face state dict of architecture `c.architecture` in the native layout (norm
-    weights as the multipliers they stand for)."""
-    sd = {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in sd.items()}
+    weights as the multipliers they stand for). `sd` is emptied as it is read, so the parts of a
+    fused tensor are freed once concatenated (a model's weights are not held twice)."""
+    sd = {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": sd.pop(k) for k in list(sd)}
     offset = ARCHITECTURES[c.architecture].norm_offset
     out = {}
     for native, hf in hf_tensor_names(c).items():
-        tensor = torch.cat([sd[h] for h in hf]) if len(hf) > 1 else sd[hf[0]]
+        parts = [sd.pop(h) for h in hf]
+        tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
+        del parts
         out[native] = (tensor.float() + offset
                        if offset and native.endswith("norm.weight") else tensor)
     if c.tie_word_embeddings:

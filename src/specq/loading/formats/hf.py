@@ -14,6 +14,7 @@ from ...errors import SpecqError
 from ...model.architectures import unsupported
 from ...model.hf_backend import HFCausalLM
 from ...model.llama import Llama, LlamaConfig, hf_to_native_state_dict
+from ...weights.quant.checkpoint import assign_state
 from .. import precision
 from . import validate
 
@@ -34,8 +35,12 @@ def load_dir(path: Path | str, dtype: torch.dtype,
         state = {}
         for f in weights:
             state.update(load_file(f))
-        net = Llama(native)
-        net.load_state_dict(hf_to_native_state_dict(state, native))
+        with torch.device("meta"):  # the files' tensors become the weights: none allocated twice
+            net = Llama(native)
+        try:
+            assign_state(net, hf_to_native_state_dict(state, native))
+        except ValueError as e:
+            raise SpecqError(f"'{path}': {e}") from None
         net = net.to(dtype).eval()
     else:
         # a broken checkpoint fails here, before the note

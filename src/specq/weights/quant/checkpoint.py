@@ -100,11 +100,11 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike,
                               meta["group_size"], shape)
             bias = f.get_tensor(f"{name}.bias") if meta["bias"] else None
             model.set_submodule(name, make_quant_linear(qw, bias, packed, linear.weight.dtype))
-        _assign(model, {key: f.get_tensor(key) for key in f.keys()})
+        assign_state(model, {key: f.get_tensor(key) for key in f.keys()})
     return model
 
 
-def _assign(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+def assign_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Put every tensor of `state` in place of the model's own (assigned, not copied into a
     skeleton's tensors), strictly: a parameter tied to another and stored once (safetensors'
     `save_model`) is tied again to the one stored."""
