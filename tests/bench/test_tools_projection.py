@@ -147,3 +147,28 @@ def test_a_longer_fixed_gamma_stands_for_a_cell_that_did_not_count_its_chain(tmp
     p = projection.project(mixed, PassCosts(COSTS), 100.0, True, chain)
     assert p.gamma == 1
     assert p.modelled == pytest.approx(1 / (3 / 8 / (1.9 / 1.5) + 4 / 8 / (4 / 1.75) + 1 / 8))
+
+
+def test_the_docs_table_keeps_the_shapes_and_drafts_it_names(tmp_path):
+    import json
+
+    from specq.bench import doc_tables
+
+    [m] = projection.read_cells(_store(tmp_path), TARGET)
+    rows = []
+    for shape in ("big", "small"):
+        rows += (_forwards(f"{shape}.gguf", "specq", {1: [200.0], 2: [220.0], 4: [300.0]})
+                 + _forwards(f"{shape}.gguf", "llama.cpp", {1: [300.0]}))
+    records = [projection.shape_record(m, shape, rows, f"{shape}.gguf")
+               for shape in ("big", "small")]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def shapes(options: str) -> list[str]:
+        table = doc_tables.render(f"p.jsonl projection {options}", tmp_path)
+        return [line.split(" | ")[0].removeprefix("| ") for line in table.splitlines()[2:]]
+
+    assert shapes("results=cells") == ["big", "small"]
+    assert shapes("shapes=small") == ["small"]
+    assert shapes(f"shapes=big,small drafts={DRAFT}") == ["big", "small"]
+    with pytest.raises(SystemExit):  # no rows: another draft's
+        shapes("drafts=ngram")

@@ -290,14 +290,16 @@ def _headline_column(rows: list[dict], weights: str) -> list[str]:
 
 def _projected(paths: list[Path], options: dict) -> list[dict]:
     """project_speed.py's records, those of cells measured in `results=STEM,...` (results files'
-    names) and on `sets=SET,...` (prompt sets) alone when given."""
-    stems = options["results"].split(",") if "results" in options else None
-    sets = options["sets"].split(",") if "sets" in options else None
+    names), on `sets=SET,...` (prompt sets), with `drafts=DRAFT,...` (the cells' draft refs) and
+    projected onto `shapes=SHAPE,...` alone when given."""
+    wanted = {key: options[key].split(",") for key in ("results", "sets", "drafts", "shapes")
+              if key in options}
     out = []
     for r in _rows(paths, {}):
         cell = r.get("source", r)  # a projection's measured cell, or the checked cell itself
-        if ((stems is None or Path(cell["file"]).stem in stems)
-                and (sets is None or cell["set"] in sets)):
+        values = {"results": Path(cell["file"]).stem, "sets": cell["set"],
+                  "drafts": cell["draft"], "shapes": r.get("shape")}
+        if all(values[key] in allowed for key, allowed in wanted.items()):
             out.append(r)
     return out
 
@@ -341,9 +343,9 @@ KINDS = {
     "versions": Kind(lambda p, o: versions.summary(_rows(p, o)), ("machine",)),
     # benchmarks/project_speed.py: the check on the pair that ran; the projection onto shape files
     "projection-check": Kind(lambda p, o: projection.check_table(_projected(p, o)),
-                             ("results", "sets")),
+                             ("results", "sets", "drafts")),
     "projection": Kind(lambda p, o: projection.shape_table(_projected(p, o)),
-                       ("results", "sets")),
+                       ("results", "sets", "drafts", "shapes")),
     # shape files' passes (bench_llamacpp.py) against the int8 roof (bench_kernels.py roof)
     "roof": Kind(lambda p, o: roof.table(_rows(p, o)), ("machine",)),
 }
