@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,21 +167,19 @@ def test_hf_directory(tmp_path, name, fast):
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_a_folder_loads_without_a_second_copy_of_its_weights(tmp_path, monkeypatch, tied):
     """A float32 folder's tensors become the model's weights as read, not copied into a model
-    allocated beside them: an unfused weight is the very tensor the file gave, a tied head is the
-    embedding."""
-    from safetensors import torch as safetensors_torch
-
+    allocated beside them: an unfused weight is the very tensor read, a tied head is the
+    embedding. And none maps the file: a model must outlive a change to its files."""
     from specq.loading.formats import hf as hf_folders
 
     read: set[int] = set()
-    load_file = safetensors_torch.load_file
+    read_safetensors = hf_folders.read_safetensors
 
-    def recording(*args, **kwargs):
-        tensors = load_file(*args, **kwargs)
+    def recording(path):
+        tensors = read_safetensors(path)
         read.update(t.data_ptr() for t in tensors.values())
         return tensors
 
-    monkeypatch.setattr(safetensors_torch, "load_file", recording)
+    monkeypatch.setattr(hf_folders, "read_safetensors", recording)
     directory = save_hf(hf_model("llama", tie_word_embeddings=tied), tmp_path / "m")
     net, _, _ = hf_folders.load_dir(directory, torch.float32, local_only=True)
     block = net.layers[0]
@@ -189,6 +188,9 @@ def test_a_folder_loads_without_a_second_copy_of_its_weights(tmp_path, monkeypat
         assert weight.data_ptr() in read
     assert (net.output.weight is net.tok_embeddings.weight) == tied
     assert not any(p.is_meta for p in net.parameters())
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        assert str(directory) not in maps.read_text()
 
 
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])

@@ -14,7 +14,7 @@ from ...errors import SpecqError
 from ...model.architectures import unsupported
 from ...model.hf_backend import HFCausalLM
 from ...model.llama import Llama, LlamaConfig, hf_to_native_state_dict
-from ...weights.quant.checkpoint import assign_state
+from ...weights.quant.checkpoint import assign_state, read_safetensors
 from .. import precision
 from . import validate
 
@@ -22,7 +22,6 @@ from . import validate
 def load_dir(path: Path | str, dtype: torch.dtype,
              local_only: bool) -> tuple[nn.Module, object, list[int]]:
     """(network, tokenizer, EOS ids) of a Hugging Face folder (or a hub id)."""
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(path, local_files_only=local_only)
@@ -34,7 +33,7 @@ def load_dir(path: Path | str, dtype: torch.dtype,
         native = LlamaConfig.from_hf(config)
         state = {}
         for f in weights:
-            state.update(load_file(f))
+            state.update(read_safetensors(f))
         with torch.device("meta"):  # the files' tensors become the weights: none allocated twice
             net = Llama(native)
         try:
