@@ -86,34 +86,29 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike,
     config = read_config(directory)
     if config["dtype"] is not None:
         model.to(getattr(torch, config["dtype"]))
-    path = str(directory / WEIGHTS_FILE)
-    with safe_open(path, framework="pt") as f:
-        for name, meta in config["layers"].items():
-            linear = model.get_submodule(name)
-            shape = (meta["out_features"], meta["in_features"])
-            if not isinstance(linear, nn.Linear) or tuple(linear.weight.shape) != shape:
-                raise ValueError(f"checkpoint layer {name!r} ({shape[0]}x{shape[1]}) does not "
-                                 f"match the model's {linear}")
-            zeros = None if meta["symmetric"] else owned(f, f"{name}.zeros")
-            qw = from_storage(owned(f, f"{name}.qweight"), owned(f, f"{name}.scales"), zeros,
-                              meta["bits"], meta["group_size"], shape)
-            bias = owned(f, f"{name}.bias") if meta["bias"] else None
-            model.set_submodule(name, make_quant_linear(qw, bias, packed, linear.weight.dtype))
-        assign_state(model, {key: owned(f, key) for key in f.keys()})
+    state = read_safetensors(directory / WEIGHTS_FILE)
+    for name, meta in config["layers"].items():
+        linear = model.get_submodule(name)
+        shape = (meta["out_features"], meta["in_features"])
+        if not isinstance(linear, nn.Linear) or tuple(linear.weight.shape) != shape:
+            raise ValueError(f"checkpoint layer {name!r} ({shape[0]}x{shape[1]}) does not "
+                             f"match the model's {linear}")
+        zeros = None if meta["symmetric"] else state[f"{name}.zeros"]
+        qw = from_storage(state[f"{name}.qweight"], state[f"{name}.scales"], zeros, meta["bits"],
+                          meta["group_size"], shape)
+        bias = state[f"{name}.bias"] if meta["bias"] else None
+        model.set_submodule(name, make_quant_linear(qw, bias, packed, linear.weight.dtype))
+    assign_state(model, state)
     return model
 
 
-def owned(f, key: str) -> torch.Tensor:
-    """Tensor `key` of an open safetensors file in memory of its own. Why: safetensors' tensors map
-    the file, and a model built on them would fault (SIGBUS, no Python error) once that file is
-    truncated or rewritten in place, as a damaged cache entry is before it is made again."""
-    return f.get_tensor(key).clone()
-
-
 def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, each in memory of its own (`owned`)."""
+    """Every tensor of a safetensors file, each in memory of its own. Why not safetensors'
+    tensors as they come: they map the file, and a model built on them would fault (SIGBUS, no
+    Python error) once that file is truncated or rewritten in place, as a damaged cache entry is
+    before it is made again."""
     with safe_open(str(path), framework="pt") as f:
-        return {key: owned(f, key) for key in f.keys()}
+        return {key: f.get_tensor(key).clone() for key in f.keys()}
 
 
 def assign_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
