@@ -218,3 +218,18 @@ def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_ro
     lines = result_tables.gamma_interleaved(two).splitlines()
     assert "| auto/new | auto/old |" in lines[0]
     assert "| **2.00 [2.00, 2.00]** | 1.50 [1.50, 1.50] |" in lines[2]
+
+
+def test_temperature_keeps_one_temperatures_rows_and_their_baselines():
+    """precision-pair.jsonl holds greedy and temperature-0.7 cells of the same targets:
+    `temperature=` keeps one temperature's rows, and together they are the whole table."""
+    spec = "docs/results/precision-pair.jsonl acceptance"
+    temperatures = {t: {row.split(" | ")[2] for row in
+                        doc_tables.render(f"{spec} temperature={t}", ROOT).splitlines()[2:]}
+                    for t in ("0", "0.7")}
+    assert temperatures == {"0": {"0"}, "0.7": {"0.7"}}
+    both = doc_tables.render(spec, ROOT).splitlines()[2:]
+    assert len(both) == sum(len(doc_tables.render(f"{spec} temperature={t}", ROOT).splitlines()[2:])
+                            for t in ("0", "0.7"))
+    with pytest.raises(SystemExit, match="no rows"):
+        doc_tables.render(f"{spec} temperature=0.5", ROOT)

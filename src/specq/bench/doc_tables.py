@@ -189,9 +189,10 @@ def servers(rows: list[dict], baselines: list[dict]) -> str:
 
 def _bench(paths: list[Path], options: dict, by_set: bool) -> tuple[list[dict], list[dict]]:
     """The speculative rows (`tokens=N`, `gamma=G` keep those) and the baselines of one results
-    store."""
+    store, those at `temperature=T` alone when given."""
     [path] = paths
-    summary = _summarized(path, by_set)
+    summary = [r for r in _summarized(path, by_set) if "temperature" not in options
+               or r["temperature"] == float(options["temperature"])]
     rows = [r for r in summary if r["kind"] == "speculative"
             and ("tokens" not in options or r["max_new_tokens"] == int(options["tokens"]))
             and ("gamma" not in options or str(r["gamma"]) == options["gamma"])]
@@ -324,12 +325,12 @@ KINDS = {
     "llamacpp-setups": Kind(lambda p, o: llamacpp.setups_summary(_rows(p, o)), ("machine",)),
     "step-profile": Kind(lambda p, o: peer_tables.step_profile(_rows(p, o)), ("machine",)),
     # `specq bench` results stores: every configuration; per prompt set against gamma
-    "cells": Kind(lambda p, o: cells(_bench(p, o, False)[0]), ("tokens", "gamma")),
-    "sets": Kind(lambda p, o: sets(*_bench(p, o, True)), ("tokens", "gamma")),
+    "cells": Kind(lambda p, o: cells(_bench(p, o, False)[0]), ("tokens", "gamma", "temperature")),
+    "sets": Kind(lambda p, o: sets(*_bench(p, o, True)), ("tokens", "gamma", "temperature")),
     "servers": Kind(lambda p, o: servers(*_bench(p, o, True)), ("tokens",)),
     # acceptance against the target's precision (sweep order), per prompt set and temperature
     "acceptance": Kind(lambda p, o: acceptance(_bench(p, o, True)[0], _sweep_targets(p)),
-                       ("tokens", "gamma")),
+                       ("tokens", "gamma", "temperature")),
     # the other scripts' rows and `specq compare --json`
     "gamma-interleaved": Kind(lambda p, o: result_tables.gamma_interleaved(_rows(p, o)),
                               ("machine",)),
