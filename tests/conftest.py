@@ -232,7 +232,8 @@ def verify_vs_steps(net, prompt: torch.Tensor, rows: torch.Tensor) -> float:
 
 
 def _self_draft(target: Model, spec: str = "int8") -> Model:
-    net = quantize_net(copy.deepcopy(target.net), target.tokenizer, parse(spec), progress=False)
+    net = copy.deepcopy(target.net)
+    quantize_net(net, target.tokenizer, parse(spec), progress=False)
     return Model(ref=f"self@{spec}", net=net.eval(), tokenizer=target.tokenizer,
                  eos_ids=target.eos_ids, source="quantized copy", precision=spec)
 

@@ -505,8 +505,9 @@ def cmd_quantize(args) -> int:
         counts = gguf_write.write(model, args.out)
         print(f"saved {args.model}@{spec} to {args.out}: {_counts(counts)}")
         return 0
-    precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples, args.calib_len)
-    precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out)
+    made = precision.quantize_net(model.net, model.tokenizer, spec, args.calib_samples,
+                                  args.calib_len)
+    precision.save_quantized_dir(model.net, spec, model.tokenizer, model.eos_ids, args.out, made)
     size = weight_bytes(model.net)
     print(f"saved {args.model}@{spec} to {args.out}: weights {size.stored / 2**20:.1f} MiB stored, "
           f"{size.executed / 2**20:.1f} MiB executed")

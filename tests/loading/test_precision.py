@@ -119,3 +119,17 @@ def test_a_damaged_qad_cache_is_one_line_naming_the_command(tiny_dir, tmp_path, 
     assert err.count("\n") == 1 and f"is damaged (cannot load quantized model from '{qad}': " \
         "model.safetensors holds 0 bytes" in err and f"make it again with `specq qad {tiny_dir} " \
         "int4-g32-rtn`" in err
+
+
+def test_calibrated_codes_record_how_they_were_calibrated(tiny_dir, tmp_path):
+    """GPTQ's codes depend on the thread count that ordered its calibration's float sums, so the
+    folder says it (with the windows); RTN's record no calibration."""
+    import json
+
+    specq.load(f"{tiny_dir}@int4-g32-rtn")
+    assert main(["quantize", str(tiny_dir), "int4-g32-gptq", "--threads", "1", "--calib-samples",
+                 "2", "--calib-len", "16", "--out", str(tmp_path / "q")]) == 0
+    [rtn] = (tmp_path / "cache" / "quantized").iterdir()
+    assert "provenance" not in json.loads((rtn / "quant_config.json").read_text())
+    made = json.loads((tmp_path / "q" / "quant_config.json").read_text())["provenance"]
+    assert made == {"calibration": {"windows": 2, "tokens": 16, "threads": 1}}

@@ -110,8 +110,8 @@ def _load(ref: ModelRef) -> Model:
             net, tok, eos = hf.load_dir(source, torch.float32, local_only=True)
             precision.check_quantizable(net, spec)
             precision.announce(f"quantizing {name} to {spec} (once; cached in {cached.parent})")
-            precision.quantize_net(net, tok, spec)
-            precision.save_quantized_dir(net, spec, tok, hf.eos_set(eos, tok), cached)
+            made = precision.quantize_net(net, tok, spec)
+            precision.save_quantized_dir(net, spec, tok, hf.eos_set(eos, tok), cached, made)
     return Model(ref=text, net=net, tokenizer=tok, eos_ids=hf.eos_set(eos, tok), source=str(source),
                  precision=str(spec), info={"load_s": time.perf_counter() - started})
 

@@ -69,9 +69,11 @@ def calibration_token_ids(tokenizer, n_samples: int = 32, seq_len: int = 512,
 
 
 def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int | None = None,
-                 progress: bool = True) -> Llama:
+                 progress: bool = True) -> dict | None:
     """Quantize a native model in place (calibrating GPTQ/AWQ on corpus text in windows of
-    `seq_len` tokens; default CALIB_LEN, or the model's context if shorter)."""
+    `seq_len` tokens; default CALIB_LEN, or the model's context if shorter). Returns how GPTQ/AWQ
+    calibrated, for quant_config.json's provenance (None for RTN): their codes depend on the
+    thread count too, which orders the float sums of the activations they calibrate on."""
     from ..weights.quant import quantize_model
 
     check_plain(spec)
@@ -86,9 +88,13 @@ def quantize_net(net: Llama, tokenizer, spec, n_samples: int = 32, seq_len: int 
     try:
         calibration = (calibration_token_ids(tokenizer, n_samples, seq_len)
                        if spec.method in ("gptq", "awq") else None)
-        return quantize_model(net, spec, calibration=calibration, progress=progress)
+        quantize_model(net, spec, calibration=calibration, progress=progress)
     except ValueError as e:
         raise SpecqError(str(e)) from None
+    if calibration is None:
+        return None
+    return {"calibration": {"windows": n_samples, "tokens": seq_len,
+                            "threads": torch.get_num_threads()}}
 
 
 def check_plain(spec, name: str = "MODEL", damaged: str | None = None) -> None:
