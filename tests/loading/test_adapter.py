@@ -5,6 +5,7 @@ peft writes it, every broken adapter one line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,7 +148,8 @@ def test_what_peft_writes_merges_as_peft_merges_it(files):
 def test_gguf_base_merges_into_its_requantized_4bit_body_once(files, monkeypatch):
     """On a GGUF file (default gguf-int4) every weight the adapter changes is requantized from the
     file's exact weight plus its product (within half a 4-bit step); the next load reads the cache
-    (no requantizing) to the same network; another adapter is another cache entry."""
+    (no requantizing) to the same network, which keeps no mapping of that file; another adapter is
+    another cache entry."""
     model, tmp = files
     path = write_adapter(tmp / "lora", str(tmp / "base.gguf"))
     assert refs.split_ref(path) == (path, "gguf-int4")
@@ -171,6 +173,8 @@ def test_gguf_base_merges_into_its_requantized_4bit_body_once(files, monkeypatch
 
     monkeypatch.setattr(file_spec, "to_int4", requantized)
     again = specq.load(path)
+    [cached] = (tmp / "cache" / "gguf-int4").glob("*.safetensors")
+    assert str(cached) not in Path("/proc/self/maps").read_text()
     ids = torch.tensor([1, 5, 9, 2, 33, 3])
     with torch.inference_mode():
         assert torch.equal(first.net(ids), again.net(ids))

@@ -180,7 +180,9 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec,
     try:
         with safe_open(path, "pt") as f:
             shapes = json.loads(f.metadata()["modules"])
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
+            # cloned, as `checkpoint.read_safetensors` does: a draft on the mapped file would
+            # fault once the cache file is rewritten in place
+            tensors = {key: f.get_tensor(key).clone() for key in f.keys()}
         return {name: FileBlocks(int8dot.Int8DotWeight(4, tensors[f"{name}.codes"],
                                                        tensors[f"{name}.d"], tensors[f"{name}.m"],
                                                        INT4_GROUP, out, n_in, variant,
