@@ -138,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--calib-len", type=_positive_int, default=None,
                    help="tokens per calibration window, at most the model's context (default 512, "
                         "or the context if shorter)")
-    q.add_argument("--threads", type=_threads, default=None)
+    q.add_argument("--threads", type=_threads, default=None,
+                   help="torch CPU threads; GPTQ/AWQ codes differ by thread count, so the folder's "
+                        "quant_config.json records it")
     q.set_defaults(func=cmd_quantize)
 
     e = sub.add_parser("export-gguf",
