@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from specq.core.acceptance import accept_greedy, accept_sampling, chain_parents
-from specq.core.sampling import SamplingConfig, acceptance_probability, probabilities, residual
+from specq.core.sampling import (SamplingConfig, acceptance_probability, probabilities, residual,
+                                 sample)
 
 
 def _output_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -84,3 +85,25 @@ def test_processing_temperature_topk_topp():
 def test_bad_sampling_config(bad):
     with pytest.raises(ValueError):
         SamplingConfig(**bad)
+
+
+
+def test_sample_draws_each_rows_distribution_and_never_a_zero(monkeypatch):
+    """`sample` inverts each row's cumulative sum: over many draws the frequencies match the row
+    (chi-square), a token of probability 0 never comes up, and a draw at the very top of a row
+    (u * total rounded up to total) takes the last token that has mass."""
+    from scipy.stats import chisquare
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0], [0.1, 0.0, 0.6, 0.0, 0.0, 0.3]])
+    n = 20000
+    draws = torch.stack([sample(p, g) for _ in range(n)])  # [n, 2]
+    for row in range(2):
+        counts = torch.bincount(draws[:, row], minlength=6).double()
+        assert counts[p[row] == 0].sum() == 0
+        mass = p[row] > 0
+        expected = p[row][mass].double()
+        assert chisquare(counts[mass], n * expected / expected.sum()).pvalue > 1e-3
+    assert sample(p[0], g).dim() == 0  # one row: one token, as multinomial's squeezed one
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=kw["dtype"]))
+    assert sample(p, g).tolist() == [4, 5]
