@@ -220,7 +220,7 @@ def test_interleaved_gammas_are_paired_with_the_plain_run_of_their_prompt_and_ro
     assert "| **2.00 [2.00, 2.00]** | 1.50 [1.50, 1.50] |" in lines[2]
 
 
-def test_temperature_keeps_one_temperatures_rows_and_their_baselines():
+def test_temperature_keeps_one_temperatures_rows():
     """precision-pair.jsonl holds greedy and temperature-0.7 cells of the same targets:
     `temperature=` keeps one temperature's rows, and together they are the whole table."""
     spec = "docs/results/precision-pair.jsonl acceptance"

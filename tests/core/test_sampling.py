@@ -87,7 +87,6 @@ def test_bad_sampling_config(bad):
         SamplingConfig(**bad)
 
 
-
 def test_sample_draws_each_rows_distribution_and_never_a_zero(monkeypatch):
     """`sample` inverts each row's cumulative sum: over many draws the frequencies match the row
     (chi-square), a token of probability 0 never comes up, and a draw at the very top of a row

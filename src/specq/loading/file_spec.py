@@ -42,6 +42,7 @@ from ..kernels import build, int8dot
 from ..paths import cache_dir, file_key
 from ..weights.gguf_formats import FORMATS, kernel_weight
 from ..weights.narrow_head import NarrowHead
+from ..weights.quant.checkpoint import read_safetensors
 from ..weights.quant.modules import FileBlocks
 from ..weights.quant.rtn import quantize_two_level
 from .drafts.adapter import Adapter, delta, merge_float, native_weights
@@ -180,9 +181,7 @@ def cached_int4_body(g: GGUFFile, spec: FileSpec,
     try:
         with safe_open(path, "pt") as f:
             shapes = json.loads(f.metadata()["modules"])
-            # cloned, as `checkpoint.read_safetensors` does: a draft on the mapped file would
-            # fault once the cache file is rewritten in place
-            tensors = {key: f.get_tensor(key).clone() for key in f.keys()}
+        tensors = read_safetensors(path)
         return {name: FileBlocks(int8dot.Int8DotWeight(4, tensors[f"{name}.codes"],
                                                        tensors[f"{name}.d"], tensors[f"{name}.m"],
                                                        INT4_GROUP, out, n_in, variant,
